@@ -1,0 +1,233 @@
+//! The closed-loop driver that runs on every worker: `inflight` client tasks, each issuing a
+//! transaction, retrying it after an abort (with randomized exponential backoff) until it
+//! commits, then issuing the next. Metrics count what finishes inside the measured window.
+
+use super::metrics::{HistLine, Metrics};
+use crate::protocols::{Attempt, WorkerProtocol};
+use crate::rt::Worker;
+use crate::txn::{Abort, TxnRequest};
+use crate::workloads::{append, Workload};
+use parking_lot::Mutex;
+use rand::Rng as _;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// The measured window, in the worker's clock (ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// What the workers of one process report into, read by whoever orchestrates the run.
+#[derive(Default)]
+pub struct RunShared {
+    /// Workers whose clients are still running.
+    pub running: AtomicUsize,
+    pub reports: Mutex<Vec<Metrics>>,
+    /// The final read-all transaction's history line, once it committed (or gave up).
+    pub final_read: Mutex<Option<Result<HistLine, String>>>,
+    pub history_ids: AtomicU64,
+}
+
+pub struct DriverConfig {
+    pub inflight: u32,
+    pub max_retries: u32,
+    pub record_history: bool,
+    pub window: Window,
+}
+
+/// Start the clients of one worker. When all of them finished, the worker's metrics land in
+/// `shared.reports` and `shared.running` drops by one.
+pub fn start(
+    w: &Rc<Worker>,
+    proto: Rc<dyn WorkerProtocol>,
+    wl: Arc<dyn Workload>,
+    homes: Vec<u32>,
+    cfg: DriverConfig,
+    shared: Arc<RunShared>,
+) {
+    assert!(
+        !homes.is_empty(),
+        "a worker needs at least one home partition"
+    );
+    let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
+    metrics.borrow_mut().node = w.addr.node;
+    let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
+    // Snapshot the message counters at the window's edges.
+    {
+        let (w2, m2) = (w.clone(), metrics.clone());
+        let win = cfg.window;
+        w.spawn(async move {
+            let now = w2.now_ns();
+            w2.sleep_us(win.start_ns.saturating_sub(now) / 1000).await;
+            let s0 = *w2.stats.borrow();
+            let now = w2.now_ns();
+            w2.sleep_us(win.end_ns.saturating_sub(now) / 1000).await;
+            let s1 = *w2.stats.borrow();
+            let mut m = m2.borrow_mut();
+            m.msgs = s1.msgs_sent - s0.msgs_sent;
+            m.bytes = s1.bytes_sent - s0.bytes_sent;
+        });
+    }
+    let cfg = Rc::new(cfg);
+    for i in 0..cfg.inflight as usize {
+        let home = homes[i % homes.len()];
+        let (w2, p2, wl2, m2, live2, sh2, cfg2) = (
+            w.clone(),
+            proto.clone(),
+            wl.clone(),
+            metrics.clone(),
+            live.clone(),
+            shared.clone(),
+            cfg.clone(),
+        );
+        w.spawn(async move {
+            client(&w2, &*p2, &*wl2, &m2, home, &cfg2, &sh2).await;
+            live2.set(live2.get() - 1);
+            if live2.get() == 0 {
+                let m = std::mem::replace(&mut *m2.borrow_mut(), Metrics::new(cfg2.window));
+                sh2.reports.lock().push(m);
+                sh2.running.fetch_sub(1, Ordering::AcqRel);
+            }
+        });
+    }
+}
+
+async fn client(
+    w: &Rc<Worker>,
+    proto: &dyn WorkerProtocol,
+    wl: &dyn Workload,
+    m: &RefCell<Metrics>,
+    home: u32,
+    cfg: &DriverConfig,
+    shared: &RunShared,
+) {
+    while w.now_ns() < cfg.window.end_ns && !w.stopping.get() {
+        let mut req = wl.next(&mut w.rng.borrow_mut(), home);
+        let first_ns = w.now_ns();
+        let mut number = 0;
+        loop {
+            let attempt = Attempt {
+                first_start_us: first_ns / 1000,
+                number,
+            };
+            let start_ns = w.now_ns();
+            let result = proto.execute(&req, attempt).await;
+            let end_ns = w.now_ns();
+            if cfg.record_history {
+                record(m, shared, &req, &result, start_ns, end_ns);
+            }
+            match result {
+                Ok(_) => {
+                    m.borrow_mut().commit(end_ns, end_ns - first_ns);
+                    // Give message handlers and other clients a turn: a run of local
+                    // transactions must not starve the replies other nodes wait for.
+                    crate::rt::yield_now().await;
+                    break;
+                }
+                Err(reason) => {
+                    m.borrow_mut().abort(end_ns, reason);
+                    number += 1;
+                    if !reason.retryable()
+                        || number > cfg.max_retries
+                        || w.now_ns() >= cfg.window.end_ns
+                    {
+                        if reason.retryable() {
+                            m.borrow_mut().gave_up += 1;
+                        }
+                        break;
+                    }
+                    backoff(w, number).await;
+                    wl.before_retry(&mut req, &mut w.rng.borrow_mut());
+                }
+            }
+        }
+    }
+}
+
+/// Randomized exponential backoff: up to 20 µs × 2^attempt, capped at 5 ms.
+async fn backoff(w: &Rc<Worker>, attempt: u32) {
+    let cap = (20u64 << attempt.min(8)).min(5_000);
+    let us = w.rng.borrow_mut().gen_range(0..=cap);
+    if us > 0 {
+        w.sleep_us(us).await;
+    }
+}
+
+fn record(
+    m: &RefCell<Metrics>,
+    shared: &RunShared,
+    req: &TxnRequest,
+    result: &Result<crate::txn::TxnOutput, Abort>,
+    start_ns: u64,
+    end_ns: u64,
+) {
+    let id = history_id(m, shared);
+    let (status, ops) = match result {
+        Ok(out) => ("committed", out.history.clone()),
+        Err(_) => ("aborted", append::aborted_ops(req)),
+    };
+    m.borrow_mut().history.push(HistLine {
+        id,
+        status: status.into(),
+        ops,
+        start_us: start_ns / 1000,
+        end_us: end_ns / 1000,
+    });
+}
+
+/// History ids are unique across processes: the node id in the high bits.
+fn history_id(m: &RefCell<Metrics>, shared: &RunShared) -> u64 {
+    ((m.borrow().node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Run the workload's final read-all transaction on this worker until it commits.
+pub fn final_read(
+    w: &Rc<Worker>,
+    proto: Rc<dyn WorkerProtocol>,
+    wl: Arc<dyn Workload>,
+    shared: Arc<RunShared>,
+) {
+    let w2 = w.clone();
+    w.spawn(async move {
+        let Some(req) = wl.final_read() else {
+            *shared.final_read.lock() = Some(Err("workload has no final read".into()));
+            return;
+        };
+        let first = w2.now_us();
+        for number in 0..1000 {
+            let start = w2.now_ns();
+            match proto
+                .execute(
+                    &req,
+                    Attempt {
+                        first_start_us: first,
+                        number,
+                    },
+                )
+                .await
+            {
+                Ok(out) => {
+                    let id = ((w2.addr.node as u64) << 40)
+                        | shared.history_ids.fetch_add(1, Ordering::Relaxed);
+                    let line = HistLine {
+                        id,
+                        status: "committed".into(),
+                        ops: out.history,
+                        start_us: start / 1000,
+                        end_us: w2.now_us(),
+                    };
+                    *shared.final_read.lock() = Some(Ok(line));
+                    return;
+                }
+                Err(_) => backoff(&w2, number.min(6)).await,
+            }
+        }
+        *shared.final_read.lock() = Some(Err(
+            "the final read-all transaction aborted 1000 times".into()
+        ));
+    });
+}

@@ -1,0 +1,144 @@
+//! Per-worker measurements and their merge into a run report.
+
+use super::driver::Window;
+use crate::txn::{Abort, HistOp};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One line of a `--history` file.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistLine {
+    pub id: u64,
+    pub status: String,
+    pub ops: Vec<HistOp>,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+pub struct Metrics {
+    pub node: u16,
+    pub window: Window,
+    pub committed: u64,
+    pub aborts: BTreeMap<Abort, u64>,
+    /// Latency of committed transactions from first attempt to commit, µs.
+    pub latency: Histogram<u64>,
+    /// Commits per second of the window.
+    pub per_sec: Vec<u64>,
+    pub gave_up: u64,
+    pub msgs: u64,
+    pub bytes: u64,
+    pub history: Vec<HistLine>,
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("static histogram bounds are valid")
+}
+
+impl Metrics {
+    pub fn new(window: Window) -> Self {
+        let secs = ((window.end_ns.saturating_sub(window.start_ns)) / 1_000_000_000 + 1) as usize;
+        Metrics {
+            node: 0,
+            window,
+            committed: 0,
+            aborts: BTreeMap::new(),
+            latency: new_hist(),
+            per_sec: vec![0; secs.min(100_000)],
+            gave_up: 0,
+            msgs: 0,
+            bytes: 0,
+            history: Vec::new(),
+        }
+    }
+
+    fn in_window(&self, t_ns: u64) -> bool {
+        t_ns >= self.window.start_ns && t_ns < self.window.end_ns
+    }
+
+    pub fn commit(&mut self, t_ns: u64, latency_ns: u64) {
+        if self.in_window(t_ns) {
+            self.committed += 1;
+            self.latency.saturating_record((latency_ns / 1000).max(1));
+            let s = ((t_ns - self.window.start_ns) / 1_000_000_000) as usize;
+            if let Some(c) = self.per_sec.get_mut(s) {
+                *c += 1;
+            }
+        }
+    }
+
+    pub fn abort(&mut self, t_ns: u64, reason: Abort) {
+        if self.in_window(t_ns) {
+            *self.aborts.entry(reason).or_default() += 1;
+        }
+    }
+
+    pub fn aborted(&self) -> u64 {
+        self.aborts.values().sum()
+    }
+}
+
+/// The merge of every worker's metrics, in a form that crosses process boundaries.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Totals {
+    pub committed: u64,
+    pub aborts: BTreeMap<String, u64>,
+    pub latency_counts: Vec<(u64, u64)>,
+    pub per_sec: Vec<u64>,
+    pub gave_up: u64,
+    pub msgs: u64,
+    pub bytes: u64,
+    pub cpu_us: u64,
+}
+
+impl Totals {
+    pub fn add_metrics(&mut self, m: &Metrics) {
+        self.committed += m.committed;
+        for (r, c) in &m.aborts {
+            *self.aborts.entry(r.name().to_string()).or_default() += c;
+        }
+        for v in m.latency.iter_recorded() {
+            self.latency_counts
+                .push((v.value_iterated_to(), v.count_at_value()));
+        }
+        if self.per_sec.len() < m.per_sec.len() {
+            self.per_sec.resize(m.per_sec.len(), 0);
+        }
+        for (a, b) in self.per_sec.iter_mut().zip(&m.per_sec) {
+            *a += b;
+        }
+        self.gave_up += m.gave_up;
+        self.msgs += m.msgs;
+        self.bytes += m.bytes;
+    }
+
+    pub fn add(&mut self, o: &Totals) {
+        self.committed += o.committed;
+        for (r, c) in &o.aborts {
+            *self.aborts.entry(r.clone()).or_default() += c;
+        }
+        self.latency_counts.extend_from_slice(&o.latency_counts);
+        if self.per_sec.len() < o.per_sec.len() {
+            self.per_sec.resize(o.per_sec.len(), 0);
+        }
+        for (a, b) in self.per_sec.iter_mut().zip(&o.per_sec) {
+            *a += b;
+        }
+        self.gave_up += o.gave_up;
+        self.msgs += o.msgs;
+        self.bytes += o.bytes;
+        self.cpu_us += o.cpu_us;
+    }
+
+    pub fn aborted(&self) -> u64 {
+        self.aborts.values().sum()
+    }
+
+    pub fn histogram(&self) -> Histogram<u64> {
+        let mut h = new_hist();
+        for &(v, c) in &self.latency_counts {
+            let _ = h.record_n(v.max(1), c);
+        }
+        h
+    }
+}

@@ -1,0 +1,428 @@
+//! `dtx bench`: one specification of a run, executed on any runtime, reported the same way.
+
+pub mod driver;
+pub mod metrics;
+pub mod tcp;
+
+use crate::cluster::Topology;
+use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
+use crate::protocols::{self, NodeEnv, NodeProtocol, ProtoOptions, WorkerProtocol};
+use crate::rt::{local, sim::SimWorld, CpuCost, RpcConfig, Worker, WorkerConfig};
+use crate::workloads::{self, Workload, WorkloadParams};
+use anyhow::{bail, Context};
+use driver::{DriverConfig, RunShared, Window};
+use dtx_report::{LatencyUs, RunReport};
+use metrics::{HistLine, Totals};
+use serde::{Deserialize, Serialize};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything that defines one protocol's run. It crosses process boundaries (tcp runtime).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchSpec {
+    pub protocol: String,
+    pub workload: WorkloadParams,
+    pub runtime: String,
+    pub nodes: u16,
+    pub workers: u16,
+    pub partitions_per_node: u32,
+    pub inflight: u32,
+    pub duration_us: u64,
+    pub warmup_us: u64,
+    pub latency: LatencyModel,
+    pub faults: FaultPlan,
+    pub seed: u64,
+    pub cost: CpuCost,
+    pub rpc: RpcConfig,
+    pub proto: ProtoOptions,
+    pub record_history: bool,
+    pub max_retries: u32,
+}
+
+impl BenchSpec {
+    pub fn topology(&self) -> Topology {
+        let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
+        if !self.latency.node_region.is_empty() {
+            t.node_region = self.latency.node_region.clone();
+        }
+        t
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes == 0 || self.nodes > 256 {
+            bail!("--nodes {} must be between 1 and 256", self.nodes);
+        }
+        if self.workers == 0 || self.workers > 64 {
+            bail!("--workers {} must be between 1 and 64", self.workers);
+        }
+        if self.inflight == 0 || self.inflight > 100_000 {
+            bail!("--inflight {} must be between 1 and 100000", self.inflight);
+        }
+        if self.duration_us == 0 {
+            bail!("--duration must be positive");
+        }
+        if !(0.0..=1.0).contains(&self.faults.loss) {
+            bail!("loss probability {} must be within 0..1", self.faults.loss);
+        }
+        protocols::resolve(&self.protocol)?;
+        workloads::build(&self.workload, &self.topology())?;
+        Ok(())
+    }
+
+    fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            seed: self.seed,
+            cost: self.cost,
+            rpc: self.rpc,
+        }
+    }
+
+    fn driver_config(&self, window: Window) -> DriverConfig {
+        DriverConfig {
+            inflight: self.inflight,
+            max_retries: self.max_retries,
+            record_history: self.record_history,
+            window,
+        }
+    }
+}
+
+/// A node's protocol state (storage loaded) and the workload it runs.
+pub struct NodeSetup {
+    pub proto: Arc<dyn NodeProtocol>,
+    pub workload: Arc<dyn Workload>,
+    pub topo: Arc<Topology>,
+}
+
+pub fn build_node(spec: &BenchSpec, node: NodeId) -> anyhow::Result<NodeSetup> {
+    let topo = Arc::new(spec.topology());
+    let workload = workloads::build(&spec.workload, &topo)?;
+    let info = protocols::find(&spec.protocol)
+        .with_context(|| format!("unknown protocol {}", spec.protocol))?;
+    let env = NodeEnv {
+        node,
+        topo: topo.clone(),
+        workload: workload.clone(),
+        opts: spec.proto.clone(),
+    };
+    Ok(NodeSetup {
+        proto: (info.make)().build_node(env),
+        workload,
+        topo,
+    })
+}
+
+/// The partitions a worker's clients are homed at: the node's, rotated by worker index.
+pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
+    let mut h = topo.partitions_of(a.node);
+    let r = a.worker as usize % h.len().max(1);
+    h.rotate_left(r);
+    h
+}
+
+/// Attach a worker to its node's protocol and start its clients.
+pub fn start_worker(
+    spec: &BenchSpec,
+    node: &NodeSetup,
+    w: &Rc<Worker>,
+    window: Window,
+    shared: &Arc<RunShared>,
+) -> Rc<dyn WorkerProtocol> {
+    let proto = node.proto.worker(w.clone());
+    proto.start();
+    driver::start(
+        w,
+        proto.clone(),
+        node.workload.clone(),
+        homes(&node.topo, w.addr),
+        spec.driver_config(window),
+        shared.clone(),
+    );
+    proto
+}
+
+/// What a run produced, before it becomes a report.
+pub struct Outcome {
+    pub totals: Totals,
+    pub history: Vec<HistLine>,
+    pub final_read: Option<Result<HistLine, String>>,
+    /// Committed transactions that gave up after the retry limit, stuck clients, etc.
+    pub notes: Vec<String>,
+}
+
+fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {
+    for m in shared.reports.lock().drain(..) {
+        totals.add_metrics(&m);
+        history.extend(m.history);
+    }
+}
+
+/// A progress bar over `total` (seconds of run), hidden when stderr is not a terminal.
+pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(total_ms),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>14} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+/// Run in deterministic simulation.
+pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    let mut world = SimWorld::new(
+        spec.nodes,
+        spec.workers,
+        spec.latency.clone(),
+        spec.faults.clone(),
+        spec.seed,
+    );
+    let shared = Arc::new(RunShared::default());
+    let window = Window {
+        start_ns: spec.warmup_us * 1000,
+        end_ns: (spec.warmup_us + spec.duration_us) * 1000,
+    };
+    let mut protos = Vec::new();
+    for n in 0..spec.nodes {
+        let node = build_node(spec, n)?;
+        for wi in 0..spec.workers {
+            let addr = Addr::new(n, wi);
+            let w = Rc::new(Worker::new(
+                addr,
+                spec.workers,
+                world.clock(),
+                world.executor_for(addr),
+                &spec.worker_config(),
+            ));
+            world.add_worker(w.clone());
+            shared.running.fetch_add(1, Ordering::AcqRel);
+            protos.push((
+                start_worker(spec, &node, &w, window, &shared),
+                node.workload.clone(),
+            ));
+        }
+    }
+    let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
+    let mut busy_start = 0;
+    while world.now_ns() < window.end_ns {
+        let step = (world.now_ns() + 10_000_000).min(window.end_ns);
+        world.run_until(step, || false);
+        if world.now_ns() <= window.start_ns {
+            busy_start = world.now_ns();
+        }
+        pb.set_position(world.now_ns() / 1_000_000);
+    }
+    let _ = busy_start;
+    pb.finish_and_clear();
+    // Let in-flight transactions finish (bounded by the RPC timeout and retries).
+    world.heal_all();
+    let drain_limit = window.end_ns + 120_000_000_000;
+    let mut notes = Vec::new();
+    if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
+        notes
+            .push("some clients were still running 120 s (virtual) after the window closed".into());
+    }
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    collect(&shared, &mut totals, &mut history);
+    let mut final_read = None;
+    if spec.record_history {
+        let (p, wl) = protos[0].clone();
+        let w0 = world.worker(Addr::new(0, 0)).clone();
+        driver::final_read(&w0, p, wl, shared.clone());
+        let limit = world.now_ns() + 120_000_000_000;
+        world.run_until(limit, || shared.final_read.lock().is_some());
+        final_read = shared.final_read.lock().take();
+    }
+    // Simulated CPU: the work charged, as a share of the run (reported per transaction).
+    totals.cpu_us = 0;
+    Ok(Outcome {
+        totals,
+        history,
+        final_read,
+        notes,
+    })
+}
+
+/// Run every node as threads of this process.
+pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
+    let shared = Arc::new(RunShared::default());
+    let mut nodes = Vec::new();
+    for n in 0..spec.nodes {
+        nodes.push(Arc::new(build_node(spec, n)?));
+    }
+    let warm = Duration::from_micros(spec.warmup_us);
+    let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
+    let start_ns = net.epoch.elapsed().as_nanos() as u64 + 20_000_000;
+    let window = Window {
+        start_ns: start_ns + warm.as_nanos() as u64,
+        end_ns: start_ns + total.as_nanos() as u64,
+    };
+    let (proto_tx, proto_rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    for n in 0..spec.nodes {
+        for wi in 0..spec.workers {
+            let (net, shared, node, spec2, tx) = (
+                net.clone(),
+                shared.clone(),
+                nodes[n as usize].clone(),
+                spec.clone(),
+                proto_tx.clone(),
+            );
+            shared.running.fetch_add(1, Ordering::AcqRel);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("n{n}w{wi}"))
+                    .spawn(move || {
+                        let addr = Addr::new(n, wi);
+                        let w = local::make_worker(&net, addr, &spec2.worker_config());
+                        let proto = start_worker(&spec2, &node, &w, window, &shared);
+                        THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
+                        let _ = tx.send(());
+                        local::run_worker(&net, &w);
+                        THREAD_WORKER.with(|t| t.borrow_mut().take());
+                    })
+                    .context("cannot start a worker thread")?,
+            );
+        }
+    }
+    for _ in 0..threads.len() {
+        let _ = proto_rx.recv_timeout(Duration::from_secs(10));
+    }
+    let pb = progress(
+        &format!("{} local", spec.protocol),
+        total.as_millis() as u64 + 20,
+    );
+    let t0 = Instant::now();
+    let mut cpu_at_start = None;
+    let mut cpu_at_end = None;
+    while shared.running.load(Ordering::Acquire) > 0 {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = net.epoch.elapsed().as_nanos() as u64;
+        if cpu_at_start.is_none() && now >= window.start_ns {
+            cpu_at_start = Some(crate::util::process_cpu_us());
+        }
+        if cpu_at_end.is_none() && now >= window.end_ns {
+            cpu_at_end = Some(crate::util::process_cpu_us());
+        }
+        pb.set_position(t0.elapsed().as_millis() as u64);
+        if t0.elapsed() > total + Duration::from_secs(120) {
+            break;
+        }
+    }
+    pb.finish_and_clear();
+    let mut notes = Vec::new();
+    if shared.running.load(Ordering::Acquire) > 0 {
+        notes.push("some clients were still running 120 s after the window closed".into());
+    }
+    let mut final_read = None;
+    if spec.record_history && notes.is_empty() {
+        let (sh, node) = (shared.clone(), nodes[0].clone());
+        net.inbox(Addr::new(0, 0)).push_command(Box::new(move || {
+            THREAD_WORKER.with(|t| {
+                if let Some((w, p)) = t.borrow().as_ref() {
+                    driver::final_read(w, p.clone(), node.workload.clone(), sh.clone());
+                }
+            });
+        }));
+        let t1 = Instant::now();
+        while shared.final_read.lock().is_none() && t1.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        final_read = shared.final_read.lock().take();
+    }
+    net.stop();
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    collect(&shared, &mut totals, &mut history);
+    totals.cpu_us = match (cpu_at_start, cpu_at_end) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    Ok(Outcome {
+        totals,
+        history,
+        final_read,
+        notes,
+    })
+}
+
+thread_local! {
+    /// The worker running on this thread and its protocol instance, so that commands sent to
+    /// the thread from outside (the final read) can reach them.
+    pub static THREAD_WORKER: std::cell::RefCell<Option<(Rc<Worker>, Rc<dyn WorkerProtocol>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Turn an outcome into the report the interface contract describes.
+pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunReport {
+    let t = &o.totals;
+    let h = t.histogram();
+    let secs = spec.duration_us as f64 / 1e6;
+    let attempts = t.committed + t.aborted();
+    let per = |x: u64| {
+        if t.committed > 0 {
+            x as f64 / t.committed as f64
+        } else {
+            0.0
+        }
+    };
+    let mut params = std::collections::BTreeMap::new();
+    if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(spec) {
+        for (k, v) in m {
+            match v {
+                serde_json::Value::Object(inner) => {
+                    for (k2, v2) in inner {
+                        params.insert(format!("{k}.{k2}"), v2);
+                    }
+                }
+                v => {
+                    params.insert(k, v);
+                }
+            }
+        }
+    }
+    let mut extra = std::collections::BTreeMap::new();
+    if t.gave_up > 0 {
+        extra.insert("gave_up".to_string(), t.gave_up as f64);
+    }
+    RunReport {
+        protocol: spec.protocol.clone(),
+        workload: spec.workload.name.clone(),
+        runtime: spec.runtime.clone(),
+        nodes: spec.nodes as u32,
+        duration_s: secs,
+        committed: t.committed,
+        aborted: t.aborted(),
+        throughput_tps: t.committed as f64 / secs,
+        abort_rate: if attempts > 0 {
+            t.aborted() as f64 / attempts as f64
+        } else {
+            0.0
+        },
+        latency_us: LatencyUs {
+            p50: h.value_at_quantile(0.50) as f64,
+            p95: h.value_at_quantile(0.95) as f64,
+            p99: h.value_at_quantile(0.99) as f64,
+            max: h.max() as f64,
+        },
+        msgs_per_txn: per(t.msgs),
+        bytes_per_txn: per(t.bytes),
+        aborts_by_reason: t.aborts.clone(),
+        params,
+        verified,
+        cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0)
+            .then(|| t.cpu_us as f64 / t.committed as f64),
+        throughput_per_s: t.per_sec.iter().map(|c| *c as f64).collect(),
+        extra,
+    }
+}

@@ -1,0 +1,179 @@
+//! What the `dtx` subcommands do, behind the argument parsing in main.rs.
+
+use crate::bench::{self, BenchSpec, Outcome};
+use crate::protocols;
+use anyhow::{bail, Context};
+use dtx_report::{BenchReport, RunReport};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub struct BenchRequest {
+    pub protocols: String,
+    /// Builds (and validates) the spec of one protocol's run.
+    pub make_spec: Box<dyn Fn(&str) -> anyhow::Result<BenchSpec>>,
+    pub runtime: String,
+    pub workload: String,
+    pub json: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub history: Option<PathBuf>,
+    pub verify: bool,
+    pub out: Option<PathBuf>,
+    pub cluster: Option<PathBuf>,
+    pub json_stdout: bool,
+}
+
+fn results_dir(req: &BenchRequest) -> PathBuf {
+    if let Some(o) = &req.out {
+        return o.clone();
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    PathBuf::from("results").join(format!("{secs}-{}-{}", req.workload, req.runtime))
+}
+
+/// Run the benchmark; Ok(false) when a check failed.
+pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
+    let protos = protocols::resolve(&req.protocols)?;
+    if !["sim", "local", "tcp"].contains(&req.runtime.as_str()) {
+        bail!("--runtime `{}`: use sim, local or tcp", req.runtime);
+    }
+    if req.verify && req.workload != "append" {
+        bail!("--verify checks list-append histories: add --workload append");
+    }
+    if req.history.is_some() && req.workload != "append" {
+        bail!("--history records list-append histories: add --workload append");
+    }
+    if req.cluster.is_some() && req.runtime != "tcp" {
+        bail!("--cluster runs against running servers: add --runtime tcp");
+    }
+    // Validate every spec before running anything, so a bad flag fails at once.
+    let specs: Vec<BenchSpec> = protos
+        .iter()
+        .map(|p| (req.make_spec)(p.name))
+        .collect::<anyhow::Result<_>>()?;
+    let dir = results_dir(req);
+    let mut runs: Vec<RunReport> = Vec::new();
+    let mut all_ok = true;
+    for spec in &specs {
+        let outcome = match spec.runtime.as_str() {
+            "sim" => bench::run_sim(spec)?,
+            "local" => bench::run_local(spec)?,
+            _ => bench::tcp::run(spec, req.cluster.as_deref())?,
+        };
+        for n in &outcome.notes {
+            eprintln!("dtx: {}: {n}", spec.protocol);
+        }
+        let verified = if spec.record_history {
+            Some(check_outcome(spec, &outcome, req, &dir)?)
+        } else {
+            None
+        };
+        if verified == Some(false) {
+            all_ok = false;
+        }
+        runs.push(bench::report(spec, &outcome, verified));
+    }
+    let report = BenchReport { runs };
+    let json_path = req.json.clone().unwrap_or_else(|| dir.join("bench.json"));
+    let plot_path = req.plot.clone().unwrap_or_else(|| dir.join("bench.svg"));
+    dtx_report::write_json(&report, &json_path)?;
+    dtx_report::write_plot(&report.runs, &plot_path)?;
+    if req.json_stdout {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", dtx_report::render_table(&report.runs));
+        println!(
+            "results: {} (json: {}, plot: {})",
+            dir.display(),
+            json_path.display(),
+            plot_path.display()
+        );
+    }
+    Ok(all_ok)
+}
+
+/// Write the run's history and check it; true when it is serializable and complete.
+fn check_outcome(
+    spec: &BenchSpec,
+    o: &Outcome,
+    req: &BenchRequest,
+    dir: &Path,
+) -> anyhow::Result<bool> {
+    let path = match &req.history {
+        Some(p) if req.protocols.contains(',') || req.protocols == "all" => {
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("history");
+            p.with_file_name(format!("{stem}-{}.jsonl", spec.protocol))
+        }
+        Some(p) => p.clone(),
+        None => dir.join(format!("history-{}.jsonl", spec.protocol)),
+    };
+    write_history(o, &path)?;
+    let final_ok = match &o.final_read {
+        Some(Ok(_)) => true,
+        Some(Err(e)) => {
+            eprintln!("dtx: {}: {e}", spec.protocol);
+            false
+        }
+        None => {
+            eprintln!(
+                "dtx: {}: the final read-all transaction did not finish",
+                spec.protocol
+            );
+            false
+        }
+    };
+    let report = dtx_check::check_file(&path)?;
+    let line = report.summary();
+    if report.valid && final_ok {
+        eprintln!("{}: {line} (history {})", spec.protocol, path.display());
+        Ok(true)
+    } else {
+        eprintln!(
+            "{}: SERIALIZABILITY CHECK FAILED: {line} (history {})",
+            spec.protocol,
+            path.display()
+        );
+        for a in report.anomalies.iter().take(10) {
+            eprintln!("  {}", serde_json::to_string(a).unwrap_or_default());
+        }
+        Ok(false)
+    }
+}
+
+fn write_history(o: &Outcome, path: &Path) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let f = std::fs::File::create(path)
+        .with_context(|| format!("cannot write history {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    let mut lines: Vec<&bench::metrics::HistLine> = o.history.iter().collect();
+    lines.sort_by_key(|l| (l.start_us, l.id));
+    for l in lines {
+        serde_json::to_writer(&mut w, l)?;
+        w.write_all(b"\n")?;
+    }
+    if let Some(Ok(l)) = &o.final_read {
+        serde_json::to_writer(&mut w, l)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// `dtx check --history FILE`.
+pub fn check(path: &Path, json: bool) -> anyhow::Result<bool> {
+    let report = dtx_check::check_file(path)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{}", report.summary());
+        for a in &report.anomalies {
+            println!("  {}", serde_json::to_string(a).unwrap_or_default());
+        }
+    }
+    Ok(report.valid)
+}

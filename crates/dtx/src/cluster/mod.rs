@@ -1,0 +1,219 @@
+//! Cluster topology (regions → nodes → partitions, replicas later), the partition → node map,
+//! and the TOML config `dtx server` reads.
+//!
+//! Keys map to partitions through the workload (it knows how its keys encode a warehouse or a
+//! key range); partitions map to nodes here.
+
+use crate::net::NodeId;
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+pub type PartitionId = u32;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeSpec {
+    /// Control address: `dtx bench` and clients connect here. Worker `w` listens for peers on
+    /// the next ports (`port + 1 + w`).
+    pub addr: SocketAddr,
+    #[serde(default)]
+    pub region: u16,
+}
+
+/// The cluster file `dtx server --config` reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Worker threads per node.
+    #[serde(default = "one")]
+    pub workers: u16,
+    /// Data partitions each node owns.
+    #[serde(default = "one_u32")]
+    pub partitions_per_node: u32,
+    /// Region names, for reports (index = region id); optional.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    #[serde(rename = "node")]
+    pub nodes: Vec<NodeSpec>,
+}
+
+fn one() -> u16 {
+    1
+}
+fn one_u32() -> u32 {
+    1
+}
+
+impl ClusterConfig {
+    pub fn parse(text: &str, origin: &str) -> anyhow::Result<Self> {
+        let cfg: ClusterConfig = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+        cfg.validate()
+            .with_context(|| format!("{origin}: invalid cluster config"))?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cluster config {}", path.display()))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes.is_empty() {
+            bail!("no [[node]] entries: a cluster needs at least one node");
+        }
+        if self.nodes.len() > 1024 {
+            bail!("{} nodes is more than the limit of 1024", self.nodes.len());
+        }
+        if self.workers == 0 || self.workers > 64 {
+            bail!("workers = {} must be between 1 and 64", self.workers);
+        }
+        if self.partitions_per_node == 0 || self.partitions_per_node > 4096 {
+            bail!(
+                "partitions_per_node = {} must be between 1 and 4096",
+                self.partitions_per_node
+            );
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.addr.port() as u32 + 1 + self.workers as u32 > u16::MAX as u32 {
+                bail!(
+                    "node {i}: port {} leaves no room for {} worker ports after it",
+                    n.addr.port(),
+                    self.workers
+                );
+            }
+            if !self.regions.is_empty() && n.region as usize >= self.regions.len() {
+                bail!(
+                    "node {i}: region {} but only {} regions are named",
+                    n.region,
+                    self.regions.len()
+                );
+            }
+            for (j, m) in self.nodes.iter().enumerate().take(i) {
+                let (a, b) = (n.addr.port() as i32, m.addr.port() as i32);
+                if n.addr.ip() == m.addr.ip() && (a - b).abs() <= self.workers as i32 {
+                    bail!(
+                        "nodes {j} and {i} use overlapping ports on {} ({} and {})",
+                        n.addr.ip(),
+                        b,
+                        a
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A loopback cluster of `nodes` nodes starting at `base_port`.
+    pub fn loopback(nodes: u16, workers: u16, base_port: u16) -> Self {
+        let stride = workers + 2;
+        ClusterConfig {
+            workers,
+            partitions_per_node: 1,
+            regions: vec![],
+            nodes: (0..nodes)
+                .map(|i| NodeSpec {
+                    addr: SocketAddr::from(([127, 0, 0, 1], base_port + i * stride)),
+                    region: 0,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn worker_addr(&self, node: NodeId, worker: u16) -> SocketAddr {
+        let mut a = self.nodes[node as usize].addr;
+        a.set_port(a.port() + 1 + worker);
+        a
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The shape of the cluster every component agrees on during a run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Topology {
+    pub nodes: u16,
+    pub workers_per_node: u16,
+    pub partitions_per_node: u32,
+    pub node_region: Vec<u16>,
+}
+
+impl Topology {
+    pub fn new(nodes: u16, workers_per_node: u16, partitions_per_node: u32) -> Self {
+        Topology {
+            nodes,
+            workers_per_node,
+            partitions_per_node,
+            node_region: vec![0; nodes as usize],
+        }
+    }
+
+    pub fn partitions(&self) -> u32 {
+        self.nodes as u32 * self.partitions_per_node
+    }
+
+    /// Partitions are dealt round-robin: partition p lives on node p % nodes.
+    #[inline]
+    pub fn node_of(&self, p: PartitionId) -> NodeId {
+        (p % self.nodes as u32) as NodeId
+    }
+
+    pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
+        (0..self.partitions())
+            .filter(|p| self.node_of(*p) == node)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_validates() {
+        let ok = "workers = 2\n[[node]]\naddr = \"127.0.0.1:7000\"\n[[node]]\naddr = \"127.0.0.1:7010\"\n";
+        let c = ClusterConfig::parse(ok, "t.toml").unwrap();
+        assert_eq!(c.nodes.len(), 2);
+        assert_eq!(c.worker_addr(1, 1).port(), 7012);
+        let round = ClusterConfig::parse(&c.to_toml(), "again").unwrap();
+        assert_eq!(round, c);
+    }
+
+    #[test]
+    fn rejects_bad_configs_with_a_reason() {
+        let cases = [
+            ("workers = 1\n", "missing field `node`"),
+            ("[[node]]\naddr = \"nonsense\"\n", "invalid socket address"),
+            (
+                "wrkers = 1\n[[node]]\naddr = \"127.0.0.1:1\"\n",
+                "unknown field `wrkers`",
+            ),
+            (
+                "workers = 0\n[[node]]\naddr = \"127.0.0.1:7000\"\n",
+                "between 1 and 64",
+            ),
+            (
+                "[[node]]\naddr = \"127.0.0.1:7000\"\n[[node]]\naddr = \"127.0.0.1:7001\"\n",
+                "overlapping ports",
+            ),
+            (
+                "regions = [\"eu\"]\n[[node]]\naddr = \"127.0.0.1:7000\"\nregion = 3\n",
+                "region 3",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = format!("{:#}", ClusterConfig::parse(text, "c.toml").unwrap_err());
+            assert!(err.contains(want), "{text:?}: error `{err}` lacks `{want}`");
+        }
+    }
+
+    #[test]
+    fn partitions_round_robin() {
+        let t = Topology::new(3, 1, 2);
+        assert_eq!(t.partitions(), 6);
+        assert_eq!(t.partitions_of(1), vec![1, 4]);
+    }
+}

@@ -1,0 +1,13 @@
+//! dtx: one engine in which serializable distributed transaction protocols run side by side on
+//! the same storage, network, workloads and driver. See docs/architecture.md.
+
+pub mod bench;
+pub mod cli;
+pub mod cluster;
+pub mod net;
+pub mod protocols;
+pub mod rt;
+pub mod storage;
+pub mod txn;
+pub mod util;
+pub mod workloads;

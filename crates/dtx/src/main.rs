@@ -1,0 +1,317 @@
+//! The `dtx` command: bench, server, protocols, check.
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use dtx::bench::BenchSpec;
+use dtx::net::{FaultPlan, LatencyModel};
+use dtx::protocols::{self, ProtoOptions};
+use dtx::rt::{CpuCost, RpcConfig};
+use dtx::util::parse_duration_us;
+use dtx::workloads::WorkloadParams;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "dtx",
+    version,
+    about = "Serializable distributed transaction protocols, side by side"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a benchmark: every protocol on the same cluster, workload and driver.
+    Bench(BenchArgs),
+    /// List the protocols: name, status, description.
+    Protocols,
+    /// Check a list-append history for serializability.
+    Check {
+        #[arg(long)]
+        history: PathBuf,
+        /// Print the full report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one node of a cluster (the bench and clients talk to it).
+    Server {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        node: u16,
+    },
+}
+
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Protocols to compare: a comma-separated list, or `all`.
+    #[arg(long, default_value = "all")]
+    protocol: String,
+    /// ycsb | append
+    #[arg(long, default_value = "ycsb")]
+    workload: String,
+    /// sim | local | tcp
+    #[arg(long, default_value = "local")]
+    runtime: String,
+    #[arg(long, default_value_t = 2)]
+    nodes: u16,
+    /// Worker threads per node.
+    #[arg(long, default_value_t = 1)]
+    workers: u16,
+    /// Transactions in flight per worker (closed-loop clients).
+    #[arg(long, default_value_t = 64)]
+    inflight: u32,
+    /// Measured seconds (or a duration: 500ms, 2s).
+    #[arg(long, default_value = "3")]
+    duration: String,
+    /// Warm-up seconds before measuring.
+    #[arg(long, default_value = "0.5")]
+    warmup: String,
+    /// Injected one-way delay between nodes (e.g. 100us, 50ms).
+    #[arg(long, default_value = "0")]
+    delay: String,
+    /// Uniform jitter added to each message.
+    #[arg(long, default_value = "0")]
+    jitter: String,
+    /// Region latency matrix file (one row per region, one-way delays).
+    #[arg(long)]
+    latency_matrix: Option<PathBuf>,
+    /// Region of each node, comma-separated (with --latency-matrix); default round-robin.
+    #[arg(long)]
+    regions: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Faults to inject in sim: any of crash,partition,loss.
+    #[arg(long, default_value = "")]
+    faults: String,
+    /// Packet loss probability when `loss` is among --faults.
+    #[arg(long, default_value_t = 0.01)]
+    loss: f64,
+    /// Write the JSON report here (default: in the results folder).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the plot here (SVG; default: in the results folder).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Record the list-append history here (JSON lines).
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Check the run: list-append histories for serializability. Exits non-zero on a violation.
+    #[arg(long)]
+    verify: bool,
+    /// Results folder (default results/<time>-<workload>-<runtime>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run against an already running cluster (tcp runtime).
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Keys: per partition for ycsb (default 200000), in total for append (default 32).
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Zipf skew (0 = uniform, 0.99 = hot).
+    #[arg(long, default_value_t = 0.0)]
+    theta: f64,
+    /// Operations per transaction (ycsb default 10, append: at most, default 4).
+    #[arg(long)]
+    ops: Option<u32>,
+    /// Fraction of reads (ycsb default 0.8, append 0.5).
+    #[arg(long)]
+    read_ratio: Option<f64>,
+    /// Fraction of transactions touching another node.
+    #[arg(long, default_value_t = 0.1)]
+    distributed: f64,
+    /// YCSB writes are blind instead of read-modify-write.
+    #[arg(long)]
+    blind_writes: bool,
+    #[arg(long, default_value_t = 100)]
+    value_bytes: u32,
+    /// Execute interactively even when a procedure declares its keys (no batched prefetch).
+    #[arg(long)]
+    interactive: bool,
+    #[arg(long, default_value_t = 1)]
+    partitions_per_node: u32,
+    /// Retries of one transaction before the client gives up on it.
+    #[arg(long, default_value_t = 1000)]
+    max_retries: u32,
+    /// RPC timeout.
+    #[arg(long, default_value = "2s")]
+    rpc_timeout: String,
+    /// Simulated CPU cost per record access / message / packet / transaction, ns.
+    #[arg(long, value_delimiter = ',', num_args = 4, value_names = ["OP", "MSG", "PACKET", "TXN"])]
+    sim_cost_ns: Option<Vec<u64>>,
+    /// Machine-readable output on stdout instead of the table.
+    #[arg(long = "json-stdout")]
+    json_stdout: bool,
+}
+
+fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<f64>() {
+        if !(v.is_finite() && v >= 0.0) {
+            anyhow::bail!("--{what} {s} must be a non-negative number of seconds");
+        }
+        return Ok((v * 1e6) as u64);
+    }
+    parse_duration_us(t).with_context(|| format!("--{what}"))
+}
+
+impl BenchArgs {
+    fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
+        let append = self.workload == "append";
+        let mut latency = LatencyModel {
+            delay_us: parse_duration_us(&self.delay).context("--delay")?,
+            jitter_us: parse_duration_us(&self.jitter).context("--jitter")?,
+            ..Default::default()
+        };
+        if let Some(m) = &self.latency_matrix {
+            latency.region_delay_us = LatencyModel::load_matrix(m)?;
+            let regions = latency.region_delay_us.len() as u16;
+            latency.node_region = match &self.regions {
+                Some(r) => r
+                    .split(',')
+                    .map(|x| {
+                        x.trim()
+                            .parse::<u16>()
+                            .with_context(|| format!("--regions: `{x}` is not a region number"))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+                None => (0..self.nodes).map(|n| n % regions).collect(),
+            };
+            if latency.node_region.len() != self.nodes as usize {
+                anyhow::bail!(
+                    "--regions names {} nodes but --nodes is {}",
+                    latency.node_region.len(),
+                    self.nodes
+                );
+            }
+            if let Some(r) = latency.node_region.iter().find(|r| **r >= regions) {
+                anyhow::bail!(
+                    "--regions uses region {r} but the latency matrix has {regions} regions"
+                );
+            }
+        }
+        let mut faults = FaultPlan {
+            fault_interval_us: 200_000,
+            fault_duration_us: 100_000,
+            ..Default::default()
+        };
+        for f in self
+            .faults
+            .split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+        {
+            match f {
+                "crash" => faults.crashes = true,
+                "partition" => faults.partitions = true,
+                "loss" => faults.loss = self.loss,
+                other => {
+                    anyhow::bail!("--faults: unknown fault `{other}` (use crash, partition, loss)")
+                }
+            }
+        }
+        if faults.any() && self.runtime != "sim" {
+            anyhow::bail!("--faults are injected by the simulator: add --runtime sim");
+        }
+        let mut rpc = RpcConfig {
+            timeout_us: parse_duration_us(&self.rpc_timeout).context("--rpc-timeout")?,
+            ..Default::default()
+        };
+        if faults.any() {
+            // Lossy links: resend unanswered requests; receivers de-duplicate.
+            rpc.retransmit_us = (latency.delay_us * 4).max(2_000);
+            rpc.timeout_us = rpc.timeout_us.min(500_000);
+        }
+        let mut cost = CpuCost::default();
+        if let Some(c) = &self.sim_cost_ns {
+            cost = CpuCost {
+                op_ns: c[0],
+                msg_ns: c[1],
+                packet_ns: c[2],
+                txn_ns: c[3],
+            };
+        }
+        let spec = BenchSpec {
+            protocol: protocol.to_string(),
+            workload: WorkloadParams {
+                name: self.workload.clone(),
+                keys: self.keys.unwrap_or(if append { 32 } else { 200_000 }),
+                theta: self.theta,
+                ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
+                read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
+                rmw: !self.blind_writes,
+                distributed: self.distributed,
+                value_bytes: self.value_bytes,
+            },
+            runtime: self.runtime.clone(),
+            nodes: self.nodes,
+            workers: self.workers,
+            partitions_per_node: self.partitions_per_node,
+            inflight: self.inflight,
+            duration_us: secs_us(&self.duration, "duration")?,
+            warmup_us: secs_us(&self.warmup, "warmup")?,
+            latency,
+            faults,
+            seed: self.seed,
+            cost,
+            rpc,
+            proto: ProtoOptions {
+                one_shot: !self.interactive,
+                ..Default::default()
+            },
+            record_history: append && (self.verify || self.history.is_some()),
+            max_retries: self.max_retries,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Bench(args) => dtx::cli::bench(&args.into()),
+        Cmd::Protocols => {
+            for p in protocols::REGISTRY {
+                println!("{:<12} {:<8} {}", p.name, p.status, p.description);
+            }
+            for (name, desc) in protocols::PLANNED {
+                println!("{:<12} {:<8} {}", name, "planned", desc);
+            }
+            Ok(true)
+        }
+        Cmd::Check { history, json } => dtx::cli::check(&history, json),
+        Cmd::Server { config, node } => dtx::bench::tcp::serve(&config, node).map(|_| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("dtx: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+impl From<BenchArgs> for dtx::cli::BenchRequest {
+    fn from(a: BenchArgs) -> Self {
+        let protocols = a.protocol.clone();
+        let a2 = a.clone();
+        dtx::cli::BenchRequest {
+            protocols,
+            make_spec: Box::new(move |p| a2.spec(p)),
+            runtime: a.runtime,
+            json: a.json,
+            plot: a.plot,
+            history: a.history,
+            verify: a.verify,
+            out: a.out,
+            cluster: a.cluster,
+            workload: a.workload,
+            json_stdout: a.json_stdout,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The one-way delay model shared by all runtimes, and the fault plan the simulator follows.
+
+use super::NodeId;
+use anyhow::{bail, Context};
+use rand::Rng;
+
+/// One-way delay between nodes: a base delay, uniform jitter, and optionally a region matrix.
+/// In `sim` this is the link latency; in `local` and `tcp` it is injected on top of the real one.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct LatencyModel {
+    /// One-way delay between any two distinct nodes, microseconds.
+    pub delay_us: u64,
+    /// Uniform jitter added to each message, 0..=jitter_us microseconds.
+    pub jitter_us: u64,
+    /// Region of each node (index = node id); empty = everyone in region 0.
+    pub node_region: Vec<u16>,
+    /// One-way delay between regions, microseconds; when present it replaces `delay_us` across regions.
+    pub region_delay_us: Vec<Vec<u64>>,
+}
+
+impl LatencyModel {
+    pub fn is_zero(&self) -> bool {
+        self.delay_us == 0 && self.jitter_us == 0 && self.region_delay_us.is_empty()
+    }
+
+    fn region(&self, n: NodeId) -> u16 {
+        self.node_region.get(n as usize).copied().unwrap_or(0)
+    }
+
+    /// Sample the one-way delay for one message from `src` to `dst`, in nanoseconds.
+    pub fn sample_ns(&self, src: NodeId, dst: NodeId, rng: &mut impl Rng) -> u64 {
+        if src == dst {
+            return 0;
+        }
+        let (rs, rd) = (self.region(src) as usize, self.region(dst) as usize);
+        let base_us = match self.region_delay_us.get(rs).and_then(|row| row.get(rd)) {
+            Some(&d) if rs != rd => d,
+            // Same region: the matrix diagonal, or the flat delay if that is larger.
+            Some(&d) => d.max(self.delay_us),
+            None => self.delay_us,
+        };
+        let jitter = if self.jitter_us > 0 {
+            rng.gen_range(0..=self.jitter_us * 1000)
+        } else {
+            0
+        };
+        base_us * 1000 + jitter
+    }
+
+    /// Read a region matrix file: one line per region, whitespace-separated one-way delays in µs
+    /// (or with a unit: `50ms`, `100us`); `#` starts a comment. The matrix must be square.
+    pub fn load_matrix(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u64>>> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read latency matrix {}", path.display()))?;
+        let mut rows = vec![];
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let row = line
+                .split_whitespace()
+                .map(crate::util::parse_duration_us)
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("{}:{}: bad delay", path.display(), i + 1))?;
+            rows.push(row);
+        }
+        if rows.is_empty() {
+            bail!("{}: latency matrix is empty", path.display());
+        }
+        let n = rows.len();
+        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != n) {
+            bail!(
+                "{}: latency matrix must be square: {} regions but row {} has {} entries",
+                path.display(),
+                n,
+                i + 1,
+                r.len()
+            );
+        }
+        Ok(rows)
+    }
+}
+
+/// Faults the simulator injects, all decided by the seed.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct FaultPlan {
+    /// Probability that any one packet is lost.
+    pub loss: f64,
+    /// Cut links between a random pair of node groups now and then (duration and period in µs).
+    pub partitions: bool,
+    /// Stop a random node now and then and bring it back later.
+    pub crashes: bool,
+    /// Mean time between fault events, and how long a fault lasts, microseconds.
+    pub fault_interval_us: u64,
+    pub fault_duration_us: u64,
+}
+
+impl FaultPlan {
+    pub fn any(&self) -> bool {
+        self.loss > 0.0 || self.partitions || self.crashes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn flat_delay_and_jitter() {
+        let m = LatencyModel {
+            delay_us: 100,
+            jitter_us: 10,
+            ..Default::default()
+        };
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+        for _ in 0..100 {
+            let d = m.sample_ns(0, 1, &mut rng);
+            assert!((100_000..=110_000).contains(&d));
+        }
+        assert_eq!(m.sample_ns(1, 1, &mut rng), 0);
+    }
+
+    #[test]
+    fn region_matrix() {
+        let m = LatencyModel {
+            node_region: vec![0, 1],
+            region_delay_us: vec![vec![0, 50_000], vec![50_000, 0]],
+            ..Default::default()
+        };
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+        assert_eq!(m.sample_ns(0, 1, &mut rng), 50_000_000);
+    }
+}

@@ -1,0 +1,201 @@
+//! Pieces the 2PC-based protocols share: transaction ids, the node's shared state, routing a key
+//! to its node, the coordinator's decision table (answering participants that lost track), and
+//! the participant-side table of transactions with its orphan sweeper.
+
+use crate::cluster::Topology;
+use crate::net::{Addr, NodeId};
+use crate::rt::Worker;
+use crate::storage::{RowKey, Storage, TableDef};
+use crate::workloads::Workload;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::ProtoOptions;
+
+/// A transaction attempt's id: node (16 bits) | worker (8 bits) | sequence (40 bits).
+pub type TxnId = u64;
+
+pub fn txn_id(addr: Addr, seq: u64) -> TxnId {
+    ((addr.node as u64) << 48) | ((addr.worker as u64 & 0xff) << 40) | (seq & ((1 << 40) - 1))
+}
+
+/// The worker that coordinates a transaction.
+pub fn coordinator_of(txn: TxnId) -> Addr {
+    Addr::new((txn >> 48) as NodeId, ((txn >> 40) & 0xff) as u16)
+}
+
+/// State of one node shared by its workers: storage plus what routing needs.
+pub struct NodeShared<M> {
+    pub id: NodeId,
+    pub topo: Arc<Topology>,
+    pub workload: Arc<dyn Workload>,
+    pub store: Storage<M>,
+    pub opts: ProtoOptions,
+}
+
+impl<M: Default + Send> NodeShared<M> {
+    /// Build the node's storage and load the partitions it owns.
+    pub fn load(env: super::NodeEnv) -> Self {
+        let defs: Vec<TableDef> = env.workload.tables();
+        let store = Storage::new(&defs);
+        for p in env.topo.partitions_of(env.node) {
+            env.workload.load_partition(p, &mut |k, v| store.load(k, v));
+        }
+        NodeShared {
+            id: env.node,
+            topo: env.topo,
+            workload: env.workload,
+            store,
+            opts: env.opts,
+        }
+    }
+
+    #[inline]
+    pub fn node_of(&self, key: RowKey) -> NodeId {
+        self.topo.node_of(self.workload.partition_of(key))
+    }
+
+    /// Which worker of `node` serves requests from coordinator worker `from`: always the same
+    /// one, so a transaction's participant state on a node lives on one thread.
+    #[inline]
+    pub fn participant(&self, node: NodeId, from: Addr) -> Addr {
+        Addr::new(node, from.worker % self.topo.workers_per_node)
+    }
+}
+
+/// What a coordinator knows about a transaction it coordinates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnStatus {
+    Active,
+    Committed,
+    /// Aborted, or unknown: with presumed abort, a coordinator forgets aborted transactions.
+    Aborted,
+}
+
+/// Per-worker coordinator bookkeeping: id allocation and the decision table.
+pub struct CoordTable {
+    next_seq: Cell<u64>,
+    status: RefCell<FxHashMap<TxnId, TxnStatus>>,
+}
+
+impl Default for CoordTable {
+    fn default() -> Self {
+        CoordTable {
+            next_seq: Cell::new(1),
+            status: RefCell::new(FxHashMap::default()),
+        }
+    }
+}
+
+impl CoordTable {
+    pub fn new_txn(&self, addr: Addr) -> TxnId {
+        let s = self.next_seq.get();
+        self.next_seq.set(s + 1);
+        txn_id(addr, s)
+    }
+
+    /// Mark a transaction that is about to leave state at other nodes.
+    pub fn set(&self, txn: TxnId, s: TxnStatus) {
+        if s == TxnStatus::Aborted {
+            self.status.borrow_mut().remove(&txn);
+        } else {
+            self.status.borrow_mut().insert(txn, s);
+        }
+    }
+
+    /// Forget a transaction once every participant acknowledged the outcome.
+    pub fn forget(&self, txn: TxnId) {
+        self.status.borrow_mut().remove(&txn);
+    }
+
+    pub fn get(&self, txn: TxnId) -> TxnStatus {
+        self.status
+            .borrow()
+            .get(&txn)
+            .copied()
+            .unwrap_or(TxnStatus::Aborted)
+    }
+
+    pub fn len(&self) -> usize {
+        self.status.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Participant-side state of remote transactions on one worker, with last-heard times.
+pub struct PartTable<S> {
+    pub txns: RefCell<FxHashMap<TxnId, (S, u64)>>,
+}
+
+impl<S> Default for PartTable<S> {
+    fn default() -> Self {
+        PartTable {
+            txns: RefCell::new(FxHashMap::default()),
+        }
+    }
+}
+
+impl<S> PartTable<S> {
+    /// Transactions not heard of for `idle_ns` (their coordinator may have failed to reach us).
+    pub fn idle(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId> {
+        self.txns
+            .borrow()
+            .iter()
+            .filter(|(_, (_, t))| now_ns.saturating_sub(*t) >= idle_ns)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    pub fn touch(&self, txn: TxnId, now_ns: u64) {
+        if let Some(e) = self.txns.borrow_mut().get_mut(&txn) {
+            e.1 = now_ns;
+        }
+    }
+
+    pub fn remove(&self, txn: TxnId) -> Option<S> {
+        self.txns.borrow_mut().remove(&txn).map(|e| e.0)
+    }
+
+    pub fn contains(&self, txn: TxnId) -> bool {
+        self.txns.borrow().contains_key(&txn)
+    }
+}
+
+/// Run the orphan sweeper on a worker: every `orphan_after / 2`, ask the coordinator of each
+/// transaction idle for `orphan_after` what became of it, and let `resolve` apply the answer.
+/// This is 2PC's termination protocol; it makes lost commit/abort messages harmless.
+pub fn spawn_sweeper<F, Q>(w: &Rc<Worker>, orphan_after_us: u64, idle: F, query: Q)
+where
+    F: Fn(u64, u64) -> Vec<TxnId> + 'static,
+    Q: Fn(TxnId) + 'static,
+{
+    let w2 = w.clone();
+    w.spawn(async move {
+        let period = (orphan_after_us / 2).max(1000);
+        loop {
+            w2.sleep_us(period).await;
+            for txn in idle(w2.now_ns(), orphan_after_us * 1000) {
+                query(txn);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn txn_ids_name_their_coordinator() {
+        let a = Addr::new(513, 7);
+        let id = txn_id(a, 123_456);
+        assert_eq!(coordinator_of(id), a);
+        assert_eq!(id & ((1 << 40) - 1), 123_456);
+    }
+}

@@ -1,0 +1,349 @@
+//! OCC's coordinator: the execution phase (reads record their version, writes are buffered) and
+//! the commit: lock the write set everywhere, then validate the read set everywhere, then
+//! install (Silo's order, made distributed: every lock is held before any validation, which is
+//! what makes the combination serializable), with 2PC's decision table for the participants.
+
+use super::messages::{OneWay, Reply, Request};
+use super::participant::{self as part, Writes};
+use super::OccWorker;
+use crate::net::{decode, encode, NodeId};
+use crate::protocols::common::{TxnId, TxnStatus};
+use crate::rt::{join_all, LocalBoxFuture};
+use crate::storage::{RowKey, Value};
+use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use rustc_hash::FxHashMap;
+
+struct ReadEntry {
+    key: RowKey,
+    value: Option<Value>,
+    tid: u64,
+    /// Prefetched entries count for validation only once the procedure reads them.
+    used: bool,
+}
+
+pub(super) struct OccTxn<'a> {
+    wk: &'a OccWorker,
+    pub id: TxnId,
+    reads: Vec<ReadEntry>,
+    writes: Writes,
+}
+
+impl OccWorker {
+    /// One request to a participant, decoded; a timeout or garbage reply aborts the attempt.
+    pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
+        let to = self.node.participant(node, self.w.addr);
+        let body = self
+            .w
+            .call(to, encode(req))
+            .await
+            .map_err(|_| Abort::Timeout)?;
+        decode(&body).map_err(|_| Abort::Timeout)
+    }
+}
+
+impl<'a> OccTxn<'a> {
+    pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
+        OccTxn {
+            wk,
+            id,
+            reads: Vec::new(),
+            writes: Vec::new(),
+        }
+    }
+
+    fn is_local(&self, key: RowKey) -> Option<NodeId> {
+        let n = self.wk.node.node_of(key);
+        (n != self.wk.node.id).then_some(n)
+    }
+
+    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
+        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
+            return Some(v.clone());
+        }
+        let e = self.reads.iter_mut().find(|e| e.key == key)?;
+        e.used = true;
+        Some(e.value.clone())
+    }
+
+    /// One-shot: fetch every declared key of each remote participant in one round trip.
+    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
+        for &k in keys.reads.iter().chain(keys.writes.iter()) {
+            if let Some(n) = self.is_local(k) {
+                let v = by_node.entry(n).or_default();
+                if !v.contains(&k) {
+                    v.push(k);
+                }
+            }
+        }
+        let wk = self.wk;
+        let calls: Vec<_> = by_node
+            .iter()
+            .map(|(n, ks)| {
+                let req = Request::Read { keys: ks.clone() };
+                let n = *n;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        for ((_, ks), reply) in by_node.iter().zip(join_all(calls).await) {
+            let Reply::Values(vals) = reply? else {
+                return Err(Abort::Timeout);
+            };
+            for (k, (value, tid)) in ks.iter().zip(vals) {
+                self.reads.push(ReadEntry {
+                    key: *k,
+                    value,
+                    tid,
+                    used: false,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn commit(&mut self) -> TxnResult<()> {
+        let wk = self.wk;
+        let me = wk.node.id;
+        let store = &wk.node.store;
+        // Group by node: what each participant must lock and validate.
+        let mut nodes: Vec<(NodeId, Writes, Vec<(RowKey, u64)>)> = Vec::new();
+        let slot = |n: NodeId, nodes: &mut Vec<(NodeId, Writes, Vec<(RowKey, u64)>)>| match nodes
+            .iter()
+            .position(|x| x.0 == n)
+        {
+            Some(i) => i,
+            None => {
+                nodes.push((n, Vec::new(), Vec::new()));
+                nodes.len() - 1
+            }
+        };
+        for (k, v) in self.writes.drain(..) {
+            let i = slot(wk.node.node_of(k), &mut nodes);
+            nodes[i].1.push((k, v));
+        }
+        for e in self.reads.iter().filter(|e| e.used) {
+            let i = slot(wk.node.node_of(e.key), &mut nodes);
+            nodes[i].2.push((e.key, e.tid));
+        }
+        let remote_writers: Vec<NodeId> = nodes
+            .iter()
+            .filter(|x| x.0 != me && !x.1.is_empty())
+            .map(|x| x.0)
+            .collect();
+        if !remote_writers.is_empty() {
+            wk.coord.set(self.id, TxnStatus::Active);
+        }
+        // Phase 1: lock every write set (local inline, remote in parallel).
+        let local = nodes.iter().position(|x| x.0 == me);
+        if let Some(i) = local {
+            wk.w.charge_ops(nodes[i].1.len());
+            if !part::lock_writes(store, self.id, &nodes[i].1) {
+                return Err(self.abort(&nodes, false, &remote_writers, Abort::WriteLocked));
+            }
+        }
+        let lock_calls: Vec<_> = nodes
+            .iter()
+            .filter(|x| x.0 != me && !x.1.is_empty())
+            .map(|x| {
+                let req = Request::Lock {
+                    txn: self.id,
+                    writes: x.1.clone(),
+                };
+                let n = x.0;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
+            return Err(self.abort(&nodes, true, &remote_writers, a));
+        }
+        // Phase 2: validate every read set.
+        if let Some(i) = local {
+            wk.w.charge_ops(nodes[i].2.len());
+            if !part::validate(store, self.id, nodes[i].2.iter().copied()) {
+                return Err(self.abort(&nodes, true, &remote_writers, Abort::ReadValidation));
+            }
+        }
+        let validate_calls: Vec<_> = nodes
+            .iter()
+            .filter(|x| x.0 != me && !x.2.is_empty())
+            .map(|x| {
+                let req = Request::Validate {
+                    txn: self.id,
+                    reads: x.2.clone(),
+                };
+                let n = x.0;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
+            return Err(self.abort(&nodes, true, &remote_writers, a));
+        }
+        // Decision: commit. Install here, tell the remote writers in the background.
+        if let Some(i) = local {
+            wk.w.charge_ops(nodes[i].1.len());
+            part::install(store, self.id, &nodes[i].1);
+        }
+        if !remote_writers.is_empty() {
+            wk.coord.set(self.id, TxnStatus::Committed);
+            wk.finish_commit(self.id, remote_writers);
+        }
+        Ok(())
+    }
+
+    /// Release what this attempt holds anywhere and forget it.
+    fn abort(
+        &self,
+        nodes: &[(NodeId, Writes, Vec<(RowKey, u64)>)],
+        local_locked: bool,
+        remote_writers: &[NodeId],
+        reason: Abort,
+    ) -> Abort {
+        let wk = self.wk;
+        if local_locked {
+            if let Some(x) = nodes.iter().find(|x| x.0 == wk.node.id) {
+                part::unlock(&wk.node.store, self.id, x.1.iter().map(|w| w.0));
+            }
+        }
+        let msg = encode(&OneWay::Abort { txn: self.id });
+        for &n in remote_writers {
+            wk.w.send(wk.node.participant(n, wk.w.addr), &msg);
+        }
+        wk.coord.set(self.id, TxnStatus::Aborted);
+        reason
+    }
+}
+
+/// All participants voted yes; a no becomes `no`, a lost or garbled reply a timeout.
+fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
+    for r in replies {
+        match r? {
+            Reply::Vote(true) => {}
+            Reply::Vote(false) => return Err(no),
+            _ => return Err(Abort::Timeout),
+        }
+    }
+    Ok(())
+}
+
+impl OccWorker {
+    /// Send the commit decision to remote writers; forget the decision once all acknowledged
+    /// (until then a participant that lost the message can ask for it).
+    fn finish_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let req = Request::Commit { txn };
+            let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
+            if join_all(calls).await.iter().all(|r| r.is_ok()) {
+                me.coord.forget(txn);
+            }
+        });
+    }
+}
+
+impl<'a> Access for OccTxn<'a> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        if let Some(v) = self.cached(key) {
+            return Step::Ready(Ok(v));
+        }
+        match self.is_local(key) {
+            None => {
+                self.wk.w.charge_ops(1);
+                let (value, tid) = part::read(&self.wk.node.store, key);
+                self.reads.push(ReadEntry {
+                    key,
+                    value: value.clone(),
+                    tid,
+                    used: true,
+                });
+                Step::Ready(Ok(value))
+            }
+            Some(n) => Step::Wait(Box::pin(async move {
+                let Reply::Values(mut vals) =
+                    self.wk.ask(n, &Request::Read { keys: vec![key] }).await?
+                else {
+                    return Err(Abort::Timeout);
+                };
+                let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
+                self.reads.push(ReadEntry {
+                    key,
+                    value: value.clone(),
+                    tid,
+                    used: true,
+                });
+                Ok(value)
+            })),
+        }
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        match self.writes.iter_mut().find(|(k, _)| *k == key) {
+            Some(w) => w.1 = value,
+            None => self.writes.push((key, value)),
+        }
+        Step::Ready(Ok(()))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let rows = if n == self.wk.node.id {
+                self.wk.w.charge_ops(1);
+                part::scan(&self.wk.node.store, s)
+            } else {
+                let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
+                    return Err(Abort::Timeout);
+                };
+                rows
+            };
+            let mut out = Vec::with_capacity(rows.len());
+            for (k, v, tid) in rows {
+                let key = RowKey::new(s.table, k);
+                if !self.reads.iter().any(|e| e.key == key) {
+                    self.reads.push(ReadEntry {
+                        key,
+                        value: Some(v.clone()),
+                        tid,
+                        used: true,
+                    });
+                }
+                // Our own uncommitted writes win over what the store holds.
+                match self.writes.iter().find(|(wk, _)| *wk == key) {
+                    Some((_, Some(mine))) => out.push((k, mine.clone())),
+                    Some((_, None)) => {}
+                    None => out.push((k, v)),
+                }
+            }
+            Ok(out)
+        }))
+    }
+}
+
+impl recon::SnapshotReader for OccWorker {
+    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(key);
+            if n == self.node.id {
+                return Ok(part::read(&self.node.store, key).0);
+            }
+            match self.ask(n, &Request::Read { keys: vec![key] }).await? {
+                Reply::Values(mut v) => Ok(v.pop().ok_or(Abort::Timeout)?.0),
+                _ => Err(Abort::Timeout),
+            }
+        })
+    }
+
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(RowKey::new(s.table, s.lo));
+            let rows = if n == self.node.id {
+                part::scan(&self.node.store, s)
+            } else {
+                match self.ask(n, &Request::Scan { scan: s }).await? {
+                    Reply::Rows(r) => r,
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
+        })
+    }
+}

@@ -1,0 +1,17 @@
+//! OCC record metadata: a version (TID) that every committed write bumps, and the id of the
+//! committing transaction holding the record's write lock (0 = unlocked).
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OccMeta {
+    pub tid: u64,
+    pub locked_by: u64,
+}
+
+impl OccMeta {
+    /// A read of version `tid` is still valid for `txn`: nobody committed over it and nobody
+    /// else is about to.
+    #[inline]
+    pub fn validates(&self, tid: u64, txn: u64) -> bool {
+        self.tid == tid && (self.locked_by == 0 || self.locked_by == txn)
+    }
+}

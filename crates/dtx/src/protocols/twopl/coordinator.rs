@@ -1,0 +1,472 @@
+//! 2PL's coordinator: locks are taken as the procedure reads and writes (strict 2PL: held to the
+//! end), then two-phase commit across the nodes it touched. A read-only participant releases
+//! at prepare; the local node commits inline once the decision is made.
+
+use super::messages::{OneWay, Reply, Request, Vote};
+use super::meta::{Mode, Prio};
+use super::participant::{self as part, LockStep, Writes};
+use super::TwoPlWorker;
+use crate::net::{decode, encode, NodeId};
+use crate::protocols::common::{TxnId, TxnStatus};
+use crate::rt::{join_all, LocalBoxFuture};
+use crate::storage::{RowKey, Value};
+use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use rustc_hash::FxHashMap;
+
+pub(super) struct TplTxn<'a> {
+    wk: &'a TwoPlWorker,
+    pub id: TxnId,
+    prio: Prio,
+    /// Locks held on this node.
+    held_local: Vec<RowKey>,
+    /// Remote nodes holding locks for us (so they must hear the outcome).
+    touched: Vec<NodeId>,
+    /// Values of locked records, with the mode held.
+    values: Vec<(RowKey, Option<Value>, Mode)>,
+    writes: Writes,
+}
+
+impl TwoPlWorker {
+    pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
+        let to = self.node.participant(node, self.w.addr);
+        let body = self
+            .w
+            .call(to, encode(req))
+            .await
+            .map_err(|_| Abort::Timeout)?;
+        decode(&body).map_err(|_| Abort::Timeout)
+    }
+}
+
+impl<'a> TplTxn<'a> {
+    pub fn new(wk: &'a TwoPlWorker, id: TxnId, first_start_us: u64) -> Self {
+        TplTxn {
+            wk,
+            id,
+            prio: Prio(first_start_us, id),
+            held_local: Vec::new(),
+            touched: Vec::new(),
+            values: Vec::new(),
+            writes: Vec::new(),
+        }
+    }
+
+    fn cached(&self, key: RowKey, mode: Mode) -> Option<Option<Value>> {
+        if let Some((_, v)) = self.writes.iter().find(|(k, _)| *k == key) {
+            return Some(v.clone());
+        }
+        self.values
+            .iter()
+            .find(|(k, _, m)| *k == key && (mode == Mode::Shared || *m == Mode::Exclusive))
+            .map(|(_, v, _)| v.clone())
+    }
+
+    fn note(&mut self, key: RowKey, value: Option<Value>, mode: Mode) {
+        match self.values.iter_mut().find(|(k, _, _)| *k == key) {
+            Some(e) => e.2 = mode,
+            None => self.values.push((key, value, mode)),
+        }
+    }
+
+    fn touch(&mut self, n: NodeId) {
+        if !self.touched.contains(&n) {
+            if self.touched.is_empty() {
+                self.wk.coord.set(self.id, TxnStatus::Active);
+            }
+            self.touched.push(n);
+        }
+    }
+
+    /// Lock `keys` on remote node `n` in one round trip; returns their values in order.
+    async fn lock_remote(
+        &mut self,
+        n: NodeId,
+        keys: Vec<(RowKey, Mode)>,
+    ) -> TxnResult<Vec<Option<Value>>> {
+        self.touch(n);
+        let req = Request::Lock {
+            txn: self.id,
+            prio: self.prio,
+            keys: keys.clone(),
+        };
+        match self.wk.ask(n, &req).await? {
+            Reply::Values(vals) if vals.len() == keys.len() => {
+                for ((k, m), v) in keys.into_iter().zip(vals.iter()) {
+                    self.note(k, v.clone(), m);
+                }
+                Ok(vals)
+            }
+            Reply::Aborted(a) => Err(a),
+            _ => Err(Abort::Timeout),
+        }
+    }
+
+    async fn lock_local(&mut self, key: RowKey, mode: Mode) -> TxnResult<Option<Value>> {
+        let wk = self.wk;
+        wk.w.charge_ops(1);
+        let v = match part::try_lock(&wk.node.store, key, self.id, self.prio, mode, wk.policy)? {
+            LockStep::Done(v) => v,
+            LockStep::Wait(rec, slot) => {
+                if !self.held_local.contains(&key) {
+                    // A queued request is part of what we must release on abort.
+                    self.held_local.push(key);
+                }
+                part::wait_lock(&wk.w, rec, slot, wk.node.opts.lock_wait_us).await?
+            }
+        };
+        if !self.held_local.contains(&key) {
+            self.held_local.push(key);
+        }
+        self.note(key, v.clone(), mode);
+        Ok(v)
+    }
+
+    fn access(&mut self, key: RowKey, mode: Mode) -> Step<'_, Option<Value>> {
+        if let Some(v) = self.cached(key, mode) {
+            return Step::Ready(Ok(v));
+        }
+        let n = self.wk.node.node_of(key);
+        if n == self.wk.node.id {
+            // Fast path: an uncontended local lock completes without a future.
+            self.wk.w.charge_ops(1);
+            match part::try_lock(
+                &self.wk.node.store,
+                key,
+                self.id,
+                self.prio,
+                mode,
+                self.wk.policy,
+            ) {
+                Err(a) => Step::Ready(Err(a)),
+                Ok(LockStep::Done(v)) => {
+                    if !self.held_local.contains(&key) {
+                        self.held_local.push(key);
+                    }
+                    self.note(key, v.clone(), mode);
+                    Step::Ready(Ok(v))
+                }
+                Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
+                    self.held_local.push(key);
+                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.node.opts.lock_wait_us)
+                        .await?;
+                    self.note(key, v.clone(), mode);
+                    Ok(v)
+                })),
+            }
+        } else {
+            Step::Wait(Box::pin(async move {
+                let mut vals = self.lock_remote(n, vec![(key, mode)]).await?;
+                vals.pop().ok_or(Abort::Timeout)
+            }))
+        }
+    }
+
+    /// One-shot: lock every declared key, one round trip per remote participant.
+    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        let mut by_node: FxHashMap<NodeId, Vec<(RowKey, Mode)>> = FxHashMap::default();
+        let modes = keys.writes.iter().map(|k| (*k, Mode::Exclusive)).chain(
+            keys.reads
+                .iter()
+                .filter(|k| !keys.writes.contains(k))
+                .map(|k| (*k, Mode::Shared)),
+        );
+        for (k, m) in modes {
+            by_node
+                .entry(self.wk.node.node_of(k))
+                .or_default()
+                .push((k, m));
+        }
+        let me = self.wk.node.id;
+        // Remote participants first, in parallel; then the local keys.
+        let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> = by_node
+            .iter()
+            .filter(|(n, _)| **n != me)
+            .map(|(n, v)| (*n, v.clone()))
+            .collect();
+        for (n, _) in &remote {
+            self.touch(*n);
+        }
+        let wk = self.wk;
+        let (id, prio) = (self.id, self.prio);
+        let calls: Vec<_> = remote
+            .iter()
+            .map(|(n, ks)| {
+                let req = Request::Lock {
+                    txn: id,
+                    prio,
+                    keys: ks.clone(),
+                };
+                let n = *n;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        let mut failure = None;
+        for ((_, ks), reply) in remote.into_iter().zip(join_all(calls).await) {
+            match reply {
+                Ok(Reply::Values(vals)) if vals.len() == ks.len() => {
+                    for ((k, m), v) in ks.into_iter().zip(vals) {
+                        self.note(k, v, m);
+                    }
+                }
+                Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
+                Ok(_) | Err(_) => failure = failure.or(Some(Abort::Timeout)),
+            }
+        }
+        if let Some(a) = failure {
+            return Err(a);
+        }
+        if let Some(local) = by_node.remove(&me) {
+            for (k, m) in local {
+                self.lock_local(k, m).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn commit(&mut self) -> TxnResult<()> {
+        let wk = self.wk;
+        let me = wk.node.id;
+        let mut remote_writes: FxHashMap<NodeId, Writes> = FxHashMap::default();
+        let mut local_writes = Writes::new();
+        for (k, v) in self.writes.drain(..) {
+            let n = wk.node.node_of(k);
+            if n == me {
+                local_writes.push((k, v));
+            } else {
+                remote_writes.entry(n).or_default().push((k, v));
+            }
+        }
+        if !self.touched.is_empty() {
+            // Phase one: prepare everywhere we hold locks.
+            let id = self.id;
+            let calls: Vec<_> = self
+                .touched
+                .iter()
+                .map(|&n| {
+                    let req = Request::Prepare {
+                        txn: id,
+                        writes: remote_writes.remove(&n).unwrap_or_default(),
+                    };
+                    async move { wk.ask(n, &req).await }
+                })
+                .collect();
+            let votes = join_all(calls).await;
+            let mut writers = Vec::new();
+            for (n, v) in self.touched.clone().into_iter().zip(votes) {
+                match v {
+                    Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
+                    Ok(Reply::Vote(Vote::ReadOnly)) => {}
+                    Ok(Reply::Vote(Vote::Lost)) => return Err(self.abort(Abort::ParticipantLost)),
+                    _ => return Err(self.abort(Abort::Timeout)),
+                }
+            }
+            // Decision: commit.
+            if writers.is_empty() {
+                wk.coord.forget(self.id);
+            } else {
+                wk.coord.set(self.id, TxnStatus::Committed);
+                wk.finish_commit(self.id, writers);
+            }
+        }
+        wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        part::apply_and_release(&wk.node.store, self.id, &local_writes, &self.held_local);
+        self.held_local.clear();
+        Ok(())
+    }
+
+    /// Release every lock this attempt holds or waits for, here and remotely.
+    pub fn abort(&mut self, reason: Abort) -> Abort {
+        let wk = self.wk;
+        part::release(&wk.node.store, self.id, self.held_local.drain(..));
+        let msg = encode(&OneWay::Abort { txn: self.id });
+        for &n in &self.touched {
+            wk.w.send(wk.node.participant(n, wk.w.addr), &msg);
+        }
+        if !self.touched.is_empty() {
+            wk.coord.set(self.id, TxnStatus::Aborted);
+        }
+        reason
+    }
+}
+
+impl TwoPlWorker {
+    fn finish_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let req = Request::Commit { txn };
+            let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
+            if join_all(calls).await.iter().all(|r| r.is_ok()) {
+                me.coord.forget(txn);
+            }
+        });
+    }
+}
+
+impl<'a> Access for TplTxn<'a> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.access(key, Mode::Shared)
+    }
+
+    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.access(key, Mode::Exclusive)
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        let locked = self
+            .values
+            .iter()
+            .any(|(k, _, m)| *k == key && *m == Mode::Exclusive);
+        if locked {
+            match self.writes.iter_mut().find(|(k, _)| *k == key) {
+                Some(w) => w.1 = value,
+                None => self.writes.push((key, value)),
+            }
+            return Step::Ready(Ok(()));
+        }
+        Step::Wait(Box::pin(async move {
+            self.access(key, Mode::Exclusive).get().await?;
+            match self.writes.iter_mut().find(|(k, _)| *k == key) {
+                Some(w) => w.1 = value,
+                None => self.writes.push((key, value)),
+            }
+            Ok(())
+        }))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let rows: Vec<(u64, Value)> = if n == self.wk.node.id {
+                let keys: Vec<u64> = self
+                    .wk
+                    .node
+                    .store
+                    .table(s.table)
+                    .range(s.lo, s.hi, s.limit as usize, s.descending)
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+                let mut rows = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let key = RowKey::new(s.table, k);
+                    let v = match self.cached(key, Mode::Shared) {
+                        Some(v) => v,
+                        None => self.lock_local(key, Mode::Shared).await?,
+                    };
+                    if let Some(v) = v {
+                        rows.push((k, v));
+                    }
+                }
+                rows
+            } else {
+                self.touch(n);
+                match self
+                    .wk
+                    .ask(
+                        n,
+                        &Request::Scan {
+                            txn: self.id,
+                            prio: self.prio,
+                            scan: s,
+                        },
+                    )
+                    .await?
+                {
+                    Reply::Rows(rows) => {
+                        for (k, v) in &rows {
+                            self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
+                        }
+                        rows
+                    }
+                    Reply::Aborted(a) => return Err(a),
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            // Our own writes win over what the store holds.
+            Ok(rows
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    match self
+                        .writes
+                        .iter()
+                        .find(|(wk, _)| wk.table == s.table && wk.key == k)
+                    {
+                        Some((_, mine)) => mine.clone().map(|m| (k, m)),
+                        None => Some((k, v)),
+                    }
+                })
+                .collect())
+        }))
+    }
+}
+
+/// Reconnaissance reads for 2PL: plain reads of the committed value, no locks.
+impl recon::SnapshotReader for TwoPlWorker {
+    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(key);
+            if n == self.node.id {
+                return Ok(self
+                    .node
+                    .store
+                    .get(key)
+                    .and_then(|r| r.lock().value.clone()));
+            }
+            // A lock-free peek: a shared lock taken and released at once by a throwaway txn id.
+            let txn = self.coord.new_txn(self.w.addr);
+            let req = Request::Lock {
+                txn,
+                prio: Prio(0, txn),
+                keys: vec![(key, Mode::Shared)],
+            };
+            let r = self.ask(n, &req).await;
+            self.w.send(
+                self.node.participant(n, self.w.addr),
+                &encode(&OneWay::Abort { txn }),
+            );
+            match r? {
+                Reply::Values(mut v) => Ok(v.pop().flatten()),
+                Reply::Aborted(a) => Err(a),
+                _ => Err(Abort::Timeout),
+            }
+        })
+    }
+
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(RowKey::new(s.table, s.lo));
+            if n == self.node.id {
+                let rows = self.node.store.table(s.table).range(
+                    s.lo,
+                    s.hi,
+                    s.limit as usize,
+                    s.descending,
+                );
+                return Ok(rows
+                    .into_iter()
+                    .filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v)))
+                    .collect());
+            }
+            let txn = self.coord.new_txn(self.w.addr);
+            let r = self
+                .ask(
+                    n,
+                    &Request::Scan {
+                        txn,
+                        prio: Prio(0, txn),
+                        scan: s,
+                    },
+                )
+                .await;
+            self.w.send(
+                self.node.participant(n, self.w.addr),
+                &encode(&OneWay::Abort { txn }),
+            );
+            match r? {
+                Reply::Rows(rows) => Ok(rows),
+                Reply::Aborted(a) => Err(a),
+                _ => Err(Abort::Timeout),
+            }
+        })
+    }
+}

@@ -1,0 +1,62 @@
+//! 2PL's messages. Textbook count for a distributed transaction, per remote participant: one
+//! `Lock` round trip per remote access (or one per participant in one-shot mode), `Prepare` +
+//! vote, then `Commit` + ack only where it wrote (a read-only participant releases its shared
+//! locks at `Prepare` and leaves the commit phase).
+
+use super::meta::{Mode, Prio};
+use crate::protocols::common::{TxnId, TxnStatus};
+use crate::storage::{RowKey, Value};
+use crate::txn::{Abort, Scan};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Lock records (waiting or not per the policy) and return their values.
+    Lock {
+        txn: TxnId,
+        prio: Prio,
+        keys: Vec<(RowKey, Mode)>,
+    },
+    /// Lock the existing rows of a range in shared mode and return them.
+    Scan {
+        txn: TxnId,
+        prio: Prio,
+        scan: Scan,
+    },
+    /// Phase one of 2PC: keep these writes; a participant without writes releases and leaves.
+    Prepare {
+        txn: TxnId,
+        writes: Vec<(RowKey, Option<Value>)>,
+    },
+    /// Phase two: apply the writes and release every lock.
+    Commit {
+        txn: TxnId,
+    },
+    Status {
+        txn: TxnId,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Vote {
+    Yes,
+    /// Only read here: locks released, no commit phase for this participant.
+    ReadOnly,
+    /// This participant no longer knows the transaction (it was cleaned up).
+    Lost,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Values(Vec<Option<Value>>),
+    Rows(Vec<(u64, Value)>),
+    Aborted(Abort),
+    Vote(Vote),
+    Ack,
+    Status(TxnStatus),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum OneWay {
+    Abort { txn: TxnId },
+}

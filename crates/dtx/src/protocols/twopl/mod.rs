@@ -1,0 +1,146 @@
+//! Two-phase locking with two-phase commit, in the two classic deadlock-free variants:
+//! NO_WAIT (abort on any conflict) and WAIT_DIE (an older transaction waits for a younger
+//! holder, a younger one dies). Strict: every lock is held until commit or abort.
+//!
+//! Roles: [`meta`] the record's lock; [`coordinator`] execution and commit; [`participant`]
+//! what a node does for remote transactions; [`messages`] the wire types; background: the
+//! orphan sweeper (2PC termination) started in [`WorkerProtocol::start`].
+
+pub mod coordinator;
+pub mod messages;
+pub mod meta;
+pub mod participant;
+
+use crate::net::{decode, encode, Addr};
+use crate::protocols::common::{coordinator_of, spawn_sweeper, CoordTable, NodeShared, PartTable};
+use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
+use crate::rt::{Handler, LocalBoxFuture, Worker};
+use crate::txn::{recon, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
+use coordinator::TplTxn;
+use meta::LockMeta;
+pub use meta::Policy;
+use participant::PartTxn;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+
+pub struct TwoPl {
+    pub policy: Policy,
+}
+
+impl Protocol for TwoPl {
+    fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
+        Arc::new(TwoPlNode {
+            shared: Arc::new(NodeShared::load(env)),
+            policy: self.policy,
+        })
+    }
+}
+
+struct TwoPlNode {
+    shared: Arc<NodeShared<LockMeta>>,
+    policy: Policy,
+}
+
+impl NodeProtocol for TwoPlNode {
+    fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+        let wk = Rc::new_cyclic(|me| TwoPlWorker {
+            me: me.clone(),
+            w: w.clone(),
+            node: self.shared.clone(),
+            policy: self.policy,
+            coord: CoordTable::default(),
+            parts: PartTable::default(),
+        });
+        let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
+        w.set_handler(handler);
+        wk
+    }
+}
+
+pub struct TwoPlWorker {
+    me: Weak<TwoPlWorker>,
+    w: Rc<Worker>,
+    node: Arc<NodeShared<LockMeta>>,
+    policy: Policy,
+    coord: CoordTable,
+    parts: PartTable<PartTxn>,
+}
+
+impl TwoPlWorker {
+    async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
+        self.w.charge(self.w.cost.txn_ns);
+        let wl = self.node.workload.clone();
+        let mut txn = TplTxn::new(
+            self,
+            self.coord.new_txn(self.w.addr),
+            attempt.first_start_us,
+        );
+        let result = if self.node.opts.one_shot {
+            let mut keys = KeySet::default();
+            if !wl.declare(req, &mut keys) {
+                keys = recon::discover(&*wl, req, self).await?;
+            }
+            match txn.prefetch(&keys).await {
+                Ok(()) => {
+                    let mut ctx = Ctx::with_declared(&mut txn, &keys);
+                    wl.run(req, &mut ctx).await
+                }
+                Err(a) => Err(a),
+            }
+        } else {
+            let mut ctx = Ctx::new(&mut txn);
+            wl.run(req, &mut ctx).await
+        };
+        match result {
+            Ok(out) => {
+                txn.commit().await?;
+                Ok(out)
+            }
+            Err(a) => Err(txn.abort(a)),
+        }
+    }
+}
+
+impl WorkerProtocol for TwoPlWorker {
+    fn execute<'a>(
+        &'a self,
+        req: &'a TxnRequest,
+        attempt: Attempt,
+    ) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
+        Box::pin(self.run(req, attempt))
+    }
+
+    fn start(&self) {
+        let (me1, me2) = (self.me.clone(), self.me.clone());
+        spawn_sweeper(
+            &self.w,
+            self.node.opts.orphan_after_us,
+            move |now, idle| {
+                me1.upgrade()
+                    .map(|m| m.parts.idle(now, idle))
+                    .unwrap_or_default()
+            },
+            move |txn| {
+                let Some(me) = me2.upgrade() else { return };
+                let w = me.w.clone();
+                w.spawn(async move {
+                    let req = encode(&messages::Request::Status { txn });
+                    if let Ok(body) = me.w.call(coordinator_of(txn), req).await {
+                        if let Ok(messages::Reply::Status(s)) = decode(&body) {
+                            me.resolve(txn, s);
+                        }
+                    }
+                });
+            },
+        );
+    }
+}
+
+impl Handler for TwoPlWorker {
+    fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
+        self.serve(from, rpc_id, body)
+    }
+    fn on_oneway(&self, from: Addr, body: &[u8]) {
+        self.serve_oneway(from, body)
+    }
+}

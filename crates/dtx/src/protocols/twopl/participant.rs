@@ -1,0 +1,283 @@
+//! What a node does for 2PL transactions: take locks (inline for a local coordinator, through
+//! [`TwoPlWorker::on_request`] for a remote one), hold prepared writes, apply or roll back.
+
+use super::messages::{OneWay, Reply, Request, Vote};
+use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
+use super::TwoPlWorker;
+use crate::net::{decode, encode, Addr};
+use crate::protocols::common::{TxnId, TxnStatus};
+use crate::rt::{log_warn, Worker};
+use crate::storage::{RowKey, Storage, Value};
+use crate::txn::{Abort, Scan, TxnResult};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+
+pub type Writes = Vec<(RowKey, Option<Value>)>;
+
+/// A remote transaction's state on this participant.
+#[derive(Default)]
+pub struct PartTxn {
+    pub held: Vec<RowKey>,
+    pub writes: Option<Writes>,
+}
+
+/// The outcome of asking for a lock without waiting.
+pub enum LockStep<'s> {
+    Done(Option<Value>),
+    Wait(&'s LockRecord, Arc<WaitSlot>),
+}
+
+pub fn try_lock<'s>(
+    store: &'s Storage<LockMeta>,
+    key: RowKey,
+    txn: TxnId,
+    prio: Prio,
+    mode: Mode,
+    policy: Policy,
+) -> TxnResult<LockStep<'s>> {
+    let rec = store.get_or_create(key);
+    let mut row = rec.lock();
+    match row.meta.acquire(txn, prio, mode, policy) {
+        Acquire::Granted => Ok(LockStep::Done(row.value.clone())),
+        Acquire::Abort(a) => Err(a),
+        Acquire::Wait(slot) => {
+            drop(row);
+            Ok(LockStep::Wait(rec, slot))
+        }
+    }
+}
+
+/// Wait (at most `wait_us`) for a queued request, then read the value.
+pub async fn wait_lock(
+    w: &Rc<Worker>,
+    rec: &LockRecord,
+    slot: Arc<WaitSlot>,
+    wait_us: u64,
+) -> TxnResult<Option<Value>> {
+    let mut sleep = w.sleep_us(wait_us);
+    let mut granted = Granted { slot: &slot };
+    let got = std::future::poll_fn(|cx| {
+        if Pin::new(&mut granted).poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        if Pin::new(&mut sleep).poll(cx).is_ready() {
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    })
+    .await;
+    let mut row = rec.lock();
+    if got || row.meta.cancel(&slot) {
+        Ok(row.value.clone())
+    } else {
+        Err(Abort::LockTimeout)
+    }
+}
+
+/// Take a lock, waiting if the policy says so.
+pub async fn lock(
+    w: &Rc<Worker>,
+    store: &Storage<LockMeta>,
+    key: RowKey,
+    txn: TxnId,
+    prio: Prio,
+    mode: Mode,
+    policy: Policy,
+    wait_us: u64,
+) -> TxnResult<Option<Value>> {
+    match try_lock(store, key, txn, prio, mode, policy)? {
+        LockStep::Done(v) => Ok(v),
+        LockStep::Wait(rec, slot) => wait_lock(w, rec, slot, wait_us).await,
+    }
+}
+
+pub fn release(store: &Storage<LockMeta>, txn: TxnId, keys: impl Iterator<Item = RowKey>) {
+    for key in keys {
+        if let Some(rec) = store.get(key) {
+            rec.lock().meta.release(txn);
+        }
+    }
+}
+
+/// Apply writes (the writer holds their exclusive locks), then release everything it holds.
+pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes, held: &[RowKey]) {
+    for (key, value) in writes {
+        let rec = store.get_or_create(*key);
+        let mut row = rec.lock();
+        assert!(
+            row.meta.holds(txn, Mode::Exclusive),
+            "writing {key:?} without its exclusive lock"
+        );
+        row.value = value.clone();
+    }
+    release(store, txn, held.iter().copied());
+}
+
+impl TwoPlWorker {
+    pub(super) fn serve(&self, from: Addr, rpc_id: u64, body: &[u8]) {
+        let req: Request = match decode(body) {
+            Ok(r) => r,
+            Err(e) => return log_warn(&format!("2pl: malformed request from {from}: {e}")),
+        };
+        let now = self.w.now_ns();
+        let store = &self.node.store;
+        let reply = match req {
+            Request::Lock { txn, prio, keys } => {
+                return self.serve_lock(from, rpc_id, txn, prio, keys)
+            }
+            Request::Scan { txn, prio, scan } => {
+                return self.serve_scan(from, rpc_id, txn, prio, scan)
+            }
+            Request::Prepare { txn, writes } => {
+                let mut parts = self.parts.txns.borrow_mut();
+                match parts.get_mut(&txn) {
+                    None => Reply::Vote(Vote::Lost),
+                    Some((p, _)) if writes.is_empty() => {
+                        let held = std::mem::take(&mut p.held);
+                        parts.remove(&txn);
+                        drop(parts);
+                        self.w.charge_ops(held.len());
+                        release(store, txn, held.into_iter());
+                        Reply::Vote(Vote::ReadOnly)
+                    }
+                    Some((p, t)) => {
+                        p.writes = Some(writes);
+                        *t = now;
+                        Reply::Vote(Vote::Yes)
+                    }
+                }
+            }
+            Request::Commit { txn } => {
+                self.commit_here(txn);
+                Reply::Ack
+            }
+            Request::Status { txn } => Reply::Status(self.coord.get(txn)),
+        };
+        self.w.reply(from, rpc_id, &encode(&reply));
+    }
+
+    fn part_entry(&self, txn: TxnId) {
+        let now = self.w.now_ns();
+        let mut parts = self.parts.txns.borrow_mut();
+        parts
+            .entry(txn)
+            .or_insert_with(|| (PartTxn::default(), now))
+            .1 = now;
+    }
+
+    /// Record a lock taken for `txn`; if the transaction was aborted meanwhile, give it back.
+    fn note_held(&self, txn: TxnId, key: RowKey) -> bool {
+        match self.parts.txns.borrow_mut().get_mut(&txn) {
+            Some((p, _)) => {
+                p.held.push(key);
+                true
+            }
+            None => {
+                release(&self.node.store, txn, std::iter::once(key));
+                false
+            }
+        }
+    }
+
+    fn serve_lock(
+        &self,
+        from: Addr,
+        rpc_id: u64,
+        txn: TxnId,
+        prio: Prio,
+        keys: Vec<(RowKey, Mode)>,
+    ) {
+        self.part_entry(txn);
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let reply = me.lock_all(txn, prio, &keys).await;
+            me.w.reply(from, rpc_id, &encode(&reply));
+        });
+    }
+
+    async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[(RowKey, Mode)]) -> Reply {
+        let mut values = Vec::with_capacity(keys.len());
+        let (policy, wait) = (self.policy, self.node.opts.lock_wait_us);
+        for &(key, mode) in keys {
+            self.w.charge_ops(1);
+            match lock(
+                &self.w,
+                &self.node.store,
+                key,
+                txn,
+                prio,
+                mode,
+                policy,
+                wait,
+            )
+            .await
+            {
+                Ok(v) => {
+                    if !self.note_held(txn, key) {
+                        return Reply::Aborted(Abort::ParticipantLost);
+                    }
+                    values.push(v);
+                }
+                Err(a) => return Reply::Aborted(a),
+            }
+        }
+        Reply::Values(values)
+    }
+
+    fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, scan: Scan) {
+        self.part_entry(txn);
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let keys: Vec<(RowKey, Mode)> = me
+                .node
+                .store
+                .table(scan.table)
+                .range(scan.lo, scan.hi, scan.limit as usize, scan.descending)
+                .into_iter()
+                .map(|(k, _)| (RowKey::new(scan.table, k), Mode::Shared))
+                .collect();
+            let reply = match me.lock_all(txn, prio, &keys).await {
+                Reply::Values(vals) => Reply::Rows(
+                    keys.iter()
+                        .zip(vals)
+                        .filter_map(|((k, _), v)| v.map(|v| (k.key, v)))
+                        .collect(),
+                ),
+                other => other,
+            };
+            me.w.reply(from, rpc_id, &encode(&reply));
+        });
+    }
+
+    pub(super) fn serve_oneway(&self, from: Addr, body: &[u8]) {
+        match decode::<OneWay>(body) {
+            Ok(OneWay::Abort { txn }) => self.abort_here(txn),
+            Err(e) => log_warn(&format!("2pl: malformed message from {from}: {e}")),
+        }
+    }
+
+    pub(super) fn abort_here(&self, txn: TxnId) {
+        if let Some(p) = self.parts.remove(txn) {
+            release(&self.node.store, txn, p.held.into_iter());
+        }
+    }
+
+    fn commit_here(&self, txn: TxnId) {
+        if let Some(p) = self.parts.remove(txn) {
+            let writes = p.writes.unwrap_or_default();
+            self.w.charge_ops(writes.len() + p.held.len());
+            apply_and_release(&self.node.store, txn, &writes, &p.held);
+        }
+    }
+
+    pub(super) fn resolve(&self, txn: TxnId, status: TxnStatus) {
+        match status {
+            TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
+            TxnStatus::Aborted => self.abort_here(txn),
+            TxnStatus::Committed => self.commit_here(txn),
+        }
+    }
+}

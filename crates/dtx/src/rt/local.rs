@@ -1,0 +1,179 @@
+//! The `local` runtime: every worker of every node is a thread of this process; packets travel
+//! through in-memory inboxes. Injected delay is applied where a packet is received: it is held
+//! until its sampled arrival time. A worker thread never spins: with nothing to do it parks until
+//! a packet, a wake from another thread, or its next timer.
+
+use super::{Clock, Executor, Worker, WorkerConfig};
+use crate::net::{Addr, LatencyModel, Packet};
+use parking_lot::Mutex;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Work handed to a worker thread from outside (start clients, run the final read...).
+pub type Command = Box<dyn FnOnce() + Send>;
+
+/// One worker's mailbox: packets from other workers and commands from the orchestrator.
+pub struct Inbox {
+    packets: Mutex<Vec<Packet>>,
+    commands: Mutex<Vec<Command>>,
+    thread: Mutex<Option<Thread>>,
+}
+
+impl Inbox {
+    fn new() -> Self {
+        Inbox {
+            packets: Mutex::new(Vec::new()),
+            commands: Mutex::new(Vec::new()),
+            thread: Mutex::new(None),
+        }
+    }
+
+    fn unpark(&self) {
+        if let Some(t) = &*self.thread.lock() {
+            t.unpark();
+        }
+    }
+
+    pub fn push_command(&self, c: Command) {
+        self.commands.lock().push(c);
+        self.unpark();
+    }
+}
+
+/// The in-process network: one inbox per worker.
+pub struct LocalNet {
+    pub workers_per_node: u16,
+    pub inboxes: Vec<Arc<Inbox>>,
+    pub stop: AtomicBool,
+    pub epoch: Instant,
+    pub latency: LatencyModel,
+}
+
+impl LocalNet {
+    pub fn new(nodes: u16, workers_per_node: u16, latency: LatencyModel) -> Arc<Self> {
+        Arc::new(LocalNet {
+            workers_per_node,
+            inboxes: (0..nodes as usize * workers_per_node as usize)
+                .map(|_| Arc::new(Inbox::new()))
+                .collect(),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            latency,
+        })
+    }
+
+    pub fn inbox(&self, a: Addr) -> &Arc<Inbox> {
+        &self.inboxes[a.node as usize * self.workers_per_node as usize + a.worker as usize]
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for i in &self.inboxes {
+            i.unpark();
+        }
+    }
+}
+
+/// Delayed packets held by a receiver until their arrival time.
+#[derive(Default)]
+pub struct DelayQueue {
+    heap: BinaryHeap<Reverse<(u64, u64)>>,
+    held: rustc_hash::FxHashMap<u64, Packet>,
+    seq: u64,
+}
+
+impl DelayQueue {
+    pub fn hold(&mut self, due_ns: u64, p: Packet) {
+        self.seq += 1;
+        self.heap.push(Reverse((due_ns, self.seq)));
+        self.held.insert(self.seq, p);
+    }
+
+    pub fn pop_due(&mut self, now_ns: u64) -> Option<Packet> {
+        match self.heap.peek() {
+            Some(Reverse((due, _))) if *due <= now_ns => {
+                let Reverse((_, s)) = self.heap.pop()?;
+                self.held.remove(&s)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn next_due(&self) -> Option<u64> {
+        self.heap.peek().map(|r| r.0 .0)
+    }
+}
+
+/// Make the worker for `addr` on the current thread.
+pub fn make_worker(net: &Arc<LocalNet>, addr: Addr, cfg: &WorkerConfig) -> Rc<Worker> {
+    let inbox = net.inbox(addr).clone();
+    *inbox.thread.lock() = Some(std::thread::current());
+    let exec = Executor::new(Arc::new(move || inbox.unpark()));
+    Rc::new(Worker::new(
+        addr,
+        net.workers_per_node,
+        Clock::Real(net.epoch),
+        exec,
+        cfg,
+    ))
+}
+
+/// Run a worker's event loop on the current thread until the network is stopped.
+pub fn run_worker(net: &Arc<LocalNet>, w: &Rc<Worker>) {
+    let inbox = net.inbox(w.addr).clone();
+    let mut delayed = DelayQueue::default();
+    let delay = !net.latency.is_zero();
+    let mut batch: Vec<Packet> = Vec::new();
+    let mut out: Vec<Packet> = Vec::new();
+    while !net.stop.load(Ordering::Acquire) {
+        let commands: Vec<Command> = std::mem::take(&mut *inbox.commands.lock());
+        for c in commands {
+            c();
+        }
+        std::mem::swap(&mut batch, &mut *inbox.packets.lock());
+        let now = w.now_ns();
+        for p in batch.drain(..) {
+            if delay {
+                let d = net
+                    .latency
+                    .sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
+                delayed.hold(now + d, p);
+            } else {
+                w.deliver(p.src, &p.bytes);
+            }
+        }
+        while let Some(p) = delayed.pop_due(w.now_ns()) {
+            w.deliver(p.src, &p.bytes);
+        }
+        let next_timer = w.fire_timers();
+        w.executor().run_ready(4096);
+        w.take_outbox(&mut out);
+        for p in out.drain(..) {
+            let dst = net.inbox(p.dst);
+            dst.packets.lock().push(p);
+            dst.unpark();
+        }
+        if w.executor().has_ready()
+            || !inbox.packets.lock().is_empty()
+            || !inbox.commands.lock().is_empty()
+        {
+            continue;
+        }
+        let now = w.now_ns();
+        let wake = [next_timer, w.fire_timers(), delayed.next_due()]
+            .into_iter()
+            .flatten()
+            .min();
+        let wait = match wake {
+            Some(t) if t <= now => continue,
+            Some(t) => Duration::from_nanos(t - now).min(Duration::from_millis(50)),
+            None => Duration::from_millis(50),
+        };
+        std::thread::park_timeout(wait);
+    }
+}

@@ -1,0 +1,616 @@
+//! The runtime core every protocol runs on: a single-threaded executor per worker, the worker
+//! context (clock, timers, RPC, per-destination batching, seeded RNG), and three runtimes that
+//! drive workers: [`sim`] (one thread, virtual time), [`local`] (threads and channels) and
+//! [`tcp`] (one process per node). Protocol code sees only [`Worker`]: never a socket, a thread
+//! or the wall clock.
+
+pub mod local;
+pub mod sim;
+pub mod tcp;
+
+use crate::net::{self, Addr, Batch, Kind, NetStats, Packet};
+use crate::util::Rng;
+use async_task::Runnable;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Something that wakes the thread an executor runs on (a no-op in the simulator).
+pub type Unpark = Arc<dyn Fn() + Send + Sync>;
+
+/// A single-threaded executor. Tasks are `!Send` and always run on the thread that spawned them;
+/// wakers may be called from other threads (a lock released by another worker of the same node),
+/// which is why the ready queue is behind a mutex and waking calls `unpark`.
+pub struct Executor {
+    ready: Arc<Mutex<VecDeque<Runnable>>>,
+    unpark: Unpark,
+}
+
+impl Executor {
+    pub fn new(unpark: Unpark) -> Self {
+        Executor {
+            ready: Arc::new(Mutex::new(VecDeque::new())),
+            unpark,
+        }
+    }
+
+    pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) {
+        let ready = self.ready.clone();
+        let unpark = self.unpark.clone();
+        let schedule = move |r: Runnable| {
+            ready.lock().push_back(r);
+            unpark();
+        };
+        let (runnable, task) = async_task::spawn_local(fut, schedule);
+        task.detach();
+        runnable.schedule();
+    }
+
+    /// Run ready tasks until none is left or `budget` tasks ran; returns how many ran.
+    pub fn run_ready(&self, budget: usize) -> usize {
+        let mut ran = 0;
+        while ran < budget {
+            let next = self.ready.lock().pop_front();
+            match next {
+                Some(r) => {
+                    r.run();
+                    ran += 1;
+                }
+                None => break,
+            }
+        }
+        ran
+    }
+
+    pub fn has_ready(&self) -> bool {
+        !self.ready.lock().is_empty()
+    }
+
+    /// Drop every queued task (a crashed node in the simulator).
+    pub fn clear(&self) {
+        let drained: Vec<Runnable> = self.ready.lock().drain(..).collect();
+        drop(drained);
+    }
+}
+
+/// Where time comes from: virtual nanoseconds in the simulator, a monotonic clock otherwise.
+#[derive(Clone)]
+pub enum Clock {
+    Virtual(Rc<Cell<u64>>),
+    Real(Instant),
+}
+
+/// Simulated CPU cost of work, charged to the worker that does it (only the simulator turns it
+/// into time; see docs/architecture.md for how the defaults were calibrated).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct CpuCost {
+    /// Per record access (read, write, lock, validate).
+    pub op_ns: u64,
+    /// Per message sent or received.
+    pub msg_ns: u64,
+    /// Per packet (one batch to one destination: a system call in the real runtimes).
+    pub packet_ns: u64,
+    /// Fixed cost per transaction attempt (procedure dispatch, bookkeeping).
+    pub txn_ns: u64,
+}
+
+impl Default for CpuCost {
+    fn default() -> Self {
+        CpuCost {
+            op_ns: 60,
+            msg_ns: 250,
+            packet_ns: 2_500,
+            txn_ns: 400,
+        }
+    }
+}
+
+/// RPC policy shared by every protocol in a run.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct RpcConfig {
+    /// Give up on a request after this long (the caller then aborts or retries).
+    pub timeout_us: u64,
+    /// Resend an unanswered request this often; 0 = never (TCP is reliable). Turned on when the
+    /// network may lose messages; receivers then de-duplicate requests.
+    pub retransmit_us: u64,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            timeout_us: 2_000_000,
+            retransmit_us: 0,
+        }
+    }
+}
+
+/// How a worker is set up: the run's seed, CPU cost model and RPC policy.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkerConfig {
+    pub seed: u64,
+    pub cost: CpuCost,
+    pub rpc: RpcConfig,
+}
+
+/// What a protocol implements to receive messages addressed to a worker.
+pub trait Handler {
+    fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]);
+    fn on_oneway(&self, from: Addr, body: &[u8]);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RpcError {
+    #[error("request timed out")]
+    Timeout,
+}
+
+struct RpcSlot {
+    reply: Option<Vec<u8>>,
+    waker: Option<Waker>,
+}
+
+enum Dedup {
+    InProgress,
+    Done(Vec<u8>),
+}
+
+/// The context a worker's tasks share: one per worker, on that worker's thread.
+pub struct Worker {
+    pub addr: Addr,
+    pub workers_per_node: u16,
+    clock: Clock,
+    exec: Executor,
+    outbox: RefCell<Vec<(Addr, Batch)>>,
+    rpcs: RefCell<FxHashMap<u64, RpcSlot>>,
+    next_rpc: Cell<u64>,
+    timers: RefCell<BinaryHeap<std::cmp::Reverse<(u64, u64)>>>,
+    timer_wakers: RefCell<FxHashMap<u64, Waker>>,
+    next_timer: Cell<u64>,
+    dedup: RefCell<FxHashMap<(Addr, u64), Dedup>>,
+    dedup_fifo: RefCell<VecDeque<(u64, Addr, u64)>>,
+    handler: RefCell<Option<Weak<dyn Handler>>>,
+    pub rng: RefCell<Rng>,
+    pub stats: RefCell<NetStats>,
+    charged_ns: Cell<u64>,
+    pub cost: CpuCost,
+    pub rpc: RpcConfig,
+    /// Set when the runtime wants the worker's drivers to wind down.
+    pub stopping: Cell<bool>,
+}
+
+impl Worker {
+    pub fn new(
+        addr: Addr,
+        workers_per_node: u16,
+        clock: Clock,
+        exec: Executor,
+        cfg: &WorkerConfig,
+    ) -> Self {
+        let seed = cfg.seed;
+        let seed = seed
+            ^ ((addr.node as u64) << 32 | addr.worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Worker {
+            addr,
+            workers_per_node,
+            clock,
+            exec,
+            outbox: RefCell::new(Vec::new()),
+            rpcs: RefCell::new(FxHashMap::default()),
+            next_rpc: Cell::new(1),
+            timers: RefCell::new(BinaryHeap::new()),
+            timer_wakers: RefCell::new(FxHashMap::default()),
+            next_timer: Cell::new(1),
+            dedup: RefCell::new(FxHashMap::default()),
+            dedup_fifo: RefCell::new(VecDeque::new()),
+            handler: RefCell::new(None),
+            rng: RefCell::new(crate::util::rng_from_seed(seed)),
+            stats: RefCell::new(NetStats::default()),
+            charged_ns: Cell::new(0),
+            cost: cfg.cost,
+            rpc: cfg.rpc,
+            stopping: Cell::new(false),
+        }
+    }
+
+    pub fn set_handler(&self, h: Weak<dyn Handler>) {
+        *self.handler.borrow_mut() = Some(h);
+    }
+
+    // ---- time ----
+
+    pub fn now_ns(&self) -> u64 {
+        match &self.clock {
+            Clock::Virtual(t) => t.get() + self.charged_ns.get(),
+            Clock::Real(epoch) => epoch.elapsed().as_nanos() as u64,
+        }
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.now_ns() / 1000
+    }
+
+    /// Charge simulated CPU time for work just done.
+    #[inline]
+    pub fn charge(&self, ns: u64) {
+        self.charged_ns.set(self.charged_ns.get() + ns);
+    }
+
+    #[inline]
+    pub fn charge_ops(&self, n: usize) {
+        self.charge(self.cost.op_ns * n as u64);
+    }
+
+    /// Take the CPU time charged since the last call (the simulator turns it into busy time).
+    pub fn take_charged_ns(&self) -> u64 {
+        self.charged_ns.replace(0)
+    }
+
+    /// A future that completes `delay_us` from now.
+    pub fn sleep_us(self: &Rc<Self>, delay_us: u64) -> Sleep {
+        Sleep {
+            w: self.clone(),
+            deadline_ns: self.now_ns() + delay_us * 1000,
+            id: 0,
+        }
+    }
+
+    fn add_timer(&self, deadline_ns: u64, waker: &Waker) -> u64 {
+        let id = self.next_timer.get();
+        self.next_timer.set(id + 1);
+        self.timers
+            .borrow_mut()
+            .push(std::cmp::Reverse((deadline_ns, id)));
+        self.timer_wakers.borrow_mut().insert(id, waker.clone());
+        id
+    }
+
+    /// Wake every timer that is due; returns the next deadline, if any.
+    pub fn fire_timers(&self) -> Option<u64> {
+        let now = self.now_ns();
+        loop {
+            let top = self.timers.borrow().peek().map(|r| r.0);
+            match top {
+                Some((deadline, id)) if deadline <= now => {
+                    self.timers.borrow_mut().pop();
+                    let w = self.timer_wakers.borrow_mut().remove(&id);
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+                Some((deadline, id)) => {
+                    // Skip cancelled timers so the deadline we report is a live one.
+                    if !self.timer_wakers.borrow().contains_key(&id) {
+                        self.timers.borrow_mut().pop();
+                        continue;
+                    }
+                    return Some(deadline);
+                }
+                None => return None,
+            }
+        }
+    }
+
+    // ---- tasks ----
+
+    pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) {
+        self.exec.spawn(fut);
+    }
+
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    // ---- messages ----
+
+    fn push_envelope(&self, dst: Addr, kind: Kind, rpc_id: u64, body: &[u8]) {
+        debug_assert_ne!(dst, self.addr, "a worker never messages itself");
+        let mut out = self.outbox.borrow_mut();
+        let idx = match out.iter().position(|(a, _)| *a == dst) {
+            Some(i) => i,
+            None => {
+                out.push((dst, Batch::default()));
+                out.len() - 1
+            }
+        };
+        let before = out[idx].1.buf.len();
+        out[idx].1.push(kind, rpc_id, body);
+        let mut st = self.stats.borrow_mut();
+        st.msgs_sent += 1;
+        st.bytes_sent += (out[idx].1.buf.len() - before) as u64;
+        self.charge(self.cost.msg_ns);
+    }
+
+    /// Send a message that expects no reply.
+    pub fn send(&self, dst: Addr, body: &[u8]) {
+        self.push_envelope(dst, Kind::OneWay, 0, body);
+    }
+
+    /// Send a request; the returned future resolves with the reply body or a timeout.
+    pub fn call(self: &Rc<Self>, dst: Addr, body: Vec<u8>) -> RpcCall {
+        let id = self.next_rpc.get();
+        self.next_rpc.set(id + 1);
+        self.rpcs.borrow_mut().insert(
+            id,
+            RpcSlot {
+                reply: None,
+                waker: None,
+            },
+        );
+        self.push_envelope(dst, Kind::Request, id, &body);
+        let now = self.now_ns();
+        let resend = if self.rpc.retransmit_us > 0 {
+            Some(body)
+        } else {
+            None
+        };
+        RpcCall {
+            w: self.clone(),
+            id,
+            dst,
+            deadline_ns: now + self.rpc.timeout_us * 1000,
+            next_resend_ns: now + self.rpc.retransmit_us * 1000,
+            resend,
+            timer: 0,
+        }
+    }
+
+    /// Answer a request.
+    pub fn reply(&self, to: Addr, rpc_id: u64, body: &[u8]) {
+        if self.rpc.retransmit_us > 0 {
+            if let Some(d) = self.dedup.borrow_mut().get_mut(&(to, rpc_id)) {
+                *d = Dedup::Done(body.to_vec());
+            }
+        }
+        self.push_envelope(to, Kind::Reply, rpc_id, body);
+    }
+
+    /// Take the batches built since the last flush, one packet per destination.
+    pub fn take_outbox(&self, out: &mut Vec<Packet>) {
+        let mut ob = self.outbox.borrow_mut();
+        let n = ob.len();
+        for (dst, batch) in ob.drain(..) {
+            out.push(Packet {
+                src: self.addr,
+                dst,
+                bytes: batch.buf,
+            });
+        }
+        if n > 0 {
+            let mut st = self.stats.borrow_mut();
+            st.packets_sent += n as u64;
+            drop(st);
+            self.charge(self.cost.packet_ns * n as u64);
+        }
+    }
+
+    /// Deliver a received packet: replies complete pending calls, requests go to the protocol.
+    pub fn deliver(&self, src: Addr, bytes: &[u8]) {
+        let handler = self.handler.borrow().as_ref().and_then(|h| h.upgrade());
+        let res = net::for_each_envelope(bytes, |env| {
+            self.charge(self.cost.msg_ns);
+            match env.kind {
+                Kind::Reply => {
+                    let mut rpcs = self.rpcs.borrow_mut();
+                    if let Some(slot) = rpcs.get_mut(&env.rpc_id) {
+                        if slot.reply.is_none() {
+                            slot.reply = Some(env.body.to_vec());
+                            if let Some(w) = slot.waker.take() {
+                                w.wake();
+                            }
+                        }
+                    }
+                }
+                Kind::Request => {
+                    if self.rpc.retransmit_us > 0 && !self.first_delivery(src, env.rpc_id) {
+                        return;
+                    }
+                    if let Some(h) = &handler {
+                        h.on_request(src, env.rpc_id, env.body);
+                    }
+                }
+                Kind::OneWay => {
+                    if let Some(h) = &handler {
+                        h.on_oneway(src, env.body);
+                    }
+                }
+            }
+        });
+        if let Err(e) = res {
+            self.stats.borrow_mut().malformed += 1;
+            log_warn(&format!("{}: malformed packet from {src}: {e}", self.addr));
+        }
+    }
+
+    /// Request de-duplication when requests may be resent: true if this is the first copy.
+    fn first_delivery(&self, src: Addr, rpc_id: u64) -> bool {
+        let mut dedup = self.dedup.borrow_mut();
+        match dedup.get(&(src, rpc_id)) {
+            Some(Dedup::InProgress) => false,
+            Some(Dedup::Done(reply)) => {
+                let reply = reply.clone();
+                drop(dedup);
+                self.push_envelope(src, Kind::Reply, rpc_id, &reply);
+                false
+            }
+            None => {
+                dedup.insert((src, rpc_id), Dedup::InProgress);
+                let now = self.now_ns();
+                let mut fifo = self.dedup_fifo.borrow_mut();
+                fifo.push_back((now, src, rpc_id));
+                // Forget entries older than twice the RPC timeout: no copy can arrive after that.
+                let horizon = 2 * self.rpc.timeout_us * 1000;
+                while let Some(&(t, a, id)) = fifo.front() {
+                    if now.saturating_sub(t) <= horizon && fifo.len() <= 1 << 20 {
+                        break;
+                    }
+                    fifo.pop_front();
+                    dedup.remove(&(a, id));
+                }
+                true
+            }
+        }
+    }
+
+    /// Drop all volatile runtime state (a crash in the simulator).
+    pub fn crash_reset(&self) {
+        self.exec.clear();
+        self.outbox.borrow_mut().clear();
+        self.rpcs.borrow_mut().clear();
+        self.timer_wakers.borrow_mut().clear();
+        self.timers.borrow_mut().clear();
+    }
+
+    /// Anything to do right now (ready tasks or unsent batches)?
+    pub fn has_work(&self) -> bool {
+        self.exec.has_ready() || !self.outbox.borrow().is_empty()
+    }
+}
+
+/// Future returned by [`Worker::sleep_us`].
+pub struct Sleep {
+    w: Rc<Worker>,
+    deadline_ns: u64,
+    id: u64,
+}
+
+impl Future for Sleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.w.now_ns() >= self.deadline_ns {
+            return Poll::Ready(());
+        }
+        if self.id != 0 {
+            self.w.timer_wakers.borrow_mut().remove(&self.id);
+        }
+        let id = self.w.add_timer(self.deadline_ns, cx.waker());
+        self.id = id;
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            self.w.timer_wakers.borrow_mut().remove(&self.id);
+        }
+    }
+}
+
+/// Future returned by [`Worker::call`].
+pub struct RpcCall {
+    w: Rc<Worker>,
+    id: u64,
+    dst: Addr,
+    deadline_ns: u64,
+    next_resend_ns: u64,
+    resend: Option<Vec<u8>>,
+    timer: u64,
+}
+
+impl Future for RpcCall {
+    type Output = Result<Vec<u8>, RpcError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let w = self.w.clone();
+        {
+            let mut rpcs = w.rpcs.borrow_mut();
+            let Some(slot) = rpcs.get_mut(&self.id) else {
+                return Poll::Ready(Err(RpcError::Timeout));
+            };
+            if let Some(reply) = slot.reply.take() {
+                rpcs.remove(&self.id);
+                return Poll::Ready(Ok(reply));
+            }
+            slot.waker = Some(cx.waker().clone());
+        }
+        let now = w.now_ns();
+        if now >= self.deadline_ns {
+            w.rpcs.borrow_mut().remove(&self.id);
+            return Poll::Ready(Err(RpcError::Timeout));
+        }
+        if self.resend.is_some() && now >= self.next_resend_ns {
+            let body = self.resend.take().unwrap_or_default();
+            w.push_envelope(self.dst, Kind::Request, self.id, &body);
+            self.resend = Some(body);
+            self.next_resend_ns = now + w.rpc.retransmit_us * 1000;
+        }
+        let wake_at = if self.resend.is_some() {
+            self.next_resend_ns.min(self.deadline_ns)
+        } else {
+            self.deadline_ns
+        };
+        if self.timer != 0 {
+            w.timer_wakers.borrow_mut().remove(&self.timer);
+        }
+        self.timer = w.add_timer(wake_at, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl Drop for RpcCall {
+    fn drop(&mut self) {
+        self.w.rpcs.borrow_mut().remove(&self.id);
+        if self.timer != 0 {
+            self.w.timer_wakers.borrow_mut().remove(&self.timer);
+        }
+    }
+}
+
+/// Wait for every call and return the replies in order (errors stay per call).
+pub async fn join_all<T, F: Future<Output = T>>(futs: Vec<F>) -> Vec<T> {
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<T>> = (0..futs.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => out[i] = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
+}
+
+/// Yield to other tasks once.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Warnings from the runtime (malformed frames, lost peers): stderr, rate-limited per process.
+pub fn log_warn(msg: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    if n < 100 || n.is_power_of_two() {
+        eprintln!("dtx: warning: {msg}");
+    }
+}

@@ -1,0 +1,344 @@
+//! Deterministic simulation: every worker of every node on one thread, in virtual time.
+//!
+//! Each worker is a sequential CPU: when it runs, the work it does is charged (per record
+//! access, per message, per packet, per transaction: [`super::CpuCost`]) and the worker stays
+//! busy for that long, so throughput is finite and queues form under load. A packet leaves when
+//! the work that produced it is done and arrives after the link's sampled one-way delay; links
+//! are FIFO (as TCP is). Loss, partitions and crashes are drawn from the seed, so one seed
+//! replays one run exactly. A 50 ms WAN delay costs no wall time.
+//!
+//! A crash stops a node: it loses every in-flight packet and timer, and its running tasks are
+//! frozen until it restarts; memory survives (a stop-and-resume). Real crash recovery, with
+//! memory lost and a log replayed, comes with durability.
+
+use super::{Clock, Executor, Worker};
+use crate::net::{Addr, FaultPlan, LatencyModel, Packet};
+use crate::util::Rng;
+use parking_lot::Mutex;
+use rand::Rng as _;
+use std::cell::Cell;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Tasks a worker runs in one simulation step.
+const STEP_TASKS: usize = 64;
+
+enum Ev {
+    Deliver(Packet),
+    Wake(usize),
+    Fault,
+    Heal(FaultKind),
+}
+
+enum FaultKind {
+    Partition,
+    Restart(u16),
+}
+
+struct Slot {
+    w: Rc<Worker>,
+    busy_until: u64,
+    wake_at: Option<u64>,
+    inbox: Vec<Packet>,
+}
+
+pub struct SimWorld {
+    now: Rc<Cell<u64>>,
+    slots: Vec<Slot>,
+    workers_per_node: u16,
+    events: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    payloads: Vec<Option<Ev>>,
+    free: Vec<usize>,
+    seq: u64,
+    latency: LatencyModel,
+    faults: FaultPlan,
+    rng: Rng,
+    woken: Arc<Mutex<Vec<usize>>>,
+    /// Last arrival time per (src, dst) link, to keep links FIFO.
+    link_last: rustc_hash::FxHashMap<(Addr, Addr), u64>,
+    /// side[i] = which side of the current partition node i is on (None = no partition).
+    side: Option<Vec<bool>>,
+    node_down: Vec<bool>,
+    pub packets_dropped: u64,
+    pub packets_delivered: u64,
+}
+
+impl SimWorld {
+    pub fn new(
+        nodes: u16,
+        workers_per_node: u16,
+        latency: LatencyModel,
+        faults: FaultPlan,
+        seed: u64,
+    ) -> Self {
+        let mut w = SimWorld {
+            now: Rc::new(Cell::new(0)),
+            slots: Vec::new(),
+            workers_per_node,
+            events: BinaryHeap::new(),
+            payloads: Vec::new(),
+            free: Vec::new(),
+            seq: 0,
+            latency,
+            faults,
+            rng: crate::util::rng_from_seed(seed ^ 0x5151_5151),
+            woken: Arc::new(Mutex::new(Vec::new())),
+            link_last: Default::default(),
+            side: None,
+            node_down: vec![false; nodes as usize],
+            packets_dropped: 0,
+            packets_delivered: 0,
+        };
+        if w.faults.partitions || w.faults.crashes {
+            let first = w.fault_gap();
+            w.push(first, Ev::Fault);
+        }
+        w
+    }
+
+    pub fn clock(&self) -> Clock {
+        Clock::Virtual(self.now.clone())
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn index(&self, a: Addr) -> usize {
+        a.node as usize * self.workers_per_node as usize + a.worker as usize
+    }
+
+    /// An executor for the worker at `addr`; create workers in address order.
+    pub fn executor_for(&self, addr: Addr) -> Executor {
+        let idx = self.index(addr);
+        let woken = self.woken.clone();
+        Executor::new(Arc::new(move || woken.lock().push(idx)))
+    }
+
+    pub fn add_worker(&mut self, w: Rc<Worker>) {
+        assert_eq!(
+            self.index(w.addr),
+            self.slots.len(),
+            "workers must be added in address order"
+        );
+        self.slots.push(Slot {
+            w,
+            busy_until: 0,
+            wake_at: None,
+            inbox: Vec::new(),
+        });
+    }
+
+    pub fn worker(&self, a: Addr) -> &Rc<Worker> {
+        &self.slots[self.index(a)].w
+    }
+
+    fn push(&mut self, t: u64, ev: Ev) {
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.payloads[i] = Some(ev);
+                i
+            }
+            None => {
+                self.payloads.push(Some(ev));
+                self.payloads.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, idx)));
+    }
+
+    fn wake(&mut self, idx: usize, at: u64) {
+        let at = at.max(self.slots[idx].busy_until).max(self.now.get());
+        if self.slots[idx].wake_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        self.slots[idx].wake_at = Some(at);
+        self.push(at, Ev::Wake(idx));
+    }
+
+    fn fault_gap(&mut self) -> u64 {
+        let mean = self.faults.fault_interval_us.max(1000) * 1000;
+        self.now.get() + self.rng.gen_range(mean / 2..=mean * 3 / 2)
+    }
+
+    /// Run events until `done()` holds or virtual time passes `limit_ns`. Returns whether `done`.
+    pub fn run_until(&mut self, limit_ns: u64, mut done: impl FnMut() -> bool) -> bool {
+        self.collect_woken();
+        loop {
+            if done() {
+                return true;
+            }
+            let Some(&Reverse((t, _, _))) = self.events.peek() else {
+                return done();
+            };
+            if t > limit_ns {
+                self.now.set(limit_ns);
+                return done();
+            }
+            let Reverse((t, _, idx)) = self.events.pop().expect("peeked");
+            let ev = self.payloads[idx].take().expect("event payload present");
+            self.free.push(idx);
+            self.now.set(t);
+            match ev {
+                Ev::Deliver(p) => {
+                    let i = self.index(p.dst);
+                    if self.node_down[p.dst.node as usize] {
+                        self.packets_dropped += 1;
+                    } else {
+                        self.packets_delivered += 1;
+                        self.slots[i].inbox.push(p);
+                        self.wake(i, t);
+                    }
+                }
+                Ev::Wake(i) => {
+                    if self.slots[i].wake_at == Some(t) {
+                        self.slots[i].wake_at = None;
+                    }
+                    self.step(i);
+                }
+                Ev::Fault => self.inject_fault(),
+                Ev::Heal(k) => self.heal(k),
+            }
+            self.collect_woken();
+        }
+    }
+
+    fn collect_woken(&mut self) {
+        let woken: Vec<usize> = std::mem::take(&mut *self.woken.lock());
+        let now = self.now.get();
+        for i in woken {
+            self.wake(i, now);
+        }
+    }
+
+    /// Let one worker run everything it can, charging the work as busy time.
+    fn step(&mut self, i: usize) {
+        let now = self.now.get();
+        let slot = &mut self.slots[i];
+        if self.node_down[slot.w.addr.node as usize] {
+            return;
+        }
+        if slot.busy_until > now {
+            let t = slot.busy_until;
+            self.wake(i, t);
+            return;
+        }
+        let w = slot.w.clone();
+        let inbox = std::mem::take(&mut slot.inbox);
+        w.take_charged_ns();
+        for p in inbox {
+            w.deliver(p.src, &p.bytes);
+        }
+        // A bounded slice of work, like a scheduler quantum: packets that arrive meanwhile are
+        // handled at the next step instead of waiting behind an unbounded run of tasks.
+        w.fire_timers();
+        w.executor().run_ready(STEP_TASKS);
+        let mut out = Vec::new();
+        w.take_outbox(&mut out);
+        let busy_until = now + w.take_charged_ns();
+        self.slots[i].busy_until = busy_until;
+        for p in out {
+            self.send(p, busy_until);
+        }
+        if let Some(next) = w.fire_timers() {
+            self.wake(i, next);
+        }
+        // Tasks woken by this step on this worker itself (e.g. by a reply it handled).
+        if w.executor().has_ready() {
+            self.wake(i, busy_until);
+        }
+    }
+
+    fn send(&mut self, p: Packet, depart: u64) {
+        let (s, d) = (p.src.node as usize, p.dst.node as usize);
+        let cut = self.side.as_ref().is_some_and(|side| side[s] != side[d]);
+        let lost = self.faults.loss > 0.0 && self.rng.gen_bool(self.faults.loss.min(1.0));
+        if cut || lost || self.node_down[s] {
+            self.packets_dropped += 1;
+            return;
+        }
+        let mut at = depart
+            + self
+                .latency
+                .sample_ns(p.src.node, p.dst.node, &mut self.rng);
+        let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
+        at = at.max(*last);
+        *last = at;
+        self.push(at, Ev::Deliver(p));
+    }
+
+    fn inject_fault(&mut self) {
+        let nodes = self.node_down.len();
+        let dur = self.faults.fault_duration_us.max(1000) * 1000;
+        let now = self.now.get();
+        let pick_partition =
+            self.faults.partitions && (!self.faults.crashes || self.rng.gen_bool(0.5));
+        if nodes > 1 && pick_partition && self.side.is_none() {
+            let mut side: Vec<bool> = (0..nodes).map(|_| self.rng.gen_bool(0.5)).collect();
+            if side.iter().all(|s| *s) || side.iter().all(|s| !*s) {
+                let n = self.rng.gen_range(0..nodes);
+                side[n] = !side[n];
+            }
+            self.side = Some(side);
+            self.push(now + dur, Ev::Heal(FaultKind::Partition));
+        } else if self.faults.crashes && nodes > 0 {
+            let n = self.rng.gen_range(0..nodes);
+            if !self.node_down[n] {
+                self.node_down[n] = true;
+                for s in self
+                    .slots
+                    .iter_mut()
+                    .filter(|s| s.w.addr.node as usize == n)
+                {
+                    s.inbox.clear();
+                }
+                self.push(now + dur, Ev::Heal(FaultKind::Restart(n as u16)));
+            }
+        }
+        let next = self.fault_gap();
+        self.push(next, Ev::Fault);
+    }
+
+    fn heal(&mut self, k: FaultKind) {
+        match k {
+            FaultKind::Partition => self.side = None,
+            FaultKind::Restart(n) => {
+                self.node_down[n as usize] = false;
+                let now = self.now.get();
+                for i in 0..self.slots.len() {
+                    if self.slots[i].w.addr.node == n {
+                        self.slots[i].busy_until = now;
+                        self.wake(i, now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop injecting faults and heal everything (the end of a faulty run, before checking).
+    pub fn heal_all(&mut self) {
+        self.faults.partitions = false;
+        self.faults.crashes = false;
+        self.faults.loss = 0.0;
+        self.side = None;
+        let now = self.now.get();
+        for n in 0..self.node_down.len() {
+            if self.node_down[n] {
+                self.node_down[n] = false;
+                for i in 0..self.slots.len() {
+                    if self.slots[i].w.addr.node as usize == n {
+                        self.slots[i].busy_until = now;
+                        self.wake(i, now);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = &Rc<Worker>> {
+        self.slots.iter().map(|s| &s.w)
+    }
+}

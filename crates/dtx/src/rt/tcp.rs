@@ -1,0 +1,1 @@
+//! tcp runtime (below).

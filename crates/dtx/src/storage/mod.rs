@@ -1,0 +1,279 @@
+//! In-memory storage shared by the workers of one node: tables of records, a sharded hash index
+//! on every table and an ordered index on the tables that need range scans.
+//!
+//! A record is a value plus the protocol's own metadata `M` (a lock word, a TID, leases...), both
+//! behind one short per-record mutex. The mutex is held only while a protocol inspects or changes
+//! the record, never across an `await`, so waiting (for a lock, a reply) is always done by a task
+//! that gave the mutex back. Records are never removed from the index: a delete leaves a
+//! tombstone (`value == None`) so that concurrent readers and validators see a version change.
+
+use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::ptr::NonNull;
+
+pub type TableId = u16;
+pub type Value = Bytes;
+
+/// A key in a table: tables use `u64` keys; workloads pack composite keys so order is preserved.
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct RowKey {
+    pub table: TableId,
+    pub key: u64,
+}
+
+impl RowKey {
+    pub const fn new(table: TableId, key: u64) -> Self {
+        RowKey { table, key }
+    }
+}
+
+/// What a workload declares about one of its tables.
+#[derive(Debug, Clone)]
+pub struct TableDef {
+    pub name: &'static str,
+    /// Keep an ordered index (for range scans) as well as the hash index.
+    pub ordered: bool,
+    /// Rows expected per node, to size the hash index up front (rehashing costs ~40% at load).
+    pub expected_rows: usize,
+}
+
+pub struct Row<M> {
+    /// The committed value; `None` = absent (never written, or deleted).
+    pub value: Option<Value>,
+    pub meta: M,
+}
+
+pub struct Record<M> {
+    row: Mutex<Row<M>>,
+}
+
+impl<M> Record<M> {
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, Row<M>> {
+        self.row.lock()
+    }
+}
+
+const SHARDS: usize = 64;
+
+/// A pointer to a record owned by its table's hash index.
+struct RecPtr<M>(NonNull<Record<M>>);
+
+// SAFETY: a RecPtr is only dereferenced as `&Record<M>`, which is Sync when M is Send
+// (the row sits behind a mutex); the record it points to is owned by the same table.
+unsafe impl<M: Send> Send for RecPtr<M> {}
+unsafe impl<M: Send> Sync for RecPtr<M> {}
+
+/// Records are boxed and never removed or replaced while the table lives, so a reference to a
+/// record stays valid for as long as the table is borrowed, after the index lock is released.
+/// That lets a read touch the index lock and the record, and nothing else: no reference count.
+pub struct Table<M> {
+    pub def: TableDef,
+    shards: Box<[RwLock<FxHashMap<u64, Box<Record<M>>>>]>,
+    ordered: Option<RwLock<BTreeMap<u64, RecPtr<M>>>>,
+}
+
+#[inline]
+fn shard_of(key: u64) -> usize {
+    // Multiplicative hash so that sequential keys spread across shards.
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+impl<M: Default + Send> Table<M> {
+    fn new(def: TableDef) -> Self {
+        let per_shard = def.expected_rows / SHARDS + 1;
+        let shards = (0..SHARDS)
+            .map(|_| {
+                RwLock::new(FxHashMap::with_capacity_and_hasher(
+                    per_shard,
+                    Default::default(),
+                ))
+            })
+            .collect();
+        let ordered = def.ordered.then(|| RwLock::new(BTreeMap::new()));
+        Table {
+            def,
+            shards,
+            ordered,
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&Record<M>> {
+        let shard = self.shards[shard_of(key)].read();
+        let ptr: *const Record<M> = &**shard.get(&key)?;
+        // SAFETY: the box is never dropped or replaced while `self` lives (see the type's doc).
+        Some(unsafe { &*ptr })
+    }
+
+    /// The record for `key`, creating an absent one if there is none (inserts lock it first).
+    pub fn get_or_create(&self, key: u64) -> &Record<M> {
+        if let Some(r) = self.get(key) {
+            return r;
+        }
+        let mut shard = self.shards[shard_of(key)].write();
+        let boxed = shard.entry(key).or_insert_with(|| {
+            Box::new(Record {
+                row: Mutex::new(Row {
+                    value: None,
+                    meta: M::default(),
+                }),
+            })
+        });
+        let ptr = NonNull::from(&**boxed);
+        drop(shard);
+        if let Some(ord) = &self.ordered {
+            ord.write().entry(key).or_insert(RecPtr(ptr));
+        }
+        // SAFETY: as in `get`.
+        unsafe { ptr.as_ref() }
+    }
+
+    /// Load a committed row (population before a run).
+    pub fn load(&self, key: u64, value: Value) {
+        let rec = self.get_or_create(key);
+        rec.lock().value = Some(value);
+    }
+
+    /// Records with keys in `[lo, hi]`, ascending (or descending), at most `limit`.
+    /// Absent records (tombstones, uncommitted inserts) are included: the protocol decides.
+    pub fn range(
+        &self,
+        lo: u64,
+        hi: u64,
+        limit: usize,
+        descending: bool,
+    ) -> Vec<(u64, &Record<M>)> {
+        let Some(ord) = &self.ordered else {
+            return Vec::new();
+        };
+        let ord = ord.read();
+        let it = ord.range((Bound::Included(lo), Bound::Included(hi)));
+        // SAFETY: as in `get`.
+        let pick = |(k, r): (&u64, &RecPtr<M>)| (*k, unsafe { r.0.as_ref() });
+        if descending {
+            it.rev().take(limit).map(pick).collect()
+        } else {
+            it.take(limit).map(pick).collect()
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// All tables of one node.
+pub struct Storage<M> {
+    tables: Vec<Table<M>>,
+}
+
+impl<M: Default + Send> Storage<M> {
+    pub fn new(defs: &[TableDef]) -> Self {
+        Storage {
+            tables: defs.iter().cloned().map(Table::new).collect(),
+        }
+    }
+
+    #[inline]
+    pub fn table(&self, t: TableId) -> &Table<M> {
+        &self.tables[t as usize]
+    }
+
+    pub fn tables(&self) -> usize {
+        self.tables.len()
+    }
+
+    #[inline]
+    pub fn get(&self, k: RowKey) -> Option<&Record<M>> {
+        self.table(k.table).get(k.key)
+    }
+
+    pub fn get_or_create(&self, k: RowKey) -> &Record<M> {
+        self.table(k.table).get_or_create(k.key)
+    }
+
+    pub fn load(&self, k: RowKey, v: Value) {
+        self.table(k.table).load(k.key, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defs() -> Vec<TableDef> {
+        vec![
+            TableDef {
+                name: "a",
+                ordered: false,
+                expected_rows: 10,
+            },
+            TableDef {
+                name: "b",
+                ordered: true,
+                expected_rows: 10,
+            },
+        ]
+    }
+
+    #[test]
+    fn load_get_and_scan() {
+        let s: Storage<u64> = Storage::new(&defs());
+        for k in 0..100u64 {
+            s.load(RowKey::new(1, k * 2), Bytes::from(k.to_le_bytes().to_vec()));
+        }
+        assert!(s.get(RowKey::new(0, 4)).is_none());
+        let r = s.get(RowKey::new(1, 4)).unwrap();
+        assert_eq!(r.lock().value.as_ref().unwrap()[0], 2);
+        let asc: Vec<u64> = s
+            .table(1)
+            .range(10, 20, 100, false)
+            .iter()
+            .map(|x| x.0)
+            .collect();
+        assert_eq!(asc, vec![10, 12, 14, 16, 18, 20]);
+        let desc: Vec<u64> = s
+            .table(1)
+            .range(10, 20, 2, true)
+            .iter()
+            .map(|x| x.0)
+            .collect();
+        assert_eq!(desc, vec![20, 18]);
+        assert_eq!(s.table(1).len(), 100);
+    }
+
+    #[test]
+    fn concurrent_access_from_threads() {
+        let s: std::sync::Arc<Storage<u64>> = std::sync::Arc::new(Storage::new(&defs()));
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..10_000u64 {
+                        let rec = s.get_or_create(RowKey::new(1, i % 100));
+                        rec.lock().meta += 1;
+                        s.load(RowKey::new(0, t * 100_000 + i), Bytes::new());
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let total: u64 = (0..100)
+            .map(|k| s.get(RowKey::new(1, k)).unwrap().lock().meta)
+            .sum();
+        assert_eq!(total, 40_000);
+        assert_eq!(s.table(0).len(), 40_000);
+    }
+}

@@ -1,0 +1,253 @@
+//! Transactions as stored procedures.
+//!
+//! A workload registers procedures by name; a [`TxnRequest`] names one and carries its arguments.
+//! A procedure is `async` code written against [`Ctx`]: `read`, `read_for_update`, `write`,
+//! `insert`, `delete`, `scan`. Each protocol implements [`Access`] for its execution phase, so the
+//! same procedure runs under 2PL, OCC or anything else. A local access completes at once
+//! ([`Step::Ready`], no allocation); a remote one returns a future that waits for the reply.
+//!
+//! One-shot execution: a procedure may declare its read and write sets up front
+//! ([`KeySet`], `Workload::declare`). Protocols use the declaration to fetch and lock per
+//! participant in one message, and deterministic protocols need it. When some keys depend on
+//! reads, `declare` says so and [`recon`] discovers them with a reconnaissance run (OLLP, as in
+//! Calvin); the real run then aborts with [`Abort::ReconMismatch`] if it strays from the set.
+
+pub mod recon;
+
+use crate::rt::LocalBoxFuture;
+use crate::storage::{RowKey, TableId, Value};
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+
+/// Why an attempt aborted. Each reason is counted separately in every report.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Abort {
+    /// NO_WAIT: a lock was held in a conflicting mode.
+    LockConflict,
+    /// WAIT_DIE: a younger transaction met an older holder and died.
+    WaitDie,
+    /// Waited too long for a lock.
+    LockTimeout,
+    /// OCC: a read's version changed (or was locked) before commit.
+    ReadValidation,
+    /// OCC: a written record was locked by another committing transaction.
+    WriteLocked,
+    /// A participant did not answer in time.
+    Timeout,
+    /// A one-shot run touched a key the (reconnaissance) declaration did not include.
+    ReconMismatch,
+    /// The procedure itself rolled back (e.g. TPC-C's invalid item); never retried.
+    User,
+    /// A participant had lost the transaction's state (it was cleaned up after a timeout).
+    ParticipantLost,
+}
+
+impl Abort {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Abort::LockConflict => "lock-conflict",
+            Abort::WaitDie => "wait-die",
+            Abort::LockTimeout => "lock-timeout",
+            Abort::ReadValidation => "read-validation",
+            Abort::WriteLocked => "write-locked",
+            Abort::Timeout => "timeout",
+            Abort::ReconMismatch => "recon-mismatch",
+            Abort::User => "user",
+            Abort::ParticipantLost => "participant-lost",
+        }
+    }
+
+    /// Whether the driver should run the same transaction again.
+    pub fn retryable(&self) -> bool {
+        !matches!(self, Abort::User)
+    }
+}
+
+pub type TxnResult<T> = Result<T, Abort>;
+
+/// A step of execution: done now, or waiting for a remote participant.
+pub enum Step<'a, T> {
+    Ready(TxnResult<T>),
+    Wait(LocalBoxFuture<'a, TxnResult<T>>),
+}
+
+impl<'a, T> Step<'a, T> {
+    #[inline]
+    pub async fn get(self) -> TxnResult<T> {
+        match self {
+            Step::Ready(r) => r,
+            Step::Wait(f) => f.await,
+        }
+    }
+}
+
+/// A range scan over a table's ordered index, inclusive bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scan {
+    pub table: TableId,
+    pub lo: u64,
+    pub hi: u64,
+    pub limit: u32,
+    pub descending: bool,
+}
+
+/// What each protocol implements for the execution phase of one transaction attempt.
+pub trait Access {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>>;
+    /// Read with the intent to write (2PL takes the exclusive lock at once).
+    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.read(key)
+    }
+    /// Write (`Some`) or delete (`None`) a record; inserts are writes of absent keys.
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()>;
+    /// Rows with keys in the scan's range that exist, in key order (or reverse).
+    fn scan(&mut self, scan: Scan) -> Step<'_, Vec<(u64, Value)>>;
+}
+
+/// The handle a procedure uses. It forwards to the protocol's [`Access`] and, for one-shot runs,
+/// enforces the declared key set.
+pub struct Ctx<'a> {
+    access: &'a mut dyn Access,
+    declared: Option<&'a KeySet>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(access: &'a mut dyn Access) -> Self {
+        Ctx {
+            access,
+            declared: None,
+        }
+    }
+
+    /// A context that aborts with `ReconMismatch` on any key outside `keys`.
+    pub fn with_declared(access: &'a mut dyn Access, keys: &'a KeySet) -> Self {
+        Ctx {
+            access,
+            declared: Some(keys),
+        }
+    }
+
+    #[inline]
+    fn check(&self, key: RowKey, write: bool) -> TxnResult<()> {
+        match self.declared {
+            Some(ks) if !ks.covers(key, write) => Err(Abort::ReconMismatch),
+            _ => Ok(()),
+        }
+    }
+
+    pub async fn read(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
+        self.check(key, false)?;
+        self.access.read(key).get().await
+    }
+
+    pub async fn read_for_update(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
+        self.check(key, true)?;
+        self.access.read_for_update(key).get().await
+    }
+
+    pub async fn write(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
+        self.check(key, true)?;
+        self.access.write(key, Some(value)).get().await
+    }
+
+    pub async fn insert(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
+        self.write(key, value).await
+    }
+
+    pub async fn delete(&mut self, key: RowKey) -> TxnResult<()> {
+        self.check(key, true)?;
+        self.access.write(key, None).get().await
+    }
+
+    pub async fn scan(&mut self, scan: Scan) -> TxnResult<Vec<(u64, Value)>> {
+        self.access.scan(scan).get().await
+    }
+}
+
+/// The keys a one-shot transaction will read and write.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySet {
+    pub reads: Vec<RowKey>,
+    pub writes: Vec<RowKey>,
+}
+
+impl KeySet {
+    pub fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+    }
+
+    pub fn read(&mut self, k: RowKey) {
+        if !self.reads.contains(&k) {
+            self.reads.push(k);
+        }
+    }
+
+    pub fn write(&mut self, k: RowKey) {
+        if !self.writes.contains(&k) {
+            self.writes.push(k);
+        }
+    }
+
+    pub fn covers(&self, k: RowKey, write: bool) -> bool {
+        self.writes.contains(&k) || (!write && self.reads.contains(&k))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reads.is_empty() && self.writes.is_empty()
+    }
+}
+
+/// A request to run one stored procedure.
+pub struct TxnRequest {
+    /// The registered procedure name.
+    pub proc: &'static str,
+    /// The partition whose client issued it.
+    pub home: u32,
+    pub args: Box<dyn Any + Send>,
+}
+
+impl TxnRequest {
+    pub fn args<T: 'static>(&self) -> &T {
+        self.args
+            .downcast_ref::<T>()
+            .unwrap_or_else(|| panic!("procedure {} got arguments of another type", self.proc))
+    }
+}
+
+/// One operation of a list-append history line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistOp {
+    Read(u64, Option<Vec<u64>>),
+    Append(u64, u64),
+}
+
+impl Serialize for HistOp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(3)?;
+        match self {
+            HistOp::Read(k, v) => {
+                t.serialize_element("r")?;
+                t.serialize_element(k)?;
+                t.serialize_element(v)?;
+            }
+            HistOp::Append(k, v) => {
+                t.serialize_element("append")?;
+                t.serialize_element(k)?;
+                t.serialize_element(v)?;
+            }
+        }
+        t.end()
+    }
+}
+
+/// What a committed procedure returns to the driver.
+#[derive(Debug, Default)]
+pub struct TxnOutput {
+    /// List-append operations with what was read, for the history.
+    pub history: Vec<HistOp>,
+}
+
+/// The shape every workload's procedure entry point has.
+pub type ProcFuture<'a> = LocalBoxFuture<'a, TxnResult<TxnOutput>>;

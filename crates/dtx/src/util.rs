@@ -1,0 +1,65 @@
+//! Small shared helpers: duration parsing, the seeded RNG, process CPU time.
+
+use anyhow::{bail, Context};
+
+/// The deterministic RNG used everywhere randomness must replay from a seed.
+pub type Rng = rand_xoshiro::Xoshiro256PlusPlus;
+
+pub fn rng_from_seed(seed: u64) -> Rng {
+    use rand::SeedableRng;
+    Rng::seed_from_u64(seed)
+}
+
+/// Parse `100us`, `1.5ms`, `2s`, `250ns` or a bare number (microseconds) into microseconds.
+pub fn parse_duration_us(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| c.is_ascii_alphabetic() || c == 'µ')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("`{s}` is not a duration (try 100us, 5ms, 1s)"))?;
+    if !v.is_finite() || v < 0.0 {
+        bail!("`{s}` is not a non-negative duration");
+    }
+    let scale = match unit.trim() {
+        "" | "us" | "µs" => 1.0,
+        "ns" => 0.001,
+        "ms" => 1e3,
+        "s" => 1e6,
+        u => bail!("`{s}`: unknown unit `{u}` (use ns, us, ms or s)"),
+    };
+    Ok((v * scale).round() as u64)
+}
+
+/// CPU time (user + system) consumed by this process so far, in microseconds.
+pub fn process_cpu_us() -> u64 {
+    // /proc/self/stat fields 14 and 15 are utime and stime in clock ticks (100 Hz on Linux).
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // After the ')' the state is field 3, so utime (14) is index 11 and stime (15) index 12.
+    (ticks(11) + ticks(12)) * 10_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_us("100us").unwrap(), 100);
+        assert_eq!(parse_duration_us("1.5ms").unwrap(), 1500);
+        assert_eq!(parse_duration_us("2s").unwrap(), 2_000_000);
+        assert_eq!(parse_duration_us("0").unwrap(), 0);
+        assert_eq!(parse_duration_us("50").unwrap(), 50);
+        assert!(parse_duration_us("fast").is_err());
+        assert!(parse_duration_us("10 parsecs").is_err());
+        assert!(parse_duration_us("-5us").is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! List-append (Elle's workload): a small key space, each key a list of integers; transactions
+//! of reads (the whole list) and appends (a value unique to that key across the run). The
+//! history of such a run lets the checker infer each key's version order from the reads
+//! themselves and prove the run serializable, or name the anomaly.
+
+use super::{Workload, WorkloadParams};
+use crate::cluster::{PartitionId, Topology};
+use crate::storage::{RowKey, TableDef, Value};
+use crate::txn::{Ctx, HistOp, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::util::Rng;
+use anyhow::bail;
+use bytes::Bytes;
+use rand::Rng as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const TABLE: u16 = 0;
+
+pub struct Append {
+    keys: u64,
+    max_ops: u32,
+    read_ratio: f64,
+    partitions: u32,
+    /// Unique append values: the home partition in the high bits (unique per node, so per
+    /// process in `tcp`), a counter below.
+    counter: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+pub enum AppendOp {
+    Read(u64),
+    Append(u64, u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendArgs {
+    pub ops: Vec<AppendOp>,
+}
+
+pub fn decode_list(v: &[u8]) -> Vec<u64> {
+    v.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
+}
+
+fn encode_list(list: &[u64]) -> Value {
+    let mut out = Vec::with_capacity(list.len() * 8);
+    for v in list {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    Bytes::from(out)
+}
+
+impl Append {
+    pub fn new(p: &WorkloadParams, topo: &Topology) -> anyhow::Result<Self> {
+        if p.keys == 0 || p.keys > 1_000_000 {
+            bail!(
+                "--keys {} must be between 1 and 1,000,000 for list-append",
+                p.keys
+            );
+        }
+        if p.ops == 0 || p.ops > 64 {
+            bail!("--ops {} must be between 1 and 64 for list-append", p.ops);
+        }
+        if !(0.0..=1.0).contains(&p.read_ratio) {
+            bail!("--read-ratio {} must be within 0..1", p.read_ratio);
+        }
+        Ok(Append {
+            keys: p.keys,
+            max_ops: p.ops,
+            read_ratio: p.read_ratio,
+            partitions: topo.partitions(),
+            counter: AtomicU64::new(1),
+        })
+    }
+
+    fn fresh_value(&self, home: PartitionId) -> u64 {
+        ((home as u64 + 1) << 40) | self.counter.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Workload for Append {
+    fn name(&self) -> &'static str {
+        "append"
+    }
+
+    fn tables(&self) -> Vec<TableDef> {
+        vec![TableDef {
+            name: "lists",
+            ordered: false,
+            expected_rows: self.keys as usize,
+        }]
+    }
+
+    fn procedures(&self) -> &'static [&'static str] {
+        &["append-txn", "read-all"]
+    }
+
+    fn partition_of(&self, key: RowKey) -> PartitionId {
+        (key.key % self.partitions as u64) as PartitionId
+    }
+
+    fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
+        for k in (0..self.keys).filter(|k| k % self.partitions as u64 == p as u64) {
+            sink(RowKey::new(TABLE, k), Bytes::new());
+        }
+    }
+
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let n = rng.gen_range(1..=self.max_ops);
+        let ops = (0..n)
+            .map(|_| {
+                let k = rng.gen_range(0..self.keys);
+                if rng.gen_bool(self.read_ratio) {
+                    AppendOp::Read(k)
+                } else {
+                    AppendOp::Append(k, self.fresh_value(home))
+                }
+            })
+            .collect();
+        TxnRequest {
+            proc: "append-txn",
+            home,
+            args: Box::new(AppendArgs { ops }),
+        }
+    }
+
+    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
+        let home = req.home;
+        if let Some(a) = req.args.downcast_mut::<AppendArgs>() {
+            for op in &mut a.ops {
+                if let AppendOp::Append(_, v) = op {
+                    *v = self.fresh_value(home);
+                }
+            }
+        }
+    }
+
+    fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
+        for op in &req.args::<AppendArgs>().ops {
+            match op {
+                AppendOp::Read(k) => keys.read(RowKey::new(TABLE, *k)),
+                AppendOp::Append(k, _) => keys.write(RowKey::new(TABLE, *k)),
+            }
+        }
+        true
+    }
+
+    fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a> {
+        Box::pin(async move {
+            let args = req.args::<AppendArgs>();
+            let mut history = Vec::with_capacity(args.ops.len());
+            for op in &args.ops {
+                match *op {
+                    AppendOp::Read(k) => {
+                        let v = ctx.read(RowKey::new(TABLE, k)).await?;
+                        history.push(HistOp::Read(
+                            k,
+                            Some(v.as_deref().map(decode_list).unwrap_or_default()),
+                        ));
+                    }
+                    AppendOp::Append(k, val) => {
+                        let key = RowKey::new(TABLE, k);
+                        let mut list = ctx
+                            .read_for_update(key)
+                            .await?
+                            .as_deref()
+                            .map(decode_list)
+                            .unwrap_or_default();
+                        list.push(val);
+                        ctx.write(key, encode_list(&list)).await?;
+                        history.push(HistOp::Append(k, val));
+                    }
+                }
+            }
+            Ok(TxnOutput { history })
+        })
+    }
+
+    fn final_read(&self) -> Option<TxnRequest> {
+        let ops = (0..self.keys).map(AppendOp::Read).collect();
+        Some(TxnRequest {
+            proc: "read-all",
+            home: 0,
+            args: Box::new(AppendArgs { ops }),
+        })
+    }
+}
+
+/// The history line ops for a request whose attempt aborted: reads unknown, appends as intended.
+pub fn aborted_ops(req: &TxnRequest) -> Vec<HistOp> {
+    match req.args.downcast_ref::<AppendArgs>() {
+        Some(a) => a
+            .ops
+            .iter()
+            .map(|op| match *op {
+                AppendOp::Read(k) => HistOp::Read(k, None),
+                AppendOp::Append(k, v) => HistOp::Append(k, v),
+            })
+            .collect(),
+        None => Vec::new(),
+    }
+}

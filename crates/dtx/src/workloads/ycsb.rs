@@ -1,0 +1,228 @@
+//! YCSB: one table of `keys` records per partition, transactions of `ops` operations, each a read
+//! or a write (read-modify-write by default, blind with `rmw = false`), keys drawn from a Zipf
+//! distribution inside a partition. A fraction `distributed` of transactions also touches
+//! partitions on other nodes: each of its operations picks a random partition, and at least one
+//! is on another node.
+
+use super::{remote_partition, Workload, WorkloadParams};
+use crate::cluster::{PartitionId, Topology};
+use crate::storage::{RowKey, TableDef, Value};
+use crate::txn::{Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::util::Rng;
+use anyhow::bail;
+use bytes::Bytes;
+use rand::Rng as _;
+
+const TABLE: u16 = 0;
+
+pub struct Ycsb {
+    p: WorkloadParams,
+    topo: Topology,
+    zipf: super::zipf::Zipf,
+}
+
+#[derive(Debug, Clone)]
+pub struct YcsbArgs {
+    /// (key, is_write)
+    pub ops: Vec<(u64, bool)>,
+}
+
+impl Ycsb {
+    pub fn new(p: &WorkloadParams, topo: &Topology) -> anyhow::Result<Self> {
+        if p.keys == 0 {
+            bail!("--keys must be at least 1");
+        }
+        if p.ops == 0 || p.ops as u64 > p.keys * topo.partitions() as u64 || p.ops > 1000 {
+            bail!(
+                "--ops {} must be between 1 and min(1000, total keys)",
+                p.ops
+            );
+        }
+        if !(0.0..=1.0).contains(&p.read_ratio) {
+            bail!("--read-ratio {} must be within 0..1", p.read_ratio);
+        }
+        if !(0.0..=1.0).contains(&p.distributed) {
+            bail!("--distributed {} must be within 0..1", p.distributed);
+        }
+        if p.value_bytes < 8 || p.value_bytes > 1 << 20 {
+            bail!(
+                "--value-bytes {} must be between 8 and 1 MiB",
+                p.value_bytes
+            );
+        }
+        let zipf = super::zipf::Zipf::new(p.keys, p.theta)?;
+        Ok(Ycsb {
+            p: p.clone(),
+            topo: topo.clone(),
+            zipf,
+        })
+    }
+
+    fn key_in(&self, rng: &mut Rng, part: PartitionId) -> u64 {
+        part as u64 * self.p.keys + self.zipf.sample(rng)
+    }
+}
+
+impl Workload for Ycsb {
+    fn name(&self) -> &'static str {
+        "ycsb"
+    }
+
+    fn tables(&self) -> Vec<TableDef> {
+        let rows = self.p.keys as usize * self.topo.partitions_per_node as usize;
+        vec![TableDef {
+            name: "usertable",
+            ordered: false,
+            expected_rows: rows,
+        }]
+    }
+
+    fn procedures(&self) -> &'static [&'static str] {
+        &["ycsb"]
+    }
+
+    fn partition_of(&self, key: RowKey) -> PartitionId {
+        (key.key / self.p.keys) as PartitionId
+    }
+
+    fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
+        let value = Bytes::from(vec![b'x'; self.p.value_bytes as usize]);
+        for i in 0..self.p.keys {
+            sink(
+                RowKey::new(TABLE, p as u64 * self.p.keys + i),
+                value.clone(),
+            );
+        }
+    }
+
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
+        let n = self.p.ops as usize;
+        let mut ops: Vec<(u64, bool)> = Vec::with_capacity(n);
+        let forced_remote = rng.gen_range(0..n);
+        for i in 0..n {
+            let part = if !distributed {
+                home
+            } else if i == forced_remote {
+                remote_partition(rng, &self.topo, home)
+            } else {
+                rng.gen_range(0..self.topo.partitions())
+            };
+            let write = !rng.gen_bool(self.p.read_ratio);
+            // Distinct keys within a transaction, as YCSB-style OLTP benchmarks generate them.
+            let mut key = self.key_in(rng, part);
+            let mut tries = 0;
+            while ops.iter().any(|(k, _)| *k == key) && tries < 1000 {
+                key = self.key_in(rng, part);
+                tries += 1;
+            }
+            ops.push((key, write));
+        }
+        TxnRequest {
+            proc: "ycsb",
+            home,
+            args: Box::new(YcsbArgs { ops }),
+        }
+    }
+
+    fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
+        for &(k, w) in &req.args::<YcsbArgs>().ops {
+            if w {
+                keys.write(RowKey::new(TABLE, k));
+            } else {
+                keys.read(RowKey::new(TABLE, k));
+            }
+        }
+        true
+    }
+
+    fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a> {
+        Box::pin(async move {
+            let args = req.args::<YcsbArgs>();
+            for &(k, write) in &args.ops {
+                let key = RowKey::new(TABLE, k);
+                if !write {
+                    ctx.read(key).await?;
+                } else if self.p.rmw {
+                    let old = ctx.read_for_update(key).await?.unwrap_or_default();
+                    ctx.write(key, bump(&old, self.p.value_bytes as usize))
+                        .await?;
+                } else {
+                    ctx.write(key, Bytes::from(vec![b'y'; self.p.value_bytes as usize]))
+                        .await?;
+                }
+            }
+            Ok(TxnOutput::default())
+        })
+    }
+}
+
+/// The read-modify-write: increment the counter in the value's first 8 bytes.
+fn bump(old: &[u8], len: usize) -> Value {
+    let mut v = vec![b'x'; len.max(8)];
+    let n = old.len().min(v.len());
+    v[..n].copy_from_slice(&old[..n]);
+    let c = u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])).wrapping_add(1);
+    v[..8].copy_from_slice(&c.to_le_bytes());
+    Bytes::from(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distributed_fraction_and_key_ranges() {
+        let topo = Topology::new(4, 1, 1);
+        let p = WorkloadParams {
+            keys: 1000,
+            distributed: 0.2,
+            ..Default::default()
+        };
+        let y = Ycsb::new(&p, &topo).unwrap();
+        let mut rng = crate::util::rng_from_seed(9);
+        let mut dist = 0;
+        for _ in 0..5000 {
+            let req = y.next(&mut rng, 2);
+            let args = req.args::<YcsbArgs>();
+            assert_eq!(args.ops.len(), 10);
+            let remote = args
+                .ops
+                .iter()
+                .any(|(k, _)| topo.node_of(y.partition_of(RowKey::new(0, *k))) != 2);
+            dist += remote as u32;
+        }
+        let frac = dist as f64 / 5000.0;
+        assert!((0.17..0.23).contains(&frac), "distributed fraction {frac}");
+    }
+
+    #[test]
+    fn rejects_bad_parameters() {
+        let topo = Topology::new(1, 1, 1);
+        for p in [
+            WorkloadParams {
+                keys: 0,
+                ..Default::default()
+            },
+            WorkloadParams {
+                read_ratio: 1.5,
+                ..Default::default()
+            },
+            WorkloadParams {
+                distributed: -0.1,
+                ..Default::default()
+            },
+            WorkloadParams {
+                theta: -1.0,
+                ..Default::default()
+            },
+            WorkloadParams {
+                keys: 5,
+                ops: 10,
+                ..Default::default()
+            },
+        ] {
+            assert!(Ycsb::new(&p, &topo).is_err(), "{p:?} accepted");
+        }
+    }
+}
