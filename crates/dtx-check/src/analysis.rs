@@ -162,30 +162,18 @@ impl TxnKeys {
 /// The list of read `op` of transaction `txn` (empty if it is not a completed read).
 fn read_list(txns: &[Txn], txn: u32, op: u32) -> &[u64] {
     match txns.get(txn as usize).and_then(|t| t.ops.get(op as usize)) {
-        Some(Op::Read {
-            list: Some(list), ..
-        }) => list,
+        Some(Op::Read { list: Some(list), .. }) => list,
         _ => &[],
     }
 }
 
 /// Formats a list, eliding the middle of long ones.
 fn fmt_list(l: &[u64]) -> String {
-    let join = |s: &[u64]| {
-        s.iter()
-            .map(|v| v.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let join = |s: &[u64]| s.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
     if l.len() <= 12 {
         format!("[{}]", join(l))
     } else {
-        format!(
-            "[{}, ... {}] ({} values)",
-            join(&l[..5]),
-            join(&l[l.len() - 5..]),
-            l.len()
-        )
+        format!("[{}, ... {}] ({} values)", join(&l[..5]), join(&l[l.len() - 5..]), l.len())
     }
 }
 
@@ -231,10 +219,7 @@ pub(crate) fn check(txns: &[Txn]) -> CheckReport {
         order_info: Vec::new(),
         status: txns.iter().map(|t| t.status).collect(),
         final_txn: txns.last().and_then(|t| {
-            let read_only = !t.ops.is_empty()
-                && t.ops
-                    .iter()
-                    .all(|op| matches!(op, Op::Read { list: Some(_), .. }));
+            let read_only = !t.ops.is_empty() && t.ops.iter().all(|op| matches!(op, Op::Read { list: Some(_), .. }));
             (t.status == Status::Committed && read_only).then_some(txns.len() as u32 - 1)
         }),
         incompatible: FxSet::default(),
@@ -284,11 +269,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn report(&mut self, kind: AnomalyKind, txns: Vec<u64>, explanation: String) {
-        self.anomalies.push(Anomaly {
-            kind,
-            txns,
-            explanation,
-        });
+        self.anomalies.push(Anomaly { kind, txns, explanation });
     }
 
     // ---------------------------------------------------------------- pass 1: index
@@ -319,18 +300,10 @@ impl<'a> Ctx<'a> {
                         if !committed {
                             continue;
                         }
-                        self.reads.push(ReadRef {
-                            kid,
-                            txn: ti,
-                            op: oi,
-                        });
+                        self.reads.push(ReadRef { kid, txn: ti, op: oi });
                         let slot = &mut self.longest[kid as usize];
                         if slot.is_none_or(|l| list.len() > l.len) {
-                            *slot = Some(Longest {
-                                txn: ti,
-                                op: oi,
-                                len: list.len(),
-                            });
+                            *slot = Some(Longest { txn: ti, op: oi, len: list.len() });
                         }
                         self.internal_read(ti, kid, oi, list, ks.get(kid));
                     }
@@ -343,12 +316,7 @@ impl<'a> Ctx<'a> {
         let first = match self.vals.entry((kid, value)) {
             Entry::Occupied(e) => Some(e.get().writer),
             Entry::Vacant(e) => {
-                e.insert(ValInfo {
-                    writer: ti,
-                    pos: NONE,
-                    last_in_txn: true,
-                    in_final: false,
-                });
+                e.insert(ValInfo { writer: ti, pos: NONE, last_in_txn: true, in_final: false });
                 None
             }
         };
@@ -402,12 +370,7 @@ impl<'a> Ctx<'a> {
             }
             None => {
                 if list.ends_with(&st.appends) {
-                    self.ext.push(ExtRead {
-                        kid,
-                        txn: ti,
-                        op: oi,
-                        len: (list.len() - st.appends.len()) as u32,
-                    });
+                    self.ext.push(ExtRead { kid, txn: ti, op: oi, len: (list.len() - st.appends.len()) as u32 });
                 } else {
                     self.report(
                         AnomalyKind::IncompatibleOrder,
@@ -441,11 +404,7 @@ impl<'a> Ctx<'a> {
         let mut final_other: Vec<(u32, &[u64])> = Vec::new();
         if let Some(fi) = self.final_txn {
             for op in txns.get(fi as usize).map_or(&[][..], |t| &t.ops[..]) {
-                if let Op::Read {
-                    key,
-                    list: Some(list),
-                } = op
-                {
+                if let Op::Read { key, list: Some(list) } = op {
                     let Some(&kid) = self.keys.get(key) else {
                         continue;
                     };
@@ -479,10 +438,7 @@ impl<'a> Ctx<'a> {
                 }
                 info.in_final |= p < in_final;
                 let w = info.writer;
-                ws.push(Slot {
-                    writer: w,
-                    last_in_txn: info.last_in_txn,
-                });
+                ws.push(Slot { writer: w, last_in_txn: info.last_in_txn });
                 match self.status(w) {
                     None | Some(Status::Aborted) => bad.push((kid, p as u32)),
                     Some(Status::Unknown) => self.in_graph[w as usize] = true,
@@ -594,11 +550,7 @@ impl<'a> Ctx<'a> {
             return;
         };
         let list = read_list(self.txns, first.txn, first.op);
-        let at = list
-            .iter()
-            .zip(order)
-            .position(|(a, b)| a != b)
-            .unwrap_or(order.len().min(list.len()));
+        let at = list.iter().zip(order).position(|(a, b)| a != b).unwrap_or(order.len().min(list.len()));
         let (a, b, k) = (self.id(reference), self.id(first.txn), self.key(kid));
         let seen = |l: &[u64]| l.get(at).map_or("nothing".to_string(), |v| v.to_string());
         let mut ids = vec![a];
@@ -622,11 +574,7 @@ impl<'a> Ctx<'a> {
                 text,
                 "; {} committed reads of key {k} in all are not prefixes of T{a}'s read{}",
                 conflicting.len(),
-                if ids.len() == MAX_IDS {
-                    " (first ones listed)"
-                } else {
-                    ""
-                }
+                if ids.len() == MAX_IDS { " (first ones listed)" } else { "" }
             );
         }
         self.report(AnomalyKind::IncompatibleOrder, ids, text);
@@ -666,13 +614,7 @@ impl<'a> Ctx<'a> {
             for p in 1..ws.len() {
                 let (a, b) = (ws[p - 1].writer, ws[p].writer);
                 if a != b && self.graph_node(a) && self.graph_node(b) {
-                    edges.push(Edge {
-                        from: a,
-                        to: b,
-                        kind: WW,
-                        kid: kid as u32,
-                        x: p as u64,
-                    });
+                    edges.push(Edge { from: a, to: b, kind: WW, kid: kid as u32, x: p as u64 });
                 }
             }
         }
@@ -691,10 +633,7 @@ impl<'a> Ctx<'a> {
                     let slot = if compatible {
                         self.order_info[kid as usize].get(list.len() - 1).copied()
                     } else {
-                        self.vals.get(&(kid, last)).map(|i| Slot {
-                            writer: i.writer,
-                            last_in_txn: i.last_in_txn,
-                        })
+                        self.vals.get(&(kid, last)).map(|i| Slot { writer: i.writer, last_in_txn: i.last_in_txn })
                     };
                     let w = slot.map_or(NONE, |s| s.writer);
                     if w == t {
@@ -711,13 +650,7 @@ impl<'a> Ctx<'a> {
                         continue;
                     }
                     if self.graph_node(w) {
-                        edges.push(Edge {
-                            from: w,
-                            to: t,
-                            kind: WR,
-                            kid,
-                            x: last,
-                        });
+                        edges.push(Edge { from: w, to: t, kind: WR, kid, x: last });
                         if slot.is_some_and(|s| !s.last_in_txn) {
                             self.intermediate_read(w, t, kid, last);
                             no_rw_to = w;
@@ -731,17 +664,9 @@ impl<'a> Ctx<'a> {
             let Some(next) = next.filter(|_| compatible) else {
                 continue;
             };
-            let x = self.order_info[kid as usize]
-                .get(next)
-                .map_or(NONE, |s| s.writer);
+            let x = self.order_info[kid as usize].get(next).map_or(NONE, |s| s.writer);
             if x != t && x != no_rw_to && self.graph_node(x) {
-                edges.push(Edge {
-                    from: t,
-                    to: x,
-                    kind: RW,
-                    kid,
-                    x: next as u64,
-                });
+                edges.push(Edge { from: t, to: x, kind: RW, kid, x: next as u64 });
             }
         }
         self.ext = ext;
@@ -782,13 +707,7 @@ impl<'a> Ctx<'a> {
 
     fn cycles(&mut self, edges: &[Edge]) {
         let n = self.txns.len();
-        let g = Csr::build(
-            n,
-            edges
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (e.from, e.to, e.kind, i as u32)),
-        );
+        let g = Csr::build(n, edges.iter().enumerate().map(|(i, e)| (e.from, e.to, e.kind, i as u32)));
         let (comp, ncomp) = tarjan(&g, ALL);
         // Group nodes by component (counting sort).
         let mut start = vec![0usize; ncomp + 1];
@@ -821,21 +740,13 @@ impl<'a> Ctx<'a> {
                 for e in g.out(v) {
                     let to = g.to[e];
                     if comp[to as usize] == c as u32 {
-                        local_edges.push((
-                            local[v as usize],
-                            local[to as usize],
-                            g.kind[e],
-                            g.eid[e],
-                        ));
+                        local_edges.push((local[v as usize], local[to as usize], g.kind[e], g.eid[e]));
                     }
                 }
             }
             let lg = Csr::build(nodes.len(), local_edges.iter().copied());
             for cycle in find_cycles(&lg, &mut budget) {
-                let hops: Vec<Edge> = cycle
-                    .iter()
-                    .filter_map(|&e| edges.get(lg.eid[e] as usize).copied())
-                    .collect();
+                let hops: Vec<Edge> = cycle.iter().filter_map(|&e| edges.get(lg.eid[e] as usize).copied()).collect();
                 self.cycle_anomaly(&hops);
             }
         }
@@ -854,30 +765,15 @@ impl<'a> Ctx<'a> {
             _ => AnomalyKind::G2,
         };
         // Rotate so that the smallest transaction id comes first (deterministic output).
-        let start = (0..hops.len())
-            .min_by_key(|&i| (self.id(hops[i].from), i))
-            .unwrap_or(0);
-        let hops: Vec<Edge> = hops[start..]
-            .iter()
-            .chain(&hops[..start])
-            .copied()
-            .collect();
+        let start = (0..hops.len()).min_by_key(|&i| (self.id(hops[i].from), i)).unwrap_or(0);
+        let hops: Vec<Edge> = hops[start..].iter().chain(&hops[..start]).copied().collect();
         let ids: Vec<u64> = hops.iter().map(|e| self.id(e.from)).collect();
         let mut text = String::new();
-        let path: Vec<String> = ids
-            .iter()
-            .chain(ids.first())
-            .map(|i| format!("T{i}"))
-            .collect();
+        let path: Vec<String> = ids.iter().chain(ids.first()).map(|i| format!("T{i}")).collect();
         if hops.len() <= 2 * EXPLAIN_EDGES {
             let _ = write!(text, "cycle {}", path.join(" -> "));
         } else {
-            let _ = write!(
-                text,
-                "cycle of {} transactions starting at {}",
-                ids.len(),
-                path[0]
-            );
+            let _ = write!(text, "cycle of {} transactions starting at {}", ids.len(), path[0]);
         }
         let what = match kind {
             AnomalyKind::G0 => "write cycle (ww edges only)",
@@ -886,11 +782,7 @@ impl<'a> Ctx<'a> {
             _ => "anti-dependency cycle (two or more rw edges)",
         };
         let _ = write!(text, ", a {what}: ");
-        let described: Vec<String> = hops
-            .iter()
-            .take(EXPLAIN_EDGES)
-            .map(|e| self.describe(e))
-            .collect();
+        let described: Vec<String> = hops.iter().take(EXPLAIN_EDGES).map(|e| self.describe(e)).collect();
         text.push_str(&described.join("; "));
         if hops.len() > EXPLAIN_EDGES {
             let _ = write!(text, "; ... and {} more edges", hops.len() - EXPLAIN_EDGES);
@@ -902,10 +794,7 @@ impl<'a> Ctx<'a> {
     fn describe(&self, e: &Edge) -> String {
         let (a, b, k) = (self.id(e.from), self.id(e.to), self.key(e.kid));
         let order = self.order(e.kid);
-        let at = |p: Option<usize>| {
-            p.and_then(|p| order.get(p))
-                .map_or("?".to_string(), |v| v.to_string())
-        };
+        let at = |p: Option<usize>| p.and_then(|p| order.get(p)).map_or("?".to_string(), |v| v.to_string());
         match e.kind {
             WW => {
                 let p = e.x as usize;
@@ -915,10 +804,7 @@ impl<'a> Ctx<'a> {
                     at(Some(p))
                 )
             }
-            WR => format!(
-                "T{a} -wr-> T{b}: T{b} read key {k} ending with {}, which T{a} appended",
-                e.x
-            ),
+            WR => format!("T{a} -wr-> T{b}: T{b} read key {k} ending with {}, which T{a} appended", e.x),
             _ => {
                 let p = e.x as usize;
                 match p.checked_sub(1) {
@@ -951,16 +837,8 @@ impl<'a> Ctx<'a> {
         // Keys the final transaction read, with the length of its (longest) read of each.
         let mut final_len: Vec<Option<usize>> = vec![None; self.key_names.len()];
         for op in &fin.ops {
-            if let Op::Read {
-                key,
-                list: Some(list),
-            } = op
-            {
-                if let Some(l) = self
-                    .keys
-                    .get(key)
-                    .and_then(|&k| final_len.get_mut(k as usize))
-                {
+            if let Op::Read { key, list: Some(list) } = op {
+                if let Some(l) = self.keys.get(key).and_then(|&k| final_len.get_mut(k as usize)) {
                     *l = Some(l.map_or(list.len(), |n| n.max(list.len())));
                 }
             }
@@ -1010,11 +888,7 @@ impl<'a> Ctx<'a> {
         CheckReport {
             valid: self.anomalies.is_empty(),
             txns: self.txns.len(),
-            committed: self
-                .txns
-                .iter()
-                .filter(|t| t.status == Status::Committed)
-                .count(),
+            committed: self.txns.iter().filter(|t| t.status == Status::Committed).count(),
             anomalies: self.anomalies,
             counts,
         }
@@ -1028,9 +902,14 @@ fn find_cycles(g: &Csr, budget: &mut u64) -> Vec<Vec<usize>> {
     let mut bfs = Bfs::new(g.nodes());
     let mut out = Vec::new();
     let mut unlimited = u64::MAX;
-    let mut close = |bfs: &mut Bfs, e: usize, mask: u8, allow: &dyn Fn(u32) -> bool| match bfs
-        .search(g, g.to[e], g.from[e], mask, allow, &mut unlimited)
-    {
+    let mut close = |bfs: &mut Bfs, e: usize, mask: u8, allow: &dyn Fn(u32) -> bool| match bfs.search(
+        g,
+        g.to[e],
+        g.from[e],
+        mask,
+        allow,
+        &mut unlimited,
+    ) {
         Search::Found(mut path) => {
             path.insert(0, e);
             Some(path)
@@ -1041,9 +920,7 @@ fn find_cycles(g: &Csr, budget: &mut u64) -> Vec<Vec<usize>> {
 
     // G0: a ww edge inside a ww-only SCC.
     let (c_ww, _) = tarjan(g, WW);
-    if let Some(e) =
-        (0..m).find(|&e| g.kind[e] == WW && c_ww[g.from[e] as usize] == c_ww[g.to[e] as usize])
-    {
+    if let Some(e) = (0..m).find(|&e| g.kind[e] == WW && c_ww[g.from[e] as usize] == c_ww[g.to[e] as usize]) {
         out.extend(close(&mut bfs, e, WW, &|_| true));
     }
     // G1c: a wr edge inside a ww+wr SCC.

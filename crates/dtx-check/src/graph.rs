@@ -37,8 +37,7 @@ impl Csr {
             offs[i + 1] += offs[i];
         }
         let mut fill = offs.clone();
-        let (mut from, mut to, mut kind, mut eid) =
-            (vec![0u32; m], vec![0u32; m], vec![0u8; m], vec![0u32; m]);
+        let (mut from, mut to, mut kind, mut eid) = (vec![0u32; m], vec![0u32; m], vec![0u8; m], vec![0u32; m]);
         for (f, t, k, id) in edges {
             let slot = &mut fill[f as usize];
             from[*slot] = f;
@@ -47,13 +46,7 @@ impl Csr {
             eid[*slot] = id;
             *slot += 1;
         }
-        Csr {
-            offs,
-            from,
-            to,
-            kind,
-            eid,
-        }
+        Csr { offs, from, to, kind, eid }
     }
 
     pub fn nodes(&self) -> usize {
@@ -169,12 +162,7 @@ pub(crate) struct Bfs {
 
 impl Bfs {
     pub fn new(n: usize) -> Bfs {
-        Bfs {
-            stamp: vec![0; n],
-            generation: 0,
-            parent: vec![0; n],
-            queue: Vec::new(),
-        }
+        Bfs { stamp: vec![0; n], generation: 0, parent: vec![0; n], queue: Vec::new() }
     }
 
     /// Shortest path `src ->* dst` over edges whose kind intersects `mask`, visiting only nodes
@@ -265,9 +253,6 @@ mod tests {
             _ => panic!("no ww path expected"),
         }
         let mut small = 10;
-        assert!(matches!(
-            bfs.search(&g, 5, 3, ALL, |_| true, &mut small),
-            Search::GaveUp
-        ));
+        assert!(matches!(bfs.search(&g, 5, 3, ALL, |_| true, &mut small), Search::GaveUp));
     }
 }

@@ -81,25 +81,16 @@ impl<'de> Visitor<'de> for OpVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Op, A::Error> {
-        let name: OpName = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
-        let key: u64 = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+        let name: OpName = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
+        let key: u64 = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
         let op = match name {
             OpName::Read => Op::Read {
                 key,
-                list: seq
-                    .next_element::<Option<Vec<u64>>>()?
-                    .ok_or_else(|| de::Error::invalid_length(2, &self))?,
+                list: seq.next_element::<Option<Vec<u64>>>()?.ok_or_else(|| de::Error::invalid_length(2, &self))?,
             },
-            OpName::Append => Op::Append {
-                key,
-                value: seq
-                    .next_element()?
-                    .ok_or_else(|| de::Error::invalid_length(2, &self))?,
-            },
+            OpName::Append => {
+                Op::Append { key, value: seq.next_element()?.ok_or_else(|| de::Error::invalid_length(2, &self))? }
+            }
         };
         if seq.next_element::<IgnoredAny>()?.is_some() {
             return Err(de::Error::invalid_length(4, &self));
@@ -141,10 +132,7 @@ pub fn parse_line(line: &str, lineno: usize) -> anyhow::Result<Txn> {
     })?;
     if let (Some(s), Some(e)) = (txn.start_us, txn.end_us) {
         if s > e {
-            bail!(
-                "line {lineno}: transaction {}: start_us ({s}) is after end_us ({e})",
-                txn.id
-            );
+            bail!("line {lineno}: transaction {}: start_us ({s}) is after end_us ({e})", txn.id);
         }
     }
     Ok(txn)
@@ -158,9 +146,7 @@ pub fn read_history<R: BufRead>(mut r: R) -> anyhow::Result<Vec<Txn>> {
     loop {
         buf.clear();
         lineno += 1;
-        let n = r
-            .read_line(&mut buf)
-            .map_err(|e| anyhow!("line {lineno}: cannot read line: {e}"))?;
+        let n = r.read_line(&mut buf).map_err(|e| anyhow!("line {lineno}: cannot read line: {e}"))?;
         if n == 0 {
             break;
         }

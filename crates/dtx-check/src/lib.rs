@@ -31,7 +31,8 @@
 //!   edge, since "the value following" them is undefined.
 //!
 //! The history is serializable only if this graph is acyclic. Strongly connected components
-//! are found with an iterative Tarjan; in each one a short cycle is extracted (BFS) per class.
+//! are found with an iterative Tarjan; in each one, one short cycle (BFS) is reported per class
+//! the component contains, with its transactions in cycle order (smallest id first).
 //!
 //! # Anomaly classes ([`AnomalyKind`])
 //!
@@ -45,17 +46,20 @@
 //!   restate the same fact as a G-single cycle);
 //! * `duplicate-append`: a value appended twice to a key, or appearing twice in one read;
 //! * `garbage-read`: a read returned a value nobody appended;
-//! * `incompatible-order`: two committed reads of a key are not prefixes of one another, or a
-//!   transaction's reads contradict its own appends (internal inconsistency, e.g. a
-//!   non-repeatable read or reading one's own append before making it);
+//! * `incompatible-order`: committed reads of a key that are not prefixes of its longest read
+//!   (one anomaly per key, listing the longest read's transaction first), or a transaction whose
+//!   reads contradict its own appends (internal inconsistency, e.g. a non-repeatable read or
+//!   reading one's own append before making it);
 //! * `lost-append` (durability): when the last line is a committed read-only transaction, each
 //!   append of a `committed` transaction to a key it read must be in that read. If both
 //!   `end_us` of the writer and `start_us` of the final read are known, only writers that ended
 //!   before the final read started are checked; timestamps are otherwise ignored (no real-time /
 //!   strict-serializability check is done).
 //!
-//! Everything is linear in the size of the history except the G-single/G2 classification inside
-//! large components, which runs under a fixed search budget.
+//! Everything is linear in the size of the history (1e6 transactions check in about 1.5 s
+//! after parsing) except the G-single/G2 classification inside large components, which runs
+//! under a fixed search budget: past it, every component still yields a cycle anomaly, but may
+//! not be searched for every class.
 
 mod analysis;
 mod graph;
@@ -154,31 +158,18 @@ impl CheckReport {
     /// `INVALID: K anomalies (G-single: 1, G1c: 1)`.
     pub fn summary(&self) -> String {
         if self.valid {
-            return format!(
-                "valid: {} txns ({} committed), no anomalies",
-                self.txns, self.committed
-            );
+            return format!("valid: {} txns ({} committed), no anomalies", self.txns, self.committed);
         }
         let n = self.anomalies.len();
-        let counts: Vec<String> = self
-            .counts
-            .iter()
-            .map(|(k, v)| format!("{k}: {v}"))
-            .collect();
-        format!(
-            "INVALID: {n} {} ({})",
-            if n == 1 { "anomaly" } else { "anomalies" },
-            counts.join(", ")
-        )
+        let counts: Vec<String> = self.counts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        format!("INVALID: {n} {} ({})", if n == 1 { "anomaly" } else { "anomalies" }, counts.join(", "))
     }
 }
 
 /// Checks the history stored in a JSON-lines file.
 pub fn check_file(path: &Path) -> anyhow::Result<CheckReport> {
-    let f = std::fs::File::open(path)
-        .map_err(|e| anyhow::anyhow!("cannot open history {}: {e}", path.display()))?;
-    check_reader(BufReader::with_capacity(1 << 20, f))
-        .map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))
+    let f = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("cannot open history {}: {e}", path.display()))?;
+    check_reader(BufReader::with_capacity(1 << 20, f)).map_err(|e| anyhow::anyhow!("{}: {e:#}", path.display()))
 }
 
 /// Checks a history read from JSON lines.

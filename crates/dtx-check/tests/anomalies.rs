@@ -15,12 +15,7 @@ fn check(lines: &[&str]) -> CheckReport {
 /// Asserts that the report has exactly one anomaly, of `kind`, involving `txns` in that order.
 fn assert_only(r: &CheckReport, kind: AnomalyKind, txns: &[u64]) {
     assert!(!r.valid, "expected {kind}, got a valid report");
-    assert_eq!(
-        r.anomalies.len(),
-        1,
-        "expected exactly one {kind}, got {:#?}",
-        r.anomalies
-    );
+    assert_eq!(r.anomalies.len(), 1, "expected exactly one {kind}, got {:#?}", r.anomalies);
     let a = &r.anomalies[0];
     assert_eq!(a.kind, kind, "{a:#?}");
     assert_eq!(a.txns, txns, "{a:#?}");
@@ -47,10 +42,7 @@ fn g0_write_cycle() {
     ]);
     assert_only(&r, AnomalyKind::G0, &[1, 2]);
     let e = &r.anomalies[0].explanation;
-    assert!(
-        e.contains("T1 -ww-> T2") && e.contains("T2 -ww-> T1"),
-        "{e}"
-    );
+    assert!(e.contains("T1 -ww-> T2") && e.contains("T2 -ww-> T1"), "{e}");
     assert_eq!(r.summary(), "INVALID: 1 anomaly (G0: 1)");
 }
 
@@ -64,10 +56,7 @@ fn g1c_circular_information_flow() {
     ]);
     assert_only(&r, AnomalyKind::G1c, &[10, 20]);
     let e = &r.anomalies[0].explanation;
-    assert!(
-        e.contains("T20 read key 1 ending with 1, which T10 appended"),
-        "{e}"
-    );
+    assert!(e.contains("T20 read key 1 ending with 1, which T10 appended"), "{e}");
 }
 
 #[test]
@@ -124,6 +113,20 @@ fn cycles_in_separate_components_are_reported_separately() {
     assert_eq!(r.anomalies[1].kind, AnomalyKind::GSingle);
     assert_eq!(r.anomalies[1].txns, vec![3, 4]);
     assert_eq!(r.summary(), "INVALID: 2 anomalies (G-single: 1, G0: 1)");
+}
+
+#[test]
+fn one_component_reports_each_kind_it_contains() {
+    // T2 sees T1's append to key 1 but not to key 2 (G-single between T1 and T2), and T2/T3
+    // write-skew on keys 3 and 4 (G2 between T2 and T3): all three form one SCC.
+    let r = check(&[
+        r#"{"id": 1, "status": "committed", "ops": [["append", 1, 1], ["append", 2, 1]]}"#,
+        r#"{"id": 2, "status": "committed", "ops": [["r", 1, [1]], ["r", 2, []], ["r", 3, []], ["append", 4, 1]]}"#,
+        r#"{"id": 3, "status": "committed", "ops": [["r", 4, []], ["append", 3, 1]]}"#,
+        r#"{"id": 4, "status": "committed", "ops": [["r", 1, [1]], ["r", 2, [1]], ["r", 3, [1]], ["r", 4, [1]]]}"#,
+    ]);
+    let kinds: Vec<(AnomalyKind, Vec<u64>)> = r.anomalies.iter().map(|a| (a.kind, a.txns.clone())).collect();
+    assert_eq!(kinds, vec![(AnomalyKind::GSingle, vec![1, 2]), (AnomalyKind::G2, vec![2, 3]),], "{:#?}", r.anomalies);
 }
 
 #[test]
@@ -226,23 +229,14 @@ fn incompatible_order_is_reported_once_per_key() {
         r#"{"id": 6, "status": "committed", "ops": [["r", 1, [1, 2]], ["r", 2, [2, 1]]]}"#,
         r#"{"id": 9, "status": "committed", "ops": [["r", 1, [3, 1, 2]], ["append", 3, 1]]}"#,
     ]);
-    let kinds: Vec<(AnomalyKind, Vec<u64>)> = r
-        .anomalies
-        .iter()
-        .map(|a| (a.kind, a.txns.clone()))
-        .collect();
+    let kinds: Vec<(AnomalyKind, Vec<u64>)> = r.anomalies.iter().map(|a| (a.kind, a.txns.clone())).collect();
     assert_eq!(
         kinds,
-        vec![
-            (AnomalyKind::IncompatibleOrder, vec![9, 4, 5, 6]),
-            (AnomalyKind::IncompatibleOrder, vec![5, 6]),
-        ],
+        vec![(AnomalyKind::IncompatibleOrder, vec![9, 4, 5, 6]), (AnomalyKind::IncompatibleOrder, vec![5, 6]),],
         "{:#?}",
         r.anomalies
     );
-    assert!(r.anomalies[0]
-        .explanation
-        .contains("3 committed reads of key 1"));
+    assert!(r.anomalies[0].explanation.contains("3 committed reads of key 1"));
 }
 
 #[test]
@@ -376,27 +370,12 @@ fn malformed_input_names_the_line() {
     let cases = [
         (r#"{"id": 2, "status": "committed"}"#, "ops"),
         (r#"{"id": 2, "status": "maybe", "ops": []}"#, "maybe"),
-        (
-            r#"{"id": 2, "status": "committed", "ops": [["w", 1, 1]]}"#,
-            "w",
-        ),
-        (
-            r#"{"id": 2, "status": "committed", "ops": [["append", 1]]}"#,
-            "length",
-        ),
-        (
-            r#"{"id": 2, "status": "committed", "ops": [["append", 1, [1]]]}"#,
-            "invalid type",
-        ),
-        (
-            r#"{"id": 2, "status": "committed", "ops": [["r", 1, 5]]}"#,
-            "invalid type",
-        ),
+        (r#"{"id": 2, "status": "committed", "ops": [["w", 1, 1]]}"#, "w"),
+        (r#"{"id": 2, "status": "committed", "ops": [["append", 1]]}"#, "length"),
+        (r#"{"id": 2, "status": "committed", "ops": [["append", 1, [1]]]}"#, "invalid type"),
+        (r#"{"id": 2, "status": "committed", "ops": [["r", 1, 5]]}"#, "invalid type"),
         (r#"{"id": -2, "status": "committed", "ops": []}"#, "-2"),
-        (
-            r#"{"id": 2, "status": "committed", "ops": [], "start_us": 9, "end_us": 3}"#,
-            "start_us",
-        ),
+        (r#"{"id": 2, "status": "committed", "ops": [], "start_us": 9, "end_us": 3}"#, "start_us"),
         (r#"{"id": 2, "status": "committed", "ops": ["#, "EOF"),
         ("not json", "expected"),
     ];
@@ -427,10 +406,7 @@ fn check_file_reads_and_reports_path_errors() {
     assert_eq!(r.txns, 2);
     std::fs::write(&path, "{\"id\": 1}\n").expect("write history");
     let err = format!("{:#}", check_file(&path).expect_err("must fail"));
-    assert!(
-        err.contains("line 1") && err.contains("history.jsonl"),
-        "{err}"
-    );
+    assert!(err.contains("line 1") && err.contains("history.jsonl"), "{err}");
     assert!(check_file(&dir.join("missing.jsonl")).is_err());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -447,4 +423,35 @@ fn report_serializes_kind_names() {
     assert_eq!(json["anomalies"][0]["kind"], "G-single");
     assert_eq!(json["counts"]["G-single"], 1);
     assert_eq!(json["anomalies"][0]["txns"], serde_json::json!([1, 2]));
+}
+
+#[test]
+fn huge_cycle_does_not_overflow_the_stack() {
+    // T_j appends 1 to key j and 2 to key j-1: key i's version order is [T_i, T_i+1], so the
+    // ww edges form one cycle through all n transactions.
+    use dtx_check::{check_history, Op, Status, Txn};
+    let n = 200_000u64;
+    let mut txns: Vec<Txn> = (0..n)
+        .map(|j| Txn {
+            id: j,
+            status: Status::Committed,
+            ops: vec![Op::Append { key: j, value: 1 }, Op::Append { key: (j + n - 1) % n, value: 2 }],
+            start_us: None,
+            end_us: None,
+        })
+        .collect();
+    txns.push(Txn {
+        id: n,
+        status: Status::Committed,
+        ops: (0..n).map(|key| Op::Read { key, list: Some(vec![1, 2]) }).collect(),
+        start_us: None,
+        end_us: None,
+    });
+    let r = check_history(&txns);
+    assert_eq!(r.anomalies.len(), 1, "{}", r.summary());
+    let a = &r.anomalies[0];
+    assert_eq!(a.kind, AnomalyKind::G0);
+    assert_eq!(a.txns, (0..n).collect::<Vec<_>>());
+    assert!(a.explanation.contains("more edges"), "explanations stay short");
+    assert!(a.explanation.len() < 10_000);
 }

@@ -55,10 +55,7 @@ fn serial_history(
             let key = key_of(rng, i);
             let list = state.entry(key).or_default();
             if rng.percent(50) {
-                ops.push(Op::Read {
-                    key,
-                    list: Some(list.clone()),
-                });
+                ops.push(Op::Read { key, list: Some(list.clone()) });
             } else {
                 let value = next_value;
                 next_value += 1;
@@ -84,9 +81,7 @@ fn serial_history(
             // may be meaningless.
             let junk = status == Status::Unknown && rng.percent(20);
             let cut = rng.percent(30);
-            if let Some(Op::Read { list, .. }) =
-                ops.iter_mut().rev().find(|o| matches!(o, Op::Read { .. }))
-            {
+            if let Some(Op::Read { list, .. }) = ops.iter_mut().rev().find(|o| matches!(o, Op::Read { .. })) {
                 if junk {
                     *list = Some(vec![u64::MAX - i as u64, 3]);
                 } else if cut {
@@ -109,13 +104,7 @@ fn serial_history(
     txns.push(Txn {
         id: 1000 + n as u64,
         status: Status::Committed,
-        ops: keys
-            .iter()
-            .map(|&key| Op::Read {
-                key,
-                list: Some(state[&key].clone()),
-            })
-            .collect(),
+        ops: keys.iter().map(|&key| Op::Read { key, list: Some(state[&key].clone()) }).collect(),
         start_us: with_time.then_some(t),
         end_us: with_time.then_some(t + 5),
     });
@@ -125,15 +114,8 @@ fn serial_history(
 /// Serializes the history to JSON lines in a shuffled order (keeping the final read last
 /// unless `shuffle_final`) and checks it through the text interface.
 fn shuffle_and_check(rng: &mut Rng, txns: &[Txn], shuffle_final: bool) -> CheckReport {
-    let mut lines: Vec<String> = txns
-        .iter()
-        .map(|t| serde_json::to_string(t).expect("serialize txn"))
-        .collect();
-    let end = if shuffle_final {
-        lines.len()
-    } else {
-        lines.len() - 1
-    };
+    let mut lines: Vec<String> = txns.iter().map(|t| serde_json::to_string(t).expect("serialize txn")).collect();
+    let end = if shuffle_final { lines.len() } else { lines.len() - 1 };
     rng.shuffle(&mut lines[..end]);
     let text = lines.join("\n") + "\n";
     check_reader(Cursor::new(text)).expect("generated history parses")
@@ -151,12 +133,7 @@ fn shuffled_serial_histories_are_valid() {
         let nkeys = 1 + seed % 6;
         let txns = serial_history(&mut rng, 300, small_keys(nkeys), with_time);
         let r = shuffle_and_check(&mut rng, &txns, with_time);
-        assert!(
-            r.valid,
-            "seed {seed}: {}\n{:#?}",
-            r.summary(),
-            &r.anomalies[..r.anomalies.len().min(5)]
-        );
+        assert!(r.valid, "seed {seed}: {}\n{:#?}", r.summary(), &r.anomalies[..r.anomalies.len().min(5)]);
         assert_eq!(r.txns, 301);
         // Checking is independent of line order.
         let direct = check_history(&txns);
@@ -208,9 +185,7 @@ fn read_mut(txns: &mut [Txn], (ti, oi): (usize, usize)) -> &mut Vec<u64> {
 /// Applies the corruption; returns the anomaly kinds that may legitimately result, or None if
 /// this history offers no place to apply it.
 fn corrupt(rng: &mut Rng, txns: &mut [Txn], c: Corruption) -> Option<Vec<AnomalyKind>> {
-    let pick = |rng: &mut Rng, v: &[(usize, usize)]| {
-        (!v.is_empty()).then(|| v[rng.below(v.len() as u64) as usize])
-    };
+    let pick = |rng: &mut Rng, v: &[(usize, usize)]| (!v.is_empty()).then(|| v[rng.below(v.len() as u64) as usize]);
     match c {
         Corruption::Swap => {
             let at = pick(rng, &committed_reads(txns, 2))?;
@@ -291,9 +266,8 @@ fn corrupt(rng: &mut Rng, txns: &mut [Txn], c: Corruption) -> Option<Vec<Anomaly
                         continue;
                     };
                     let first = t.ops[..oi].iter().all(|o| o.key() != *key);
-                    let appends_later = t.ops[oi + 1..]
-                        .iter()
-                        .any(|o| matches!(o, Op::Append { key: k, .. } if k == key));
+                    let appends_later =
+                        t.ops[oi + 1..].iter().any(|o| matches!(o, Op::Append { key: k, .. } if k == key));
                     if first && appends_later && !l.is_empty() {
                         options.push((ti, oi));
                     }
@@ -308,13 +282,8 @@ fn corrupt(rng: &mut Rng, txns: &mut [Txn], c: Corruption) -> Option<Vec<Anomaly
 
 #[test]
 fn corrupting_one_read_is_detected() {
-    let kinds = [
-        Corruption::Swap,
-        Corruption::Garbage,
-        Corruption::AbortedValue,
-        Corruption::DropFromFinal,
-        Corruption::Stale,
-    ];
+    let kinds =
+        [Corruption::Swap, Corruption::Garbage, Corruption::AbortedValue, Corruption::DropFromFinal, Corruption::Stale];
     for c in kinds {
         let mut applied = 0;
         for seed in 0..40u64 {
@@ -338,7 +307,7 @@ fn corrupting_one_read_is_detected() {
     }
 }
 
-/// 1e6 transactions, ~3 ops each on average (1..=5), over a sliding window of 16 keys.
+/// 1e6 transactions, 1..=5 ops each (about 3 on average), over a sliding window of 16 keys.
 /// Run with `cargo test -p dtx-check --release -- --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -354,11 +323,7 @@ fn perf_one_million_txns() {
     }
     drop(txns);
     let ops_per_txn = text.matches("[\"").count() as f64 / (n + 1) as f64;
-    eprintln!(
-        "generated {} MB ({ops_per_txn:.1} ops/txn) in {:?}",
-        text.len() >> 20,
-        t0.elapsed()
-    );
+    eprintln!("generated {} MB ({ops_per_txn:.1} ops/txn) in {:?}", text.len() >> 20, t0.elapsed());
     let t1 = std::time::Instant::now();
     let txns = dtx_check::read_history(Cursor::new(text.as_bytes())).expect("parse");
     let parsed = t1.elapsed();

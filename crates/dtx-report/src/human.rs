@@ -129,10 +129,7 @@ fn round_to(v: f64, decimals: i32) -> f64 {
 /// Column header for an `extra` counter key: `new_order_tps` -> `NewOrder/s`,
 /// `payment_per_s` -> `Payment/s`; other keys are shown as they are.
 pub fn extra_header(key: &str) -> String {
-    let rate_prefix = key
-        .strip_suffix("_tps")
-        .or_else(|| key.strip_suffix("_per_s"))
-        .filter(|p| !p.is_empty());
+    let rate_prefix = key.strip_suffix("_tps").or_else(|| key.strip_suffix("_per_s")).filter(|p| !p.is_empty());
     match rate_prefix {
         Some(prefix) => {
             let camel: String = prefix

@@ -69,8 +69,7 @@ pub struct BenchReport {
 /// Reads a report written by [`write_json`] (or `dtx bench --json`).
 pub fn read_json(path: impl AsRef<Path>) -> anyhow::Result<BenchReport> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading report {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading report {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing report {}", path.display()))
 }
 
@@ -78,8 +77,7 @@ pub fn read_json(path: impl AsRef<Path>) -> anyhow::Result<BenchReport> {
 pub fn write_json(report: &BenchReport, path: impl AsRef<Path>) -> anyhow::Result<()> {
     let path = path.as_ref();
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating directory {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("creating directory {}", parent.display()))?;
     }
     let mut text = serde_json::to_string_pretty(report).context("serializing report")?;
     text.push('\n');
@@ -94,10 +92,8 @@ pub(crate) mod test_support {
     pub fn temp_path(tag: &str) -> std::path::PathBuf {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         std::env::temp_dir().join(format!(
             "dtx-report-{tag}-{}-{nanos}-{}",
             std::process::id(),
@@ -122,12 +118,7 @@ pub(crate) mod test_support {
             aborted,
             throughput_tps: tps,
             abort_rate,
-            latency_us: LatencyUs {
-                p50,
-                p95: (p50 + p99) / 2.0,
-                p99,
-                max: p99 * 3.0,
-            },
+            latency_us: LatencyUs { p50, p95: (p50 + p99) / 2.0, p99, max: p99 * 3.0 },
             msgs_per_txn: 6.0,
             bytes_per_txn: 1229.0,
             aborts_by_reason: BTreeMap::new(),
@@ -144,10 +135,8 @@ pub(crate) mod test_support {
     /// Three runs with throughput ratios 1.00x, 0.50x and 1.50x relative to the first.
     pub fn fake_runs() -> Vec<RunReport> {
         let mut a = run("2pc", 123_400.0, 0.021, 812.0, 3_100.0);
-        a.aborts_by_reason = [("lock-conflict", 80), ("validation", 20)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
+        a.aborts_by_reason =
+            [("lock-conflict", 80), ("validation", 20)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         a.extra.insert("new_order_tps".into(), 55_100.0);
         let mut b = run("occ", 61_700.0, 0.18, 1_450.0, 9_800.0);
         b.aborts_by_reason = [("validation", 900), ("lock-conflict", 60), ("timeout", 40)]
@@ -175,11 +164,7 @@ mod tests {
         let path = dir.join("a").join("b").join("report.json");
         write_json(&report, &path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.starts_with("{\n  \"runs\": ["),
-            "not pretty: {}",
-            &text[..40]
-        );
+        assert!(text.starts_with("{\n  \"runs\": ["), "not pretty: {}", &text[..40]);
         let back = read_json(&path).unwrap();
         assert_eq!(back, report);
         // Optional fields that are empty/None are skipped on write and defaulted on read.

@@ -46,22 +46,13 @@ const PALETTE: [RGBColor; 10] = [
 /// Writes the SVG plot of `runs` to `path`, creating parent directories. Bitmap extensions
 /// (`.png`, `.jpg`, ...) are rejected: only SVG is supported.
 pub fn write_plot(runs: &[RunReport], path: &Path) -> anyhow::Result<()> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    if let Some(ext @ ("png" | "jpg" | "jpeg" | "gif" | "bmp" | "webp" | "tif" | "tiff")) =
-        ext.as_deref()
-    {
-        bail!(
-            "cannot write plot {}: only SVG is supported, not .{ext} (use a .svg path)",
-            path.display()
-        );
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    if let Some(ext @ ("png" | "jpg" | "jpeg" | "gif" | "bmp" | "webp" | "tif" | "tiff")) = ext.as_deref() {
+        bail!("cannot write plot {}: only SVG is supported, not .{ext} (use a .svg path)", path.display());
     }
     let svg = render_svg(runs)?;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating directory {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("creating directory {}", parent.display()))?;
     }
     std::fs::write(path, svg).with_context(|| format!("writing plot {}", path.display()))
 }
@@ -117,12 +108,7 @@ fn text_width(text: &str, px: f64) -> f64 {
 
 /// The largest font size in `min..=max` at which every text fits in `width` pixels.
 fn fit_font(texts: &[String], width: f64, min: f64, max: f64) -> f64 {
-    let longest = texts
-        .iter()
-        .map(|t| t.chars().count())
-        .max()
-        .unwrap_or(1)
-        .max(1);
+    let longest = texts.iter().map(|t| t.chars().count()).max().unwrap_or(1).max(1);
     (width / (longest as f64 * 0.6)).clamp(min, max)
 }
 
@@ -175,11 +161,7 @@ enum Swatch {
 /// Draws a panel's heading and its legend below it (centred rows, wrapped to the panel width),
 /// returning the area left for the chart. Panels with at most one legend row have the same
 /// heading height, so side-by-side charts line up.
-fn panel<'a>(
-    area: &Area<'a>,
-    heading: &str,
-    legend: &[(String, Swatch)],
-) -> anyhow::Result<Area<'a>> {
+fn panel<'a>(area: &Area<'a>, heading: &str, legend: &[(String, Swatch)]) -> anyhow::Result<Area<'a>> {
     const PX: f64 = 12.5;
     const ROW_H: i32 = 20;
     let (w, _) = area.dim_in_pixel();
@@ -200,11 +182,7 @@ fn panel<'a>(
     }
     let head_h = 32 + ROW_H * rows.len() as i32;
     let (head, rest) = area.split_vertically(head_h);
-    head.draw_text(
-        heading,
-        &bold(16.0).pos(Pos::new(HPos::Center, VPos::Center)),
-        (w as i32 / 2, 14),
-    )?;
+    head.draw_text(heading, &bold(16.0).pos(Pos::new(HPos::Center, VPos::Center)), (w as i32 / 2, 14))?;
     for (k, row) in rows.iter().enumerate() {
         let total: f64 = row.iter().map(|(l, _)| item_w(l)).sum::<f64>() - 18.0;
         let mut x = ((w as f64 - total) / 2.0).max(4.0);
@@ -216,19 +194,10 @@ fn panel<'a>(
                     head.draw(&Rectangle::new([(x0, y - 6), (x0 + 16, y + 6)], c.filled()))?;
                 }
                 Swatch::Line(c) => {
-                    head.draw(&PathElement::new(
-                        vec![(x0, y), (x0 + 16, y)],
-                        c.stroke_width(3),
-                    ))?;
+                    head.draw(&PathElement::new(vec![(x0, y), (x0 + 16, y)], c.stroke_width(3)))?;
                 }
             }
-            head.draw_text(
-                label,
-                &font(PX)
-                    .color(&MUTED)
-                    .pos(Pos::new(HPos::Left, VPos::Center)),
-                (x0 + 22, y),
-            )?;
+            head.draw_text(label, &font(PX).color(&MUTED).pos(Pos::new(HPos::Left, VPos::Center)), (x0 + 22, y))?;
             x += item_w(label);
         }
     }
@@ -265,10 +234,7 @@ impl Ranged for Slots {
 fn category_labels(runs: &[RunReport], slot_px: f64) -> (Vec<String>, f64) {
     let names: Vec<String> = runs.iter().map(|r| r.protocol.clone()).collect();
     let px = fit_font(&names, slot_px * 0.92, 9.0, 14.0);
-    let names = names
-        .iter()
-        .map(|n| ellipsize(n, slot_px * 0.92, px))
-        .collect();
+    let names = names.iter().map(|n| ellipsize(n, slot_px * 0.92, px)).collect();
     (names, px)
 }
 
@@ -276,10 +242,7 @@ fn draw_throughput(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
     // No legend: the x axis names the bars (colours are keyed in the timeline legend).
     let area = panel(area, "Committed throughput and abort rate", &[])?;
     let n = runs.len();
-    let max = runs
-        .iter()
-        .map(|r| finite(r.throughput_tps))
-        .fold(0.0, f64::max);
+    let max = runs.iter().map(|r| finite(r.throughput_tps)).fold(0.0, f64::max);
     let y_max = if max > 0.0 { max * 1.22 } else { 1.0 };
     let mut chart = ChartBuilder::on(&area)
         .margin_left(12)
@@ -311,21 +274,12 @@ fn draw_throughput(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
     let half = (60.0 / slot_px).min(0.3);
     chart.draw_series(runs.iter().enumerate().map(|(i, r)| {
         let x = i as f64 + 0.5;
-        Rectangle::new(
-            [(x - half, 0.0), (x + half, finite(r.throughput_tps))],
-            color_of(i).filled(),
-        )
+        Rectangle::new([(x - half, 0.0), (x + half, finite(r.throughput_tps))], color_of(i).filled())
     }))?;
 
     // Two lines above each bar: the throughput, and the abort rate.
-    let values: Vec<String> = runs
-        .iter()
-        .map(|r| format!("{}/s", human::count(r.throughput_tps)))
-        .collect();
-    let aborts: Vec<String> = runs
-        .iter()
-        .map(|r| format!("{} aborts", human::percent(r.abort_rate)))
-        .collect();
+    let values: Vec<String> = runs.iter().map(|r| format!("{}/s", human::count(r.throughput_tps))).collect();
+    let aborts: Vec<String> = runs.iter().map(|r| format!("{} aborts", human::percent(r.abort_rate))).collect();
     let value_px = fit_font(&values, slot_px * 0.95, 8.0, 14.0);
     let abort_px = fit_font(&aborts, slot_px * 0.95, 8.0, 12.5);
     chart.draw_series(runs.iter().enumerate().map(|(i, r)| {
@@ -333,16 +287,8 @@ fn draw_throughput(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
         let bottom = Pos::new(HPos::Center, VPos::Bottom);
         let abort_color = if r.abort_rate > 0.2 { &ALERT } else { &MUTED };
         EmptyElement::at(at)
-            + Text::new(
-                aborts[i].clone(),
-                (0, -5),
-                font(abort_px).color(abort_color).pos(bottom),
-            )
-            + Text::new(
-                values[i].clone(),
-                (0, -9 - abort_px.round() as i32),
-                bold(value_px).pos(bottom),
-            )
+            + Text::new(aborts[i].clone(), (0, -5), font(abort_px).color(abort_color).pos(bottom))
+            + Text::new(values[i].clone(), (0, -9 - abort_px.round() as i32), bold(value_px).pos(bottom))
     }))?;
     Ok(())
 }
@@ -354,10 +300,7 @@ fn draw_latency(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
     ];
     let area = panel(area, "Commit latency: p50 and p99", &legend)?;
     let n = runs.len();
-    let max_us = runs
-        .iter()
-        .flat_map(|r| [finite(r.latency_us.p50), finite(r.latency_us.p99)])
-        .fold(0.0, f64::max);
+    let max_us = runs.iter().flat_map(|r| [finite(r.latency_us.p50), finite(r.latency_us.p99)]).fold(0.0, f64::max);
     let (scale, unit) = if max_us >= 1e6 {
         (1e6, "s")
     } else if max_us >= 1e3 {
@@ -365,11 +308,7 @@ fn draw_latency(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
     } else {
         (1.0, "µs")
     };
-    let y_max = if max_us > 0.0 {
-        max_us / scale * 1.25
-    } else {
-        1.0
-    };
+    let y_max = if max_us > 0.0 { max_us / scale * 1.25 } else { 1.0 };
     let mut chart = ChartBuilder::on(&area)
         .margin_left(12)
         .margin_right(24)
@@ -408,27 +347,15 @@ fn draw_latency(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
         let x = i as f64;
         let c = color_of(i);
         [
-            Rectangle::new(
-                [(x + 0.5 - gap - bar_w, 0.0), (x + 0.5 - gap, p50(r))],
-                lighten(c, 0.5).filled(),
-            ),
-            Rectangle::new(
-                [(x + 0.5 + gap, 0.0), (x + 0.5 + gap + bar_w, p99(r))],
-                c.filled(),
-            ),
+            Rectangle::new([(x + 0.5 - gap - bar_w, 0.0), (x + 0.5 - gap, p50(r))], lighten(c, 0.5).filled()),
+            Rectangle::new([(x + 0.5 + gap, 0.0), (x + 0.5 + gap + bar_w, p99(r))], c.filled()),
         ]
     }))?;
 
     // Value labels centred over each bar. Labels may be wider than their bar (up to half a
     // slot), so when the p99 label would sit level with the p50 label it is lifted above it.
-    let l50: Vec<String> = runs
-        .iter()
-        .map(|r| human::latency_us(r.latency_us.p50))
-        .collect();
-    let l99: Vec<String> = runs
-        .iter()
-        .map(|r| human::latency_us(r.latency_us.p99))
-        .collect();
+    let l50: Vec<String> = runs.iter().map(|r| human::latency_us(r.latency_us.p50)).collect();
+    let l99: Vec<String> = runs.iter().map(|r| human::latency_us(r.latency_us.p99)).collect();
     let all: Vec<String> = l50.iter().chain(&l99).cloned().collect();
     let px = fit_font(&all, slot_px * 0.48, 7.0, 12.0);
     let line_h = px.round() as i32 + 3;
@@ -447,8 +374,7 @@ fn draw_latency(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
                 + Text::new(l50[i].clone(), (0, -4), font(px).color(&MUTED).pos(bottom)),
         ))?;
         chart.draw_series(std::iter::once(
-            EmptyElement::at((x + c99, p99(r)))
-                + Text::new(l99[i].clone(), (0, lift), bold(px).pos(bottom)),
+            EmptyElement::at((x + c99, p99(r))) + Text::new(l99[i].clone(), (0, lift), bold(px).pos(bottom)),
         ))?;
     }
     Ok(())
@@ -462,16 +388,8 @@ fn draw_timeline(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
         .map(|(i, r)| (r.protocol.clone(), Swatch::Line(color_of(i))))
         .collect();
     let area = panel(area, "Committed transactions per second over time", &legend)?;
-    let len = runs
-        .iter()
-        .map(|r| r.throughput_per_s.len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let max = runs
-        .iter()
-        .flat_map(|r| r.throughput_per_s.iter().map(|v| finite(*v)))
-        .fold(0.0, f64::max);
+    let len = runs.iter().map(|r| r.throughput_per_s.len()).max().unwrap_or(0).max(1);
+    let max = runs.iter().flat_map(|r| r.throughput_per_s.iter().map(|v| finite(*v))).fold(0.0, f64::max);
     let y_max = if max > 0.0 { max * 1.1 } else { 1.0 };
     let mut chart = ChartBuilder::on(&area)
         .margin_left(12)
@@ -501,12 +419,8 @@ fn draw_timeline(area: &Area, runs: &[RunReport]) -> anyhow::Result<()> {
         }
         let c = color_of(i);
         // Sample k covers second [k, k+1): plot it at the middle of that second.
-        let points: Vec<(f64, f64)> = r
-            .throughput_per_s
-            .iter()
-            .enumerate()
-            .map(|(k, v)| (k as f64 + 0.5, finite(*v)))
-            .collect();
+        let points: Vec<(f64, f64)> =
+            r.throughput_per_s.iter().enumerate().map(|(k, v)| (k as f64 + 0.5, finite(*v))).collect();
         chart.draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))?;
         if points.len() <= 30 {
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))?;

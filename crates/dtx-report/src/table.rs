@@ -17,11 +17,7 @@ struct Column {
 
 impl Column {
     fn new(header: impl Into<String>, align: Align, cells: Vec<String>) -> Self {
-        Column {
-            header: header.into(),
-            align,
-            cells,
-        }
+        Column { header: header.into(), align, cells }
     }
 
     fn width(&self) -> usize {
@@ -51,9 +47,7 @@ pub fn render_table(runs: &[RunReport]) -> String {
 
     let mut columns = vec![
         col("protocol", Align::Left, &|r| r.protocol.clone()),
-        col("committed/s", Align::Right, &|r| {
-            human::count(r.throughput_tps)
-        }),
+        col("committed/s", Align::Right, &|r| human::count(r.throughput_tps)),
         col("ratio", Align::Right, &|r| {
             if base_tps > 0.0 && base_tps.is_finite() && r.throughput_tps.is_finite() {
                 format!("{:.2}x", r.throughput_tps / base_tps)
@@ -62,15 +56,9 @@ pub fn render_table(runs: &[RunReport]) -> String {
             }
         }),
         col("abort%", Align::Right, &|r| human::percent(r.abort_rate)),
-        col("p50", Align::Right, &|r| {
-            human::latency_us(r.latency_us.p50)
-        }),
-        col("p95", Align::Right, &|r| {
-            human::latency_us(r.latency_us.p95)
-        }),
-        col("p99", Align::Right, &|r| {
-            human::latency_us(r.latency_us.p99)
-        }),
+        col("p50", Align::Right, &|r| human::latency_us(r.latency_us.p50)),
+        col("p95", Align::Right, &|r| human::latency_us(r.latency_us.p95)),
+        col("p99", Align::Right, &|r| human::latency_us(r.latency_us.p99)),
         col("msgs/txn", Align::Right, &|r| {
             if r.msgs_per_txn.is_finite() {
                 format!("{:.1}", r.msgs_per_txn)
@@ -78,15 +66,11 @@ pub fn render_table(runs: &[RunReport]) -> String {
                 "-".into()
             }
         }),
-        col("bytes/txn", Align::Right, &|r| {
-            human::bytes(r.bytes_per_txn)
-        }),
+        col("bytes/txn", Align::Right, &|r| human::bytes(r.bytes_per_txn)),
     ];
     if runs.iter().any(|r| r.cpu_us_per_txn.is_some()) {
         columns.push(col("cpu/txn", Align::Right, &|r| {
-            r.cpu_us_per_txn
-                .map(human::latency_us)
-                .unwrap_or_else(|| "-".into())
+            r.cpu_us_per_txn.map(human::latency_us).unwrap_or_else(|| "-".into())
         }));
     }
     if runs.iter().any(|r| r.verified.is_some()) {
@@ -99,21 +83,14 @@ pub fn render_table(runs: &[RunReport]) -> String {
             .into()
         }));
     }
-    let extra_keys: BTreeSet<&str> = runs
-        .iter()
-        .flat_map(|r| r.extra.keys().map(String::as_str))
-        .collect();
+    let extra_keys: BTreeSet<&str> = runs.iter().flat_map(|r| r.extra.keys().map(String::as_str)).collect();
     for key in extra_keys {
         let is_rate = human::extra_is_rate(key);
-        columns.push(col(
-            &human::extra_header(key),
-            Align::Right,
-            &|r| match r.extra.get(key) {
-                Some(v) if is_rate => human::count(*v),
-                Some(v) => human::generic(*v),
-                None => "-".into(),
-            },
-        ));
+        columns.push(col(&human::extra_header(key), Align::Right, &|r| match r.extra.get(key) {
+            Some(v) if is_rate => human::count(*v),
+            Some(v) => human::generic(*v),
+            None => "-".into(),
+        }));
     }
     columns.push(col("top aborts", Align::Left, &top_aborts));
 
@@ -149,8 +126,7 @@ fn top_aborts(r: &RunReport) -> String {
     if total == 0 {
         return "-".into();
     }
-    let mut reasons: Vec<(&String, &u64)> =
-        r.aborts_by_reason.iter().filter(|(_, &n)| n > 0).collect();
+    let mut reasons: Vec<(&String, &u64)> = r.aborts_by_reason.iter().filter(|(_, &n)| n > 0).collect();
     // Most frequent first; ties by name (BTreeMap order, kept by the stable sort).
     reasons.sort_by(|a, b| b.1.cmp(a.1));
     reasons
@@ -165,10 +141,7 @@ fn top_aborts(r: &RunReport) -> String {
 /// listed, separated by `/`.
 pub(crate) fn context_line(runs: &[RunReport]) -> String {
     let c = Context::of(runs);
-    format!(
-        "workload: {}  runtime: {}  nodes: {}  duration: {}",
-        c.workload, c.runtime, c.nodes, c.duration
-    )
+    format!("workload: {}  runtime: {}  nodes: {}  duration: {}", c.workload, c.runtime, c.nodes, c.duration)
 }
 
 /// The run-wide context shared by the table header and the plot title.
@@ -181,15 +154,8 @@ pub(crate) struct Context {
 
 impl Context {
     pub fn of(runs: &[RunReport]) -> Self {
-        let durations: Vec<f64> = runs
-            .iter()
-            .map(|r| r.duration_s)
-            .filter(|d| d.is_finite())
-            .collect();
-        let duration = match (
-            durations.iter().cloned().reduce(f64::min),
-            durations.iter().cloned().reduce(f64::max),
-        ) {
+        let durations: Vec<f64> = runs.iter().map(|r| r.duration_s).filter(|d| d.is_finite()).collect();
+        let duration = match (durations.iter().cloned().reduce(f64::min), durations.iter().cloned().reduce(f64::max)) {
             (Some(lo), Some(hi)) if format!("{lo:.1}") == format!("{hi:.1}") => {
                 format!("{lo:.1}s")
             }
@@ -284,9 +250,6 @@ mod tests {
         runs[1].nodes = 5;
         runs[2].duration_s = 12.0;
         let line = context_line(&runs);
-        assert_eq!(
-            line,
-            "workload: tpcc  runtime: sim  nodes: 3/5  duration: 10.0-12.0s"
-        );
+        assert_eq!(line, "workload: tpcc  runtime: sim  nodes: 3/5  duration: 10.0-12.0s");
     }
 }

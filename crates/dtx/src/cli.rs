@@ -26,10 +26,7 @@ fn results_dir(req: &BenchRequest) -> PathBuf {
     if let Some(o) = &req.out {
         return o.clone();
     }
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     PathBuf::from("results").join(format!("{secs}-{}-{}", req.workload, req.runtime))
 }
 
@@ -49,10 +46,7 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         bail!("--cluster runs against running servers: add --runtime tcp");
     }
     // Validate every spec before running anything, so a bad flag fails at once.
-    let specs: Vec<BenchSpec> = protos
-        .iter()
-        .map(|p| (req.make_spec)(p.name))
-        .collect::<anyhow::Result<_>>()?;
+    let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(p.name)).collect::<anyhow::Result<_>>()?;
     let dir = results_dir(req);
     let mut runs: Vec<RunReport> = Vec::new();
     let mut all_ok = true;
@@ -65,11 +59,7 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         for n in &outcome.notes {
             eprintln!("dtx: {}: {n}", spec.protocol);
         }
-        let verified = if spec.record_history {
-            Some(check_outcome(spec, &outcome, req, &dir)?)
-        } else {
-            None
-        };
+        let verified = if spec.record_history { Some(check_outcome(spec, &outcome, req, &dir)?) } else { None };
         if verified == Some(false) {
             all_ok = false;
         }
@@ -84,23 +74,13 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", dtx_report::render_table(&report.runs));
-        println!(
-            "results: {} (json: {}, plot: {})",
-            dir.display(),
-            json_path.display(),
-            plot_path.display()
-        );
+        println!("results: {} (json: {}, plot: {})", dir.display(), json_path.display(), plot_path.display());
     }
     Ok(all_ok)
 }
 
 /// Write the run's history and check it; true when it is serializable and complete.
-fn check_outcome(
-    spec: &BenchSpec,
-    o: &Outcome,
-    req: &BenchRequest,
-    dir: &Path,
-) -> anyhow::Result<bool> {
+fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) -> anyhow::Result<bool> {
     let path = match &req.history {
         Some(p) if req.protocols.contains(',') || req.protocols == "all" => {
             let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("history");
@@ -117,10 +97,7 @@ fn check_outcome(
             false
         }
         None => {
-            eprintln!(
-                "dtx: {}: the final read-all transaction did not finish",
-                spec.protocol
-            );
+            eprintln!("dtx: {}: the final read-all transaction did not finish", spec.protocol);
             false
         }
     };
@@ -130,11 +107,7 @@ fn check_outcome(
         eprintln!("{}: {line} (history {})", spec.protocol, path.display());
         Ok(true)
     } else {
-        eprintln!(
-            "{}: SERIALIZABILITY CHECK FAILED: {line} (history {})",
-            spec.protocol,
-            path.display()
-        );
+        eprintln!("{}: SERIALIZABILITY CHECK FAILED: {line} (history {})", spec.protocol, path.display());
         for a in report.anomalies.iter().take(10) {
             eprintln!("  {}", serde_json::to_string(a).unwrap_or_default());
         }
@@ -144,11 +117,9 @@ fn check_outcome(
 
 fn write_history(o: &Outcome, path: &Path) -> anyhow::Result<()> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     }
-    let f = std::fs::File::create(path)
-        .with_context(|| format!("cannot write history {}", path.display()))?;
+    let f = std::fs::File::create(path).with_context(|| format!("cannot write history {}", path.display()))?;
     let mut w = std::io::BufWriter::new(f);
     let mut lines: Vec<&bench::metrics::HistLine> = o.history.iter().collect();
     lines.sort_by_key(|l| (l.start_us, l.id));

@@ -12,11 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "dtx",
-    version,
-    about = "Serializable distributed transaction protocols, side by side"
-)]
+#[command(name = "dtx", version, about = "Serializable distributed transaction protocols, side by side")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -173,37 +169,20 @@ impl BenchArgs {
                 Some(r) => r
                     .split(',')
                     .map(|x| {
-                        x.trim()
-                            .parse::<u16>()
-                            .with_context(|| format!("--regions: `{x}` is not a region number"))
+                        x.trim().parse::<u16>().with_context(|| format!("--regions: `{x}` is not a region number"))
                     })
                     .collect::<anyhow::Result<_>>()?,
                 None => (0..self.nodes).map(|n| n % regions).collect(),
             };
             if latency.node_region.len() != self.nodes as usize {
-                anyhow::bail!(
-                    "--regions names {} nodes but --nodes is {}",
-                    latency.node_region.len(),
-                    self.nodes
-                );
+                anyhow::bail!("--regions names {} nodes but --nodes is {}", latency.node_region.len(), self.nodes);
             }
             if let Some(r) = latency.node_region.iter().find(|r| **r >= regions) {
-                anyhow::bail!(
-                    "--regions uses region {r} but the latency matrix has {regions} regions"
-                );
+                anyhow::bail!("--regions uses region {r} but the latency matrix has {regions} regions");
             }
         }
-        let mut faults = FaultPlan {
-            fault_interval_us: 200_000,
-            fault_duration_us: 100_000,
-            ..Default::default()
-        };
-        for f in self
-            .faults
-            .split(',')
-            .map(str::trim)
-            .filter(|f| !f.is_empty())
-        {
+        let mut faults = FaultPlan { fault_interval_us: 200_000, fault_duration_us: 100_000, ..Default::default() };
+        for f in self.faults.split(',').map(str::trim).filter(|f| !f.is_empty()) {
             match f {
                 "crash" => faults.crashes = true,
                 "partition" => faults.partitions = true,
@@ -227,12 +206,7 @@ impl BenchArgs {
         }
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
-            cost = CpuCost {
-                op_ns: c[0],
-                msg_ns: c[1],
-                packet_ns: c[2],
-                txn_ns: c[3],
-            };
+            cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3] };
         }
         let spec = BenchSpec {
             protocol: protocol.to_string(),
@@ -258,10 +232,7 @@ impl BenchArgs {
             seed: self.seed,
             cost,
             rpc,
-            proto: ProtoOptions {
-                one_shot: !self.interactive,
-                ..Default::default()
-            },
+            proto: ProtoOptions { one_shot: !self.interactive, ..Default::default() },
             record_history: append && (self.verify || self.history.is_some()),
             max_retries: self.max_retries,
         };

@@ -13,14 +13,9 @@ pub fn rng_from_seed(seed: u64) -> Rng {
 /// Parse `100us`, `1.5ms`, `2s`, `250ns` or a bare number (microseconds) into microseconds.
 pub fn parse_duration_us(s: &str) -> anyhow::Result<u64> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| c.is_ascii_alphabetic() || c == 'µ')
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| c.is_ascii_alphabetic() || c == 'µ').unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("`{s}` is not a duration (try 100us, 5ms, 1s)"))?;
+    let v: f64 = num.trim().parse().with_context(|| format!("`{s}` is not a duration (try 100us, 5ms, 1s)"))?;
     if !v.is_finite() || v < 0.0 {
         bail!("`{s}` is not a non-negative duration");
     }

@@ -49,10 +49,7 @@ pub fn start(
     cfg: DriverConfig,
     shared: Arc<RunShared>,
 ) {
-    assert!(
-        !homes.is_empty(),
-        "a worker needs at least one home partition"
-    );
+    assert!(!homes.is_empty(), "a worker needs at least one home partition");
     let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
     metrics.borrow_mut().node = w.addr.node;
     let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
@@ -75,15 +72,8 @@ pub fn start(
     let cfg = Rc::new(cfg);
     for i in 0..cfg.inflight as usize {
         let home = homes[i % homes.len()];
-        let (w2, p2, wl2, m2, live2, sh2, cfg2) = (
-            w.clone(),
-            proto.clone(),
-            wl.clone(),
-            metrics.clone(),
-            live.clone(),
-            shared.clone(),
-            cfg.clone(),
-        );
+        let (w2, p2, wl2, m2, live2, sh2, cfg2) =
+            (w.clone(), proto.clone(), wl.clone(), metrics.clone(), live.clone(), shared.clone(), cfg.clone());
         w.spawn(async move {
             client(&w2, &*p2, &*wl2, &m2, home, &cfg2, &sh2).await;
             live2.set(live2.get() - 1);
@@ -110,10 +100,7 @@ async fn client(
         let first_ns = w.now_ns();
         let mut number = 0;
         loop {
-            let attempt = Attempt {
-                first_start_us: first_ns / 1000,
-                number,
-            };
+            let attempt = Attempt { first_start_us: first_ns / 1000, number };
             let start_ns = w.now_ns();
             let result = proto.execute(&req, attempt).await;
             let end_ns = w.now_ns();
@@ -131,11 +118,8 @@ async fn client(
                 Err(reason) => {
                     m.borrow_mut().abort(end_ns, reason);
                     number += 1;
-                    if !reason.retryable()
-                        || number > cfg.max_retries
-                        || w.now_ns() >= cfg.window.end_ns
-                    {
-                        if reason.retryable() {
+                    if !reason.retryable() || number > cfg.max_retries || w.now_ns() >= cfg.window.end_ns {
+                        if reason.retryable() && number > cfg.max_retries {
                             m.borrow_mut().gave_up += 1;
                         }
                         break;
@@ -185,12 +169,7 @@ fn history_id(m: &RefCell<Metrics>, shared: &RunShared) -> u64 {
 }
 
 /// Run the workload's final read-all transaction on this worker until it commits.
-pub fn final_read(
-    w: &Rc<Worker>,
-    proto: Rc<dyn WorkerProtocol>,
-    wl: Arc<dyn Workload>,
-    shared: Arc<RunShared>,
-) {
+pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
     let w2 = w.clone();
     w.spawn(async move {
         let Some(req) = wl.final_read() else {
@@ -200,19 +179,9 @@ pub fn final_read(
         let first = w2.now_us();
         for number in 0..1000 {
             let start = w2.now_ns();
-            match proto
-                .execute(
-                    &req,
-                    Attempt {
-                        first_start_us: first,
-                        number,
-                    },
-                )
-                .await
-            {
+            match proto.execute(&req, Attempt { first_start_us: first, number }).await {
                 Ok(out) => {
-                    let id = ((w2.addr.node as u64) << 40)
-                        | shared.history_ids.fetch_add(1, Ordering::Relaxed);
+                    let id = ((w2.addr.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
                     let line = HistLine {
                         id,
                         status: "committed".into(),
@@ -226,8 +195,6 @@ pub fn final_read(
                 Err(_) => backoff(&w2, number.min(6)).await,
             }
         }
-        *shared.final_read.lock() = Some(Err(
-            "the final read-all transaction aborted 1000 times".into()
-        ));
+        *shared.final_read.lock() = Some(Err("the final read-all transaction aborted 1000 times".into()));
     });
 }

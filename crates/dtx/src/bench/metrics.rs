@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One line of a `--history` file.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HistLine {
     pub id: u64,
     pub status: String,
@@ -98,8 +98,7 @@ impl Totals {
             *self.aborts.entry(r.name().to_string()).or_default() += c;
         }
         for v in m.latency.iter_recorded() {
-            self.latency_counts
-                .push((v.value_iterated_to(), v.count_at_value()));
+            self.latency_counts.push((v.value_iterated_to(), v.count_at_value()));
         }
         if self.per_sec.len() < m.per_sec.len() {
             self.per_sec.resize(m.per_sec.len(), 0);

@@ -72,11 +72,7 @@ impl BenchSpec {
     }
 
     fn worker_config(&self) -> WorkerConfig {
-        WorkerConfig {
-            seed: self.seed,
-            cost: self.cost,
-            rpc: self.rpc,
-        }
+        WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc }
     }
 
     fn driver_config(&self, window: Window) -> DriverConfig {
@@ -99,19 +95,9 @@ pub struct NodeSetup {
 pub fn build_node(spec: &BenchSpec, node: NodeId) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
     let workload = workloads::build(&spec.workload, &topo)?;
-    let info = protocols::find(&spec.protocol)
-        .with_context(|| format!("unknown protocol {}", spec.protocol))?;
-    let env = NodeEnv {
-        node,
-        topo: topo.clone(),
-        workload: workload.clone(),
-        opts: spec.proto.clone(),
-    };
-    Ok(NodeSetup {
-        proto: (info.make)().build_node(env),
-        workload,
-        topo,
-    })
+    let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
+    let env = NodeEnv { node, topo: topo.clone(), workload: workload.clone(), opts: spec.proto.clone() };
+    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo })
 }
 
 /// The partitions a worker's clients are homed at: the node's, rotated by worker index.
@@ -161,10 +147,7 @@ fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>)
 
 /// A progress bar over `total` (seconds of run), hidden when stderr is not a terminal.
 pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(
-        Some(total_ms),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
+    let pb = indicatif::ProgressBar::with_draw_target(Some(total_ms), indicatif::ProgressDrawTarget::stderr());
     pb.set_style(
         indicatif::ProgressStyle::with_template("{prefix:>14} [{bar:30}] {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
@@ -176,18 +159,9 @@ pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
 
 /// Run in deterministic simulation.
 pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
-    let mut world = SimWorld::new(
-        spec.nodes,
-        spec.workers,
-        spec.latency.clone(),
-        spec.faults.clone(),
-        spec.seed,
-    );
+    let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     let shared = Arc::new(RunShared::default());
-    let window = Window {
-        start_ns: spec.warmup_us * 1000,
-        end_ns: (spec.warmup_us + spec.duration_us) * 1000,
-    };
+    let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let mut protos = Vec::new();
     for n in 0..spec.nodes {
         let node = build_node(spec, n)?;
@@ -202,10 +176,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
             ));
             world.add_worker(w.clone());
             shared.running.fetch_add(1, Ordering::AcqRel);
-            protos.push((
-                start_worker(spec, &node, &w, window, &shared),
-                node.workload.clone(),
-            ));
+            protos.push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
         }
     }
     let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
@@ -225,8 +196,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let drain_limit = window.end_ns + 120_000_000_000;
     let mut notes = Vec::new();
     if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
-        notes
-            .push("some clients were still running 120 s (virtual) after the window closed".into());
+        notes.push("some clients were still running 120 s (virtual) after the window closed".into());
     }
     let mut totals = Totals::default();
     let mut history = Vec::new();
@@ -242,12 +212,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     // Simulated CPU: the work charged, as a share of the run (reported per transaction).
     totals.cpu_us = 0;
-    Ok(Outcome {
-        totals,
-        history,
-        final_read,
-        notes,
-    })
+    Ok(Outcome { totals, history, final_read, notes })
 }
 
 /// Run every node as threads of this process.
@@ -261,21 +226,13 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let warm = Duration::from_micros(spec.warmup_us);
     let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
     let start_ns = net.epoch.elapsed().as_nanos() as u64 + 20_000_000;
-    let window = Window {
-        start_ns: start_ns + warm.as_nanos() as u64,
-        end_ns: start_ns + total.as_nanos() as u64,
-    };
+    let window = Window { start_ns: start_ns + warm.as_nanos() as u64, end_ns: start_ns + total.as_nanos() as u64 };
     let (proto_tx, proto_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
     for n in 0..spec.nodes {
         for wi in 0..spec.workers {
-            let (net, shared, node, spec2, tx) = (
-                net.clone(),
-                shared.clone(),
-                nodes[n as usize].clone(),
-                spec.clone(),
-                proto_tx.clone(),
-            );
+            let (net, shared, node, spec2, tx) =
+                (net.clone(), shared.clone(), nodes[n as usize].clone(), spec.clone(), proto_tx.clone());
             shared.running.fetch_add(1, Ordering::AcqRel);
             threads.push(
                 std::thread::Builder::new()
@@ -296,10 +253,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     for _ in 0..threads.len() {
         let _ = proto_rx.recv_timeout(Duration::from_secs(10));
     }
-    let pb = progress(
-        &format!("{} local", spec.protocol),
-        total.as_millis() as u64 + 20,
-    );
+    let pb = progress(&format!("{} local", spec.protocol), total.as_millis() as u64 + 20);
     let t0 = Instant::now();
     let mut cpu_at_start = None;
     let mut cpu_at_end = None;
@@ -349,12 +303,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
     };
-    Ok(Outcome {
-        totals,
-        history,
-        final_read,
-        notes,
-    })
+    Ok(Outcome { totals, history, final_read, notes })
 }
 
 thread_local! {
@@ -404,11 +353,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         committed: t.committed,
         aborted: t.aborted(),
         throughput_tps: t.committed as f64 / secs,
-        abort_rate: if attempts > 0 {
-            t.aborted() as f64 / attempts as f64
-        } else {
-            0.0
-        },
+        abort_rate: if attempts > 0 { t.aborted() as f64 / attempts as f64 } else { 0.0 },
         latency_us: LatencyUs {
             p50: h.value_at_quantile(0.50) as f64,
             p95: h.value_at_quantile(0.95) as f64,
@@ -420,8 +365,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         aborts_by_reason: t.aborts.clone(),
         params,
         verified,
-        cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0)
-            .then(|| t.cpu_us as f64 / t.committed as f64),
+        cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
         throughput_per_s: t.per_sec.iter().map(|c| *c as f64).collect(),
         extra,
     }

@@ -1,11 +1,473 @@
-//! The tcp runtime's orchestration (filled in below).
+//! The tcp runtime end to end: `dtx server` (one process per node) and the bench that drives a
+//! cluster of them, either one it starts on 127.0.0.1 or one named by `--cluster`.
+//!
+//! Control protocol (one JSON object per line, on the node's control address):
+//! `{"cmd":"ping"}`, `{"cmd":"prepare","spec":{...}}` (load data, start worker threads, open
+//! the worker ports), `{"cmd":"start"}` (begin warm-up and measurement now), `{"cmd":"wait"}`
+//! (block until this node's clients finished; returns its totals and history),
+//! `{"cmd":"final_read"}` (node 0: run the read-all transaction), `{"cmd":"stop"}`,
+//! `{"cmd":"shutdown"}`. Every reply is `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a bad
+//! request gets an error reply and the connection stays usable.
 
-use super::{BenchSpec, Outcome};
+use super::driver::{self, RunShared, Window};
+use super::metrics::{HistLine, Totals};
+use super::{build_node, start_worker, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
+use crate::cluster::ClusterConfig;
+use crate::net::Addr;
+use crate::rt::tcp::{TcpHandle, TcpNet};
+use anyhow::{bail, Context};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-pub fn run(_spec: &BenchSpec, _cluster: Option<&std::path::Path>) -> anyhow::Result<Outcome> {
-    anyhow::bail!("tcp runtime: not built yet")
+/// Longest control line we accept (a spec is a few KB).
+const MAX_CONTROL_LINE: usize = 1 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+enum ControlRequest {
+    Ping,
+    Prepare { spec: Box<BenchSpec> },
+    Start,
+    Wait,
+    FinalRead,
+    Stop,
+    Shutdown,
 }
 
-pub fn serve(_config: &std::path::Path, _node: u16) -> anyhow::Result<()> {
-    anyhow::bail!("server: not built yet")
+/// A run in progress on this server.
+struct ActiveRun {
+    spec: BenchSpec,
+    node: Arc<NodeSetup>,
+    handles: Vec<Arc<TcpHandle>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    shared: Arc<RunShared>,
+    epoch: Instant,
+    cpu: Arc<Mutex<(Option<u64>, Option<u64>)>>,
+    window: Option<Window>,
+}
+
+struct Server {
+    cfg: ClusterConfig,
+    node: u16,
+    run: Mutex<Option<ActiveRun>>,
+}
+
+/// `dtx server --config FILE --node N`: serve until told to shut down.
+pub fn serve(config: &Path, node: u16) -> anyhow::Result<()> {
+    let cfg = ClusterConfig::load(config)?;
+    if node as usize >= cfg.nodes.len() {
+        bail!("--node {node}: the cluster config names only {} nodes (0..{})", cfg.nodes.len(), cfg.nodes.len() - 1);
+    }
+    let addr = cfg.nodes[node as usize].addr;
+    let listener = TcpListener::bind(addr).with_context(|| format!("node {node}: cannot listen on {addr}"))?;
+    eprintln!(
+        "dtx server: node {node} of {}: control on {addr}, workers on ports {}..{}",
+        cfg.nodes.len(),
+        addr.port() + 1,
+        addr.port() + cfg.workers
+    );
+    let server = Arc::new(Server { cfg, node, run: Mutex::new(None) });
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let s = server.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = s.session(conn) {
+                eprintln!("dtx server: control connection ended: {e:#}");
+            }
+        });
+    }
+    Ok(())
+}
+
+impl Server {
+    fn session(&self, conn: TcpStream) -> anyhow::Result<()> {
+        let mut reader = BufReader::new(conn.try_clone()?);
+        let mut writer = conn;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = std::io::Read::take(&mut reader, MAX_CONTROL_LINE as u64).read_line(&mut line)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if !line.ends_with('\n') && n >= MAX_CONTROL_LINE {
+                writeln!(writer, "{}", json!({"ok": false, "error": "request line exceeds 1 MiB"}))?;
+                return Ok(());
+            }
+            let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
+                Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+                Ok(ControlRequest::Shutdown) => {
+                    self.stop();
+                    writeln!(writer, "{}", json!({"ok": true}))?;
+                    std::process::exit(0);
+                }
+                Ok(req) => match self.handle(req) {
+                    Ok(mut v) => {
+                        v["ok"] = json!(true);
+                        v
+                    }
+                    Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+                },
+            };
+            serde_json::to_writer(&mut writer, &reply)?;
+            writer.write_all(b"\n")?;
+            writer.flush()?;
+        }
+    }
+
+    fn handle(&self, req: ControlRequest) -> anyhow::Result<Value> {
+        match req {
+            ControlRequest::Ping => Ok(json!({"node": self.node})),
+            ControlRequest::Prepare { spec } => self.prepare(*spec).map(|_| json!({})),
+            ControlRequest::Start => self.start().map(|_| json!({})),
+            ControlRequest::Wait => self.wait(),
+            ControlRequest::FinalRead => self.final_read(),
+            ControlRequest::Stop => {
+                self.stop();
+                Ok(json!({}))
+            }
+            ControlRequest::Shutdown => Ok(json!({})),
+        }
+    }
+
+    fn prepare(&self, spec: BenchSpec) -> anyhow::Result<()> {
+        self.stop();
+        if spec.nodes as usize != self.cfg.nodes.len() || spec.workers != self.cfg.workers {
+            bail!(
+                "the bench expects {} nodes x {} workers but this cluster has {} x {}",
+                spec.nodes,
+                spec.workers,
+                self.cfg.nodes.len(),
+                self.cfg.workers
+            );
+        }
+        spec.validate()?;
+        let node = Arc::new(build_node(&spec, self.node)?);
+        let epoch = Instant::now();
+        let shared = Arc::new(RunShared::default());
+        let cfg = Arc::new(self.cfg.clone());
+        let peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> = {
+            let cfg = cfg.clone();
+            Arc::new(move |a: Addr| cfg.worker_addr(a.node, a.worker))
+        };
+        let mut handles = Vec::new();
+        let mut threads = Vec::new();
+        for wi in 0..self.cfg.workers {
+            let addr = Addr::new(self.node, wi);
+            let net = TcpNet::bind(addr, cfg.worker_addr(self.node, wi), peers.clone(), spec.latency.clone())?;
+            handles.push(net.handle());
+            let (spec2, _node2) = (spec.clone(), node.clone());
+            threads.push(std::thread::Builder::new().name(format!("n{}w{wi}", self.node)).spawn(move || {
+                let w = net.make_worker(epoch, spec2.workers, &spec2.worker_config());
+                THREAD_WORKER.with(|t| *t.borrow_mut() = None);
+                CURRENT.with(|c| *c.borrow_mut() = Some(w.clone()));
+                net.run(&w);
+                THREAD_WORKER.with(|t| t.borrow_mut().take());
+                CURRENT.with(|c| c.borrow_mut().take());
+            })?);
+        }
+        *self.run.lock() = Some(ActiveRun {
+            spec,
+            node,
+            handles,
+            threads,
+            shared,
+            epoch,
+            cpu: Arc::new(Mutex::new((None, None))),
+            window: None,
+        });
+        Ok(())
+    }
+
+    fn start(&self) -> anyhow::Result<()> {
+        let mut guard = self.run.lock();
+        let run = guard.as_mut().context("start before prepare")?;
+        let now = run.epoch.elapsed().as_nanos() as u64;
+        let window = Window {
+            start_ns: now + run.spec.warmup_us * 1000,
+            end_ns: now + (run.spec.warmup_us + run.spec.duration_us) * 1000,
+        };
+        run.window = Some(window);
+        for h in &run.handles {
+            run.shared.running.fetch_add(1, Ordering::AcqRel);
+            let (spec, node, shared) = (run.spec.clone(), run.node.clone(), run.shared.clone());
+            h.push_command(Box::new(move || {
+                let Some(w) = CURRENT.with(|c| c.borrow().clone()) else { return };
+                let proto = start_worker(&spec, &node, &w, window, &shared);
+                THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w, proto)));
+            }));
+        }
+        // Sample this process's CPU time at the window's edges.
+        let (cpu, epoch) = (run.cpu.clone(), run.epoch);
+        std::thread::spawn(move || {
+            let at = |t_ns: u64| Duration::from_nanos(t_ns.saturating_sub(epoch.elapsed().as_nanos() as u64));
+            std::thread::sleep(at(window.start_ns));
+            cpu.lock().0 = Some(crate::util::process_cpu_us());
+            std::thread::sleep(at(window.end_ns));
+            cpu.lock().1 = Some(crate::util::process_cpu_us());
+        });
+        Ok(())
+    }
+
+    fn wait(&self) -> anyhow::Result<Value> {
+        let (shared, window, epoch, cpu) = {
+            let guard = self.run.lock();
+            let run = guard.as_ref().context("wait before prepare")?;
+            (run.shared.clone(), run.window.context("wait before start")?, run.epoch, run.cpu.clone())
+        };
+        let deadline = Duration::from_nanos(window.end_ns) + Duration::from_secs(120);
+        while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        while cpu.lock().1.is_none() && epoch.elapsed() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut totals = Totals::default();
+        let mut history: Vec<HistLine> = Vec::new();
+        super::collect(&shared, &mut totals, &mut history);
+        if let (Some(a), Some(b)) = *cpu.lock() {
+            totals.cpu_us = b.saturating_sub(a);
+        }
+        let stuck = shared.running.load(Ordering::Acquire);
+        Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck}))
+    }
+
+    fn final_read(&self) -> anyhow::Result<Value> {
+        let shared = {
+            let guard = self.run.lock();
+            let run = guard.as_ref().context("final_read before prepare")?;
+            let (node, shared) = (run.node.clone(), run.shared.clone());
+            run.handles[0].push_command(Box::new(move || {
+                THREAD_WORKER.with(|t| {
+                    if let Some((w, p)) = t.borrow().as_ref() {
+                        driver::final_read(w, p.clone(), node.workload.clone(), shared.clone());
+                    }
+                });
+            }));
+            run.shared.clone()
+        };
+        let t0 = Instant::now();
+        while shared.final_read.lock().is_none() && t0.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let result = shared.final_read.lock().take();
+        match result {
+            Some(Ok(line)) => Ok(json!({"line": line})),
+            Some(Err(e)) => bail!("{e}"),
+            None => bail!("the final read did not finish within 60 s"),
+        }
+    }
+
+    fn stop(&self) {
+        if let Some(run) = self.run.lock().take() {
+            for h in &run.handles {
+                h.stop();
+            }
+            for t in run.threads {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The tcp worker running on this thread (commands reach it through here).
+    static CURRENT: std::cell::RefCell<Option<std::rc::Rc<crate::rt::Worker>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A control connection to one node.
+struct Control {
+    node: usize,
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Control {
+    fn connect(node: usize, addr: SocketAddr, patience: Duration) -> anyhow::Result<Self> {
+        let t0 = Instant::now();
+        loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    return Ok(Control { node, reader: BufReader::new(s.try_clone()?), writer: s });
+                }
+                Err(e) if t0.elapsed() < patience => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => bail!("cannot reach node {node} at {addr}: {e} (is `dtx server` running there?)"),
+            }
+        }
+    }
+
+    fn call(&mut self, req: &Value) -> anyhow::Result<Value> {
+        serde_json::to_writer(&mut self.writer, req)?;
+        self.writer.write_all(b"\n")?;
+        self.writer.flush()?;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("node {} closed the control connection", self.node);
+        }
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("node {}: unreadable reply", self.node))?;
+        if v["ok"] != json!(true) {
+            bail!("node {}: {}", self.node, v["error"].as_str().unwrap_or("error"));
+        }
+        Ok(v)
+    }
+}
+
+/// Server processes this bench started; shut down (then killed) when dropped.
+struct Spawned {
+    children: Vec<std::process::Child>,
+    _dir: tempfile_dir::TempDir,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(2) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+mod tempfile_dir {
+    /// A scratch directory removed on drop (kept small: config and server logs).
+    pub struct TempDir(pub std::path::PathBuf);
+    impl TempDir {
+        pub fn new(tag: &str) -> std::io::Result<Self> {
+            let p = std::env::temp_dir().join(format!("dtx-{tag}-{}-{}", std::process::id(), rand_suffix()));
+            std::fs::create_dir_all(&p)?;
+            Ok(TempDir(p))
+        }
+    }
+    fn rand_suffix() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Find a base port with room for every node's control and worker ports.
+fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
+    let span = nodes as u32 * (workers as u32 + 2);
+    let seed = (std::process::id() as u32).wrapping_mul(2654435761) % 20_000;
+    for attempt in 0..200u32 {
+        let base = 20_000 + (seed + attempt * 97) % 30_000;
+        let ok = (0..span).all(|i| TcpListener::bind(("127.0.0.1", (base + i) as u16)).is_ok());
+        if ok {
+            return Ok(base as u16);
+        }
+    }
+    bail!("no free range of {span} ports found on 127.0.0.1")
+}
+
+fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
+    let base = free_base_port(spec.nodes, spec.workers)?;
+    let cfg = ClusterConfig::loopback(spec.nodes, spec.workers, base);
+    let dir = tempfile_dir::TempDir::new("cluster")?;
+    let path = dir.0.join("cluster.toml");
+    std::fs::write(&path, cfg.to_toml())?;
+    let exe = std::env::current_exe().context("cannot find the dtx executable")?;
+    let mut children = Vec::new();
+    for n in 0..spec.nodes {
+        let log = std::fs::File::create(dir.0.join(format!("node{n}.log")))?;
+        children.push(
+            std::process::Command::new(&exe)
+                .args(["server", "--config"])
+                .arg(&path)
+                .args(["--node", &n.to_string()])
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("cannot start a dtx server process")?,
+        );
+    }
+    Ok((cfg, Spawned { children, _dir: dir }))
+}
+
+/// Run one protocol's benchmark on a tcp cluster (started here unless `cluster` names one).
+pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
+    let (cfg, spawned) = match cluster {
+        Some(p) => (ClusterConfig::load(p)?, None),
+        None => {
+            let (c, s) = spawn_cluster(spec)?;
+            (c, Some(s))
+        }
+    };
+    let mut spec = spec.clone();
+    spec.nodes = cfg.nodes.len() as u16;
+    spec.workers = cfg.workers;
+    spec.partitions_per_node = cfg.partitions_per_node;
+    let mut ctl: Vec<Control> = cfg
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Control::connect(i, n.addr, Duration::from_secs(15)))
+        .collect::<anyhow::Result<_>>()?;
+    for c in &mut ctl {
+        c.call(&json!({"cmd": "prepare", "spec": spec}))?;
+    }
+    for c in &mut ctl {
+        c.call(&json!({"cmd": "start"}))?;
+    }
+    let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
+    let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
+    let waits: Vec<_> = ctl
+        .into_iter()
+        .map(|mut c| std::thread::spawn(move || c.call(&json!({"cmd": "wait"})).map(|v| (c, v))))
+        .collect();
+    let t0 = Instant::now();
+    while waits.iter().any(|w| !w.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        pb.set_position((t0.elapsed().as_millis() as u64).min(total_ms));
+    }
+    pb.finish_and_clear();
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    let mut notes = Vec::new();
+    let mut ctl = Vec::new();
+    for w in waits {
+        let (c, v) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
+        let t: Totals = serde_json::from_value(v["totals"].clone())?;
+        totals.add(&t);
+        let h: Vec<HistLine> = serde_json::from_value(v["history"].clone())?;
+        history.extend(h);
+        if v["stuck_workers"].as_u64().unwrap_or(0) > 0 {
+            notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
+        }
+        ctl.push(c);
+    }
+    let mut final_read = None;
+    if spec.record_history {
+        final_read = Some(match ctl[0].call(&json!({"cmd": "final_read"})) {
+            Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("{e:#}")),
+        });
+    }
+    for c in &mut ctl {
+        c.call(&json!({"cmd": "stop"}))?;
+        if spawned.is_some() {
+            let _ = c.call(&json!({"cmd": "shutdown"}));
+        }
+    }
+    drop(spawned);
+    Ok(Outcome { totals, history, final_read, notes })
 }

@@ -46,16 +46,15 @@ fn one_u32() -> u32 {
 
 impl ClusterConfig {
     pub fn parse(text: &str, origin: &str) -> anyhow::Result<Self> {
-        let cfg: ClusterConfig = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
-        cfg.validate()
-            .with_context(|| format!("{origin}: invalid cluster config"))?;
+        let cfg: ClusterConfig =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+        cfg.validate().with_context(|| format!("{origin}: invalid cluster config"))?;
         Ok(cfg)
     }
 
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read cluster config {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read cluster config {}", path.display()))?;
         Self::parse(&text, &path.display().to_string())
     }
 
@@ -70,35 +69,19 @@ impl ClusterConfig {
             bail!("workers = {} must be between 1 and 64", self.workers);
         }
         if self.partitions_per_node == 0 || self.partitions_per_node > 4096 {
-            bail!(
-                "partitions_per_node = {} must be between 1 and 4096",
-                self.partitions_per_node
-            );
+            bail!("partitions_per_node = {} must be between 1 and 4096", self.partitions_per_node);
         }
         for (i, n) in self.nodes.iter().enumerate() {
             if n.addr.port() as u32 + 1 + self.workers as u32 > u16::MAX as u32 {
-                bail!(
-                    "node {i}: port {} leaves no room for {} worker ports after it",
-                    n.addr.port(),
-                    self.workers
-                );
+                bail!("node {i}: port {} leaves no room for {} worker ports after it", n.addr.port(), self.workers);
             }
             if !self.regions.is_empty() && n.region as usize >= self.regions.len() {
-                bail!(
-                    "node {i}: region {} but only {} regions are named",
-                    n.region,
-                    self.regions.len()
-                );
+                bail!("node {i}: region {} but only {} regions are named", n.region, self.regions.len());
             }
             for (j, m) in self.nodes.iter().enumerate().take(i) {
                 let (a, b) = (n.addr.port() as i32, m.addr.port() as i32);
                 if n.addr.ip() == m.addr.ip() && (a - b).abs() <= self.workers as i32 {
-                    bail!(
-                        "nodes {j} and {i} use overlapping ports on {} ({} and {})",
-                        n.addr.ip(),
-                        b,
-                        a
-                    );
+                    bail!("nodes {j} and {i} use overlapping ports on {} ({} and {})", n.addr.ip(), b, a);
                 }
             }
         }
@@ -113,10 +96,7 @@ impl ClusterConfig {
             partitions_per_node: 1,
             regions: vec![],
             nodes: (0..nodes)
-                .map(|i| NodeSpec {
-                    addr: SocketAddr::from(([127, 0, 0, 1], base_port + i * stride)),
-                    region: 0,
-                })
+                .map(|i| NodeSpec { addr: SocketAddr::from(([127, 0, 0, 1], base_port + i * stride)), region: 0 })
                 .collect(),
         }
     }
@@ -143,12 +123,7 @@ pub struct Topology {
 
 impl Topology {
     pub fn new(nodes: u16, workers_per_node: u16, partitions_per_node: u32) -> Self {
-        Topology {
-            nodes,
-            workers_per_node,
-            partitions_per_node,
-            node_region: vec![0; nodes as usize],
-        }
+        Topology { nodes, workers_per_node, partitions_per_node, node_region: vec![0; nodes as usize] }
     }
 
     pub fn partitions(&self) -> u32 {
@@ -162,9 +137,7 @@ impl Topology {
     }
 
     pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
-        (0..self.partitions())
-            .filter(|p| self.node_of(*p) == node)
-            .collect()
+        (0..self.partitions()).filter(|p| self.node_of(*p) == node).collect()
     }
 }
 
@@ -187,22 +160,10 @@ mod tests {
         let cases = [
             ("workers = 1\n", "missing field `node`"),
             ("[[node]]\naddr = \"nonsense\"\n", "invalid socket address"),
-            (
-                "wrkers = 1\n[[node]]\naddr = \"127.0.0.1:1\"\n",
-                "unknown field `wrkers`",
-            ),
-            (
-                "workers = 0\n[[node]]\naddr = \"127.0.0.1:7000\"\n",
-                "between 1 and 64",
-            ),
-            (
-                "[[node]]\naddr = \"127.0.0.1:7000\"\n[[node]]\naddr = \"127.0.0.1:7001\"\n",
-                "overlapping ports",
-            ),
-            (
-                "regions = [\"eu\"]\n[[node]]\naddr = \"127.0.0.1:7000\"\nregion = 3\n",
-                "region 3",
-            ),
+            ("wrkers = 1\n[[node]]\naddr = \"127.0.0.1:1\"\n", "unknown field `wrkers`"),
+            ("workers = 0\n[[node]]\naddr = \"127.0.0.1:7000\"\n", "between 1 and 64"),
+            ("[[node]]\naddr = \"127.0.0.1:7000\"\n[[node]]\naddr = \"127.0.0.1:7001\"\n", "overlapping ports"),
+            ("regions = [\"eu\"]\n[[node]]\naddr = \"127.0.0.1:7000\"\nregion = 3\n", "region 3"),
         ];
         for (text, want) in cases {
             let err = format!("{:#}", ClusterConfig::parse(text, "c.toml").unwrap_err());

@@ -39,19 +39,15 @@ impl LatencyModel {
             Some(&d) => d.max(self.delay_us),
             None => self.delay_us,
         };
-        let jitter = if self.jitter_us > 0 {
-            rng.gen_range(0..=self.jitter_us * 1000)
-        } else {
-            0
-        };
+        let jitter = if self.jitter_us > 0 { rng.gen_range(0..=self.jitter_us * 1000) } else { 0 };
         base_us * 1000 + jitter
     }
 
     /// Read a region matrix file: one line per region, whitespace-separated one-way delays in µs
     /// (or with a unit: `50ms`, `100us`); `#` starts a comment. The matrix must be square.
     pub fn load_matrix(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u64>>> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read latency matrix {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read latency matrix {}", path.display()))?;
         let mut rows = vec![];
         for (i, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
@@ -109,11 +105,7 @@ mod tests {
 
     #[test]
     fn flat_delay_and_jitter() {
-        let m = LatencyModel {
-            delay_us: 100,
-            jitter_us: 10,
-            ..Default::default()
-        };
+        let m = LatencyModel { delay_us: 100, jitter_us: 10, ..Default::default() };
         let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
         for _ in 0..100 {
             let d = m.sample_ns(0, 1, &mut rng);

@@ -15,9 +15,7 @@ pub type WorkerId = u16;
 pub const CONTROL_NODE: NodeId = u16::MAX;
 
 /// A worker on a node: the unit that sends and receives messages (one thread in `local`/`tcp`).
-#[derive(
-    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Addr {
     pub node: NodeId,
     pub worker: WorkerId,
@@ -95,10 +93,7 @@ impl Batch {
 }
 
 /// Iterate the envelopes of a batch buffer. Stops with an error on malformed input.
-pub fn for_each_envelope(
-    mut buf: &[u8],
-    mut f: impl FnMut(Envelope<'_>),
-) -> Result<(), DecodeError> {
+pub fn for_each_envelope(mut buf: &[u8], mut f: impl FnMut(Envelope<'_>)) -> Result<(), DecodeError> {
     while !buf.is_empty() {
         let (len, used) = read_varint(buf).ok_or(DecodeError::Truncated)?;
         let len = len as usize;
@@ -117,11 +112,7 @@ pub fn for_each_envelope(
         };
         let mut id = [0u8; 8];
         id.copy_from_slice(&buf[1..9]);
-        f(Envelope {
-            kind,
-            rpc_id: u64::from_le_bytes(id),
-            body: &buf[9..len],
-        });
+        f(Envelope { kind, rpc_id: u64::from_le_bytes(id), body: &buf[9..len] });
         buf = &buf[len..];
     }
     Ok(())
@@ -195,14 +186,7 @@ mod tests {
         b.push(Kind::OneWay, 0, &vec![9u8; 300]);
         let mut seen = vec![];
         for_each_envelope(&b.buf, |e| seen.push((e.kind, e.rpc_id, e.body.len()))).unwrap();
-        assert_eq!(
-            seen,
-            vec![
-                (Kind::Request, 7, 5),
-                (Kind::Reply, u64::MAX, 0),
-                (Kind::OneWay, 0, 300)
-            ]
-        );
+        assert_eq!(seen, vec![(Kind::Request, 7, 5), (Kind::Reply, u64::MAX, 0), (Kind::OneWay, 0, 300)]);
     }
 
     #[test]
@@ -213,19 +197,10 @@ mod tests {
         assert_eq!(for_each_envelope(cut, |_| {}), Err(DecodeError::Truncated));
         let mut bad = b.buf.clone();
         bad[1] = 77;
-        assert_eq!(
-            for_each_envelope(&bad, |_| {}),
-            Err(DecodeError::BadKind(77))
-        );
+        assert_eq!(for_each_envelope(&bad, |_| {}), Err(DecodeError::BadKind(77)));
         let mut huge = vec![];
         write_varint(&mut huge, (MAX_ENVELOPE_BYTES + 1) as u64);
-        assert!(matches!(
-            for_each_envelope(&huge, |_| {}),
-            Err(DecodeError::TooLarge(_))
-        ));
-        assert_eq!(
-            for_each_envelope(&[0xff; 3], |_| {}),
-            Err(DecodeError::Truncated)
-        );
+        assert!(matches!(for_each_envelope(&huge, |_| {}), Err(DecodeError::TooLarge(_))));
+        assert_eq!(for_each_envelope(&[0xff; 3], |_| {}), Err(DecodeError::Truncated));
     }
 }

@@ -28,11 +28,7 @@ pub struct ProtoOptions {
 
 impl Default for ProtoOptions {
     fn default() -> Self {
-        ProtoOptions {
-            one_shot: true,
-            lock_wait_us: 500_000,
-            orphan_after_us: 1_000_000,
-        }
+        ProtoOptions { one_shot: true, lock_wait_us: 500_000, orphan_after_us: 1_000_000 }
     }
 }
 
@@ -65,11 +61,7 @@ pub trait NodeProtocol: Send + Sync {
 
 /// A worker's protocol instance: it coordinates transactions and serves remote requests.
 pub trait WorkerProtocol: Handler {
-    fn execute<'a>(
-        &'a self,
-        req: &'a TxnRequest,
-        attempt: Attempt,
-    ) -> LocalBoxFuture<'a, TxnResult<TxnOutput>>;
+    fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>>;
     /// Start background tasks (orphan sweeping, epochs...).
     fn start(&self) {}
 }
@@ -87,21 +79,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         name: "2pl-nowait",
         status: "ready",
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
-        make: || {
-            Arc::new(twopl::TwoPl {
-                policy: twopl::Policy::NoWait,
-            })
-        },
+        make: || Arc::new(twopl::TwoPl { policy: twopl::Policy::NoWait }),
     },
     ProtocolInfo {
         name: "2pl-waitdie",
         status: "ready",
         description: "two-phase locking, WAIT_DIE (older waits, younger dies), with 2PC",
-        make: || {
-            Arc::new(twopl::TwoPl {
-                policy: twopl::Policy::WaitDie,
-            })
-        },
+        make: || Arc::new(twopl::TwoPl { policy: twopl::Policy::WaitDie }),
     },
     ProtocolInfo {
         name: "occ",
@@ -113,40 +97,19 @@ pub const REGISTRY: &[ProtocolInfo] = &[
 
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
-    (
-        "sundial",
-        "logical leases, OCC/2PL hybrid with caching (Sundial)",
-    ),
+    ("sundial", "logical leases, OCC/2PL hybrid with caching (Sundial)"),
     ("maat", "timestamp-range OCC (MaaT)"),
     ("tictoc", "data-driven timestamp OCC (TicToc)"),
-    (
-        "primo",
-        "write-conflict-free CC without 2PC, watermark group commit (Primo)",
-    ),
+    ("primo", "write-conflict-free CC without 2PC, watermark group commit (Primo)"),
     ("coco", "epoch-based group commit over OCC (COCO)"),
     ("calvin", "deterministic, sequenced input log (Calvin)"),
-    (
-        "slog",
-        "deterministic multi-region with home regions (SLOG)",
-    ),
-    (
-        "detock",
-        "deterministic multi-region with deadlock resolution (Detock)",
-    ),
+    ("slog", "deterministic multi-region with home regions (SLOG)"),
+    ("detock", "deterministic multi-region with deadlock resolution (Detock)"),
     ("aria", "deterministic batches, reservation-based (Aria)"),
     ("silo", "single-node Silo OCC with epochs"),
-    (
-        "rolis",
-        "replicated multi-core Silo, per-thread Paxos streams (Rolis)",
-    ),
-    (
-        "hackwrench",
-        "batched commit with fine-grained repair and caching (Hackwrench)",
-    ),
-    (
-        "sunstorm",
-        "multi-writer shared storage across regions (SunStorm)",
-    ),
+    ("rolis", "replicated multi-core Silo, per-thread Paxos streams (Rolis)"),
+    ("hackwrench", "batched commit with fine-grained repair and caching (Hackwrench)"),
+    ("sunstorm", "multi-writer shared storage across regions (SunStorm)"),
     ("janus", "dependency-tracking consensus + CC (Janus)"),
     ("tapir", "inconsistent replication + OCC (TAPIR)"),
 ];
@@ -165,17 +128,11 @@ pub fn resolve(list: &str) -> anyhow::Result<Vec<&'static ProtocolInfo>> {
         match find(name) {
             Some(p) => out.push(p),
             None if PLANNED.iter().any(|(n, _)| *n == name) => {
-                anyhow::bail!(
-                    "protocol `{name}` is planned but not implemented yet (see `dtx protocols`)"
-                )
+                anyhow::bail!("protocol `{name}` is planned but not implemented yet (see `dtx protocols`)")
             }
             None => anyhow::bail!(
                 "unknown protocol `{name}` (known: {}, or `all`)",
-                REGISTRY
-                    .iter()
-                    .map(|p| p.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                REGISTRY.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
             ),
         }
     }

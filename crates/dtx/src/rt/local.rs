@@ -26,11 +26,7 @@ pub struct Inbox {
 
 impl Inbox {
     fn new() -> Self {
-        Inbox {
-            packets: Mutex::new(Vec::new()),
-            commands: Mutex::new(Vec::new()),
-            thread: Mutex::new(None),
-        }
+        Inbox { packets: Mutex::new(Vec::new()), commands: Mutex::new(Vec::new()), thread: Mutex::new(None) }
     }
 
     fn unpark(&self) {
@@ -58,9 +54,7 @@ impl LocalNet {
     pub fn new(nodes: u16, workers_per_node: u16, latency: LatencyModel) -> Arc<Self> {
         Arc::new(LocalNet {
             workers_per_node,
-            inboxes: (0..nodes as usize * workers_per_node as usize)
-                .map(|_| Arc::new(Inbox::new()))
-                .collect(),
+            inboxes: (0..nodes as usize * workers_per_node as usize).map(|_| Arc::new(Inbox::new())).collect(),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             latency,
@@ -114,13 +108,7 @@ pub fn make_worker(net: &Arc<LocalNet>, addr: Addr, cfg: &WorkerConfig) -> Rc<Wo
     let inbox = net.inbox(addr).clone();
     *inbox.thread.lock() = Some(std::thread::current());
     let exec = Executor::new(Arc::new(move || inbox.unpark()));
-    Rc::new(Worker::new(
-        addr,
-        net.workers_per_node,
-        Clock::Real(net.epoch),
-        exec,
-        cfg,
-    ))
+    Rc::new(Worker::new(addr, net.workers_per_node, Clock::Real(net.epoch), exec, cfg))
 }
 
 /// Run a worker's event loop on the current thread until the network is stopped.
@@ -139,36 +127,28 @@ pub fn run_worker(net: &Arc<LocalNet>, w: &Rc<Worker>) {
         let now = w.now_ns();
         for p in batch.drain(..) {
             if delay {
-                let d = net
-                    .latency
-                    .sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
+                let d = net.latency.sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
                 delayed.hold(now + d, p);
             } else {
-                w.deliver(p.src, &p.bytes);
+                let _ = w.deliver(p.src, &p.bytes);
             }
         }
         while let Some(p) = delayed.pop_due(w.now_ns()) {
-            w.deliver(p.src, &p.bytes);
+            let _ = w.deliver(p.src, &p.bytes);
         }
         let next_timer = w.fire_timers();
-        w.executor().run_ready(4096);
+        w.executor().run_ready(super::STEP_TASKS);
         w.take_outbox(&mut out);
         for p in out.drain(..) {
             let dst = net.inbox(p.dst);
             dst.packets.lock().push(p);
             dst.unpark();
         }
-        if w.executor().has_ready()
-            || !inbox.packets.lock().is_empty()
-            || !inbox.commands.lock().is_empty()
-        {
+        if w.executor().has_ready() || !inbox.packets.lock().is_empty() || !inbox.commands.lock().is_empty() {
             continue;
         }
         let now = w.now_ns();
-        let wake = [next_timer, w.fire_timers(), delayed.next_due()]
-            .into_iter()
-            .flatten()
-            .min();
+        let wake = [next_timer, w.fire_timers(), delayed.next_due()].into_iter().flatten().min();
         let wait = match wake {
             Some(t) if t <= now => continue,
             Some(t) => Duration::from_nanos(t - now).min(Duration::from_millis(50)),

@@ -22,6 +22,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+/// Tasks a worker runs before it flushes its batches and looks for packets again: a scheduler
+/// quantum. Larger amortizes more; smaller keeps remote replies from waiting behind a long run
+/// of local transactions. Every runtime uses the same quantum.
+pub const STEP_TASKS: usize = 64;
+
 pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// Something that wakes the thread an executor runs on (a no-op in the simulator).
@@ -37,10 +42,7 @@ pub struct Executor {
 
 impl Executor {
     pub fn new(unpark: Unpark) -> Self {
-        Executor {
-            ready: Arc::new(Mutex::new(VecDeque::new())),
-            unpark,
-        }
+        Executor { ready: Arc::new(Mutex::new(VecDeque::new())), unpark }
     }
 
     pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) {
@@ -105,12 +107,7 @@ pub struct CpuCost {
 
 impl Default for CpuCost {
     fn default() -> Self {
-        CpuCost {
-            op_ns: 60,
-            msg_ns: 250,
-            packet_ns: 2_500,
-            txn_ns: 400,
-        }
+        CpuCost { op_ns: 60, msg_ns: 250, packet_ns: 2_500, txn_ns: 400 }
     }
 }
 
@@ -126,10 +123,7 @@ pub struct RpcConfig {
 
 impl Default for RpcConfig {
     fn default() -> Self {
-        RpcConfig {
-            timeout_us: 2_000_000,
-            retransmit_us: 0,
-        }
+        RpcConfig { timeout_us: 2_000_000, retransmit_us: 0 }
     }
 }
 
@@ -188,16 +182,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(
-        addr: Addr,
-        workers_per_node: u16,
-        clock: Clock,
-        exec: Executor,
-        cfg: &WorkerConfig,
-    ) -> Self {
+    pub fn new(addr: Addr, workers_per_node: u16, clock: Clock, exec: Executor, cfg: &WorkerConfig) -> Self {
         let seed = cfg.seed;
-        let seed = seed
-            ^ ((addr.node as u64) << 32 | addr.worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let seed = seed ^ ((addr.node as u64) << 32 | addr.worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Worker {
             addr,
             workers_per_node,
@@ -256,19 +243,13 @@ impl Worker {
 
     /// A future that completes `delay_us` from now.
     pub fn sleep_us(self: &Rc<Self>, delay_us: u64) -> Sleep {
-        Sleep {
-            w: self.clone(),
-            deadline_ns: self.now_ns() + delay_us * 1000,
-            id: 0,
-        }
+        Sleep { w: self.clone(), deadline_ns: self.now_ns() + delay_us * 1000, id: 0 }
     }
 
     fn add_timer(&self, deadline_ns: u64, waker: &Waker) -> u64 {
         let id = self.next_timer.get();
         self.next_timer.set(id + 1);
-        self.timers
-            .borrow_mut()
-            .push(std::cmp::Reverse((deadline_ns, id)));
+        self.timers.borrow_mut().push(std::cmp::Reverse((deadline_ns, id)));
         self.timer_wakers.borrow_mut().insert(id, waker.clone());
         id
     }
@@ -338,20 +319,10 @@ impl Worker {
     pub fn call(self: &Rc<Self>, dst: Addr, body: Vec<u8>) -> RpcCall {
         let id = self.next_rpc.get();
         self.next_rpc.set(id + 1);
-        self.rpcs.borrow_mut().insert(
-            id,
-            RpcSlot {
-                reply: None,
-                waker: None,
-            },
-        );
+        self.rpcs.borrow_mut().insert(id, RpcSlot { reply: None, waker: None });
         self.push_envelope(dst, Kind::Request, id, &body);
         let now = self.now_ns();
-        let resend = if self.rpc.retransmit_us > 0 {
-            Some(body)
-        } else {
-            None
-        };
+        let resend = if self.rpc.retransmit_us > 0 { Some(body) } else { None };
         RpcCall {
             w: self.clone(),
             id,
@@ -378,11 +349,7 @@ impl Worker {
         let mut ob = self.outbox.borrow_mut();
         let n = ob.len();
         for (dst, batch) in ob.drain(..) {
-            out.push(Packet {
-                src: self.addr,
-                dst,
-                bytes: batch.buf,
-            });
+            out.push(Packet { src: self.addr, dst, bytes: batch.buf });
         }
         if n > 0 {
             let mut st = self.stats.borrow_mut();
@@ -393,7 +360,8 @@ impl Worker {
     }
 
     /// Deliver a received packet: replies complete pending calls, requests go to the protocol.
-    pub fn deliver(&self, src: Addr, bytes: &[u8]) {
+    /// A malformed batch is counted and logged; what preceded the damage was delivered.
+    pub fn deliver(&self, src: Addr, bytes: &[u8]) -> Result<(), net::DecodeError> {
         let handler = self.handler.borrow().as_ref().and_then(|h| h.upgrade());
         let res = net::for_each_envelope(bytes, |env| {
             self.charge(self.cost.msg_ns);
@@ -424,10 +392,11 @@ impl Worker {
                 }
             }
         });
-        if let Err(e) = res {
+        if let Err(e) = &res {
             self.stats.borrow_mut().malformed += 1;
             log_warn(&format!("{}: malformed packet from {src}: {e}", self.addr));
         }
+        res
     }
 
     /// Request de-duplication when requests may be resent: true if this is the first copy.
@@ -542,11 +511,7 @@ impl Future for RpcCall {
             self.resend = Some(body);
             self.next_resend_ns = now + w.rpc.retransmit_us * 1000;
         }
-        let wake_at = if self.resend.is_some() {
-            self.next_resend_ns.min(self.deadline_ns)
-        } else {
-            self.deadline_ns
-        };
+        let wake_at = if self.resend.is_some() { self.next_resend_ns.min(self.deadline_ns) } else { self.deadline_ns };
         if self.timer != 0 {
             w.timer_wakers.borrow_mut().remove(&self.timer);
         }
@@ -585,9 +550,7 @@ pub async fn join_all<T, F: Future<Output = T>>(futs: Vec<F>) -> Vec<T> {
         }
     })
     .await;
-    out.into_iter()
-        .map(|o| o.expect("every future completed"))
-        .collect()
+    out.into_iter().map(|o| o.expect("every future completed")).collect()
 }
 
 /// Yield to other tasks once.

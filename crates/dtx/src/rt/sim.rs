@@ -11,7 +11,7 @@
 //! frozen until it restarts; memory survives (a stop-and-resume). Real crash recovery, with
 //! memory lost and a log replayed, comes with durability.
 
-use super::{Clock, Executor, Worker};
+use super::{Clock, Executor, Worker, STEP_TASKS};
 use crate::net::{Addr, FaultPlan, LatencyModel, Packet};
 use crate::util::Rng;
 use parking_lot::Mutex;
@@ -21,9 +21,6 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 use std::sync::Arc;
-
-/// Tasks a worker runs in one simulation step.
-const STEP_TASKS: usize = 64;
 
 enum Ev {
     Deliver(Packet),
@@ -66,13 +63,7 @@ pub struct SimWorld {
 }
 
 impl SimWorld {
-    pub fn new(
-        nodes: u16,
-        workers_per_node: u16,
-        latency: LatencyModel,
-        faults: FaultPlan,
-        seed: u64,
-    ) -> Self {
+    pub fn new(nodes: u16, workers_per_node: u16, latency: LatencyModel, faults: FaultPlan, seed: u64) -> Self {
         let mut w = SimWorld {
             now: Rc::new(Cell::new(0)),
             slots: Vec::new(),
@@ -118,17 +109,8 @@ impl SimWorld {
     }
 
     pub fn add_worker(&mut self, w: Rc<Worker>) {
-        assert_eq!(
-            self.index(w.addr),
-            self.slots.len(),
-            "workers must be added in address order"
-        );
-        self.slots.push(Slot {
-            w,
-            busy_until: 0,
-            wake_at: None,
-            inbox: Vec::new(),
-        });
+        assert_eq!(self.index(w.addr), self.slots.len(), "workers must be added in address order");
+        self.slots.push(Slot { w, busy_until: 0, wake_at: None, inbox: Vec::new() });
     }
 
     pub fn worker(&self, a: Addr) -> &Rc<Worker> {
@@ -230,7 +212,7 @@ impl SimWorld {
         let inbox = std::mem::take(&mut slot.inbox);
         w.take_charged_ns();
         for p in inbox {
-            w.deliver(p.src, &p.bytes);
+            let _ = w.deliver(p.src, &p.bytes);
         }
         // A bounded slice of work, like a scheduler quantum: packets that arrive meanwhile are
         // handled at the next step instead of waiting behind an unbounded run of tasks.
@@ -260,10 +242,7 @@ impl SimWorld {
             self.packets_dropped += 1;
             return;
         }
-        let mut at = depart
-            + self
-                .latency
-                .sample_ns(p.src.node, p.dst.node, &mut self.rng);
+        let mut at = depart + self.latency.sample_ns(p.src.node, p.dst.node, &mut self.rng);
         let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
         at = at.max(*last);
         *last = at;
@@ -274,8 +253,7 @@ impl SimWorld {
         let nodes = self.node_down.len();
         let dur = self.faults.fault_duration_us.max(1000) * 1000;
         let now = self.now.get();
-        let pick_partition =
-            self.faults.partitions && (!self.faults.crashes || self.rng.gen_bool(0.5));
+        let pick_partition = self.faults.partitions && (!self.faults.crashes || self.rng.gen_bool(0.5));
         if nodes > 1 && pick_partition && self.side.is_none() {
             let mut side: Vec<bool> = (0..nodes).map(|_| self.rng.gen_bool(0.5)).collect();
             if side.iter().all(|s| *s) || side.iter().all(|s| !*s) {
@@ -288,11 +266,7 @@ impl SimWorld {
             let n = self.rng.gen_range(0..nodes);
             if !self.node_down[n] {
                 self.node_down[n] = true;
-                for s in self
-                    .slots
-                    .iter_mut()
-                    .filter(|s| s.w.addr.node as usize == n)
-                {
+                for s in self.slots.iter_mut().filter(|s| s.w.addr.node as usize == n) {
                     s.inbox.clear();
                 }
                 self.push(now + dur, Ev::Heal(FaultKind::Restart(n as u16)));

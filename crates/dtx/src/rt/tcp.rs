@@ -1,1 +1,356 @@
-//! tcp runtime (below).
+//! The `tcp` runtime: one process per node, one thread per worker, and each worker thread polls
+//! its own sockets (mio), so a message never hops between threads on its way in or out.
+//!
+//! Worker `w` of node `n` listens on its own port. To reach another worker, a worker opens one
+//! connection to it, writes a hello (`DTX1`, its node and worker id), then length-prefixed
+//! frames, each carrying one batch of envelopes ([`crate::net::Batch`]). Connections are
+//! one-directional: replies travel on the replier's own connection. A frame larger than
+//! [`MAX_FRAME_BYTES`], a bad hello or a malformed batch closes that connection (logged); the
+//! worker keeps serving every other one. Injected delay holds received packets until due.
+
+use super::local::{Command, DelayQueue};
+use super::{Clock, Executor, Worker, WorkerConfig};
+use crate::net::{Addr, LatencyModel, Packet, MAX_FRAME_BYTES};
+use anyhow::Context;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const MAGIC: &[u8; 4] = b"DTX1";
+const HELLO_LEN: usize = 8;
+/// Bytes queued for one peer before we stop queueing (a peer that stopped reading).
+const MAX_PENDING_BYTES: usize = 256 << 20;
+
+/// What the orchestrating thread shares with a tcp worker thread.
+pub struct TcpHandle {
+    pub waker: Arc<Waker>,
+    pub commands: Mutex<Vec<Command>>,
+    pub stop: AtomicBool,
+}
+
+impl TcpHandle {
+    pub fn push_command(&self, c: Command) {
+        self.commands.lock().push(c);
+        let _ = self.waker.wake();
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.waker.wake();
+    }
+}
+
+struct InConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    src: Option<Addr>,
+}
+
+struct OutConn {
+    stream: TcpStream,
+    pending: Vec<u8>,
+    writable: bool,
+}
+
+enum Conn {
+    In(InConn),
+    Out(Addr, OutConn),
+}
+
+/// A worker's sockets.
+pub struct TcpNet {
+    poll: Poll,
+    handle: Arc<TcpHandle>,
+    listener: TcpListener,
+    conns: Vec<Option<Conn>>,
+    out_index: rustc_hash::FxHashMap<Addr, usize>,
+    peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync>,
+    latency: LatencyModel,
+    me: Addr,
+}
+
+impl TcpNet {
+    /// Bind this worker's port. `peers` maps a worker address to where it listens.
+    pub fn bind(
+        me: Addr,
+        listen: SocketAddr,
+        peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync>,
+        latency: LatencyModel,
+    ) -> anyhow::Result<Self> {
+        let poll = Poll::new().context("cannot create a poller")?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).context("cannot create a waker")?);
+        let mut listener =
+            TcpListener::bind(listen).with_context(|| format!("worker {me}: cannot listen on {listen}"))?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        let handle = Arc::new(TcpHandle { waker, commands: Mutex::new(Vec::new()), stop: AtomicBool::new(false) });
+        Ok(TcpNet { poll, handle, listener, conns: Vec::new(), out_index: Default::default(), peers, latency, me })
+    }
+
+    pub fn handle(&self) -> Arc<TcpHandle> {
+        self.handle.clone()
+    }
+
+    /// Make this thread's worker; its executor is woken through the poller.
+    pub fn make_worker(&self, epoch: Instant, workers_per_node: u16, cfg: &WorkerConfig) -> Rc<Worker> {
+        let waker = self.handle.waker.clone();
+        let exec = Executor::new(Arc::new(move || {
+            let _ = waker.wake();
+        }));
+        Rc::new(Worker::new(self.me, workers_per_node, Clock::Real(epoch), exec, cfg))
+    }
+
+    fn slot(&mut self, c: Conn) -> usize {
+        match self.conns.iter().position(|c| c.is_none()) {
+            Some(i) => {
+                self.conns[i] = Some(c);
+                i
+            }
+            None => {
+                self.conns.push(Some(c));
+                self.conns.len() - 1
+            }
+        }
+    }
+
+    fn close(&mut self, i: usize, why: &str) {
+        if let Some(c) = self.conns[i].take() {
+            match c {
+                Conn::In(mut c) => {
+                    let _ = self.poll.registry().deregister(&mut c.stream);
+                    if !why.is_empty() {
+                        super::log_warn(&format!("{}: closing connection from {:?}: {why}", self.me, c.src));
+                    }
+                }
+                Conn::Out(a, mut c) => {
+                    let _ = self.poll.registry().deregister(&mut c.stream);
+                    self.out_index.remove(&a);
+                    super::log_warn(&format!("{}: lost connection to {a}: {why}", self.me));
+                }
+            }
+        }
+    }
+
+    /// Queue a packet for its destination, connecting on first use.
+    fn send(&mut self, p: Packet) {
+        let i = match self.out_index.get(&p.dst) {
+            Some(&i) => i,
+            None => match self.connect(p.dst) {
+                Ok(i) => i,
+                Err(e) => {
+                    super::log_warn(&format!("{}: cannot reach {}: {e:#}", self.me, p.dst));
+                    return;
+                }
+            },
+        };
+        if let Some(Conn::Out(_, c)) = &mut self.conns[i] {
+            if c.pending.len() + p.bytes.len() > MAX_PENDING_BYTES {
+                super::log_warn(&format!("{}: {} is not reading; dropping a packet", self.me, p.dst));
+                return;
+            }
+            c.pending.extend_from_slice(&(p.bytes.len() as u32).to_le_bytes());
+            c.pending.extend_from_slice(&p.bytes);
+        }
+        self.flush(i);
+    }
+
+    fn connect(&mut self, dst: Addr) -> anyhow::Result<usize> {
+        let addr = (self.peers)(dst);
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut pending = Vec::with_capacity(64 << 10);
+        pending.extend_from_slice(MAGIC);
+        pending.extend_from_slice(&self.me.node.to_le_bytes());
+        pending.extend_from_slice(&self.me.worker.to_le_bytes());
+        let i = self.slot(Conn::Out(dst, OutConn { stream, pending, writable: false }));
+        if let Some(Conn::Out(_, c)) = &mut self.conns[i] {
+            self.poll.registry().register(&mut c.stream, Token(i + 2), Interest::READABLE | Interest::WRITABLE)?;
+        }
+        self.out_index.insert(dst, i);
+        Ok(i)
+    }
+
+    fn flush(&mut self, i: usize) {
+        let Some(Conn::Out(_, c)) = &mut self.conns[i] else { return };
+        if !c.writable {
+            return;
+        }
+        let mut written = 0;
+        let mut err = None;
+        while written < c.pending.len() {
+            match c.stream.write(&c.pending[written..]) {
+                Ok(0) => {
+                    err = Some("peer closed".to_string());
+                    break;
+                }
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    c.writable = false;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    err = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        c.pending.drain(..written);
+        if let Some(e) = err {
+            self.close(i, &e);
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let i = self.conns.iter().position(|c| c.is_none()).unwrap_or(self.conns.len());
+                    if self.poll.registry().register(&mut stream, Token(i + 2), Interest::READABLE).is_ok() {
+                        let j = self.slot(Conn::In(InConn { stream, buf: Vec::with_capacity(64 << 10), src: None }));
+                        debug_assert_eq!(i, j);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    super::log_warn(&format!("{}: accept failed: {e}", self.me));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Read what a connection has; complete frames go to `out`. Returns an error to close it.
+    fn read(c: &mut InConn, out: &mut Vec<Packet>, me: Addr) -> Result<bool, String> {
+        let mut chunk = [0u8; 64 << 10];
+        let mut open = true;
+        loop {
+            match c.stream.read(&mut chunk) {
+                Ok(0) => {
+                    open = false;
+                    break;
+                }
+                Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let mut at = 0;
+        if c.src.is_none() {
+            if c.buf.len() < HELLO_LEN {
+                return Ok(open);
+            }
+            if &c.buf[..4] != MAGIC {
+                return Err("bad hello (not a dtx peer)".into());
+            }
+            let node = u16::from_le_bytes([c.buf[4], c.buf[5]]);
+            let worker = u16::from_le_bytes([c.buf[6], c.buf[7]]);
+            c.src = Some(Addr::new(node, worker));
+            at = HELLO_LEN;
+        }
+        let src = c.src.ok_or("no hello")?;
+        while c.buf.len() - at >= 4 {
+            let len = u32::from_le_bytes([c.buf[at], c.buf[at + 1], c.buf[at + 2], c.buf[at + 3]]) as usize;
+            if len > MAX_FRAME_BYTES {
+                return Err(format!("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"));
+            }
+            if c.buf.len() - at - 4 < len {
+                break;
+            }
+            out.push(Packet { src, dst: me, bytes: c.buf[at + 4..at + 4 + len].to_vec() });
+            at += 4 + len;
+        }
+        c.buf.drain(..at);
+        Ok(open)
+    }
+
+    /// Run the worker's event loop on this thread until stopped.
+    pub fn run(mut self, w: &Rc<Worker>) {
+        let mut events = Events::with_capacity(1024);
+        let mut delayed = DelayQueue::default();
+        let delay = !self.latency.is_zero();
+        let mut out = Vec::new();
+        let mut received = Vec::new();
+        while !self.handle.stop.load(Ordering::Acquire) {
+            let commands: Vec<Command> = std::mem::take(&mut *self.handle.commands.lock());
+            for c in commands {
+                c();
+            }
+            while let Some(p) = delayed.pop_due(w.now_ns()) {
+                let _ = w.deliver(p.src, &p.bytes);
+            }
+            let next_timer = w.fire_timers();
+            w.executor().run_ready(super::STEP_TASKS);
+            w.take_outbox(&mut out);
+            for p in out.drain(..) {
+                self.send(p);
+            }
+            let now = w.now_ns();
+            let timeout = if w.executor().has_ready() || !self.handle.commands.lock().is_empty() {
+                Duration::ZERO
+            } else {
+                let wake = [next_timer, w.fire_timers(), delayed.next_due()].into_iter().flatten().min();
+                match wake {
+                    Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(50)),
+                    None => Duration::from_millis(50),
+                }
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    super::log_warn(&format!("{}: poll failed: {e}", self.me));
+                }
+                continue;
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(t) => {
+                        let i = t - 2;
+                        match self.conns.get_mut(i) {
+                            Some(Some(Conn::In(c))) => match Self::read(c, &mut received, self.me) {
+                                Ok(true) => {}
+                                Ok(false) => self.close(i, ""),
+                                Err(e) => self.close(i, &e),
+                            },
+                            Some(Some(Conn::Out(_, c))) => {
+                                if ev.is_writable() {
+                                    c.writable = true;
+                                }
+                                if ev.is_error() || ev.is_read_closed() {
+                                    self.close(i, "connection reset");
+                                } else {
+                                    self.flush(i);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            let now = w.now_ns();
+            for p in received.drain(..) {
+                if delay {
+                    let d = self.latency.sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
+                    delayed.hold(now + d, p);
+                } else if w.deliver(p.src, &p.bytes).is_err() {
+                    // A malformed batch: the peer is broken; drop its connection.
+                    if let Some(i) =
+                        self.conns.iter().position(|c| matches!(c, Some(Conn::In(ic)) if ic.src == Some(p.src)))
+                    {
+                        self.close(i, "malformed batch");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -18,9 +18,7 @@ pub type TableId = u16;
 pub type Value = Bytes;
 
 /// A key in a table: tables use `u64` keys; workloads pack composite keys so order is preserved.
-#[derive(
-    Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct RowKey {
     pub table: TableId,
     pub key: u64,
@@ -88,19 +86,10 @@ impl<M: Default + Send> Table<M> {
     fn new(def: TableDef) -> Self {
         let per_shard = def.expected_rows / SHARDS + 1;
         let shards = (0..SHARDS)
-            .map(|_| {
-                RwLock::new(FxHashMap::with_capacity_and_hasher(
-                    per_shard,
-                    Default::default(),
-                ))
-            })
+            .map(|_| RwLock::new(FxHashMap::with_capacity_and_hasher(per_shard, Default::default())))
             .collect();
         let ordered = def.ordered.then(|| RwLock::new(BTreeMap::new()));
-        Table {
-            def,
-            shards,
-            ordered,
-        }
+        Table { def, shards, ordered }
     }
 
     #[inline]
@@ -117,14 +106,9 @@ impl<M: Default + Send> Table<M> {
             return r;
         }
         let mut shard = self.shards[shard_of(key)].write();
-        let boxed = shard.entry(key).or_insert_with(|| {
-            Box::new(Record {
-                row: Mutex::new(Row {
-                    value: None,
-                    meta: M::default(),
-                }),
-            })
-        });
+        let boxed = shard
+            .entry(key)
+            .or_insert_with(|| Box::new(Record { row: Mutex::new(Row { value: None, meta: M::default() }) }));
         let ptr = NonNull::from(&**boxed);
         drop(shard);
         if let Some(ord) = &self.ordered {
@@ -142,13 +126,7 @@ impl<M: Default + Send> Table<M> {
 
     /// Records with keys in `[lo, hi]`, ascending (or descending), at most `limit`.
     /// Absent records (tombstones, uncommitted inserts) are included: the protocol decides.
-    pub fn range(
-        &self,
-        lo: u64,
-        hi: u64,
-        limit: usize,
-        descending: bool,
-    ) -> Vec<(u64, &Record<M>)> {
+    pub fn range(&self, lo: u64, hi: u64, limit: usize, descending: bool) -> Vec<(u64, &Record<M>)> {
         let Some(ord) = &self.ordered else {
             return Vec::new();
         };
@@ -179,9 +157,7 @@ pub struct Storage<M> {
 
 impl<M: Default + Send> Storage<M> {
     pub fn new(defs: &[TableDef]) -> Self {
-        Storage {
-            tables: defs.iter().cloned().map(Table::new).collect(),
-        }
+        Storage { tables: defs.iter().cloned().map(Table::new).collect() }
     }
 
     #[inline]
@@ -213,16 +189,8 @@ mod tests {
 
     fn defs() -> Vec<TableDef> {
         vec![
-            TableDef {
-                name: "a",
-                ordered: false,
-                expected_rows: 10,
-            },
-            TableDef {
-                name: "b",
-                ordered: true,
-                expected_rows: 10,
-            },
+            TableDef { name: "a", ordered: false, expected_rows: 10 },
+            TableDef { name: "b", ordered: true, expected_rows: 10 },
         ]
     }
 
@@ -235,19 +203,9 @@ mod tests {
         assert!(s.get(RowKey::new(0, 4)).is_none());
         let r = s.get(RowKey::new(1, 4)).unwrap();
         assert_eq!(r.lock().value.as_ref().unwrap()[0], 2);
-        let asc: Vec<u64> = s
-            .table(1)
-            .range(10, 20, 100, false)
-            .iter()
-            .map(|x| x.0)
-            .collect();
+        let asc: Vec<u64> = s.table(1).range(10, 20, 100, false).iter().map(|x| x.0).collect();
         assert_eq!(asc, vec![10, 12, 14, 16, 18, 20]);
-        let desc: Vec<u64> = s
-            .table(1)
-            .range(10, 20, 2, true)
-            .iter()
-            .map(|x| x.0)
-            .collect();
+        let desc: Vec<u64> = s.table(1).range(10, 20, 2, true).iter().map(|x| x.0).collect();
         assert_eq!(desc, vec![20, 18]);
         assert_eq!(s.table(1).len(), 100);
     }
@@ -270,9 +228,7 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        let total: u64 = (0..100)
-            .map(|k| s.get(RowKey::new(1, k)).unwrap().lock().meta)
-            .sum();
+        let total: u64 = (0..100).map(|k| s.get(RowKey::new(1, k)).unwrap().lock().meta).sum();
         assert_eq!(total, 40_000);
         assert_eq!(s.table(0).len(), 40_000);
     }

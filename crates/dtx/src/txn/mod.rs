@@ -113,18 +113,12 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     pub fn new(access: &'a mut dyn Access) -> Self {
-        Ctx {
-            access,
-            declared: None,
-        }
+        Ctx { access, declared: None }
     }
 
     /// A context that aborts with `ReconMismatch` on any key outside `keys`.
     pub fn with_declared(access: &'a mut dyn Access, keys: &'a KeySet) -> Self {
-        Ctx {
-            access,
-            declared: Some(keys),
-        }
+        Ctx { access, declared: Some(keys) }
     }
 
     #[inline]
@@ -209,9 +203,7 @@ pub struct TxnRequest {
 
 impl TxnRequest {
     pub fn args<T: 'static>(&self) -> &T {
-        self.args
-            .downcast_ref::<T>()
-            .unwrap_or_else(|| panic!("procedure {} got arguments of another type", self.proc))
+        self.args.downcast_ref::<T>().unwrap_or_else(|| panic!("procedure {} got arguments of another type", self.proc))
     }
 }
 
@@ -239,6 +231,17 @@ impl Serialize for HistOp {
             }
         }
         t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for HistOp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let (op, k, v): (String, u64, serde_json::Value) = Deserialize::deserialize(d)?;
+        match op.as_str() {
+            "r" => Ok(HistOp::Read(k, serde_json::from_value(v).map_err(serde::de::Error::custom)?)),
+            "append" => Ok(HistOp::Append(k, serde_json::from_value(v).map_err(serde::de::Error::custom)?)),
+            other => Err(serde::de::Error::custom(format!("unknown history op `{other}`"))),
+        }
     }
 }
 

@@ -50,16 +50,8 @@ impl<'r> Access for ReconAccess<'r> {
 
 /// Discover the key set of `req` by running it against snapshot reads. Rows a scan returns are
 /// added as reads by the procedure's own `read` calls, which is how our procedures use scans.
-pub async fn discover(
-    workload: &dyn Workload,
-    req: &TxnRequest,
-    reader: &dyn SnapshotReader,
-) -> TxnResult<KeySet> {
-    let mut acc = ReconAccess {
-        reader,
-        keys: KeySet::default(),
-        written: FxHashMap::default(),
-    };
+pub async fn discover(workload: &dyn Workload, req: &TxnRequest, reader: &dyn SnapshotReader) -> TxnResult<KeySet> {
+    let mut acc = ReconAccess { reader, keys: KeySet::default(), written: FxHashMap::default() };
     {
         let mut ctx = Ctx::new(&mut acc);
         workload.run(req, &mut ctx).await?;

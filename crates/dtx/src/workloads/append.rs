@@ -37,9 +37,7 @@ pub struct AppendArgs {
 }
 
 pub fn decode_list(v: &[u8]) -> Vec<u64> {
-    v.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect()
+    v.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect()
 }
 
 fn encode_list(list: &[u64]) -> Value {
@@ -53,10 +51,7 @@ fn encode_list(list: &[u64]) -> Value {
 impl Append {
     pub fn new(p: &WorkloadParams, topo: &Topology) -> anyhow::Result<Self> {
         if p.keys == 0 || p.keys > 1_000_000 {
-            bail!(
-                "--keys {} must be between 1 and 1,000,000 for list-append",
-                p.keys
-            );
+            bail!("--keys {} must be between 1 and 1,000,000 for list-append", p.keys);
         }
         if p.ops == 0 || p.ops > 64 {
             bail!("--ops {} must be between 1 and 64 for list-append", p.ops);
@@ -84,11 +79,7 @@ impl Workload for Append {
     }
 
     fn tables(&self) -> Vec<TableDef> {
-        vec![TableDef {
-            name: "lists",
-            ordered: false,
-            expected_rows: self.keys as usize,
-        }]
+        vec![TableDef { name: "lists", ordered: false, expected_rows: self.keys as usize }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {
@@ -117,11 +108,7 @@ impl Workload for Append {
                 }
             })
             .collect();
-        TxnRequest {
-            proc: "append-txn",
-            home,
-            args: Box::new(AppendArgs { ops }),
-        }
+        TxnRequest { proc: "append-txn", home, args: Box::new(AppendArgs { ops }) }
     }
 
     fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
@@ -153,19 +140,11 @@ impl Workload for Append {
                 match *op {
                     AppendOp::Read(k) => {
                         let v = ctx.read(RowKey::new(TABLE, k)).await?;
-                        history.push(HistOp::Read(
-                            k,
-                            Some(v.as_deref().map(decode_list).unwrap_or_default()),
-                        ));
+                        history.push(HistOp::Read(k, Some(v.as_deref().map(decode_list).unwrap_or_default())));
                     }
                     AppendOp::Append(k, val) => {
                         let key = RowKey::new(TABLE, k);
-                        let mut list = ctx
-                            .read_for_update(key)
-                            .await?
-                            .as_deref()
-                            .map(decode_list)
-                            .unwrap_or_default();
+                        let mut list = ctx.read_for_update(key).await?.as_deref().map(decode_list).unwrap_or_default();
                         list.push(val);
                         ctx.write(key, encode_list(&list)).await?;
                         history.push(HistOp::Append(k, val));
@@ -178,11 +157,7 @@ impl Workload for Append {
 
     fn final_read(&self) -> Option<TxnRequest> {
         let ops = (0..self.keys).map(AppendOp::Read).collect();
-        Some(TxnRequest {
-            proc: "read-all",
-            home: 0,
-            args: Box::new(AppendArgs { ops }),
-        })
+        Some(TxnRequest { proc: "read-all", home: 0, args: Box::new(AppendArgs { ops }) })
     }
 }
 

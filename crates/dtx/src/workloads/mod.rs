@@ -73,10 +73,7 @@ pub fn build(params: &WorkloadParams, topo: &Topology) -> anyhow::Result<Arc<dyn
     match params.name.as_str() {
         "ycsb" => Ok(Arc::new(ycsb::Ycsb::new(params, topo)?)),
         "append" => Ok(Arc::new(append::Append::new(params, topo)?)),
-        other => anyhow::bail!(
-            "unknown workload `{other}` (known: {})",
-            WORKLOADS.join(", ")
-        ),
+        other => anyhow::bail!("unknown workload `{other}` (known: {})", WORKLOADS.join(", ")),
     }
 }
 

@@ -33,10 +33,7 @@ impl Ycsb {
             bail!("--keys must be at least 1");
         }
         if p.ops == 0 || p.ops as u64 > p.keys * topo.partitions() as u64 || p.ops > 1000 {
-            bail!(
-                "--ops {} must be between 1 and min(1000, total keys)",
-                p.ops
-            );
+            bail!("--ops {} must be between 1 and min(1000, total keys)", p.ops);
         }
         if !(0.0..=1.0).contains(&p.read_ratio) {
             bail!("--read-ratio {} must be within 0..1", p.read_ratio);
@@ -45,17 +42,10 @@ impl Ycsb {
             bail!("--distributed {} must be within 0..1", p.distributed);
         }
         if p.value_bytes < 8 || p.value_bytes > 1 << 20 {
-            bail!(
-                "--value-bytes {} must be between 8 and 1 MiB",
-                p.value_bytes
-            );
+            bail!("--value-bytes {} must be between 8 and 1 MiB", p.value_bytes);
         }
         let zipf = super::zipf::Zipf::new(p.keys, p.theta)?;
-        Ok(Ycsb {
-            p: p.clone(),
-            topo: topo.clone(),
-            zipf,
-        })
+        Ok(Ycsb { p: p.clone(), topo: topo.clone(), zipf })
     }
 
     fn key_in(&self, rng: &mut Rng, part: PartitionId) -> u64 {
@@ -70,11 +60,7 @@ impl Workload for Ycsb {
 
     fn tables(&self) -> Vec<TableDef> {
         let rows = self.p.keys as usize * self.topo.partitions_per_node as usize;
-        vec![TableDef {
-            name: "usertable",
-            ordered: false,
-            expected_rows: rows,
-        }]
+        vec![TableDef { name: "usertable", ordered: false, expected_rows: rows }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {
@@ -88,10 +74,7 @@ impl Workload for Ycsb {
     fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
         let value = Bytes::from(vec![b'x'; self.p.value_bytes as usize]);
         for i in 0..self.p.keys {
-            sink(
-                RowKey::new(TABLE, p as u64 * self.p.keys + i),
-                value.clone(),
-            );
+            sink(RowKey::new(TABLE, p as u64 * self.p.keys + i), value.clone());
         }
     }
 
@@ -118,11 +101,7 @@ impl Workload for Ycsb {
             }
             ops.push((key, write));
         }
-        TxnRequest {
-            proc: "ycsb",
-            home,
-            args: Box::new(YcsbArgs { ops }),
-        }
+        TxnRequest { proc: "ycsb", home, args: Box::new(YcsbArgs { ops }) }
     }
 
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
@@ -145,11 +124,9 @@ impl Workload for Ycsb {
                     ctx.read(key).await?;
                 } else if self.p.rmw {
                     let old = ctx.read_for_update(key).await?.unwrap_or_default();
-                    ctx.write(key, bump(&old, self.p.value_bytes as usize))
-                        .await?;
+                    ctx.write(key, bump(&old, self.p.value_bytes as usize)).await?;
                 } else {
-                    ctx.write(key, Bytes::from(vec![b'y'; self.p.value_bytes as usize]))
-                        .await?;
+                    ctx.write(key, Bytes::from(vec![b'y'; self.p.value_bytes as usize])).await?;
                 }
             }
             Ok(TxnOutput::default())
@@ -174,11 +151,7 @@ mod tests {
     #[test]
     fn distributed_fraction_and_key_ranges() {
         let topo = Topology::new(4, 1, 1);
-        let p = WorkloadParams {
-            keys: 1000,
-            distributed: 0.2,
-            ..Default::default()
-        };
+        let p = WorkloadParams { keys: 1000, distributed: 0.2, ..Default::default() };
         let y = Ycsb::new(&p, &topo).unwrap();
         let mut rng = crate::util::rng_from_seed(9);
         let mut dist = 0;
@@ -186,10 +159,7 @@ mod tests {
             let req = y.next(&mut rng, 2);
             let args = req.args::<YcsbArgs>();
             assert_eq!(args.ops.len(), 10);
-            let remote = args
-                .ops
-                .iter()
-                .any(|(k, _)| topo.node_of(y.partition_of(RowKey::new(0, *k))) != 2);
+            let remote = args.ops.iter().any(|(k, _)| topo.node_of(y.partition_of(RowKey::new(0, *k))) != 2);
             dist += remote as u32;
         }
         let frac = dist as f64 / 5000.0;
@@ -200,27 +170,11 @@ mod tests {
     fn rejects_bad_parameters() {
         let topo = Topology::new(1, 1, 1);
         for p in [
-            WorkloadParams {
-                keys: 0,
-                ..Default::default()
-            },
-            WorkloadParams {
-                read_ratio: 1.5,
-                ..Default::default()
-            },
-            WorkloadParams {
-                distributed: -0.1,
-                ..Default::default()
-            },
-            WorkloadParams {
-                theta: -1.0,
-                ..Default::default()
-            },
-            WorkloadParams {
-                keys: 5,
-                ops: 10,
-                ..Default::default()
-            },
+            WorkloadParams { keys: 0, ..Default::default() },
+            WorkloadParams { read_ratio: 1.5, ..Default::default() },
+            WorkloadParams { distributed: -0.1, ..Default::default() },
+            WorkloadParams { theta: -1.0, ..Default::default() },
+            WorkloadParams { keys: 5, ops: 10, ..Default::default() },
         ] {
             assert!(Ycsb::new(&p, &topo).is_err(), "{p:?} accepted");
         }

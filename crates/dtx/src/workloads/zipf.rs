@@ -54,10 +54,7 @@ mod tests {
         let mut rng = crate::util::rng_from_seed(3);
         let z = Zipf::new(1000, 0.99).unwrap();
         let hot = (0..10_000).filter(|_| z.sample(&mut rng) < 10).count();
-        assert!(
-            hot > 3000,
-            "theta 0.99 should put >30% of draws on the top 1%: {hot}"
-        );
+        assert!(hot > 3000, "theta 0.99 should put >30% of draws on the top 1%: {hot}");
         let u = Zipf::new(1000, 0.0).unwrap();
         let hot = (0..10_000).filter(|_| u.sample(&mut rng) < 10).count();
         assert!(hot < 300);

@@ -44,13 +44,7 @@ impl<M: Default + Send> NodeShared<M> {
         for p in env.topo.partitions_of(env.node) {
             env.workload.load_partition(p, &mut |k, v| store.load(k, v));
         }
-        NodeShared {
-            id: env.node,
-            topo: env.topo,
-            workload: env.workload,
-            store,
-            opts: env.opts,
-        }
+        NodeShared { id: env.node, topo: env.topo, workload: env.workload, store, opts: env.opts }
     }
 
     #[inline]
@@ -83,10 +77,7 @@ pub struct CoordTable {
 
 impl Default for CoordTable {
     fn default() -> Self {
-        CoordTable {
-            next_seq: Cell::new(1),
-            status: RefCell::new(FxHashMap::default()),
-        }
+        CoordTable { next_seq: Cell::new(1), status: RefCell::new(FxHashMap::default()) }
     }
 }
 
@@ -112,11 +103,7 @@ impl CoordTable {
     }
 
     pub fn get(&self, txn: TxnId) -> TxnStatus {
-        self.status
-            .borrow()
-            .get(&txn)
-            .copied()
-            .unwrap_or(TxnStatus::Aborted)
+        self.status.borrow().get(&txn).copied().unwrap_or(TxnStatus::Aborted)
     }
 
     pub fn len(&self) -> usize {
@@ -135,9 +122,7 @@ pub struct PartTable<S> {
 
 impl<S> Default for PartTable<S> {
     fn default() -> Self {
-        PartTable {
-            txns: RefCell::new(FxHashMap::default()),
-        }
+        PartTable { txns: RefCell::new(FxHashMap::default()) }
     }
 }
 

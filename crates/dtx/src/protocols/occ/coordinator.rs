@@ -3,7 +3,7 @@
 //! install (Silo's order, made distributed: every lock is held before any validation, which is
 //! what makes the combination serializable), with 2PC's decision table for the participants.
 
-use super::messages::{OneWay, Reply, Request};
+use super::messages::{Reply, Request};
 use super::participant::{self as part, Writes};
 use super::OccWorker;
 use crate::net::{decode, encode, NodeId};
@@ -32,23 +32,14 @@ impl OccWorker {
     /// One request to a participant, decoded; a timeout or garbage reply aborts the attempt.
     pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
         let to = self.node.participant(node, self.w.addr);
-        let body = self
-            .w
-            .call(to, encode(req))
-            .await
-            .map_err(|_| Abort::Timeout)?;
+        let body = self.w.call(to, encode(req)).await.map_err(|_| Abort::Timeout)?;
         decode(&body).map_err(|_| Abort::Timeout)
     }
 }
 
 impl<'a> OccTxn<'a> {
     pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
-        OccTxn {
-            wk,
-            id,
-            reads: Vec::new(),
-            writes: Vec::new(),
-        }
+        OccTxn { wk, id, reads: Vec::new(), writes: Vec::new() }
     }
 
     fn is_local(&self, key: RowKey) -> Option<NodeId> {
@@ -90,12 +81,7 @@ impl<'a> OccTxn<'a> {
                 return Err(Abort::Timeout);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.reads.push(ReadEntry {
-                    key: *k,
-                    value,
-                    tid,
-                    used: false,
-                });
+                self.reads.push(ReadEntry { key: *k, value, tid, used: false });
             }
         }
         Ok(())
@@ -125,11 +111,7 @@ impl<'a> OccTxn<'a> {
             let i = slot(wk.node.node_of(e.key), &mut nodes);
             nodes[i].2.push((e.key, e.tid));
         }
-        let remote_writers: Vec<NodeId> = nodes
-            .iter()
-            .filter(|x| x.0 != me && !x.1.is_empty())
-            .map(|x| x.0)
-            .collect();
+        let remote_writers: Vec<NodeId> = nodes.iter().filter(|x| x.0 != me && !x.1.is_empty()).map(|x| x.0).collect();
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Active);
         }
@@ -145,10 +127,7 @@ impl<'a> OccTxn<'a> {
             .iter()
             .filter(|x| x.0 != me && !x.1.is_empty())
             .map(|x| {
-                let req = Request::Lock {
-                    txn: self.id,
-                    writes: x.1.clone(),
-                };
+                let req = Request::Lock { txn: self.id, writes: x.1.clone() };
                 let n = x.0;
                 async move { wk.ask(n, &req).await }
             })
@@ -167,10 +146,7 @@ impl<'a> OccTxn<'a> {
             .iter()
             .filter(|x| x.0 != me && !x.2.is_empty())
             .map(|x| {
-                let req = Request::Validate {
-                    txn: self.id,
-                    reads: x.2.clone(),
-                };
+                let req = Request::Validate { txn: self.id, reads: x.2.clone() };
                 let n = x.0;
                 async move { wk.ask(n, &req).await }
             })
@@ -185,7 +161,7 @@ impl<'a> OccTxn<'a> {
         }
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Committed);
-            wk.finish_commit(self.id, remote_writers);
+            wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
         }
         Ok(())
     }
@@ -204,11 +180,8 @@ impl<'a> OccTxn<'a> {
                 part::unlock(&wk.node.store, self.id, x.1.iter().map(|w| w.0));
             }
         }
-        let msg = encode(&OneWay::Abort { txn: self.id });
-        for &n in remote_writers {
-            wk.w.send(wk.node.participant(n, wk.w.addr), &msg);
-        }
         wk.coord.set(self.id, TxnStatus::Aborted);
+        wk.tell_outcome(Request::Abort { txn: self.id }, remote_writers.to_vec(), None);
         reason
     }
 }
@@ -226,14 +199,18 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
 }
 
 impl OccWorker {
-    /// Send the commit decision to remote writers; forget the decision once all acknowledged
-    /// (until then a participant that lost the message can ask for it).
-    fn finish_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
+    /// Send a decision to participants in the background (resent by the RPC layer on lossy
+    /// links); once all acknowledged a commit, forget it. Until then a participant that lost the
+    /// message asks the coordinator ([`crate::protocols::common::spawn_sweeper`]).
+    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+        if nodes.is_empty() {
+            return;
+        }
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
-            let req = Request::Commit { txn };
             let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
-            if join_all(calls).await.iter().all(|r| r.is_ok()) {
+            let acked = join_all(calls).await.iter().all(|r| r.is_ok());
+            if let (true, Some(txn)) = (acked, forget) {
                 me.coord.forget(txn);
             }
         });
@@ -249,27 +226,15 @@ impl<'a> Access for OccTxn<'a> {
             None => {
                 self.wk.w.charge_ops(1);
                 let (value, tid) = part::read(&self.wk.node.store, key);
-                self.reads.push(ReadEntry {
-                    key,
-                    value: value.clone(),
-                    tid,
-                    used: true,
-                });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, used: true });
                 Step::Ready(Ok(value))
             }
             Some(n) => Step::Wait(Box::pin(async move {
-                let Reply::Values(mut vals) =
-                    self.wk.ask(n, &Request::Read { keys: vec![key] }).await?
-                else {
+                let Reply::Values(mut vals) = self.wk.ask(n, &Request::Read { keys: vec![key] }).await? else {
                     return Err(Abort::Timeout);
                 };
                 let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
-                self.reads.push(ReadEntry {
-                    key,
-                    value: value.clone(),
-                    tid,
-                    used: true,
-                });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, used: true });
                 Ok(value)
             })),
         }
@@ -299,12 +264,7 @@ impl<'a> Access for OccTxn<'a> {
             for (k, v, tid) in rows {
                 let key = RowKey::new(s.table, k);
                 if !self.reads.iter().any(|e| e.key == key) {
-                    self.reads.push(ReadEntry {
-                        key,
-                        value: Some(v.clone()),
-                        tid,
-                        used: true,
-                    });
+                    self.reads.push(ReadEntry { key, value: Some(v.clone()), tid, used: true });
                 }
                 // Our own uncommitted writes win over what the store holds.
                 match self.writes.iter().find(|(wk, _)| *wk == key) {

@@ -1,6 +1,6 @@
 //! OCC's messages. Textbook count for a distributed transaction, per remote participant:
 //! reads (one round trip per participant in one-shot mode, per read otherwise), `Lock` (only
-//! where it writes), `Validate` (only where it read), then `Commit` + ack (only where it wrote).
+//! where it writes), `Validate` (only where it read), then `Commit` + ack (only where it wrote); `Abort` + ack where it locked and then aborted.
 
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::storage::{RowKey, Value};
@@ -14,17 +14,13 @@ pub enum Request {
     /// Range scan: existing rows with their versions.
     Scan { scan: Scan },
     /// Lock the write set (no wait) and keep the new values until the decision.
-    Lock {
-        txn: TxnId,
-        writes: Vec<(RowKey, Option<Value>)>,
-    },
+    Lock { txn: TxnId, writes: Vec<(RowKey, Option<Value>)> },
     /// Check that what the transaction read is unchanged and unlocked by others.
-    Validate {
-        txn: TxnId,
-        reads: Vec<(RowKey, u64)>,
-    },
+    Validate { txn: TxnId, reads: Vec<(RowKey, u64)> },
     /// Install the writes and unlock.
     Commit { txn: TxnId },
+    /// Release the locks a transaction took here and drop its writes.
+    Abort { txn: TxnId },
     /// A participant asks the coordinator what became of a transaction.
     Status { txn: TxnId },
 }
@@ -36,10 +32,4 @@ pub enum Reply {
     Vote(bool),
     Ack,
     Status(TxnStatus),
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum OneWay {
-    /// Release the locks a transaction took here and drop its writes.
-    Abort { txn: TxnId },
 }

@@ -78,11 +78,7 @@ impl OccWorker {
 }
 
 impl WorkerProtocol for OccWorker {
-    fn execute<'a>(
-        &'a self,
-        req: &'a TxnRequest,
-        _attempt: Attempt,
-    ) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
+    fn execute<'a>(&'a self, req: &'a TxnRequest, _attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(self.run(req))
     }
 
@@ -91,11 +87,7 @@ impl WorkerProtocol for OccWorker {
         spawn_sweeper(
             &self.w,
             self.node.opts.orphan_after_us,
-            move |now, idle| {
-                me1.upgrade()
-                    .map(|m| m.parts.idle(now, idle))
-                    .unwrap_or_default()
-            },
+            move |now, idle| me1.upgrade().map(|m| m.parts.idle(now, idle)).unwrap_or_default(),
             move |txn| {
                 let Some(me) = me2.upgrade() else { return };
                 let w = me.w.clone();

@@ -2,7 +2,7 @@
 //! remote (through [`OccWorker::on_request`]): read with version, lock a write set without
 //! waiting, validate a read set, install and unlock.
 
-use super::messages::{OneWay, Reply, Request};
+use super::messages::{Reply, Request};
 use super::meta::OccMeta;
 use super::OccWorker;
 use crate::net::{decode, encode, Addr};
@@ -28,10 +28,7 @@ pub fn read(store: &Storage<OccMeta>, key: RowKey) -> (Option<Value>, u64) {
 /// Existing rows in a scan range, with versions.
 pub fn scan(store: &Storage<OccMeta>, s: Scan) -> Vec<(u64, Value, u64)> {
     let mut out = Vec::new();
-    for (k, rec) in store
-        .table(s.table)
-        .range(s.lo, s.hi, s.limit as usize, s.descending)
-    {
+    for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
         let row = rec.lock();
         if let Some(v) = &row.value {
             out.push((k, v.clone(), row.meta.tid));
@@ -56,11 +53,7 @@ pub fn lock_writes(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) -> boo
 }
 
 /// Every read version is current and not locked by another transaction.
-pub fn validate(
-    store: &Storage<OccMeta>,
-    txn: TxnId,
-    reads: impl Iterator<Item = (RowKey, u64)>,
-) -> bool {
+pub fn validate(store: &Storage<OccMeta>, txn: TxnId, reads: impl Iterator<Item = (RowKey, u64)>) -> bool {
     for (key, tid) in reads {
         let ok = match store.get(key) {
             Some(rec) => rec.lock().meta.validates(tid, txn),
@@ -78,10 +71,7 @@ pub fn install(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) {
     for (key, value) in writes {
         let rec = store.get_or_create(*key);
         let mut row = rec.lock();
-        assert_eq!(
-            row.meta.locked_by, txn,
-            "installing {key:?} without holding its lock"
-        );
+        assert_eq!(row.meta.locked_by, txn, "installing {key:?} without holding its lock");
         row.value = value.clone();
         row.meta.tid += 1;
         row.meta.locked_by = 0;
@@ -137,16 +127,17 @@ impl OccWorker {
                 }
                 Reply::Ack
             }
+            Request::Abort { txn } => {
+                self.abort_here(txn);
+                Reply::Ack
+            }
             Request::Status { txn } => Reply::Status(self.coord.get(txn)),
         };
         self.w.reply(from, rpc_id, &encode(&reply));
     }
 
-    pub(super) fn serve_oneway(&self, from: Addr, body: &[u8]) {
-        match decode::<OneWay>(body) {
-            Ok(OneWay::Abort { txn }) => self.abort_here(txn),
-            Err(e) => log_warn(&format!("occ: malformed message from {from}: {e}")),
-        }
+    pub(super) fn serve_oneway(&self, from: Addr, _body: &[u8]) {
+        log_warn(&format!("occ: unexpected one-way message from {from}"));
     }
 
     pub(super) fn abort_here(&self, txn: TxnId) {

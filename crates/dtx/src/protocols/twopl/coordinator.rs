@@ -2,7 +2,7 @@
 //! end), then two-phase commit across the nodes it touched. A read-only participant releases
 //! at prepare; the local node commits inline once the decision is made.
 
-use super::messages::{OneWay, Reply, Request, Vote};
+use super::messages::{Reply, Request, Vote};
 use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
@@ -29,11 +29,7 @@ pub(super) struct TplTxn<'a> {
 impl TwoPlWorker {
     pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
         let to = self.node.participant(node, self.w.addr);
-        let body = self
-            .w
-            .call(to, encode(req))
-            .await
-            .map_err(|_| Abort::Timeout)?;
+        let body = self.w.call(to, encode(req)).await.map_err(|_| Abort::Timeout)?;
         decode(&body).map_err(|_| Abort::Timeout)
     }
 }
@@ -78,17 +74,9 @@ impl<'a> TplTxn<'a> {
     }
 
     /// Lock `keys` on remote node `n` in one round trip; returns their values in order.
-    async fn lock_remote(
-        &mut self,
-        n: NodeId,
-        keys: Vec<(RowKey, Mode)>,
-    ) -> TxnResult<Vec<Option<Value>>> {
+    async fn lock_remote(&mut self, n: NodeId, keys: Vec<(RowKey, Mode)>) -> TxnResult<Vec<Option<Value>>> {
         self.touch(n);
-        let req = Request::Lock {
-            txn: self.id,
-            prio: self.prio,
-            keys: keys.clone(),
-        };
+        let req = Request::Lock { txn: self.id, prio: self.prio, keys: keys.clone() };
         match self.wk.ask(n, &req).await? {
             Reply::Values(vals) if vals.len() == keys.len() => {
                 for ((k, m), v) in keys.into_iter().zip(vals.iter()) {
@@ -129,14 +117,7 @@ impl<'a> TplTxn<'a> {
         if n == self.wk.node.id {
             // Fast path: an uncontended local lock completes without a future.
             self.wk.w.charge_ops(1);
-            match part::try_lock(
-                &self.wk.node.store,
-                key,
-                self.id,
-                self.prio,
-                mode,
-                self.wk.policy,
-            ) {
+            match part::try_lock(&self.wk.node.store, key, self.id, self.prio, mode, self.wk.policy) {
                 Err(a) => Step::Ready(Err(a)),
                 Ok(LockStep::Done(v)) => {
                     if !self.held_local.contains(&key) {
@@ -147,8 +128,7 @@ impl<'a> TplTxn<'a> {
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
                     self.held_local.push(key);
-                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.node.opts.lock_wait_us)
-                        .await?;
+                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.node.opts.lock_wait_us).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
                 })),
@@ -164,25 +144,18 @@ impl<'a> TplTxn<'a> {
     /// One-shot: lock every declared key, one round trip per remote participant.
     pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
         let mut by_node: FxHashMap<NodeId, Vec<(RowKey, Mode)>> = FxHashMap::default();
-        let modes = keys.writes.iter().map(|k| (*k, Mode::Exclusive)).chain(
-            keys.reads
-                .iter()
-                .filter(|k| !keys.writes.contains(k))
-                .map(|k| (*k, Mode::Shared)),
-        );
+        let modes = keys
+            .writes
+            .iter()
+            .map(|k| (*k, Mode::Exclusive))
+            .chain(keys.reads.iter().filter(|k| !keys.writes.contains(k)).map(|k| (*k, Mode::Shared)));
         for (k, m) in modes {
-            by_node
-                .entry(self.wk.node.node_of(k))
-                .or_default()
-                .push((k, m));
+            by_node.entry(self.wk.node.node_of(k)).or_default().push((k, m));
         }
         let me = self.wk.node.id;
         // Remote participants first, in parallel; then the local keys.
-        let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> = by_node
-            .iter()
-            .filter(|(n, _)| **n != me)
-            .map(|(n, v)| (*n, v.clone()))
-            .collect();
+        let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
+            by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();
         for (n, _) in &remote {
             self.touch(*n);
         }
@@ -191,11 +164,7 @@ impl<'a> TplTxn<'a> {
         let calls: Vec<_> = remote
             .iter()
             .map(|(n, ks)| {
-                let req = Request::Lock {
-                    txn: id,
-                    prio,
-                    keys: ks.clone(),
-                };
+                let req = Request::Lock { txn: id, prio, keys: ks.clone() };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })
@@ -243,10 +212,7 @@ impl<'a> TplTxn<'a> {
                 .touched
                 .iter()
                 .map(|&n| {
-                    let req = Request::Prepare {
-                        txn: id,
-                        writes: remote_writes.remove(&n).unwrap_or_default(),
-                    };
+                    let req = Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() };
                     async move { wk.ask(n, &req).await }
                 })
                 .collect();
@@ -265,7 +231,7 @@ impl<'a> TplTxn<'a> {
                 wk.coord.forget(self.id);
             } else {
                 wk.coord.set(self.id, TxnStatus::Committed);
-                wk.finish_commit(self.id, writers);
+                wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
             }
         }
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
@@ -278,24 +244,25 @@ impl<'a> TplTxn<'a> {
     pub fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
         part::release(&wk.node.store, self.id, self.held_local.drain(..));
-        let msg = encode(&OneWay::Abort { txn: self.id });
-        for &n in &self.touched {
-            wk.w.send(wk.node.participant(n, wk.w.addr), &msg);
-        }
         if !self.touched.is_empty() {
             wk.coord.set(self.id, TxnStatus::Aborted);
+            wk.tell_outcome(Request::Abort { txn: self.id }, std::mem::take(&mut self.touched), None);
         }
         reason
     }
 }
 
 impl TwoPlWorker {
-    fn finish_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
+    /// Send a decision to participants in the background; forget a commit once all acknowledged.
+    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+        if nodes.is_empty() {
+            return;
+        }
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
-            let req = Request::Commit { txn };
             let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
-            if join_all(calls).await.iter().all(|r| r.is_ok()) {
+            let acked = join_all(calls).await.iter().all(|r| r.is_ok());
+            if let (true, Some(txn)) = (acked, forget) {
                 me.coord.forget(txn);
             }
         });
@@ -312,10 +279,7 @@ impl<'a> Access for TplTxn<'a> {
     }
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        let locked = self
-            .values
-            .iter()
-            .any(|(k, _, m)| *k == key && *m == Mode::Exclusive);
+        let locked = self.values.iter().any(|(k, _, m)| *k == key && *m == Mode::Exclusive);
         if locked {
             match self.writes.iter_mut().find(|(k, _)| *k == key) {
                 Some(w) => w.1 = value,
@@ -360,18 +324,7 @@ impl<'a> Access for TplTxn<'a> {
                 rows
             } else {
                 self.touch(n);
-                match self
-                    .wk
-                    .ask(
-                        n,
-                        &Request::Scan {
-                            txn: self.id,
-                            prio: self.prio,
-                            scan: s,
-                        },
-                    )
-                    .await?
-                {
+                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s }).await? {
                     Reply::Rows(rows) => {
                         for (k, v) in &rows {
                             self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
@@ -385,15 +338,9 @@ impl<'a> Access for TplTxn<'a> {
             // Our own writes win over what the store holds.
             Ok(rows
                 .into_iter()
-                .filter_map(|(k, v)| {
-                    match self
-                        .writes
-                        .iter()
-                        .find(|(wk, _)| wk.table == s.table && wk.key == k)
-                    {
-                        Some((_, mine)) => mine.clone().map(|m| (k, m)),
-                        None => Some((k, v)),
-                    }
+                .filter_map(|(k, v)| match self.writes.iter().find(|(wk, _)| wk.table == s.table && wk.key == k) {
+                    Some((_, mine)) => mine.clone().map(|m| (k, m)),
+                    None => Some((k, v)),
                 })
                 .collect())
         }))
@@ -406,24 +353,13 @@ impl recon::SnapshotReader for TwoPlWorker {
         Box::pin(async move {
             let n = self.node.node_of(key);
             if n == self.node.id {
-                return Ok(self
-                    .node
-                    .store
-                    .get(key)
-                    .and_then(|r| r.lock().value.clone()));
+                return Ok(self.node.store.get(key).and_then(|r| r.lock().value.clone()));
             }
             // A lock-free peek: a shared lock taken and released at once by a throwaway txn id.
             let txn = self.coord.new_txn(self.w.addr);
-            let req = Request::Lock {
-                txn,
-                prio: Prio(0, txn),
-                keys: vec![(key, Mode::Shared)],
-            };
+            let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)] };
             let r = self.ask(n, &req).await;
-            self.w.send(
-                self.node.participant(n, self.w.addr),
-                &encode(&OneWay::Abort { txn }),
-            );
+            self.tell_outcome(Request::Abort { txn }, vec![n], None);
             match r? {
                 Reply::Values(mut v) => Ok(v.pop().flatten()),
                 Reply::Aborted(a) => Err(a),
@@ -436,32 +372,12 @@ impl recon::SnapshotReader for TwoPlWorker {
         Box::pin(async move {
             let n = self.node.node_of(RowKey::new(s.table, s.lo));
             if n == self.node.id {
-                let rows = self.node.store.table(s.table).range(
-                    s.lo,
-                    s.hi,
-                    s.limit as usize,
-                    s.descending,
-                );
-                return Ok(rows
-                    .into_iter()
-                    .filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v)))
-                    .collect());
+                let rows = self.node.store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
+                return Ok(rows.into_iter().filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v))).collect());
             }
             let txn = self.coord.new_txn(self.w.addr);
-            let r = self
-                .ask(
-                    n,
-                    &Request::Scan {
-                        txn,
-                        prio: Prio(0, txn),
-                        scan: s,
-                    },
-                )
-                .await;
-            self.w.send(
-                self.node.participant(n, self.w.addr),
-                &encode(&OneWay::Abort { txn }),
-            );
+            let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s }).await;
+            self.tell_outcome(Request::Abort { txn }, vec![n], None);
             match r? {
                 Reply::Rows(rows) => Ok(rows),
                 Reply::Aborted(a) => Err(a),

@@ -32,6 +32,10 @@ pub enum Request {
     Commit {
         txn: TxnId,
     },
+    /// Release every lock the transaction holds or waits for here.
+    Abort {
+        txn: TxnId,
+    },
     Status {
         txn: TxnId,
     },
@@ -54,9 +58,4 @@ pub enum Reply {
     Vote(Vote),
     Ack,
     Status(TxnStatus),
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum OneWay {
-    Abort { txn: TxnId },
 }

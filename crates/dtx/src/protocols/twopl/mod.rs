@@ -29,10 +29,7 @@ pub struct TwoPl {
 
 impl Protocol for TwoPl {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        Arc::new(TwoPlNode {
-            shared: Arc::new(NodeShared::load(env)),
-            policy: self.policy,
-        })
+        Arc::new(TwoPlNode { shared: Arc::new(NodeShared::load(env)), policy: self.policy })
     }
 }
 
@@ -70,11 +67,7 @@ impl TwoPlWorker {
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.w.charge(self.w.cost.txn_ns);
         let wl = self.node.workload.clone();
-        let mut txn = TplTxn::new(
-            self,
-            self.coord.new_txn(self.w.addr),
-            attempt.first_start_us,
-        );
+        let mut txn = TplTxn::new(self, self.coord.new_txn(self.w.addr), attempt.first_start_us);
         let result = if self.node.opts.one_shot {
             let mut keys = KeySet::default();
             if !wl.declare(req, &mut keys) {
@@ -102,11 +95,7 @@ impl TwoPlWorker {
 }
 
 impl WorkerProtocol for TwoPlWorker {
-    fn execute<'a>(
-        &'a self,
-        req: &'a TxnRequest,
-        attempt: Attempt,
-    ) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
+    fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(self.run(req, attempt))
     }
 
@@ -115,11 +104,7 @@ impl WorkerProtocol for TwoPlWorker {
         spawn_sweeper(
             &self.w,
             self.node.opts.orphan_after_us,
-            move |now, idle| {
-                me1.upgrade()
-                    .map(|m| m.parts.idle(now, idle))
-                    .unwrap_or_default()
-            },
+            move |now, idle| me1.upgrade().map(|m| m.parts.idle(now, idle)).unwrap_or_default(),
             move |txn| {
                 let Some(me) = me2.upgrade() else { return };
                 let w = me.w.clone();

@@ -1,7 +1,7 @@
 //! What a node does for 2PL transactions: take locks (inline for a local coordinator, through
 //! [`TwoPlWorker::on_request`] for a remote one), hold prepared writes, apply or roll back.
 
-use super::messages::{OneWay, Reply, Request, Vote};
+use super::messages::{Reply, Request, Vote};
 use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, Addr};
@@ -107,10 +107,7 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
     for (key, value) in writes {
         let rec = store.get_or_create(*key);
         let mut row = rec.lock();
-        assert!(
-            row.meta.holds(txn, Mode::Exclusive),
-            "writing {key:?} without its exclusive lock"
-        );
+        assert!(row.meta.holds(txn, Mode::Exclusive), "writing {key:?} without its exclusive lock");
         row.value = value.clone();
     }
     release(store, txn, held.iter().copied());
@@ -125,12 +122,8 @@ impl TwoPlWorker {
         let now = self.w.now_ns();
         let store = &self.node.store;
         let reply = match req {
-            Request::Lock { txn, prio, keys } => {
-                return self.serve_lock(from, rpc_id, txn, prio, keys)
-            }
-            Request::Scan { txn, prio, scan } => {
-                return self.serve_scan(from, rpc_id, txn, prio, scan)
-            }
+            Request::Lock { txn, prio, keys } => return self.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Scan { txn, prio, scan } => return self.serve_scan(from, rpc_id, txn, prio, scan),
             Request::Prepare { txn, writes } => {
                 let mut parts = self.parts.txns.borrow_mut();
                 match parts.get_mut(&txn) {
@@ -154,6 +147,10 @@ impl TwoPlWorker {
                 self.commit_here(txn);
                 Reply::Ack
             }
+            Request::Abort { txn } => {
+                self.abort_here(txn);
+                Reply::Ack
+            }
             Request::Status { txn } => Reply::Status(self.coord.get(txn)),
         };
         self.w.reply(from, rpc_id, &encode(&reply));
@@ -162,10 +159,7 @@ impl TwoPlWorker {
     fn part_entry(&self, txn: TxnId) {
         let now = self.w.now_ns();
         let mut parts = self.parts.txns.borrow_mut();
-        parts
-            .entry(txn)
-            .or_insert_with(|| (PartTxn::default(), now))
-            .1 = now;
+        parts.entry(txn).or_insert_with(|| (PartTxn::default(), now)).1 = now;
     }
 
     /// Record a lock taken for `txn`; if the transaction was aborted meanwhile, give it back.
@@ -182,14 +176,7 @@ impl TwoPlWorker {
         }
     }
 
-    fn serve_lock(
-        &self,
-        from: Addr,
-        rpc_id: u64,
-        txn: TxnId,
-        prio: Prio,
-        keys: Vec<(RowKey, Mode)>,
-    ) {
+    fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, keys: Vec<(RowKey, Mode)>) {
         self.part_entry(txn);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
@@ -203,18 +190,7 @@ impl TwoPlWorker {
         let (policy, wait) = (self.policy, self.node.opts.lock_wait_us);
         for &(key, mode) in keys {
             self.w.charge_ops(1);
-            match lock(
-                &self.w,
-                &self.node.store,
-                key,
-                txn,
-                prio,
-                mode,
-                policy,
-                wait,
-            )
-            .await
-            {
+            match lock(&self.w, &self.node.store, key, txn, prio, mode, policy, wait).await {
                 Ok(v) => {
                     if !self.note_held(txn, key) {
                         return Reply::Aborted(Abort::ParticipantLost);
@@ -240,23 +216,17 @@ impl TwoPlWorker {
                 .map(|(k, _)| (RowKey::new(scan.table, k), Mode::Shared))
                 .collect();
             let reply = match me.lock_all(txn, prio, &keys).await {
-                Reply::Values(vals) => Reply::Rows(
-                    keys.iter()
-                        .zip(vals)
-                        .filter_map(|((k, _), v)| v.map(|v| (k.key, v)))
-                        .collect(),
-                ),
+                Reply::Values(vals) => {
+                    Reply::Rows(keys.iter().zip(vals).filter_map(|((k, _), v)| v.map(|v| (k.key, v))).collect())
+                }
                 other => other,
             };
             me.w.reply(from, rpc_id, &encode(&reply));
         });
     }
 
-    pub(super) fn serve_oneway(&self, from: Addr, body: &[u8]) {
-        match decode::<OneWay>(body) {
-            Ok(OneWay::Abort { txn }) => self.abort_here(txn),
-            Err(e) => log_warn(&format!("2pl: malformed message from {from}: {e}")),
-        }
+    pub(super) fn serve_oneway(&self, from: Addr, _body: &[u8]) {
+        log_warn(&format!("2pl: unexpected one-way message from {from}"));
     }
 
     pub(super) fn abort_here(&self, txn: TxnId) {
