@@ -2,15 +2,17 @@
 
 use crate::bench::{self, BenchSpec, Outcome};
 use crate::protocols;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use dtx_report::{BenchReport, RunReport};
-use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// Builds (and validates) the spec of one protocol's run from the command line.
+pub type SpecMaker = Box<dyn Fn(&str) -> anyhow::Result<BenchSpec>>;
 
 pub struct BenchRequest {
     pub protocols: String,
     /// Builds (and validates) the spec of one protocol's run.
-    pub make_spec: Box<dyn Fn(&str) -> anyhow::Result<BenchSpec>>,
+    pub make_spec: SpecMaker,
     pub runtime: String,
     pub workload: String,
     pub json: Option<PathBuf>,
@@ -89,50 +91,20 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) 
         Some(p) => p.clone(),
         None => dir.join(format!("history-{}.jsonl", spec.protocol)),
     };
-    write_history(o, &path)?;
-    let final_ok = match &o.final_read {
-        Some(Ok(_)) => true,
-        Some(Err(e)) => {
-            eprintln!("dtx: {}: {e}", spec.protocol);
-            false
-        }
+    let (report, problem) = bench::verify(o, &path)?;
+    match problem {
         None => {
-            eprintln!("dtx: {}: the final read-all transaction did not finish", spec.protocol);
-            false
+            eprintln!("{}: {} (history {})", spec.protocol, report.summary(), path.display());
+            Ok(true)
         }
-    };
-    let report = dtx_check::check_file(&path)?;
-    let line = report.summary();
-    if report.valid && final_ok {
-        eprintln!("{}: {line} (history {})", spec.protocol, path.display());
-        Ok(true)
-    } else {
-        eprintln!("{}: SERIALIZABILITY CHECK FAILED: {line} (history {})", spec.protocol, path.display());
-        for a in report.anomalies.iter().take(10) {
-            eprintln!("  {}", serde_json::to_string(a).unwrap_or_default());
+        Some(p) => {
+            eprintln!("{}: CHECK FAILED: {p} (history {})", spec.protocol, path.display());
+            for a in report.anomalies.iter().take(10) {
+                eprintln!("  {}", serde_json::to_string(a).unwrap_or_default());
+            }
+            Ok(false)
         }
-        Ok(false)
     }
-}
-
-fn write_history(o: &Outcome, path: &Path) -> anyhow::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    }
-    let f = std::fs::File::create(path).with_context(|| format!("cannot write history {}", path.display()))?;
-    let mut w = std::io::BufWriter::new(f);
-    let mut lines: Vec<&bench::metrics::HistLine> = o.history.iter().collect();
-    lines.sort_by_key(|l| (l.start_us, l.id));
-    for l in lines {
-        serde_json::to_writer(&mut w, l)?;
-        w.write_all(b"\n")?;
-    }
-    if let Some(Ok(l)) = &o.final_read {
-        serde_json::to_writer(&mut w, l)?;
-        w.write_all(b"\n")?;
-    }
-    w.flush()?;
-    Ok(())
 }
 
 /// `dtx check --history FILE`.

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a benchmark: every protocol on the same cluster, workload and driver.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// List the protocols: name, status, description.
     Protocols,
     /// Check a list-append history for serializability.
@@ -84,7 +84,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "")]
     faults: String,
     /// Packet loss probability when `loss` is among --faults.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     loss: f64,
     /// Write the JSON report here (default: in the results folder).
     #[arg(long)]
@@ -108,16 +108,16 @@ pub struct BenchArgs {
     #[arg(long)]
     keys: Option<u64>,
     /// Zipf skew (0 = uniform, 0.99 = hot).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     theta: f64,
     /// Operations per transaction (ycsb default 10, append: at most, default 4).
     #[arg(long)]
     ops: Option<u32>,
     /// Fraction of reads (ycsb default 0.8, append 0.5).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     read_ratio: Option<f64>,
     /// Fraction of transactions touching another node.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     distributed: f64,
     /// YCSB writes are blind instead of read-modify-write.
     #[arg(long)]
@@ -244,7 +244,7 @@ impl BenchArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Bench(args) => dtx::cli::bench(&args.into()),
+        Cmd::Bench(args) => dtx::cli::bench(&(*args).into()),
         Cmd::Protocols => {
             for p in protocols::REGISTRY {
                 println!("{:<12} {:<8} {}", p.name, p.status, p.description);

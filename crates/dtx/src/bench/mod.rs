@@ -42,6 +42,42 @@ pub struct BenchSpec {
 }
 
 impl BenchSpec {
+    /// A spec with the defaults `dtx bench` uses, for one protocol and workload.
+    pub fn new(protocol: &str, workload: WorkloadParams, runtime: &str) -> Self {
+        let record_history = workload.name == "append";
+        BenchSpec {
+            protocol: protocol.to_string(),
+            workload,
+            runtime: runtime.to_string(),
+            nodes: 2,
+            workers: 1,
+            partitions_per_node: 1,
+            inflight: 64,
+            duration_us: 1_000_000,
+            warmup_us: 100_000,
+            latency: LatencyModel::default(),
+            faults: FaultPlan { fault_interval_us: 200_000, fault_duration_us: 100_000, ..Default::default() },
+            seed: 1,
+            cost: CpuCost::default(),
+            rpc: RpcConfig::default(),
+            proto: ProtoOptions::default(),
+            record_history,
+            max_retries: 1000,
+        }
+    }
+
+    /// Inject faults (simulator only); lossy links turn on RPC retransmission.
+    pub fn with_faults(mut self, crashes: bool, partitions: bool, loss: f64) -> Self {
+        self.faults.crashes = crashes;
+        self.faults.partitions = partitions;
+        self.faults.loss = loss;
+        if self.faults.any() {
+            self.rpc.retransmit_us = (self.latency.delay_us * 4).max(2_000);
+            self.rpc.timeout_us = self.rpc.timeout_us.min(500_000);
+        }
+        self
+    }
+
     pub fn topology(&self) -> Topology {
         let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
         if !self.latency.node_region.is_empty() {
@@ -306,10 +342,49 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     Ok(Outcome { totals, history, final_read, notes })
 }
 
+/// A worker and the protocol instance running on it.
+pub type WorkerPair = (Rc<Worker>, Rc<dyn WorkerProtocol>);
+
 thread_local! {
     /// The worker running on this thread and its protocol instance, so that commands sent to
     /// the thread from outside (the final read) can reach them.
-    pub static THREAD_WORKER: std::cell::RefCell<Option<(Rc<Worker>, Rc<dyn WorkerProtocol>)>> = const { std::cell::RefCell::new(None) };
+    pub static THREAD_WORKER: std::cell::RefCell<Option<WorkerPair>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Write a run's list-append history as JSON lines, in start order, the final read last.
+pub fn write_history(o: &Outcome, path: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let f = std::fs::File::create(path).with_context(|| format!("cannot write history {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(f);
+    let mut lines: Vec<&HistLine> = o.history.iter().collect();
+    lines.sort_by_key(|l| (l.start_us, l.id));
+    for l in lines {
+        serde_json::to_writer(&mut w, l)?;
+        w.write_all(b"\n")?;
+    }
+    if let Some(Ok(l)) = &o.final_read {
+        serde_json::to_writer(&mut w, l)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Write the history and check it: serializable, and the final read-all committed (so every
+/// acknowledged append can be looked for). Returns the checker's report and a problem, if any.
+pub fn verify(o: &Outcome, path: &std::path::Path) -> anyhow::Result<(dtx_check::CheckReport, Option<String>)> {
+    write_history(o, path)?;
+    let report = dtx_check::check_file(path)?;
+    let problem = match &o.final_read {
+        Some(Ok(_)) if report.valid => None,
+        Some(Ok(_)) => Some(report.summary()),
+        Some(Err(e)) => Some(e.clone()),
+        None => Some("the final read-all transaction did not finish".to_string()),
+    };
+    Ok((report, problem))
 }
 
 /// Turn an outcome into the report the interface contract describes.

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 pub type PartitionId = u32;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     /// Control address: `dtx bench` and clients connect here. Worker `w` listens for peers on
     /// the next ports (`port + 1 + w`).
@@ -46,8 +47,18 @@ fn one_u32() -> u32 {
 
 impl ClusterConfig {
     pub fn parse(text: &str, origin: &str) -> anyhow::Result<Self> {
-        let cfg: ClusterConfig =
-            toml::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {}", e.to_string().trim()))?;
+        let cfg: ClusterConfig = toml::from_str(text).map_err(|e| {
+            // One line: where, then what (toml's own message spans several lines).
+            let at = e.span().map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                format!(
+                    " line {}, column {}:",
+                    before.lines().count().max(1),
+                    before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1
+                )
+            });
+            anyhow::anyhow!("{origin}:{} {}", at.unwrap_or_default(), e.message().trim())
+        })?;
         cfg.validate().with_context(|| format!("{origin}: invalid cluster config"))?;
         Ok(cfg)
     }

@@ -73,16 +73,21 @@ impl LocalNet {
     }
 }
 
-/// Delayed packets held by a receiver until their arrival time.
+/// Delayed packets held by a receiver until their arrival time. Each link stays FIFO, as a TCP
+/// connection is: a packet never overtakes an earlier one from the same sender.
 #[derive(Default)]
 pub struct DelayQueue {
     heap: BinaryHeap<Reverse<(u64, u64)>>,
     held: rustc_hash::FxHashMap<u64, Packet>,
+    last_due: rustc_hash::FxHashMap<Addr, u64>,
     seq: u64,
 }
 
 impl DelayQueue {
     pub fn hold(&mut self, due_ns: u64, p: Packet) {
+        let last = self.last_due.entry(p.src).or_insert(0);
+        let due_ns = due_ns.max(*last);
+        *last = due_ns;
         self.seq += 1;
         self.heap.push(Reverse((due_ns, self.seq)));
         self.held.insert(self.seq, p);

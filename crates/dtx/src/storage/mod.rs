@@ -59,6 +59,8 @@ impl<M> Record<M> {
 
 const SHARDS: usize = 64;
 
+type Shard<M> = RwLock<FxHashMap<u64, Box<Record<M>>>>;
+
 /// A pointer to a record owned by its table's hash index.
 struct RecPtr<M>(NonNull<Record<M>>);
 
@@ -72,7 +74,7 @@ unsafe impl<M: Send> Sync for RecPtr<M> {}
 /// That lets a read touch the index lock and the record, and nothing else: no reference count.
 pub struct Table<M> {
     pub def: TableDef,
-    shards: Box<[RwLock<FxHashMap<u64, Box<Record<M>>>>]>,
+    shards: Box<[Shard<M>]>,
     ordered: Option<RwLock<BTreeMap<u64, RecPtr<M>>>>,
 }
 

@@ -21,6 +21,13 @@ struct ReadEntry {
     used: bool,
 }
 
+/// What one node must lock (writes) and validate (reads) at commit.
+struct Part {
+    node: NodeId,
+    writes: Writes,
+    reads: Vec<(RowKey, u64)>,
+}
+
 pub(super) struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
@@ -92,43 +99,41 @@ impl<'a> OccTxn<'a> {
         let me = wk.node.id;
         let store = &wk.node.store;
         // Group by node: what each participant must lock and validate.
-        let mut nodes: Vec<(NodeId, Writes, Vec<(RowKey, u64)>)> = Vec::new();
-        let slot = |n: NodeId, nodes: &mut Vec<(NodeId, Writes, Vec<(RowKey, u64)>)>| match nodes
-            .iter()
-            .position(|x| x.0 == n)
-        {
+        let mut nodes: Vec<Part> = Vec::new();
+        let slot = |n: NodeId, nodes: &mut Vec<Part>| match nodes.iter().position(|x| x.node == n) {
             Some(i) => i,
             None => {
-                nodes.push((n, Vec::new(), Vec::new()));
+                nodes.push(Part { node: n, writes: Vec::new(), reads: Vec::new() });
                 nodes.len() - 1
             }
         };
         for (k, v) in self.writes.drain(..) {
             let i = slot(wk.node.node_of(k), &mut nodes);
-            nodes[i].1.push((k, v));
+            nodes[i].writes.push((k, v));
         }
         for e in self.reads.iter().filter(|e| e.used) {
             let i = slot(wk.node.node_of(e.key), &mut nodes);
-            nodes[i].2.push((e.key, e.tid));
+            nodes[i].reads.push((e.key, e.tid));
         }
-        let remote_writers: Vec<NodeId> = nodes.iter().filter(|x| x.0 != me && !x.1.is_empty()).map(|x| x.0).collect();
+        let remote_writers: Vec<NodeId> =
+            nodes.iter().filter(|x| x.node != me && !x.writes.is_empty()).map(|x| x.node).collect();
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Active);
         }
         // Phase 1: lock every write set (local inline, remote in parallel).
-        let local = nodes.iter().position(|x| x.0 == me);
+        let local = nodes.iter().position(|x| x.node == me);
         if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].1.len());
-            if !part::lock_writes(store, self.id, &nodes[i].1) {
+            wk.w.charge_ops(nodes[i].writes.len());
+            if !part::lock_writes(store, self.id, &nodes[i].writes) {
                 return Err(self.abort(&nodes, false, &remote_writers, Abort::WriteLocked));
             }
         }
         let lock_calls: Vec<_> = nodes
             .iter()
-            .filter(|x| x.0 != me && !x.1.is_empty())
+            .filter(|x| x.node != me && !x.writes.is_empty())
             .map(|x| {
-                let req = Request::Lock { txn: self.id, writes: x.1.clone() };
-                let n = x.0;
+                let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
+                let n = x.node;
                 async move { wk.ask(n, &req).await }
             })
             .collect();
@@ -137,17 +142,17 @@ impl<'a> OccTxn<'a> {
         }
         // Phase 2: validate every read set.
         if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].2.len());
-            if !part::validate(store, self.id, nodes[i].2.iter().copied()) {
+            wk.w.charge_ops(nodes[i].reads.len());
+            if !part::validate(store, self.id, nodes[i].reads.iter().copied()) {
                 return Err(self.abort(&nodes, true, &remote_writers, Abort::ReadValidation));
             }
         }
         let validate_calls: Vec<_> = nodes
             .iter()
-            .filter(|x| x.0 != me && !x.2.is_empty())
+            .filter(|x| x.node != me && !x.reads.is_empty())
             .map(|x| {
-                let req = Request::Validate { txn: self.id, reads: x.2.clone() };
-                let n = x.0;
+                let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
+                let n = x.node;
                 async move { wk.ask(n, &req).await }
             })
             .collect();
@@ -156,8 +161,8 @@ impl<'a> OccTxn<'a> {
         }
         // Decision: commit. Install here, tell the remote writers in the background.
         if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].1.len());
-            part::install(store, self.id, &nodes[i].1);
+            wk.w.charge_ops(nodes[i].writes.len());
+            part::install(store, self.id, &nodes[i].writes);
         }
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Committed);
@@ -167,17 +172,11 @@ impl<'a> OccTxn<'a> {
     }
 
     /// Release what this attempt holds anywhere and forget it.
-    fn abort(
-        &self,
-        nodes: &[(NodeId, Writes, Vec<(RowKey, u64)>)],
-        local_locked: bool,
-        remote_writers: &[NodeId],
-        reason: Abort,
-    ) -> Abort {
+    fn abort(&self, nodes: &[Part], local_locked: bool, remote_writers: &[NodeId], reason: Abort) -> Abort {
         let wk = self.wk;
         if local_locked {
-            if let Some(x) = nodes.iter().find(|x| x.0 == wk.node.id) {
-                part::unlock(&wk.node.store, self.id, x.1.iter().map(|w| w.0));
+            if let Some(x) = nodes.iter().find(|x| x.node == wk.node.id) {
+                part::unlock(&wk.node.store, self.id, x.writes.iter().map(|w| w.0));
             }
         }
         wk.coord.set(self.id, TxnStatus::Aborted);

@@ -77,23 +77,6 @@ pub async fn wait_lock(
     }
 }
 
-/// Take a lock, waiting if the policy says so.
-pub async fn lock(
-    w: &Rc<Worker>,
-    store: &Storage<LockMeta>,
-    key: RowKey,
-    txn: TxnId,
-    prio: Prio,
-    mode: Mode,
-    policy: Policy,
-    wait_us: u64,
-) -> TxnResult<Option<Value>> {
-    match try_lock(store, key, txn, prio, mode, policy)? {
-        LockStep::Done(v) => Ok(v),
-        LockStep::Wait(rec, slot) => wait_lock(w, rec, slot, wait_us).await,
-    }
-}
-
 pub fn release(store: &Storage<LockMeta>, txn: TxnId, keys: impl Iterator<Item = RowKey>) {
     for key in keys {
         if let Some(rec) = store.get(key) {
@@ -187,10 +170,9 @@ impl TwoPlWorker {
 
     async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[(RowKey, Mode)]) -> Reply {
         let mut values = Vec::with_capacity(keys.len());
-        let (policy, wait) = (self.policy, self.node.opts.lock_wait_us);
         for &(key, mode) in keys {
             self.w.charge_ops(1);
-            match lock(&self.w, &self.node.store, key, txn, prio, mode, policy, wait).await {
+            match self.lock(key, txn, prio, mode).await {
                 Ok(v) => {
                     if !self.note_held(txn, key) {
                         return Reply::Aborted(Abort::ParticipantLost);
@@ -201,6 +183,14 @@ impl TwoPlWorker {
             }
         }
         Reply::Values(values)
+    }
+
+    /// Take a lock for a remote transaction, waiting if the policy says so.
+    async fn lock(&self, key: RowKey, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<Option<Value>> {
+        match try_lock(&self.node.store, key, txn, prio, mode, self.policy)? {
+            LockStep::Done(v) => Ok(v),
+            LockStep::Wait(rec, slot) => wait_lock(&self.w, rec, slot, self.node.opts.lock_wait_us).await,
+        }
     }
 
     fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, scan: Scan) {

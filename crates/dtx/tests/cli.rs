@@ -1,0 +1,144 @@
+//! The `dtx` command as a user runs it: bad input gives a one-line error and a non-zero exit;
+//! `dtx protocols` follows its interface contract; `dtx check` flags a broken history.
+
+use std::process::Command;
+
+fn dtx(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dtx")).args(args).output().expect("dtx runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn bad_flags_are_rejected_with_a_reason() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "--nodes", "0"], "--nodes 0"),
+        (&["bench", "--delay", "fast"], "--delay"),
+        (&["bench", "--protocol", "nope"], "unknown protocol `nope`"),
+        (&["bench", "--protocol", "calvin"], "planned"),
+        (&["bench", "--theta", "-1"], "theta"),
+        (&["bench", "--read-ratio", "2"], "--read-ratio"),
+        (&["bench", "--distributed", "1.5"], "--distributed"),
+        (&["bench", "--keys", "0"], "--keys"),
+        (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),
+        (&["bench", "--runtime", "cloud"], "--runtime"),
+        (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),
+        (&["bench", "--faults", "crash"], "--runtime sim"),
+        (&["bench", "--verify"], "--workload append"),
+        (&["bench", "--latency-matrix", "/nonexistent/m.txt"], "latency matrix"),
+    ];
+    for (args, want) in cases {
+        let (code, _out, err) = dtx(args);
+        assert_ne!(code, 0, "{args:?} should fail");
+        assert!(err.contains(want), "{args:?}: stderr `{err}` lacks `{want}`");
+        assert!(err.trim().lines().count() <= 2, "{args:?}: error should be short: {err}");
+    }
+}
+
+#[test]
+fn a_bad_latency_matrix_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.txt");
+    std::fs::write(&m, "0 50ms\n50ms\n").unwrap();
+    let (code, _, err) = dtx(&["bench", "--latency-matrix", m.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("square"), "{err}");
+}
+
+#[test]
+fn a_bad_cluster_config_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c.toml");
+    std::fs::write(&c, "workers = 1\n[[node]]\nadr = \"127.0.0.1:1\"\n").unwrap();
+    let (code, _, err) = dtx(&["server", "--config", c.to_str().unwrap(), "--node", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("adr"), "{err}");
+    let (code, _, err) = dtx(&["server", "--config", "/nonexistent.toml", "--node", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot read cluster config"), "{err}");
+}
+
+#[test]
+fn protocols_lists_name_status_description() {
+    let (code, out, _) = dtx(&["protocols"]);
+    assert_eq!(code, 0);
+    for name in ["2pl-nowait", "2pl-waitdie", "occ", "sundial", "calvin", "primo"] {
+        let line =
+            out.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("{name} missing"));
+        let status = line.split_whitespace().nth(1).unwrap();
+        assert!(["ready", "planned"].contains(&status), "{line}");
+    }
+}
+
+#[test]
+fn check_flags_a_broken_history_and_passes_a_good_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "{\"id\":1,\"status\":\"committed\",\"ops\":[[\"append\",1,7]]}\n{\"id\":2,\"status\":\"committed\",\"ops\":[[\"r\",1,[7]]]}\n").unwrap();
+    let (code, out, _) = dtx(&["check", "--history", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let bad = dir.path().join("bad.jsonl");
+    // T1 and T2 each read the other's key before the other's append, then append: G2-style.
+    std::fs::write(
+        &bad,
+        "{\"id\":1,\"status\":\"committed\",\"ops\":[[\"r\",2,[]],[\"append\",1,1]]}\n{\"id\":2,\"status\":\"committed\",\"ops\":[[\"r\",1,[]],[\"append\",2,2]]}\n{\"id\":3,\"status\":\"committed\",\"ops\":[[\"r\",1,[1]],[\"r\",2,[2]]]}\n",
+    )
+    .unwrap();
+    let (code, out, _) = dtx(&["check", "--history", bad.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("G2"), "{out}");
+}
+
+#[test]
+fn a_short_sim_bench_writes_json_and_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = dtx(&[
+        "bench",
+        "--runtime",
+        "sim",
+        "--workload",
+        "append",
+        "--verify",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--nodes",
+        "2",
+        "--inflight",
+        "4",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), dtx::protocols::REGISTRY.len());
+    for r in runs {
+        for field in [
+            "protocol",
+            "workload",
+            "runtime",
+            "nodes",
+            "duration_s",
+            "committed",
+            "aborted",
+            "throughput_tps",
+            "abort_rate",
+            "latency_us",
+            "msgs_per_txn",
+            "bytes_per_txn",
+            "aborts_by_reason",
+            "params",
+        ] {
+            assert!(!r[field].is_null(), "run lacks {field}: {r}");
+        }
+        assert_eq!(r["verified"], serde_json::Value::Bool(true));
+    }
+    let svg = std::fs::read_to_string(dir.path().join("bench.svg")).unwrap();
+    assert!(svg.starts_with("<svg") || svg.contains("<svg"));
+}

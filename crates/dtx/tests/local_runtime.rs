@@ -1,0 +1,38 @@
+//! The `local` runtime: real threads and in-memory channels, with and without injected delay.
+
+use dtx::bench::{self, BenchSpec};
+use dtx::protocols::REGISTRY;
+use dtx::workloads::WorkloadParams;
+
+#[test]
+fn every_protocol_commits_and_verifies_on_threads() {
+    for p in REGISTRY {
+        let wl = WorkloadParams { name: "append".into(), keys: 32, ops: 4, read_ratio: 0.5, ..Default::default() };
+        let mut s = BenchSpec::new(p.name, wl, "local");
+        s.nodes = 2;
+        s.workers = 2;
+        s.inflight = 8;
+        s.duration_us = 300_000;
+        s.warmup_us = 0;
+        s.latency.delay_us = 50;
+        s.latency.jitter_us = 20;
+        let out = bench::run_local(&s).unwrap();
+        assert!(out.totals.committed > 100, "{}: committed {}", p.name, out.totals.committed);
+        let dir = tempfile::tempdir().unwrap();
+        let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl")).unwrap();
+        assert!(problem.is_none(), "{}: {problem:?} {:?}", p.name, report.anomalies.first());
+    }
+}
+
+#[test]
+fn ycsb_on_threads_reports_messages_and_latency() {
+    let mut s = BenchSpec::new("occ", WorkloadParams { keys: 10_000, distributed: 0.2, ..Default::default() }, "local");
+    s.nodes = 2;
+    s.duration_us = 300_000;
+    s.warmup_us = 50_000;
+    let out = bench::run_local(&s).unwrap();
+    let r = bench::report(&s, &out, None);
+    assert!(r.committed > 1000, "committed {}", r.committed);
+    assert!(r.msgs_per_txn > 0.5, "20% distributed transactions send messages: {}", r.msgs_per_txn);
+    assert!(r.latency_us.p99 >= r.latency_us.p50);
+}

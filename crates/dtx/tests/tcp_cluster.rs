@@ -1,0 +1,164 @@
+//! The `tcp` runtime with real processes on 127.0.0.1: a cluster the bench starts itself, and a
+//! cluster started by hand with `dtx server`, which must survive garbage on its sockets.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn dtx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dtx"))
+}
+
+#[test]
+fn bench_spawns_a_tcp_cluster_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dtx()
+        .args([
+            "bench",
+            "--runtime",
+            "tcp",
+            "--nodes",
+            "2",
+            "--workload",
+            "append",
+            "--verify",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+        ])
+        .args(["--inflight", "8", "--out", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{o}\n{e}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).unwrap()).unwrap();
+    for r in v["runs"].as_array().unwrap() {
+        assert_eq!(r["runtime"], "tcp");
+        assert!(r["committed"].as_u64().unwrap() > 100, "{r}");
+        assert_eq!(r["verified"], true);
+    }
+}
+
+struct Servers(Vec<Child>);
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    // Ask the OS for a free port, then use a block above it that is free too.
+    for _ in 0..100 {
+        let p = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if p < 60_000 && (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no free ports");
+}
+
+fn control(addr: &str, line: &str) -> serde_json::Value {
+    let t0 = Instant::now();
+    let s = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("{addr}: {e}"),
+        }
+    };
+    let mut w = s.try_clone().unwrap();
+    w.write_all(line.as_bytes()).unwrap();
+    w.write_all(b"\n").unwrap();
+    let mut r = BufReader::new(s);
+    let mut reply = String::new();
+    r.read_line(&mut reply).unwrap();
+    serde_json::from_str(&reply).unwrap()
+}
+
+#[test]
+fn hand_started_servers_survive_garbage_and_serve_a_bench() {
+    let base = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cluster.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 1\n[[node]]\naddr = \"127.0.0.1:{}\"\n[[node]]\naddr = \"127.0.0.1:{}\"\n", base, base + 3),
+    )
+    .unwrap();
+    let servers = Servers(
+        (0..2)
+            .map(|n| {
+                dtx()
+                    .args(["server", "--config", cfg.to_str().unwrap(), "--node", &n.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    // Control port: a malformed request gets an error reply, the server stays up.
+    let reply = control(&format!("127.0.0.1:{base}"), "{this is not json");
+    assert_eq!(reply["ok"], false);
+    assert!(reply["error"].as_str().unwrap().contains("bad request"));
+    let reply = control(&format!("127.0.0.1:{base}"), r#"{"cmd":"ping"}"#);
+    assert_eq!(reply["ok"], true);
+    // Run a bench once so the worker ports are open, and send garbage frames to them meanwhile.
+    let garbage = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        for (port, junk) in [
+            (base + 1, b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+            (base + 4, {
+                let mut v = b"DTX1\x00\x00\x00\x00".to_vec();
+                v.extend_from_slice(&u32::MAX.to_le_bytes());
+                v
+            }),
+        ] {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.write_all(&junk);
+            }
+        }
+    });
+    let out = dtx()
+        .args(["bench", "--runtime", "tcp", "--cluster", cfg.to_str().unwrap(), "--workload", "append", "--verify"])
+        .args([
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.2",
+            "--inflight",
+            "8",
+            "--out",
+            dir.path().join("r").to_str().unwrap(),
+        ])
+        .args(["--protocol", "occ"])
+        .output()
+        .unwrap();
+    garbage.join().unwrap();
+    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{o}\n{e}");
+    // The cluster is still there for a second run.
+    let out = dtx()
+        .args(["bench", "--runtime", "tcp", "--cluster", cfg.to_str().unwrap(), "--workload", "append", "--verify"])
+        .args([
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--inflight",
+            "4",
+            "--out",
+            dir.path().join("r2").to_str().unwrap(),
+        ])
+        .args(["--protocol", "2pl-waitdie"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    drop(servers);
+}
