@@ -144,6 +144,26 @@ pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
     h
 }
 
+/// Attach a worker to its node's protocol: from now on it serves requests.
+pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+    let proto = node.proto.worker(w.clone());
+    proto.start();
+    proto
+}
+
+/// Start a worker's clients.
+pub fn start_clients(
+    spec: &BenchSpec,
+    node: &NodeSetup,
+    w: &Rc<Worker>,
+    proto: &Rc<dyn WorkerProtocol>,
+    window: Window,
+    shared: &Arc<RunShared>,
+) {
+    let homes = homes(&node.topo, w.addr);
+    driver::start(w, proto.clone(), node.workload.clone(), homes, spec.driver_config(window), shared.clone());
+}
+
 /// Attach a worker to its node's protocol and start its clients.
 pub fn start_worker(
     spec: &BenchSpec,
@@ -152,16 +172,8 @@ pub fn start_worker(
     window: Window,
     shared: &Arc<RunShared>,
 ) -> Rc<dyn WorkerProtocol> {
-    let proto = node.proto.worker(w.clone());
-    proto.start();
-    driver::start(
-        w,
-        proto.clone(),
-        node.workload.clone(),
-        homes(&node.topo, w.addr),
-        spec.driver_config(window),
-        shared.clone(),
-    );
+    let proto = attach_worker(node, w);
+    start_clients(spec, node, w, &proto, window, shared);
     proto
 }
 

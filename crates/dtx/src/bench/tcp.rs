@@ -11,7 +11,7 @@
 
 use super::driver::{self, RunShared, Window};
 use super::metrics::{HistLine, Totals};
-use super::{build_node, start_worker, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
+use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::Addr;
 use crate::rt::tcp::{TcpHandle, TcpNet};
@@ -163,14 +163,14 @@ impl Server {
             let addr = Addr::new(self.node, wi);
             let net = TcpNet::bind(addr, cfg.worker_addr(self.node, wi), peers.clone(), spec.latency.clone())?;
             handles.push(net.handle());
-            let (spec2, _node2) = (spec.clone(), node.clone());
+            let (spec2, node2) = (spec.clone(), node.clone());
             threads.push(std::thread::Builder::new().name(format!("n{}w{wi}", self.node)).spawn(move || {
                 let w = net.make_worker(epoch, spec2.workers, &spec2.worker_config());
-                THREAD_WORKER.with(|t| *t.borrow_mut() = None);
-                CURRENT.with(|c| *c.borrow_mut() = Some(w.clone()));
+                // Serve peers from the moment the port is open: a peer may start first.
+                let proto = attach_worker(&node2, &w);
+                THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
                 net.run(&w);
                 THREAD_WORKER.with(|t| t.borrow_mut().take());
-                CURRENT.with(|c| c.borrow_mut().take());
             })?);
         }
         *self.run.lock() = Some(ActiveRun {
@@ -199,9 +199,11 @@ impl Server {
             run.shared.running.fetch_add(1, Ordering::AcqRel);
             let (spec, node, shared) = (run.spec.clone(), run.node.clone(), run.shared.clone());
             h.push_command(Box::new(move || {
-                let Some(w) = CURRENT.with(|c| c.borrow().clone()) else { return };
-                let proto = start_worker(&spec, &node, &w, window, &shared);
-                THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w, proto)));
+                THREAD_WORKER.with(|t| {
+                    if let Some((w, proto)) = t.borrow().as_ref() {
+                        start_clients(&spec, &node, w, proto, window, &shared);
+                    }
+                });
             }));
         }
         // Sample this process's CPU time at the window's edges.
@@ -275,11 +277,6 @@ impl Server {
             }
         }
     }
-}
-
-thread_local! {
-    /// The tcp worker running on this thread (commands reach it through here).
-    static CURRENT: std::cell::RefCell<Option<std::rc::Rc<crate::rt::Worker>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// A control connection to one node.

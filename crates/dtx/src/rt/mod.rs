@@ -381,15 +381,15 @@ impl Worker {
                     if self.rpc.retransmit_us > 0 && !self.first_delivery(src, env.rpc_id) {
                         return;
                     }
-                    if let Some(h) = &handler {
-                        h.on_request(src, env.rpc_id, env.body);
+                    match &handler {
+                        Some(h) => h.on_request(src, env.rpc_id, env.body),
+                        None => log_warn(&format!("{}: request from {src} before a protocol was attached", self.addr)),
                     }
                 }
-                Kind::OneWay => {
-                    if let Some(h) = &handler {
-                        h.on_oneway(src, env.body);
-                    }
-                }
+                Kind::OneWay => match &handler {
+                    Some(h) => h.on_oneway(src, env.body),
+                    None => log_warn(&format!("{}: message from {src} before a protocol was attached", self.addr)),
+                },
             }
         });
         if let Err(e) = &res {

@@ -327,7 +327,14 @@ impl TcpNet {
                                     c.writable = true;
                                 }
                                 if ev.is_error() || ev.is_read_closed() {
-                                    self.close(i, "connection reset");
+                                    let why = format!(
+                                        "connection reset (error {}, read closed {}, so_error {:?}, at {} ms)",
+                                        ev.is_error(),
+                                        ev.is_read_closed(),
+                                        c.stream.take_error(),
+                                        w.now_us() / 1000
+                                    );
+                                    self.close(i, &why);
                                 } else {
                                     self.flush(i);
                                 }

@@ -9,7 +9,6 @@ use crate::storage::{RowKey, TableDef, Value};
 use crate::txn::{Ctx, HistOp, KeySet, ProcFuture, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
-use bytes::Bytes;
 use rand::Rng as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,7 +44,7 @@ fn encode_list(list: &[u64]) -> Value {
     for v in list {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    Bytes::from(out)
+    Value::from(out)
 }
 
 impl Append {
@@ -78,8 +77,8 @@ impl Workload for Append {
         "append"
     }
 
-    fn tables(&self) -> Vec<TableDef> {
-        vec![TableDef { name: "lists", ordered: false, expected_rows: self.keys as usize }]
+    fn tables(&self, _partitions: &[PartitionId]) -> Vec<TableDef> {
+        vec![TableDef { name: "lists", ordered: false, expected_rows: self.keys as usize, dense: vec![] }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {
@@ -92,7 +91,7 @@ impl Workload for Append {
 
     fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
         for k in (0..self.keys).filter(|k| k % self.partitions as u64 == p as u64) {
-            sink(RowKey::new(TABLE, k), Bytes::new());
+            sink(RowKey::new(TABLE, k), Value::default());
         }
     }
 

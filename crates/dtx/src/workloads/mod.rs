@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 pub trait Workload: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    fn tables(&self) -> Vec<TableDef>;
+    /// The tables as the node holding `partitions` needs them.
+    fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef>;
     /// The registered stored procedures, by name.
     fn procedures(&self) -> &'static [&'static str];
     /// Which partition a key lives in.

@@ -10,7 +10,6 @@ use crate::storage::{RowKey, TableDef, Value};
 use crate::txn::{Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
-use bytes::Bytes;
 use rand::Rng as _;
 
 const TABLE: u16 = 0;
@@ -58,9 +57,9 @@ impl Workload for Ycsb {
         "ycsb"
     }
 
-    fn tables(&self) -> Vec<TableDef> {
-        let rows = self.p.keys as usize * self.topo.partitions_per_node as usize;
-        vec![TableDef { name: "usertable", ordered: false, expected_rows: rows }]
+    fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef> {
+        let dense = partitions.iter().map(|&p| p as u64 * self.p.keys..(p as u64 + 1) * self.p.keys).collect();
+        vec![TableDef { name: "usertable", ordered: false, expected_rows: 0, dense }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {
@@ -72,7 +71,7 @@ impl Workload for Ycsb {
     }
 
     fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
-        let value = Bytes::from(vec![b'x'; self.p.value_bytes as usize]);
+        let value = Value::from(vec![b'x'; self.p.value_bytes as usize]);
         for i in 0..self.p.keys {
             sink(RowKey::new(TABLE, p as u64 * self.p.keys + i), value.clone());
         }
@@ -126,7 +125,7 @@ impl Workload for Ycsb {
                     let old = ctx.read_for_update(key).await?.unwrap_or_default();
                     ctx.write(key, bump(&old, self.p.value_bytes as usize)).await?;
                 } else {
-                    ctx.write(key, Bytes::from(vec![b'y'; self.p.value_bytes as usize])).await?;
+                    ctx.write(key, Value::from(vec![b'y'; self.p.value_bytes as usize])).await?;
                 }
             }
             Ok(TxnOutput::default())
@@ -141,7 +140,7 @@ fn bump(old: &[u8], len: usize) -> Value {
     v[..n].copy_from_slice(&old[..n]);
     let c = u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])).wrapping_add(1);
     v[..8].copy_from_slice(&c.to_le_bytes());
-    Bytes::from(v)
+    Value::from(v)
 }
 
 #[cfg(test)]

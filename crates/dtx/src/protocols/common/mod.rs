@@ -39,9 +39,10 @@ pub struct NodeShared<M> {
 impl<M: Default + Send> NodeShared<M> {
     /// Build the node's storage and load the partitions it owns.
     pub fn load(env: super::NodeEnv) -> Self {
-        let defs: Vec<TableDef> = env.workload.tables();
+        let partitions = env.topo.partitions_of(env.node);
+        let defs: Vec<TableDef> = env.workload.tables(&partitions);
         let store = Storage::new(&defs);
-        for p in env.topo.partitions_of(env.node) {
+        for p in partitions {
             env.workload.load_partition(p, &mut |k, v| store.load(k, v));
         }
         NodeShared { id: env.node, topo: env.topo, workload: env.workload, store, opts: env.opts }

@@ -49,7 +49,8 @@ impl<'a> OccTxn<'a> {
         OccTxn { wk, id, reads: Vec::new(), writes: Vec::new() }
     }
 
-    fn is_local(&self, key: RowKey) -> Option<NodeId> {
+    /// The node holding `key`, if it is not this one.
+    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
         let n = self.wk.node.node_of(key);
         (n != self.wk.node.id).then_some(n)
     }
@@ -63,16 +64,36 @@ impl<'a> OccTxn<'a> {
         Some(e.value.clone())
     }
 
-    /// One-shot: fetch every declared key of each remote participant in one round trip.
+    /// One-shot: fetch every declared key of each remote participant in one round trip, and
+    /// start loading the local records so that their cache misses overlap.
     pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
+        self.reads.reserve(keys.reads.len() + keys.writes.len());
+        self.writes.reserve(keys.writes.len());
         for &k in keys.reads.iter().chain(keys.writes.iter()) {
-            if let Some(n) = self.is_local(k) {
-                let v = by_node.entry(n).or_default();
-                if !v.contains(&k) {
-                    v.push(k);
+            match self.remote_node(k) {
+                Some(n) => {
+                    let v = by_node.entry(n).or_default();
+                    if !v.contains(&k) {
+                        v.push(k);
+                    }
+                }
+                None => {
+                    if let Some(r) = self.wk.node.store.get(k) {
+                        r.prefetch();
+                    }
                 }
             }
+        }
+        for &k in keys.reads.iter().chain(keys.writes.iter()) {
+            if self.remote_node(k).is_none() {
+                if let Some(r) = self.wk.node.store.get(k) {
+                    r.prefetch_value();
+                }
+            }
+        }
+        if by_node.is_empty() {
+            return Ok(());
         }
         let wk = self.wk;
         let calls: Vec<_> = by_node
@@ -221,7 +242,7 @@ impl<'a> Access for OccTxn<'a> {
         if let Some(v) = self.cached(key) {
             return Step::Ready(Ok(v));
         }
-        match self.is_local(key) {
+        match self.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
                 let (value, tid) = part::read(&self.wk.node.store, key);

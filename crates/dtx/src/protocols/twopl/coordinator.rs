@@ -150,9 +150,23 @@ impl<'a> TplTxn<'a> {
             .map(|k| (*k, Mode::Exclusive))
             .chain(keys.reads.iter().filter(|k| !keys.writes.contains(k)).map(|k| (*k, Mode::Shared)));
         for (k, m) in modes {
-            by_node.entry(self.wk.node.node_of(k)).or_default().push((k, m));
+            let n = self.wk.node.node_of(k);
+            if n == self.wk.node.id {
+                // Start loading local records now so that their cache misses overlap.
+                if let Some(r) = self.wk.node.store.get(k) {
+                    r.prefetch();
+                }
+            }
+            by_node.entry(n).or_default().push((k, m));
         }
         let me = self.wk.node.id;
+        if let Some(local) = by_node.get(&me) {
+            for (k, _) in local {
+                if let Some(r) = self.wk.node.store.get(*k) {
+                    r.prefetch_value();
+                }
+            }
+        }
         // Remote participants first, in parallel; then the local keys.
         let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
             by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();

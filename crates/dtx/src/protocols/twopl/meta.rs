@@ -21,8 +21,10 @@ pub enum Mode {
 
 /// A transaction's age for WAIT_DIE: its first attempt's start time, then its id (unique).
 /// Smaller is older.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Prio(pub u64, pub TxnId);
+
+const NONE: TxnId = 0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -41,17 +43,19 @@ pub struct WaitSlot {
 }
 
 struct Waiter {
-    txn: TxnId,
     prio: Prio,
     mode: Mode,
     slot: Arc<WaitSlot>,
 }
 
+/// The lock word of a record. Kept small enough that a record (value, lock, mutex) fits one
+/// cache line: the exclusive holder inline (txn id 0 = none; ids start at 1), the shared holders
+/// and the waiters boxed on first use.
 #[derive(Default)]
 pub struct LockMeta {
-    exclusive: Option<(TxnId, Prio)>,
-    shared: Vec<(TxnId, Prio)>,
-    waiters: VecDeque<Waiter>,
+    exclusive: Prio,
+    shared: Option<Box<Vec<Prio>>>,
+    waiters: Option<Box<VecDeque<Waiter>>>,
 }
 
 pub enum Acquire {
@@ -61,32 +65,47 @@ pub enum Acquire {
 }
 
 impl LockMeta {
+    fn exclusive(&self) -> Option<Prio> {
+        (self.exclusive.1 != NONE).then_some(self.exclusive)
+    }
+
+    fn shared(&self) -> &[Prio] {
+        self.shared.as_deref().map_or(&[], |v| v.as_slice())
+    }
+
+    fn waiters(&self) -> impl Iterator<Item = &Waiter> {
+        self.waiters.iter().flat_map(|w| w.iter())
+    }
+
     pub fn holds(&self, txn: TxnId, mode: Mode) -> bool {
+        let excl = self.exclusive.1 == txn;
         match mode {
-            Mode::Exclusive => self.exclusive.is_some_and(|(t, _)| t == txn),
-            Mode::Shared => self.exclusive.is_some_and(|(t, _)| t == txn) || self.shared.iter().any(|(t, _)| *t == txn),
+            Mode::Exclusive => excl,
+            Mode::Shared => excl || self.shared().iter().any(|p| p.1 == txn),
         }
     }
 
     fn compatible(&self, txn: TxnId, mode: Mode) -> bool {
+        let excl_ok = self.exclusive().is_none_or(|p| p.1 == txn);
         match mode {
-            Mode::Shared => self.exclusive.is_none_or(|(t, _)| t == txn),
-            Mode::Exclusive => {
-                self.exclusive.is_none_or(|(t, _)| t == txn) && self.shared.iter().all(|(t, _)| *t == txn)
-            }
+            Mode::Shared => excl_ok,
+            Mode::Exclusive => excl_ok && self.shared().iter().all(|p| p.1 == txn),
         }
     }
 
-    fn grant(&mut self, txn: TxnId, prio: Prio, mode: Mode) {
+    fn grant(&mut self, prio: Prio, mode: Mode) {
+        let txn = prio.1;
         match mode {
             Mode::Shared => {
                 if !self.holds(txn, Mode::Shared) {
-                    self.shared.push((txn, prio));
+                    self.shared.get_or_insert_with(Default::default).push(prio);
                 }
             }
             Mode::Exclusive => {
-                self.shared.retain(|(t, _)| *t != txn);
-                self.exclusive = Some((txn, prio));
+                if let Some(s) = &mut self.shared {
+                    s.retain(|p| p.1 != txn);
+                }
+                self.exclusive = prio;
             }
         }
     }
@@ -96,30 +115,29 @@ impl LockMeta {
     /// NO_WAIT aborts when blocked; WAIT_DIE queues only if the requester is older than all its
     /// blockers, and dies otherwise: every wait is older-for-younger, so no deadlock can form.
     pub fn acquire(&mut self, txn: TxnId, prio: Prio, mode: Mode, policy: Policy) -> Acquire {
+        debug_assert_eq!(prio.1, txn, "a priority carries its transaction id");
+        debug_assert_ne!(txn, NONE, "transaction id 0 means `no holder`");
         if self.holds(txn, mode) {
             return Acquire::Granted;
         }
         let conflicts = |m: Mode| m == Mode::Exclusive || mode == Mode::Exclusive;
         let holders = self
-            .exclusive
-            .iter()
-            .map(|h| (h.0, h.1, Mode::Exclusive))
-            .chain(self.shared.iter().map(|h| (h.0, h.1, Mode::Shared)));
-        let waiting = self
-            .waiters
-            .iter()
-            .filter(|w| w.slot.state.load(Ordering::Acquire) == WAITING)
-            .map(|w| (w.txn, w.prio, w.mode));
+            .exclusive()
+            .map(|p| (p, Mode::Exclusive))
+            .into_iter()
+            .chain(self.shared().iter().map(|p| (*p, Mode::Shared)));
+        let waiting =
+            self.waiters().filter(|w| w.slot.state.load(Ordering::Acquire) == WAITING).map(|w| (w.prio, w.mode));
         let mut blocked = false;
         let mut older_than_blockers = true;
-        for (t, p, m) in holders.chain(waiting) {
-            if t != txn && conflicts(m) {
+        for (p, m) in holders.chain(waiting) {
+            if p.1 != txn && conflicts(m) {
                 blocked = true;
                 older_than_blockers &= prio < p;
             }
         }
         if !blocked {
-            self.grant(txn, prio, mode);
+            self.grant(prio, mode);
             return Acquire::Granted;
         }
         match policy {
@@ -127,7 +145,7 @@ impl LockMeta {
             Policy::WaitDie if !older_than_blockers => Acquire::Abort(Abort::WaitDie),
             Policy::WaitDie => {
                 let slot = Arc::new(WaitSlot { state: AtomicU8::new(WAITING), waker: Mutex::new(None) });
-                self.waiters.push_back(Waiter { txn, prio, mode, slot: slot.clone() });
+                self.waiters.get_or_insert_with(Default::default).push_back(Waiter { prio, mode, slot: slot.clone() });
                 Acquire::Wait(slot)
             }
         }
@@ -135,26 +153,32 @@ impl LockMeta {
 
     /// Release whatever `txn` holds and grant waiters in FIFO order while they fit.
     pub fn release(&mut self, txn: TxnId) {
-        if self.exclusive.is_some_and(|(t, _)| t == txn) {
-            self.exclusive = None;
+        if self.exclusive.1 == txn {
+            self.exclusive = Prio::default();
         }
-        self.shared.retain(|(t, _)| *t != txn);
-        self.waiters.retain(|w| w.txn != txn || w.slot.state.load(Ordering::Acquire) != WAITING);
-        while let Some(w) = self.waiters.front() {
+        if let Some(s) = &mut self.shared {
+            s.retain(|p| p.1 != txn);
+        }
+        let Some(mut waiters) = self.waiters.take() else { return };
+        waiters.retain(|w| w.prio.1 != txn || w.slot.state.load(Ordering::Acquire) != WAITING);
+        while let Some(w) = waiters.front() {
             if w.slot.state.load(Ordering::Acquire) == CANCELLED {
-                self.waiters.pop_front();
+                waiters.pop_front();
                 continue;
             }
-            if !self.compatible(w.txn, w.mode) {
+            if !self.compatible(w.prio.1, w.mode) {
                 break;
             }
-            let w = self.waiters.pop_front().expect("front exists");
-            self.grant(w.txn, w.prio, w.mode);
+            let w = waiters.pop_front().expect("front exists");
+            self.grant(w.prio, w.mode);
             w.slot.state.store(GRANTED, Ordering::Release);
             let waker = w.slot.waker.lock().take();
             if let Some(wk) = waker {
                 wk.wake();
             }
+        }
+        if !waiters.is_empty() {
+            self.waiters = Some(waiters);
         }
     }
 
@@ -164,12 +188,14 @@ impl LockMeta {
             return true;
         }
         slot.state.store(CANCELLED, Ordering::Release);
-        self.waiters.retain(|w| !Arc::ptr_eq(&w.slot, slot));
+        if let Some(w) = &mut self.waiters {
+            w.retain(|w| !Arc::ptr_eq(&w.slot, slot));
+        }
         false
     }
 
     pub fn is_free(&self) -> bool {
-        self.exclusive.is_none() && self.shared.is_empty() && self.waiters.is_empty()
+        self.exclusive().is_none() && self.shared().is_empty() && self.waiters().next().is_none()
     }
 }
 
@@ -202,6 +228,11 @@ mod tests {
 
     fn p(t: u64) -> Prio {
         Prio(t, t)
+    }
+
+    #[test]
+    fn a_locked_record_fits_one_cache_line() {
+        assert!(std::mem::size_of::<crate::storage::Record<LockMeta>>() <= 64);
     }
 
     #[test]
