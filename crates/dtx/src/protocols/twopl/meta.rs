@@ -48,13 +48,15 @@ struct Waiter {
     slot: Arc<WaitSlot>,
 }
 
-/// The lock word of a record. Kept small enough that a record (value, lock, mutex) fits one
-/// cache line: the exclusive holder inline (txn id 0 = none; ids start at 1), the shared holders
-/// and the waiters boxed on first use.
+/// The lock word of a record, small enough that a record (value, lock, mutex) fits one cache
+/// line. Most records have at most one holder, so the first holder sits inline with its mode
+/// (txn id 0 = free; ids start at 1); further shared holders and the waiters live in boxes
+/// allocated on first use.
 #[derive(Default)]
 pub struct LockMeta {
-    exclusive: Prio,
-    shared: Option<Box<Vec<Prio>>>,
+    first: Prio,
+    first_exclusive: bool,
+    more_shared: Option<Box<Vec<Prio>>>,
     waiters: Option<Box<VecDeque<Waiter>>>,
 }
 
@@ -65,12 +67,11 @@ pub enum Acquire {
 }
 
 impl LockMeta {
-    fn exclusive(&self) -> Option<Prio> {
-        (self.exclusive.1 != NONE).then_some(self.exclusive)
-    }
-
-    fn shared(&self) -> &[Prio] {
-        self.shared.as_deref().map_or(&[], |v| v.as_slice())
+    /// Every holder with its mode.
+    fn holders(&self) -> impl Iterator<Item = (Prio, Mode)> + '_ {
+        let first = (self.first.1 != NONE)
+            .then_some((self.first, if self.first_exclusive { Mode::Exclusive } else { Mode::Shared }));
+        first.into_iter().chain(self.more_shared.iter().flat_map(|v| v.iter().map(|p| (*p, Mode::Shared))))
     }
 
     fn waiters(&self) -> impl Iterator<Item = &Waiter> {
@@ -78,34 +79,46 @@ impl LockMeta {
     }
 
     pub fn holds(&self, txn: TxnId, mode: Mode) -> bool {
-        let excl = self.exclusive.1 == txn;
-        match mode {
-            Mode::Exclusive => excl,
-            Mode::Shared => excl || self.shared().iter().any(|p| p.1 == txn),
-        }
+        self.holders().any(|(p, m)| p.1 == txn && (mode == Mode::Shared || m == Mode::Exclusive))
     }
 
     fn compatible(&self, txn: TxnId, mode: Mode) -> bool {
-        let excl_ok = self.exclusive().is_none_or(|p| p.1 == txn);
-        match mode {
-            Mode::Shared => excl_ok,
-            Mode::Exclusive => excl_ok && self.shared().iter().all(|p| p.1 == txn),
+        self.holders().all(|(p, m)| p.1 == txn || (m == Mode::Shared && mode == Mode::Shared))
+    }
+
+    fn remove_holder(&mut self, txn: TxnId) {
+        if let Some(more) = &mut self.more_shared {
+            more.retain(|p| p.1 != txn);
+        }
+        if self.first.1 == txn {
+            // Promote another shared holder into the inline slot.
+            match self.more_shared.as_mut().and_then(|m| m.pop()) {
+                Some(p) => {
+                    self.first = p;
+                    self.first_exclusive = false;
+                }
+                None => {
+                    self.first = Prio::default();
+                    self.first_exclusive = false;
+                }
+            }
         }
     }
 
     fn grant(&mut self, prio: Prio, mode: Mode) {
         let txn = prio.1;
-        match mode {
-            Mode::Shared => {
-                if !self.holds(txn, Mode::Shared) {
-                    self.shared.get_or_insert_with(Default::default).push(prio);
-                }
-            }
-            Mode::Exclusive => {
-                if let Some(s) = &mut self.shared {
-                    s.retain(|p| p.1 != txn);
-                }
-                self.exclusive = prio;
+        if mode == Mode::Exclusive {
+            // An upgrade drops the shared hold; the caller checked no one else holds.
+            self.remove_holder(txn);
+            debug_assert!(self.holders().next().is_none(), "exclusive grant over other holders");
+            self.first = prio;
+            self.first_exclusive = true;
+        } else if !self.holds(txn, Mode::Shared) {
+            if self.first.1 == NONE {
+                self.first = prio;
+                self.first_exclusive = false;
+            } else {
+                self.more_shared.get_or_insert_with(Default::default).push(prio);
             }
         }
     }
@@ -121,11 +134,7 @@ impl LockMeta {
             return Acquire::Granted;
         }
         let conflicts = |m: Mode| m == Mode::Exclusive || mode == Mode::Exclusive;
-        let holders = self
-            .exclusive()
-            .map(|p| (p, Mode::Exclusive))
-            .into_iter()
-            .chain(self.shared().iter().map(|p| (*p, Mode::Shared)));
+        let holders = self.holders();
         let waiting =
             self.waiters().filter(|w| w.slot.state.load(Ordering::Acquire) == WAITING).map(|w| (w.prio, w.mode));
         let mut blocked = false;
@@ -153,12 +162,7 @@ impl LockMeta {
 
     /// Release whatever `txn` holds and grant waiters in FIFO order while they fit.
     pub fn release(&mut self, txn: TxnId) {
-        if self.exclusive.1 == txn {
-            self.exclusive = Prio::default();
-        }
-        if let Some(s) = &mut self.shared {
-            s.retain(|p| p.1 != txn);
-        }
+        self.remove_holder(txn);
         let Some(mut waiters) = self.waiters.take() else { return };
         waiters.retain(|w| w.prio.1 != txn || w.slot.state.load(Ordering::Acquire) != WAITING);
         while let Some(w) = waiters.front() {
@@ -195,7 +199,7 @@ impl LockMeta {
     }
 
     pub fn is_free(&self) -> bool {
-        self.exclusive().is_none() && self.shared().is_empty() && self.waiters().next().is_none()
+        self.holders().next().is_none() && self.waiters().next().is_none()
     }
 }
 
@@ -278,6 +282,24 @@ mod tests {
         assert_eq!(r.state.load(Ordering::Acquire), WAITING);
         l.release(3);
         assert_eq!(r.state.load(Ordering::Acquire), GRANTED);
+    }
+
+    #[test]
+    fn many_shared_holders_then_an_upgrade() {
+        let mut l = LockMeta::default();
+        for t in 1..=4 {
+            assert!(matches!(l.acquire(t, p(t), Mode::Shared, Policy::NoWait), Acquire::Granted));
+        }
+        assert!(matches!(l.acquire(2, p(2), Mode::Exclusive, Policy::NoWait), Acquire::Abort(Abort::LockConflict)));
+        for t in [1, 3, 4] {
+            l.release(t);
+        }
+        assert!(l.holds(2, Mode::Shared) && !l.holds(2, Mode::Exclusive));
+        assert!(matches!(l.acquire(2, p(2), Mode::Exclusive, Policy::NoWait), Acquire::Granted));
+        assert!(l.holds(2, Mode::Exclusive));
+        assert!(matches!(l.acquire(5, p(5), Mode::Shared, Policy::NoWait), Acquire::Abort(Abort::LockConflict)));
+        l.release(2);
+        assert!(l.is_free());
     }
 
     #[test]
