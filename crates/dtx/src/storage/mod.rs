@@ -313,7 +313,12 @@ mod tests {
 
     fn defs() -> Vec<TableDef> {
         vec![
-            TableDef { name: "a", ordered: false, expected_rows: 10, dense: vec![1_000_000..1_000_100] },
+            TableDef {
+                name: "a",
+                ordered: false,
+                expected_rows: 10,
+                dense: std::iter::once(1_000_000..1_000_100).collect(),
+            },
             TableDef { name: "b", ordered: true, expected_rows: 10, dense: vec![] },
         ]
     }

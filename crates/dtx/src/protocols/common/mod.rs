@@ -153,21 +153,59 @@ impl<S> PartTable<S> {
     }
 }
 
+/// What a 2PC protocol's worker provides so that the shared 2PC plumbing can run on it.
+pub trait TwoPcWorker: 'static {
+    fn worker(&self) -> &Rc<Worker>;
+    fn coord(&self) -> &CoordTable;
+    /// The worker of `node` that serves this worker's transactions.
+    fn participant_addr(&self, node: NodeId) -> Addr;
+    /// Transactions this worker holds participant state for and has not heard of for `idle_ns`.
+    fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId>;
+    /// The protocol's encoding of "what became of `txn`?" and of its answer.
+    fn status_request(txn: TxnId) -> Vec<u8>;
+    fn parse_status(reply: &[u8]) -> Option<TxnStatus>;
+    /// Apply the coordinator's answer to this worker's participant state.
+    fn resolve(&self, txn: TxnId, status: TxnStatus);
+}
+
+/// Send a decision (an encoded request) to the participants on `nodes` in the background; the
+/// RPC layer resends it on lossy links. Once all acknowledged, forget `forget` (a commit); until
+/// then a participant that lost the message can ask ([`spawn_sweeper`]).
+pub fn tell_outcome<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+    if nodes.is_empty() {
+        return;
+    }
+    let w = me.worker().clone();
+    w.spawn(async move {
+        let calls: Vec<_> = nodes.iter().map(|&n| me.worker().call(me.participant_addr(n), body.clone())).collect();
+        let acked = crate::rt::join_all(calls).await.iter().all(|r| r.is_ok());
+        if let (true, Some(txn)) = (acked, forget) {
+            me.coord().forget(txn);
+        }
+    });
+}
+
 /// Run the orphan sweeper on a worker: every `orphan_after / 2`, ask the coordinator of each
-/// transaction idle for `orphan_after` what became of it, and let `resolve` apply the answer.
-/// This is 2PC's termination protocol; it makes lost commit/abort messages harmless.
-pub fn spawn_sweeper<F, Q>(w: &Rc<Worker>, orphan_after_us: u64, idle: F, query: Q)
-where
-    F: Fn(u64, u64) -> Vec<TxnId> + 'static,
-    Q: Fn(TxnId) + 'static,
-{
-    let w2 = w.clone();
+/// transaction idle for `orphan_after` what became of it, and apply the answer. This is 2PC's
+/// termination protocol; it makes lost prepare, commit and abort messages harmless.
+pub fn spawn_sweeper<W: TwoPcWorker>(me: &Rc<W>, orphan_after_us: u64) {
+    let weak = Rc::downgrade(me);
+    let w = me.worker().clone();
     w.spawn(async move {
         let period = (orphan_after_us / 2).max(1000);
         loop {
-            w2.sleep_us(period).await;
-            for txn in idle(w2.now_ns(), orphan_after_us * 1000) {
-                query(txn);
+            let Some(w) = weak.upgrade().map(|m| m.worker().clone()) else { return };
+            w.sleep_us(period).await;
+            let Some(me) = weak.upgrade() else { return };
+            for txn in me.idle_txns(w.now_ns(), orphan_after_us * 1000) {
+                let me = me.clone();
+                w.spawn(async move {
+                    if let Ok(body) = me.worker().call(coordinator_of(txn), W::status_request(txn)).await {
+                        if let Some(s) = W::parse_status(&body) {
+                            me.resolve(txn, s);
+                        }
+                    }
+                });
             }
         }
     });

@@ -218,25 +218,6 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
     Ok(())
 }
 
-impl OccWorker {
-    /// Send a decision to participants in the background (resent by the RPC layer on lossy
-    /// links); once all acknowledged a commit, forget it. Until then a participant that lost the
-    /// message asks the coordinator ([`crate::protocols::common::spawn_sweeper`]).
-    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
-        if nodes.is_empty() {
-            return;
-        }
-        let Some(me) = self.me.upgrade() else { return };
-        self.w.spawn(async move {
-            let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
-            let acked = join_all(calls).await.iter().all(|r| r.is_ok());
-            if let (true, Some(txn)) = (acked, forget) {
-                me.coord.forget(txn);
-            }
-        });
-    }
-}
-
 impl<'a> Access for OccTxn<'a> {
     fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         if let Some(v) = self.cached(key) {
@@ -325,5 +306,14 @@ impl recon::SnapshotReader for OccWorker {
             };
             Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
         })
+    }
+}
+
+impl OccWorker {
+    /// Send a decision to participants in the background ([`crate::protocols::common::tell_outcome`]).
+    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+        if let Some(me) = self.me.upgrade() {
+            crate::protocols::common::tell_outcome(me, encode(&req), nodes, forget);
+        }
     }
 }

@@ -147,7 +147,7 @@ impl OccWorker {
     }
 
     /// Apply what the coordinator says about a transaction we hold state for.
-    pub(super) fn resolve(&self, txn: TxnId, status: TxnStatus) {
+    pub(super) fn resolve_here(&self, txn: TxnId, status: TxnStatus) {
         match status {
             TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
             TxnStatus::Aborted => self.abort_here(txn),

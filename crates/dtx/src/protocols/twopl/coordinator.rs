@@ -266,23 +266,6 @@ impl<'a> TplTxn<'a> {
     }
 }
 
-impl TwoPlWorker {
-    /// Send a decision to participants in the background; forget a commit once all acknowledged.
-    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
-        if nodes.is_empty() {
-            return;
-        }
-        let Some(me) = self.me.upgrade() else { return };
-        self.w.spawn(async move {
-            let calls: Vec<_> = nodes.iter().map(|&n| me.ask(n, &req)).collect();
-            let acked = join_all(calls).await.iter().all(|r| r.is_ok());
-            if let (true, Some(txn)) = (acked, forget) {
-                me.coord.forget(txn);
-            }
-        });
-    }
-}
-
 impl<'a> Access for TplTxn<'a> {
     fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         self.access(key, Mode::Shared)
@@ -398,5 +381,14 @@ impl recon::SnapshotReader for TwoPlWorker {
                 _ => Err(Abort::Timeout),
             }
         })
+    }
+}
+
+impl TwoPlWorker {
+    /// Send a decision to participants in the background ([`crate::protocols::common::tell_outcome`]).
+    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+        if let Some(me) = self.me.upgrade() {
+            crate::protocols::common::tell_outcome(me, encode(&req), nodes, forget);
+        }
     }
 }

@@ -11,8 +11,8 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::{decode, encode, Addr};
-use crate::protocols::common::{coordinator_of, spawn_sweeper, CoordTable, NodeShared, PartTable};
+use crate::net::{decode, encode, Addr, NodeId};
+use crate::protocols::common::{spawn_sweeper, CoordTable, NodeShared, PartTable, TwoPcWorker, TxnId, TxnStatus};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
 use crate::rt::{Handler, LocalBoxFuture, Worker};
 use crate::txn::{recon, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
@@ -100,24 +100,9 @@ impl WorkerProtocol for TwoPlWorker {
     }
 
     fn start(&self) {
-        let (me1, me2) = (self.me.clone(), self.me.clone());
-        spawn_sweeper(
-            &self.w,
-            self.node.opts.orphan_after_us,
-            move |now, idle| me1.upgrade().map(|m| m.parts.idle(now, idle)).unwrap_or_default(),
-            move |txn| {
-                let Some(me) = me2.upgrade() else { return };
-                let w = me.w.clone();
-                w.spawn(async move {
-                    let req = encode(&messages::Request::Status { txn });
-                    if let Ok(body) = me.w.call(coordinator_of(txn), req).await {
-                        if let Ok(messages::Reply::Status(s)) = decode(&body) {
-                            me.resolve(txn, s);
-                        }
-                    }
-                });
-            },
-        );
+        if let Some(me) = self.me.upgrade() {
+            spawn_sweeper(&me, self.node.opts.orphan_after_us);
+        }
     }
 }
 
@@ -127,5 +112,32 @@ impl Handler for TwoPlWorker {
     }
     fn on_oneway(&self, from: Addr, body: &[u8]) {
         self.serve_oneway(from, body)
+    }
+}
+
+impl TwoPcWorker for TwoPlWorker {
+    fn worker(&self) -> &Rc<Worker> {
+        &self.w
+    }
+    fn coord(&self) -> &CoordTable {
+        &self.coord
+    }
+    fn participant_addr(&self, node: NodeId) -> Addr {
+        self.node.participant(node, self.w.addr)
+    }
+    fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId> {
+        self.parts.idle(now_ns, idle_ns)
+    }
+    fn status_request(txn: TxnId) -> Vec<u8> {
+        encode(&messages::Request::Status { txn })
+    }
+    fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
+        match decode(reply) {
+            Ok(messages::Reply::Status(s)) => Some(s),
+            _ => None,
+        }
+    }
+    fn resolve(&self, txn: TxnId, status: TxnStatus) {
+        self.resolve_here(txn, status)
     }
 }

@@ -233,7 +233,7 @@ impl TwoPlWorker {
         }
     }
 
-    pub(super) fn resolve(&self, txn: TxnId, status: TxnStatus) {
+    pub(super) fn resolve_here(&self, txn: TxnId, status: TxnStatus) {
         match status {
             TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
             TxnStatus::Aborted => self.abort_here(txn),
