@@ -92,7 +92,10 @@ pub enum Clock {
 }
 
 /// Simulated CPU cost of work, charged to the worker that does it (only the simulator turns it
-/// into time; see docs/architecture.md for how the defaults were calibrated).
+/// into time). Calibrated on this project's 2-core machine (docs/architecture.md): `dtx bench
+/// --runtime local --nodes 1 --protocol occ,2pl-nowait` with `--ops 1` and `--ops 10` gives
+/// ~1 µs per transaction plus 0.33-0.45 µs per record access; a batch costs a system call at
+/// each end (~5.5 µs per `write()`, MACHINE.md) and each message its encoding and dispatch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct CpuCost {
     /// Per record access (read, write, lock, validate).
@@ -107,7 +110,7 @@ pub struct CpuCost {
 
 impl Default for CpuCost {
     fn default() -> Self {
-        CpuCost { op_ns: 60, msg_ns: 250, packet_ns: 2_500, txn_ns: 400 }
+        CpuCost { op_ns: 400, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000 }
     }
 }
 
