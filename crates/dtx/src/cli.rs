@@ -29,7 +29,23 @@ fn results_dir(req: &BenchRequest) -> PathBuf {
         return o.clone();
     }
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    PathBuf::from("results").join(format!("{secs}-{}-{}", req.workload, req.runtime))
+    PathBuf::from("results").join(format!("{}-{}-{}", utc_stamp(secs), req.workload, req.runtime))
+}
+
+/// `YYYYMMDD-HHMMSS` (UTC) for a Unix time, without a date library.
+fn utc_stamp(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm), valid for the proleptic Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// Run the benchmark; Ok(false) when a check failed.
@@ -104,6 +120,16 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) 
             }
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(super::utc_stamp(0), "19700101-000000");
+        assert_eq!(super::utc_stamp(1_795_333_737), "20261122-074857");
+        assert_eq!(super::utc_stamp(951_782_400), "20000229-000000");
     }
 }
 

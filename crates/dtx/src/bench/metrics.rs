@@ -37,7 +37,7 @@ fn new_hist() -> Histogram<u64> {
 
 impl Metrics {
     pub fn new(window: Window) -> Self {
-        let secs = ((window.end_ns.saturating_sub(window.start_ns)) / 1_000_000_000 + 1) as usize;
+        let secs = window.end_ns.saturating_sub(window.start_ns).div_ceil(1_000_000_000).max(1) as usize;
         Metrics {
             node: 0,
             window,

@@ -197,7 +197,7 @@ fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>)
 pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::with_draw_target(Some(total_ms), indicatif::ProgressDrawTarget::stderr());
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{prefix:>14} [{bar:30}] {msg}")
+        indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} ms {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
