@@ -138,6 +138,13 @@ impl TcpNet {
         }
     }
 
+    fn close_quietly(&mut self, i: usize) {
+        if let Some(Conn::Out(a, mut c)) = self.conns[i].take() {
+            let _ = self.poll.registry().deregister(&mut c.stream);
+            self.out_index.remove(&a);
+        }
+    }
+
     /// Queue a packet for its destination, connecting on first use.
     fn send(&mut self, p: Packet) {
         let i = match self.out_index.get(&p.dst) {
@@ -327,14 +334,18 @@ impl TcpNet {
                                     c.writable = true;
                                 }
                                 if ev.is_error() || ev.is_read_closed() {
-                                    let why = format!(
-                                        "connection reset (error {}, read closed {}, so_error {:?}, at {} ms)",
-                                        ev.is_error(),
-                                        ev.is_read_closed(),
-                                        c.stream.take_error(),
-                                        w.now_us() / 1000
-                                    );
-                                    self.close(i, &why);
+                                    // A peer that stopped with nothing queued for it closed
+                                    // cleanly (the end of a run); anything else lost data.
+                                    if ev.is_error() || !c.pending.is_empty() {
+                                        let why = format!(
+                                            "connection reset with {} bytes unsent ({:?})",
+                                            c.pending.len(),
+                                            c.stream.take_error()
+                                        );
+                                        self.close(i, &why);
+                                    } else {
+                                        self.close_quietly(i);
+                                    }
                                 } else {
                                     self.flush(i);
                                 }
