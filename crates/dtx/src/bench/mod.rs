@@ -228,16 +228,18 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
     }
     let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
-    let mut busy_start = 0;
+    let mut busy_at_start = None;
     while world.now_ns() < window.end_ns {
-        let step = (world.now_ns() + 10_000_000).min(window.end_ns);
+        // Stop exactly at the window's start once, to read the CPU charged before it.
+        let target = if busy_at_start.is_none() { window.start_ns } else { window.end_ns };
+        let step = (world.now_ns() + 10_000_000).min(target);
         world.run_until(step, || false);
-        if world.now_ns() <= window.start_ns {
-            busy_start = world.now_ns();
+        if busy_at_start.is_none() && world.now_ns() >= window.start_ns {
+            busy_at_start = Some(world.busy_ns);
         }
         pb.set_position(world.now_ns() / 1_000_000);
     }
-    let _ = busy_start;
+    let busy_in_window_ns = world.busy_ns - busy_at_start.unwrap_or(0);
     pb.finish_and_clear();
     // Let in-flight transactions finish (bounded by the RPC timeout and retries).
     world.heal_all();
@@ -258,8 +260,8 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         world.run_until(limit, || shared.final_read.lock().is_some());
         final_read = shared.final_read.lock().take();
     }
-    // Simulated CPU: the work charged, as a share of the run (reported per transaction).
-    totals.cpu_us = 0;
+    // Simulated CPU: the work charged to all workers during the window.
+    totals.cpu_us = busy_in_window_ns / 1000;
     Ok(Outcome { totals, history, final_read, notes })
 }
 

@@ -98,7 +98,8 @@ pub enum Clock {
 /// each end (~5.5 µs per `write()`, MACHINE.md) and each message its encoding and dispatch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct CpuCost {
-    /// Per record access (read, write, lock, validate).
+    /// Per record-level step: a read, a lock, a validation and an install each count one, so a
+    /// transaction charges this about 2.4 times per operation.
     pub op_ns: u64,
     /// Per message sent or received.
     pub msg_ns: u64,
@@ -110,7 +111,7 @@ pub struct CpuCost {
 
 impl Default for CpuCost {
     fn default() -> Self {
-        CpuCost { op_ns: 400, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000 }
+        CpuCost { op_ns: 170, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000 }
     }
 }
 

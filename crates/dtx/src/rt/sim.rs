@@ -60,6 +60,8 @@ pub struct SimWorld {
     node_down: Vec<bool>,
     pub packets_dropped: u64,
     pub packets_delivered: u64,
+    /// CPU time charged to all workers so far (virtual ns).
+    pub busy_ns: u64,
 }
 
 impl SimWorld {
@@ -81,6 +83,7 @@ impl SimWorld {
             node_down: vec![false; nodes as usize],
             packets_dropped: 0,
             packets_delivered: 0,
+            busy_ns: 0,
         };
         if w.faults.partitions || w.faults.crashes {
             let first = w.fault_gap();
@@ -220,7 +223,9 @@ impl SimWorld {
         w.executor().run_ready(STEP_TASKS);
         let mut out = Vec::new();
         w.take_outbox(&mut out);
-        let busy_until = now + w.take_charged_ns();
+        let charged = w.take_charged_ns();
+        self.busy_ns += charged;
+        let busy_until = now + charged;
         self.slots[i].busy_until = busy_until;
         for p in out {
             self.send(p, busy_until);
