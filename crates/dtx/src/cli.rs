@@ -123,16 +123,6 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) 
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_stamps() {
-        assert_eq!(super::utc_stamp(0), "19700101-000000");
-        assert_eq!(super::utc_stamp(1_795_333_737), "20261122-074857");
-        assert_eq!(super::utc_stamp(951_782_400), "20000229-000000");
-    }
-}
-
 /// `dtx check --history FILE`.
 pub fn check(path: &Path, json: bool) -> anyhow::Result<bool> {
     let report = dtx_check::check_file(path)?;
@@ -145,4 +135,14 @@ pub fn check(path: &Path, json: bool) -> anyhow::Result<bool> {
         }
     }
     Ok(report.valid)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(super::utc_stamp(0), "19700101-000000");
+        assert_eq!(super::utc_stamp(1_795_333_737), "20261122-074857");
+        assert_eq!(super::utc_stamp(951_782_400), "20000229-000000");
+    }
 }

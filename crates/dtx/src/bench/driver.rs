@@ -95,7 +95,7 @@ async fn client(
     cfg: &DriverConfig,
     shared: &RunShared,
 ) {
-    while w.now_ns() < cfg.window.end_ns && !w.stopping.get() {
+    while w.now_ns() < cfg.window.end_ns {
         let mut req = wl.next(&mut w.rng.borrow_mut(), home);
         let first_ns = w.now_ns();
         let mut number = 0;

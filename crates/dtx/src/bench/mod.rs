@@ -248,6 +248,13 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
         notes.push("some clients were still running 120 s (virtual) after the window closed".into());
     }
+    if spec.faults.any() {
+        notes.push(format!(
+            "faults: {} of {} packets dropped (loss, partitions, stopped nodes)",
+            world.packets_dropped,
+            world.packets_dropped + world.packets_delivered
+        ));
+    }
     let mut totals = Totals::default();
     let mut history = Vec::new();
     collect(&shared, &mut totals, &mut history);

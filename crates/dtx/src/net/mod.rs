@@ -11,9 +11,6 @@ use serde::{de::DeserializeOwned, Serialize};
 pub type NodeId = u16;
 pub type WorkerId = u16;
 
-/// The node id the bench/control endpoint uses; never a cluster member.
-pub const CONTROL_NODE: NodeId = u16::MAX;
-
 /// A worker on a node: the unit that sends and receives messages (one thread in `local`/`tcp`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Addr {

@@ -76,12 +76,6 @@ impl Executor {
     pub fn has_ready(&self) -> bool {
         !self.ready.lock().is_empty()
     }
-
-    /// Drop every queued task (a crashed node in the simulator).
-    pub fn clear(&self) {
-        let drained: Vec<Runnable> = self.ready.lock().drain(..).collect();
-        drop(drained);
-    }
 }
 
 /// Where time comes from: virtual nanoseconds in the simulator, a monotonic clock otherwise.
@@ -181,8 +175,6 @@ pub struct Worker {
     charged_ns: Cell<u64>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
-    /// Set when the runtime wants the worker's drivers to wind down.
-    pub stopping: Cell<bool>,
 }
 
 impl Worker {
@@ -208,7 +200,6 @@ impl Worker {
             charged_ns: Cell::new(0),
             cost: cfg.cost,
             rpc: cfg.rpc,
-            stopping: Cell::new(false),
         }
     }
 
@@ -431,15 +422,6 @@ impl Worker {
                 true
             }
         }
-    }
-
-    /// Drop all volatile runtime state (a crash in the simulator).
-    pub fn crash_reset(&self) {
-        self.exec.clear();
-        self.outbox.borrow_mut().clear();
-        self.rpcs.borrow_mut().clear();
-        self.timer_wakers.borrow_mut().clear();
-        self.timers.borrow_mut().clear();
     }
 
     /// Anything to do right now (ready tasks or unsent batches)?

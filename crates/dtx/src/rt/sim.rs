@@ -316,8 +316,4 @@ impl SimWorld {
             }
         }
     }
-
-    pub fn workers(&self) -> impl Iterator<Item = &Rc<Worker>> {
-        self.slots.iter().map(|s| &s.w)
-    }
 }
