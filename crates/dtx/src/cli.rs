@@ -54,8 +54,8 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     if !["sim", "local", "tcp"].contains(&req.runtime.as_str()) {
         bail!("--runtime `{}`: use sim, local or tcp", req.runtime);
     }
-    if req.verify && req.workload != "append" {
-        bail!("--verify checks list-append histories: add --workload append");
+    if req.verify && !["append", "tpcc", "bank"].contains(&req.workload.as_str()) {
+        bail!("--verify has no checker for {}: use --workload append, tpcc or bank", req.workload);
     }
     if req.history.is_some() && req.workload != "append" {
         bail!("--history records list-append histories: add --workload append");
@@ -77,7 +77,13 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         for n in &outcome.notes {
             eprintln!("dtx: {}: {n}", spec.protocol);
         }
-        let verified = if spec.record_history { Some(check_outcome(spec, &outcome, req, &dir)?) } else { None };
+        let verified = if spec.record_history {
+            Some(check_outcome(spec, &outcome, req, &dir)?)
+        } else if spec.run_checks {
+            Some(print_findings(spec, &outcome.totals.findings))
+        } else {
+            None
+        };
         if verified == Some(false) {
             all_ok = false;
         }
@@ -95,6 +101,18 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         println!("results: {} (json: {}, plot: {})", dir.display(), json_path.display(), plot_path.display());
     }
     Ok(all_ok)
+}
+
+/// Print each invariant the workload checked, pass or fail; true when all passed.
+fn print_findings(spec: &BenchSpec, findings: &[(String, bool, String)]) -> bool {
+    let failed = findings.iter().filter(|f| !f.1).count();
+    eprintln!("{}: {} checks, {} failed", spec.protocol, findings.len(), failed);
+    for (what, ok, detail) in findings {
+        if !ok || findings.len() <= 64 {
+            eprintln!("  {} {what}: {detail}", if *ok { "pass" } else { "FAIL" });
+        }
+    }
+    failed == 0 && !findings.is_empty()
 }
 
 /// Write the run's history and check it; true when it is serializable and complete.

@@ -46,9 +46,30 @@ pub struct BenchArgs {
     /// Protocols to compare: a comma-separated list, or `all`.
     #[arg(long, default_value = "all")]
     protocol: String,
-    /// ycsb | append
+    /// ycsb | append | tpcc | bank
     #[arg(long, default_value = "ycsb")]
     workload: String,
+    /// TPC-C: warehouses in total, spread over the nodes' partitions.
+    #[arg(long, default_value_t = 1)]
+    warehouses: u32,
+    /// TPC-C: `standard` (45/43/4/4/4), `neworder-payment` (50/50), or NO,P,OS,D,SL percentages.
+    #[arg(long, default_value = "standard")]
+    mix: String,
+    /// TPC-C: fraction of New-Orders with a remote supply warehouse.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    neworder_remote: f64,
+    /// TPC-C: fraction of Payments for a customer of a remote warehouse.
+    #[arg(long, default_value_t = 0.15, allow_negative_numbers = true)]
+    payment_remote: f64,
+    /// TPC-C: keep ITEM in one partition instead of a copy in every partition.
+    #[arg(long)]
+    no_item_replication: bool,
+    /// Bank: accounts in total (default 1000 per partition).
+    #[arg(long, default_value_t = 0)]
+    accounts: u64,
+    /// Bank: fraction of transactions that are read-only audits of the total.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    audit_ratio: f64,
     /// sim | local | tcp
     #[arg(long, default_value = "local")]
     runtime: String,
@@ -95,8 +116,9 @@ pub struct BenchArgs {
     /// Record the list-append history here (JSON lines).
     #[arg(long)]
     history: Option<PathBuf>,
-    /// Check the run: list-append histories for serializability. Exits non-zero on a violation.
-    #[arg(long)]
+    /// Check the run with the workload's checker: list-append histories for serializability,
+    /// TPC-C consistency conditions 1-4, the bank total. Exits non-zero on a violation.
+    #[arg(long, visible_alias = "check")]
     verify: bool,
     /// Results folder (default results/<time>-<workload>-<runtime>).
     #[arg(long)]
@@ -219,6 +241,13 @@ impl BenchArgs {
                 rmw: !self.blind_writes,
                 distributed: self.distributed,
                 value_bytes: self.value_bytes,
+                warehouses: self.warehouses,
+                mix: self.mix.clone(),
+                neworder_remote: self.neworder_remote,
+                payment_remote: self.payment_remote,
+                item_replicated: !self.no_item_replication,
+                accounts: self.accounts,
+                audit_ratio: self.audit_ratio,
             },
             runtime: self.runtime.clone(),
             nodes: self.nodes,
@@ -234,6 +263,7 @@ impl BenchArgs {
             rpc,
             proto: ProtoOptions { one_shot: !self.interactive, ..Default::default() },
             record_history: append && (self.verify || self.history.is_some()),
+            run_checks: self.verify && !append,
             max_retries: self.max_retries,
         };
         spec.validate()?;

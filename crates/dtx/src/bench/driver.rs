@@ -30,6 +30,8 @@ pub struct RunShared {
     /// The final read-all transaction's history line, once it committed (or gave up).
     pub final_read: Mutex<Option<Result<HistLine, String>>>,
     pub history_ids: AtomicU64,
+    /// What the final checks found, once they ran.
+    pub checks: Mutex<Option<Vec<(String, bool, String)>>>,
 }
 
 pub struct DriverConfig {
@@ -108,8 +110,9 @@ async fn client(
                 record(m, shared, &req, &result, start_ns, end_ns);
             }
             match result {
-                Ok(_) => {
-                    m.borrow_mut().commit(end_ns, end_ns - first_ns);
+                Ok(out) => {
+                    wl.on_commit(&req, &out);
+                    m.borrow_mut().commit(end_ns, end_ns - first_ns, wl.txn_kind(&req));
                     // Give message handlers and other clients a turn: a run of local
                     // transactions must not starve the replies other nodes wait for.
                     crate::rt::yield_now().await;
@@ -160,6 +163,33 @@ fn record(
         ops,
         start_us: start_ns / 1000,
         end_us: end_ns / 1000,
+    });
+}
+
+/// Run the workload's final checks on this worker, one after another, each until it commits,
+/// and gather what they found (TPC-C consistency conditions, the bank's final audit).
+pub fn final_checks(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
+    let w2 = w.clone();
+    w.spawn(async move {
+        let mut findings = Vec::new();
+        for req in wl.final_checks() {
+            let first = w2.now_us();
+            let mut done = false;
+            for number in 0..1000 {
+                match proto.execute(&req, Attempt { first_start_us: first, number }).await {
+                    Ok(out) => {
+                        findings.extend(wl.check_output(&req, &out));
+                        done = true;
+                        break;
+                    }
+                    Err(_) => backoff(&w2, number.min(6)).await,
+                }
+            }
+            if !done {
+                findings.push((format!("{} (check transaction)", req.proc), false, "aborted 1000 times".to_string()));
+            }
+        }
+        *shared.checks.lock() = Some(findings);
     });
 }
 

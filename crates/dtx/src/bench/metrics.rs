@@ -29,6 +29,8 @@ pub struct Metrics {
     pub msgs: u64,
     pub bytes: u64,
     pub history: Vec<HistLine>,
+    /// Commits in the window per kind of transaction (procedure).
+    pub by_kind: BTreeMap<&'static str, u64>,
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -49,6 +51,7 @@ impl Metrics {
             msgs: 0,
             bytes: 0,
             history: Vec::new(),
+            by_kind: BTreeMap::new(),
         }
     }
 
@@ -56,9 +59,10 @@ impl Metrics {
         t_ns >= self.window.start_ns && t_ns < self.window.end_ns
     }
 
-    pub fn commit(&mut self, t_ns: u64, latency_ns: u64) {
+    pub fn commit(&mut self, t_ns: u64, latency_ns: u64, kind: &'static str) {
         if self.in_window(t_ns) {
             self.committed += 1;
+            *self.by_kind.entry(kind).or_default() += 1;
             self.latency.saturating_record((latency_ns / 1000).max(1));
             let s = ((t_ns - self.window.start_ns) / 1_000_000_000) as usize;
             if let Some(c) = self.per_sec.get_mut(s) {
@@ -89,6 +93,11 @@ pub struct Totals {
     pub msgs: u64,
     pub bytes: u64,
     pub cpu_us: u64,
+    #[serde(default)]
+    pub by_kind: BTreeMap<String, u64>,
+    /// Checks of the workload's invariants: (condition, passed, detail).
+    #[serde(default)]
+    pub findings: Vec<(String, bool, String)>,
 }
 
 impl Totals {
@@ -109,6 +118,9 @@ impl Totals {
         self.gave_up += m.gave_up;
         self.msgs += m.msgs;
         self.bytes += m.bytes;
+        for (k, c) in &m.by_kind {
+            *self.by_kind.entry(k.to_string()).or_default() += c;
+        }
     }
 
     pub fn add(&mut self, o: &Totals) {
@@ -127,6 +139,10 @@ impl Totals {
         self.msgs += o.msgs;
         self.bytes += o.bytes;
         self.cpu_us += o.cpu_us;
+        for (k, c) in &o.by_kind {
+            *self.by_kind.entry(k.clone()).or_default() += c;
+        }
+        self.findings.extend_from_slice(&o.findings);
     }
 
     pub fn aborted(&self) -> u64 {

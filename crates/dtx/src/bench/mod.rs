@@ -38,6 +38,9 @@ pub struct BenchSpec {
     pub rpc: RpcConfig,
     pub proto: ProtoOptions,
     pub record_history: bool,
+    /// Run the workload's final checks (TPC-C consistency, bank total) after the run.
+    #[serde(default)]
+    pub run_checks: bool,
     pub max_retries: u32,
 }
 
@@ -62,6 +65,7 @@ impl BenchSpec {
             rpc: RpcConfig::default(),
             proto: ProtoOptions::default(),
             record_history,
+            run_checks: false,
             max_retries: 1000,
         }
     }
@@ -128,9 +132,15 @@ pub struct NodeSetup {
     pub topo: Arc<Topology>,
 }
 
-pub fn build_node(spec: &BenchSpec, node: NodeId) -> anyhow::Result<NodeSetup> {
+/// The workload of a run: one instance per process, shared by the nodes it hosts, so that what a
+/// workload records during the run (the bank's audits) meets in one place.
+pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
+    workloads::build(&spec.workload, &spec.topology())
+}
+
+pub fn build_node(spec: &BenchSpec, node: NodeId, workload: &Arc<dyn Workload>) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
-    let workload = workloads::build(&spec.workload, &topo)?;
+    let workload = workload.clone();
     let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
     let env = NodeEnv { node, topo: topo.clone(), workload: workload.clone(), opts: spec.proto.clone() };
     Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo })
@@ -211,8 +221,9 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let shared = Arc::new(RunShared::default());
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let mut protos = Vec::new();
+    let workload = build_workload(spec)?;
     for n in 0..spec.nodes {
-        let node = build_node(spec, n)?;
+        let node = build_node(spec, n, &workload)?;
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);
             let w = Rc::new(Worker::new(
@@ -267,6 +278,14 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         world.run_until(limit, || shared.final_read.lock().is_some());
         final_read = shared.final_read.lock().take();
     }
+    if spec.run_checks {
+        let (p, wl) = protos[0].clone();
+        let w0 = world.worker(Addr::new(0, 0)).clone();
+        driver::final_checks(&w0, p, wl, shared.clone());
+        let limit = world.now_ns() + 600_000_000_000;
+        world.run_until(limit, || shared.checks.lock().is_some());
+        totals.findings = finish_checks(&shared, &*workload);
+    }
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = busy_in_window_ns / 1000;
     Ok(Outcome { totals, history, final_read, notes })
@@ -277,8 +296,9 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
     let shared = Arc::new(RunShared::default());
     let mut nodes = Vec::new();
+    let workload = build_workload(spec)?;
     for n in 0..spec.nodes {
-        nodes.push(Arc::new(build_node(spec, n)?));
+        nodes.push(Arc::new(build_node(spec, n, &workload)?));
     }
     let warm = Duration::from_micros(spec.warmup_us);
     let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
@@ -349,6 +369,22 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
         final_read = shared.final_read.lock().take();
     }
+    let mut findings = Vec::new();
+    if spec.run_checks && notes.is_empty() {
+        let (sh, node) = (shared.clone(), nodes[0].clone());
+        net.inbox(Addr::new(0, 0)).push_command(Box::new(move || {
+            THREAD_WORKER.with(|t| {
+                if let Some((w, p)) = t.borrow().as_ref() {
+                    driver::final_checks(w, p.clone(), node.workload.clone(), sh.clone());
+                }
+            });
+        }));
+        let t1 = Instant::now();
+        while shared.checks.lock().is_none() && t1.elapsed() < Duration::from_secs(600) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        findings = finish_checks(&shared, &*workload);
+    }
     net.stop();
     for t in threads {
         let _ = t.join();
@@ -360,6 +396,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         (Some(a), Some(b)) => b.saturating_sub(a),
         _ => 0,
     };
+    totals.findings = findings;
     Ok(Outcome { totals, history, final_read, notes })
 }
 
@@ -370,6 +407,18 @@ thread_local! {
     /// The worker running on this thread and its protocol instance, so that commands sent to
     /// the thread from outside (the final read) can reach them.
     pub static THREAD_WORKER: std::cell::RefCell<Option<WorkerPair>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The final checks' findings (or a failure saying they did not finish), and what this process
+/// recorded during the run.
+pub fn finish_checks(shared: &RunShared, workload: &dyn Workload) -> Vec<(String, bool, String)> {
+    let mut f = shared
+        .checks
+        .lock()
+        .take()
+        .unwrap_or_else(|| vec![("final checks".to_string(), false, "did not finish".to_string())]);
+    f.extend(workload.process_findings());
+    f
 }
 
 /// Write a run's list-append history as JSON lines, in start order, the final read last.
@@ -437,6 +486,9 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         }
     }
     let mut extra = std::collections::BTreeMap::new();
+    if let Some(n) = t.by_kind.get("new-order") {
+        extra.insert("new_order_tps".to_string(), *n as f64 / secs);
+    }
     if t.gave_up > 0 {
         extra.insert("gave_up".to_string(), t.gave_up as f64);
     }

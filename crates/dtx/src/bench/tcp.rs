@@ -11,7 +11,7 @@
 
 use super::driver::{self, RunShared, Window};
 use super::metrics::{HistLine, Totals};
-use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
+use super::{attach_worker, build_node, build_workload, start_clients, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::Addr;
 use crate::rt::tcp::{TcpHandle, TcpNet};
@@ -37,6 +37,8 @@ enum ControlRequest {
     Start,
     Wait,
     FinalRead,
+    FinalChecks,
+    Findings,
     Stop,
     Shutdown,
 }
@@ -129,6 +131,12 @@ impl Server {
             ControlRequest::Start => self.start().map(|_| json!({})),
             ControlRequest::Wait => self.wait(),
             ControlRequest::FinalRead => self.final_read(),
+            ControlRequest::FinalChecks => self.final_checks(),
+            ControlRequest::Findings => {
+                let guard = self.run.lock();
+                let run = guard.as_ref().context("findings before prepare")?;
+                Ok(json!({"findings": run.node.workload.process_findings()}))
+            }
             ControlRequest::Stop => {
                 self.stop();
                 Ok(json!({}))
@@ -149,7 +157,7 @@ impl Server {
             );
         }
         spec.validate()?;
-        let node = Arc::new(build_node(&spec, self.node)?);
+        let node = Arc::new(build_node(&spec, self.node, &build_workload(&spec)?)?);
         let epoch = Instant::now();
         let shared = Arc::new(RunShared::default());
         let cfg = Arc::new(self.cfg.clone());
@@ -264,6 +272,31 @@ impl Server {
             Some(Ok(line)) => Ok(json!({"line": line})),
             Some(Err(e)) => bail!("{e}"),
             None => bail!("the final read did not finish within 60 s"),
+        }
+    }
+
+    fn final_checks(&self) -> anyhow::Result<Value> {
+        let shared = {
+            let guard = self.run.lock();
+            let run = guard.as_ref().context("final_checks before prepare")?;
+            let (node, shared) = (run.node.clone(), run.shared.clone());
+            run.handles[0].push_command(Box::new(move || {
+                THREAD_WORKER.with(|t| {
+                    if let Some((w, p)) = t.borrow().as_ref() {
+                        driver::final_checks(w, p.clone(), node.workload.clone(), shared.clone());
+                    }
+                });
+            }));
+            run.shared.clone()
+        };
+        let t0 = Instant::now();
+        while shared.checks.lock().is_none() && t0.elapsed() < Duration::from_secs(600) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let findings = shared.checks.lock().take();
+        match findings {
+            Some(f) => Ok(json!({"findings": f})),
+            None => bail!("the final checks did not finish within 600 s"),
         }
     }
 
@@ -458,6 +491,16 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
             Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
             Err(e) => Err(format!("{e:#}")),
         });
+    }
+    if spec.run_checks {
+        let v = ctl[0].call(&json!({"cmd": "final_checks"}))?;
+        let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
+        totals.findings.extend(f);
+        for c in &mut ctl {
+            let v = c.call(&json!({"cmd": "findings"}))?;
+            let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
+            totals.findings.extend(f);
+        }
     }
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;

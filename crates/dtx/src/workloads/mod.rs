@@ -2,12 +2,14 @@
 //! Every protocol runs the same procedures through [`crate::txn::Ctx`].
 
 pub mod append;
+pub mod bank;
+pub mod tpcc;
 pub mod ycsb;
 pub mod zipf;
 
 use crate::cluster::{PartitionId, Topology};
 use crate::storage::{RowKey, TableDef, Value};
-use crate::txn::{Ctx, KeySet, ProcFuture, TxnRequest};
+use crate::txn::{Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use std::sync::Arc;
 
@@ -35,10 +37,36 @@ pub trait Workload: Send + Sync + 'static {
     fn final_read(&self) -> Option<TxnRequest> {
         None
     }
+    /// What kind of transaction a request is, for per-kind commit counts (TPC-C reports
+    /// New-Order throughput beside the total). Every workload's procedure names are distinct.
+    fn txn_kind(&self, req: &TxnRequest) -> &'static str {
+        req.proc
+    }
+    /// Read-only requests that check the workload's invariants after the measured period (TPC-C:
+    /// consistency conditions 1-4 per warehouse; bank: a final audit of the total). Run each on
+    /// node 0, in order, until it commits, then pass it to [`Workload::check_output`].
+    fn final_checks(&self) -> Vec<TxnRequest> {
+        Vec::new()
+    }
+    /// The findings of a committed check request from [`Workload::final_checks`]:
+    /// `(condition, passed, detail)`. TPC-C gives a warehouse's verdicts with its last request.
+    fn check_output(&self, _req: &TxnRequest, _out: &TxnOutput) -> Vec<(String, bool, String)> {
+        Vec::new()
+    }
+    /// Called by the driver after a request committed (not after an aborted attempt). The bank
+    /// workload records the total its read-only audits saw only then: an attempt that fails
+    /// validation may have seen an inconsistent state, and only the driver knows which one did.
+    fn on_commit(&self, _req: &TxnRequest, _out: &TxnOutput) {}
+    /// What this process recorded during the run that must be checked (bank: the totals its
+    /// audits saw), drained once after the run on every node's process: `(condition, passed, detail)`.
+    fn process_findings(&self) -> Vec<(String, bool, String)> {
+        Vec::new()
+    }
 }
 
 /// Workload parameters from the command line, for every workload.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct WorkloadParams {
     pub name: String,
     /// YCSB: keys per partition. list-append: keys in total.
@@ -51,6 +79,22 @@ pub struct WorkloadParams {
     /// Fraction of transactions that touch another node.
     pub distributed: f64,
     pub value_bytes: u32,
+    /// TPC-C: warehouses in total, spread over all partitions (warehouse w in partition
+    /// (w-1) % partitions).
+    pub warehouses: u32,
+    /// TPC-C: `standard` (45/43/4/4/4), `neworder-payment` (50/50), or five percentages
+    /// `NO,P,OS,D,SL` that sum to 100.
+    pub mix: String,
+    /// TPC-C: fraction of New-Orders with a remote supply warehouse.
+    pub neworder_remote: f64,
+    /// TPC-C: fraction of Payments for a customer of another warehouse.
+    pub payment_remote: f64,
+    /// TPC-C: a copy of ITEM in every partition (else each item lives in one partition).
+    pub item_replicated: bool,
+    /// Bank: accounts in total (0 = 1000 per partition).
+    pub accounts: u64,
+    /// Bank: fraction of transactions that are read-only audits of the total balance.
+    pub audit_ratio: f64,
 }
 
 impl Default for WorkloadParams {
@@ -64,16 +108,25 @@ impl Default for WorkloadParams {
             rmw: true,
             distributed: 0.1,
             value_bytes: 100,
+            warehouses: 1,
+            mix: "standard".into(),
+            neworder_remote: 0.1,
+            payment_remote: 0.15,
+            item_replicated: true,
+            accounts: 0,
+            audit_ratio: 0.05,
         }
     }
 }
 
-pub const WORKLOADS: &[&str] = &["ycsb", "append"];
+pub const WORKLOADS: &[&str] = &["ycsb", "append", "tpcc", "bank"];
 
 pub fn build(params: &WorkloadParams, topo: &Topology) -> anyhow::Result<Arc<dyn Workload>> {
     match params.name.as_str() {
         "ycsb" => Ok(Arc::new(ycsb::Ycsb::new(params, topo)?)),
         "append" => Ok(Arc::new(append::Append::new(params, topo)?)),
+        "tpcc" => Ok(Arc::new(tpcc::Tpcc::new(params, topo)?)),
+        "bank" => Ok(Arc::new(bank::Bank::new(params, topo)?)),
         other => anyhow::bail!("unknown workload `{other}` (known: {})", WORKLOADS.join(", ")),
     }
 }
