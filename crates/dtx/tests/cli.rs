@@ -27,8 +27,13 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--runtime", "cloud"], "--runtime"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),
         (&["bench", "--faults", "crash"], "--runtime sim"),
-        (&["bench", "--verify"], "--workload append"),
         (&["bench", "--latency-matrix", "/nonexistent/m.txt"], "latency matrix"),
+        (&["bench", "--workload", "tpcc", "--warehouses", "0"], "--warehouses 0"),
+        (&["bench", "--workload", "tpcc", "--mix", "50,40,5,5,1"], "sums to 101"),
+        (&["bench", "--workload", "tpcc", "--mix", "bogus"], "--mix `bogus`"),
+        (&["bench", "--workload", "tpcc", "--neworder-remote", "1.5"], "--neworder-remote 1.5"),
+        (&["bench", "--workload", "tpcc", "--payment-remote", "-0.1"], "--payment-remote -0.1"),
+        (&["bench", "--workload", "ycsb", "--verify"], "no checker for ycsb"),
     ];
     for (args, want) in cases {
         let (code, _out, err) = dtx(args);
