@@ -168,6 +168,40 @@ pub trait TwoPcWorker: 'static {
     fn resolve(&self, txn: TxnId, status: TxnStatus);
 }
 
+/// Implement [`TwoPcWorker`] for a protocol worker with the usual fields (`w`, `coord`, `node`,
+/// `parts`), a `resolve_here` method, and `messages::{Request::Status, Reply::Status}`.
+#[macro_export]
+macro_rules! impl_two_pc_worker {
+    ($worker:ty) => {
+        impl $crate::protocols::common::TwoPcWorker for $worker {
+            fn worker(&self) -> &std::rc::Rc<$crate::rt::Worker> {
+                &self.w
+            }
+            fn coord(&self) -> &$crate::protocols::common::CoordTable {
+                &self.coord
+            }
+            fn participant_addr(&self, node: $crate::net::NodeId) -> $crate::net::Addr {
+                self.node.participant(node, self.w.addr)
+            }
+            fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<$crate::protocols::common::TxnId> {
+                self.parts.idle(now_ns, idle_ns)
+            }
+            fn status_request(txn: $crate::protocols::common::TxnId) -> Vec<u8> {
+                $crate::net::encode(&messages::Request::Status { txn })
+            }
+            fn parse_status(reply: &[u8]) -> Option<$crate::protocols::common::TxnStatus> {
+                match $crate::net::decode(reply) {
+                    Ok(messages::Reply::Status(s)) => Some(s),
+                    _ => None,
+                }
+            }
+            fn resolve(&self, txn: $crate::protocols::common::TxnId, status: $crate::protocols::common::TxnStatus) {
+                self.resolve_here(txn, status)
+            }
+        }
+    };
+}
+
 /// Send a decision (an encoded request) to the participants on `nodes` in the background; the
 /// RPC layer resends it on lossy links. Once all acknowledged, forget `forget` (a commit); until
 /// then a participant that lost the message can ask ([`spawn_sweeper`]).

@@ -10,8 +10,8 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::{decode, encode, Addr, NodeId};
-use crate::protocols::common::{spawn_sweeper, CoordTable, NodeShared, PartTable, TwoPcWorker, TxnId, TxnStatus};
+use crate::net::Addr;
+use crate::protocols::common::{spawn_sweeper, CoordTable, NodeShared, PartTable};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
 use crate::rt::{Handler, LocalBoxFuture, Worker};
 use crate::txn::{recon, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
@@ -98,29 +98,4 @@ impl Handler for OccWorker {
     }
 }
 
-impl TwoPcWorker for OccWorker {
-    fn worker(&self) -> &Rc<Worker> {
-        &self.w
-    }
-    fn coord(&self) -> &CoordTable {
-        &self.coord
-    }
-    fn participant_addr(&self, node: NodeId) -> Addr {
-        self.node.participant(node, self.w.addr)
-    }
-    fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId> {
-        self.parts.idle(now_ns, idle_ns)
-    }
-    fn status_request(txn: TxnId) -> Vec<u8> {
-        encode(&messages::Request::Status { txn })
-    }
-    fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
-        match decode(reply) {
-            Ok(messages::Reply::Status(s)) => Some(s),
-            _ => None,
-        }
-    }
-    fn resolve(&self, txn: TxnId, status: TxnStatus) {
-        self.resolve_here(txn, status)
-    }
-}
+crate::impl_two_pc_worker!(OccWorker);
