@@ -158,17 +158,28 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// The keys a one-shot transaction will read and write.
+/// The keys a one-shot transaction will read and write. Workloads fill `reads` and `writes`
+/// before execution (directly, or through [`KeySet::read`]/[`KeySet::write`] which skip
+/// duplicates); during execution the set is only read, and `covers` answers from a hash index
+/// built on first use when the set is large, so a transaction over thousands of keys (an audit)
+/// does not check each access against every declared key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeySet {
     pub reads: Vec<RowKey>,
     pub writes: Vec<RowKey>,
+    /// key -> written; built by `covers` for sets larger than [`KeySet::LINEAR_MAX`].
+    #[serde(skip)]
+    index: std::cell::OnceCell<rustc_hash::FxHashMap<RowKey, bool>>,
 }
 
 impl KeySet {
+    /// Up to this many keys a linear scan is faster than hashing.
+    const LINEAR_MAX: usize = 32;
+
     pub fn clear(&mut self) {
         self.reads.clear();
         self.writes.clear();
+        self.index = Default::default();
     }
 
     pub fn read(&mut self, k: RowKey) {
@@ -184,11 +195,44 @@ impl KeySet {
     }
 
     pub fn covers(&self, k: RowKey, write: bool) -> bool {
-        self.writes.contains(&k) || (!write && self.reads.contains(&k))
+        if self.reads.len() + self.writes.len() <= Self::LINEAR_MAX {
+            return self.writes.contains(&k) || (!write && self.reads.contains(&k));
+        }
+        let index = self.index.get_or_init(|| {
+            let mut m = rustc_hash::FxHashMap::default();
+            for r in &self.reads {
+                m.entry(*r).or_insert(false);
+            }
+            for w in &self.writes {
+                m.insert(*w, true);
+            }
+            m
+        });
+        index.get(&k).is_some_and(|written| *written || !write)
     }
 
     pub fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_small_and_large_sets_alike() {
+        for n in [4u64, 500] {
+            let mut ks = KeySet::default();
+            ks.reads.extend((0..n).map(|k| RowKey::new(0, k)));
+            ks.writes.extend((0..n).map(|k| RowKey::new(1, k)));
+            ks.reads.push(RowKey::new(1, 0));
+            assert!(ks.covers(RowKey::new(0, n - 1), false));
+            assert!(!ks.covers(RowKey::new(0, n - 1), true), "a read key is not declared for writing");
+            assert!(ks.covers(RowKey::new(1, n - 1), true));
+            assert!(ks.covers(RowKey::new(1, 0), true), "read and written");
+            assert!(!ks.covers(RowKey::new(2, 0), false));
+        }
     }
 }
 

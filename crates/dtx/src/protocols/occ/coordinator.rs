@@ -28,10 +28,15 @@ struct Part {
     reads: Vec<(RowKey, u64)>,
 }
 
+/// Read sets up to this size are searched linearly; larger ones through `read_index`.
+const LINEAR_MAX: usize = 32;
+
 pub(super) struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
     reads: Vec<ReadEntry>,
+    /// key -> position in `reads`, kept once the read set outgrows a linear search.
+    read_index: FxHashMap<RowKey, usize>,
     writes: Writes,
 }
 
@@ -46,7 +51,7 @@ impl OccWorker {
 
 impl<'a> OccTxn<'a> {
     pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
-        OccTxn { wk, id, reads: Vec::new(), writes: Vec::new() }
+        OccTxn { wk, id, reads: Vec::new(), read_index: FxHashMap::default(), writes: Vec::new() }
     }
 
     /// The node holding `key`, if it is not this one.
@@ -59,9 +64,29 @@ impl<'a> OccTxn<'a> {
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Some(v.clone());
         }
-        let e = self.reads.iter_mut().find(|e| e.key == key)?;
+        let i = self.find_read(key)?;
+        let e = &mut self.reads[i];
         e.used = true;
         Some(e.value.clone())
+    }
+
+    fn find_read(&self, key: RowKey) -> Option<usize> {
+        if self.reads.len() <= LINEAR_MAX {
+            self.reads.iter().position(|e| e.key == key)
+        } else {
+            self.read_index.get(&key).copied()
+        }
+    }
+
+    fn push_read(&mut self, e: ReadEntry) {
+        self.reads.push(e);
+        if self.reads.len() > LINEAR_MAX {
+            if self.read_index.is_empty() {
+                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
+            } else {
+                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
+            }
+        }
     }
 
     /// One-shot: fetch every declared key of each remote participant in one round trip, and
@@ -72,12 +97,7 @@ impl<'a> OccTxn<'a> {
         self.writes.reserve(keys.writes.len());
         for &k in keys.reads.iter().chain(keys.writes.iter()) {
             match self.remote_node(k) {
-                Some(n) => {
-                    let v = by_node.entry(n).or_default();
-                    if !v.contains(&k) {
-                        v.push(k);
-                    }
-                }
+                Some(n) => by_node.entry(n).or_default().push(k),
                 None => {
                     if let Some(r) = self.wk.node.store.get(k) {
                         r.prefetch();
@@ -95,6 +115,11 @@ impl<'a> OccTxn<'a> {
         if by_node.is_empty() {
             return Ok(());
         }
+        for ks in by_node.values_mut() {
+            // A key may be declared as both read and written: fetch it once.
+            ks.sort_unstable();
+            ks.dedup();
+        }
         let wk = self.wk;
         let calls: Vec<_> = by_node
             .iter()
@@ -109,7 +134,7 @@ impl<'a> OccTxn<'a> {
                 return Err(Abort::Timeout);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.reads.push(ReadEntry { key: *k, value, tid, used: false });
+                self.push_read(ReadEntry { key: *k, value, tid, used: false });
             }
         }
         Ok(())
@@ -227,7 +252,7 @@ impl<'a> Access for OccTxn<'a> {
             None => {
                 self.wk.w.charge_ops(1);
                 let (value, tid) = part::read(&self.wk.node.store, key);
-                self.reads.push(ReadEntry { key, value: value.clone(), tid, used: true });
+                self.push_read(ReadEntry { key, value: value.clone(), tid, used: true });
                 Step::Ready(Ok(value))
             }
             Some(n) => Step::Wait(Box::pin(async move {
@@ -235,7 +260,7 @@ impl<'a> Access for OccTxn<'a> {
                     return Err(Abort::Timeout);
                 };
                 let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
-                self.reads.push(ReadEntry { key, value: value.clone(), tid, used: true });
+                self.push_read(ReadEntry { key, value: value.clone(), tid, used: true });
                 Ok(value)
             })),
         }
@@ -264,8 +289,8 @@ impl<'a> Access for OccTxn<'a> {
             let mut out = Vec::with_capacity(rows.len());
             for (k, v, tid) in rows {
                 let key = RowKey::new(s.table, k);
-                if !self.reads.iter().any(|e| e.key == key) {
-                    self.reads.push(ReadEntry { key, value: Some(v.clone()), tid, used: true });
+                if self.find_read(key).is_none() {
+                    self.push_read(ReadEntry { key, value: Some(v.clone()), tid, used: true });
                 }
                 // Our own uncommitted writes win over what the store holds.
                 match self.writes.iter().find(|(wk, _)| *wk == key) {
