@@ -166,14 +166,10 @@ impl<'a> OccTxn<'a> {
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Active);
         }
-        // Phase 1: lock every write set (local inline, remote in parallel).
+        // Phase 1: lock every write set: the remote ones first, in parallel, then the local one
+        // inline, so that hot local records are not held across the lock round trip. (Any
+        // order is correct as long as every lock is held before any validation.)
         let local = nodes.iter().position(|x| x.node == me);
-        if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].writes.len());
-            if !part::lock_writes(store, self.id, &nodes[i].writes) {
-                return Err(self.abort(&nodes, false, &remote_writers, Abort::WriteLocked));
-            }
-        }
         let lock_calls: Vec<_> = nodes
             .iter()
             .filter(|x| x.node != me && !x.writes.is_empty())
@@ -184,7 +180,13 @@ impl<'a> OccTxn<'a> {
             })
             .collect();
         if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
-            return Err(self.abort(&nodes, true, &remote_writers, a));
+            return Err(self.abort(&nodes, false, &remote_writers, a));
+        }
+        if let Some(i) = local {
+            wk.w.charge_ops(nodes[i].writes.len());
+            if !part::lock_writes(store, self.id, &nodes[i].writes) {
+                return Err(self.abort(&nodes, false, &remote_writers, Abort::WriteLocked));
+            }
         }
         // Phase 2: validate every read set.
         if let Some(i) = local {
