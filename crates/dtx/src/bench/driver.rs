@@ -198,6 +198,30 @@ fn history_id(m: &RefCell<Metrics>, shared: &RunShared) -> u64 {
     ((m.borrow().node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A job run on one worker after the clients finished ([`final_read`], [`final_checks`]); it
+/// reports into `shared`.
+pub type AfterRun = fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workload>, Arc<RunShared>);
+
+/// A command that runs an after-run job on the worker of the thread that executes it.
+pub fn after_run_command(job: AfterRun, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Box<dyn FnOnce() + Send> {
+    Box::new(move || {
+        super::THREAD_WORKER.with(|t| {
+            if let Some((w, p)) = t.borrow().as_ref() {
+                job(w, p.clone(), wl, shared);
+            }
+        });
+    })
+}
+
+/// Poll (every 5 ms) until `done` holds or `limit` passes; the real-time runtimes' orchestrators
+/// wait for their workers this way.
+pub fn wait_until(limit: std::time::Duration, done: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !done() && t0.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Run the workload's final read-all transaction on this worker until it commits.
 pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
     let w2 = w.clone();

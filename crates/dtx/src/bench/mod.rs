@@ -355,34 +355,16 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     let mut final_read = None;
     if spec.record_history && notes.is_empty() {
-        let (sh, node) = (shared.clone(), nodes[0].clone());
-        net.inbox(Addr::new(0, 0)).push_command(Box::new(move || {
-            THREAD_WORKER.with(|t| {
-                if let Some((w, p)) = t.borrow().as_ref() {
-                    driver::final_read(w, p.clone(), node.workload.clone(), sh.clone());
-                }
-            });
-        }));
-        let t1 = Instant::now();
-        while shared.final_read.lock().is_none() && t1.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
+        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
         final_read = shared.final_read.lock().take();
     }
     let mut findings = Vec::new();
     if spec.run_checks && notes.is_empty() {
-        let (sh, node) = (shared.clone(), nodes[0].clone());
-        net.inbox(Addr::new(0, 0)).push_command(Box::new(move || {
-            THREAD_WORKER.with(|t| {
-                if let Some((w, p)) = t.borrow().as_ref() {
-                    driver::final_checks(w, p.clone(), node.workload.clone(), sh.clone());
-                }
-            });
-        }));
-        let t1 = Instant::now();
-        while shared.checks.lock().is_none() && t1.elapsed() < Duration::from_secs(600) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let cmd = driver::after_run_command(driver::final_checks, workload.clone(), shared.clone());
+        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
         findings = finish_checks(&shared, &*workload);
     }
     net.stop();

@@ -249,24 +249,17 @@ impl Server {
         Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck}))
     }
 
+    /// Start an after-run job on worker 0 of this node; returns where it reports.
+    fn on_worker0(&self, job: driver::AfterRun) -> anyhow::Result<Arc<RunShared>> {
+        let guard = self.run.lock();
+        let run = guard.as_ref().context("no run prepared on this node")?;
+        run.handles[0].push_command(driver::after_run_command(job, run.node.workload.clone(), run.shared.clone()));
+        Ok(run.shared.clone())
+    }
+
     fn final_read(&self) -> anyhow::Result<Value> {
-        let shared = {
-            let guard = self.run.lock();
-            let run = guard.as_ref().context("final_read before prepare")?;
-            let (node, shared) = (run.node.clone(), run.shared.clone());
-            run.handles[0].push_command(Box::new(move || {
-                THREAD_WORKER.with(|t| {
-                    if let Some((w, p)) = t.borrow().as_ref() {
-                        driver::final_read(w, p.clone(), node.workload.clone(), shared.clone());
-                    }
-                });
-            }));
-            run.shared.clone()
-        };
-        let t0 = Instant::now();
-        while shared.final_read.lock().is_none() && t0.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let shared = self.on_worker0(driver::final_read)?;
+        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
         let result = shared.final_read.lock().take();
         match result {
             Some(Ok(line)) => Ok(json!({"line": line})),
@@ -276,23 +269,8 @@ impl Server {
     }
 
     fn final_checks(&self) -> anyhow::Result<Value> {
-        let shared = {
-            let guard = self.run.lock();
-            let run = guard.as_ref().context("final_checks before prepare")?;
-            let (node, shared) = (run.node.clone(), run.shared.clone());
-            run.handles[0].push_command(Box::new(move || {
-                THREAD_WORKER.with(|t| {
-                    if let Some((w, p)) = t.borrow().as_ref() {
-                        driver::final_checks(w, p.clone(), node.workload.clone(), shared.clone());
-                    }
-                });
-            }));
-            run.shared.clone()
-        };
-        let t0 = Instant::now();
-        while shared.checks.lock().is_none() && t0.elapsed() < Duration::from_secs(600) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let shared = self.on_worker0(driver::final_checks)?;
+        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
         let findings = shared.checks.lock().take();
         match findings {
             Some(f) => Ok(json!({"findings": f})),

@@ -108,6 +108,30 @@ impl DelayQueue {
     }
 }
 
+/// Longest a real-time worker sleeps with nothing due (so it notices `stop` promptly).
+const MAX_IDLE: Duration = Duration::from_millis(50);
+
+/// One quantum of a real-time worker loop (`local` and `tcp`): deliver the held packets that
+/// are due, fire due timers, run up to [`super::STEP_TASKS`] tasks, and collect the batches to
+/// send into `out`. Returns how long the worker may sleep before something is due: zero when
+/// it has work already, at most [`MAX_IDLE`].
+pub fn run_quantum(w: &Worker, delayed: &mut DelayQueue, out: &mut Vec<Packet>) -> Duration {
+    while let Some(p) = delayed.pop_due(w.now_ns()) {
+        let _ = w.deliver(p.src, &p.bytes);
+    }
+    w.fire_timers();
+    w.executor().run_ready(super::STEP_TASKS);
+    w.take_outbox(out);
+    if w.executor().has_ready() {
+        return Duration::ZERO;
+    }
+    let now = w.now_ns();
+    match [w.fire_timers(), delayed.next_due()].into_iter().flatten().min() {
+        Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(MAX_IDLE),
+        None => MAX_IDLE,
+    }
+}
+
 /// Make the worker for `addr` on the current thread.
 pub fn make_worker(net: &Arc<LocalNet>, addr: Addr, cfg: &WorkerConfig) -> Rc<Worker> {
     let inbox = net.inbox(addr).clone();
@@ -138,27 +162,15 @@ pub fn run_worker(net: &Arc<LocalNet>, w: &Rc<Worker>) {
                 let _ = w.deliver(p.src, &p.bytes);
             }
         }
-        while let Some(p) = delayed.pop_due(w.now_ns()) {
-            let _ = w.deliver(p.src, &p.bytes);
-        }
-        let next_timer = w.fire_timers();
-        w.executor().run_ready(super::STEP_TASKS);
-        w.take_outbox(&mut out);
+        let wait = run_quantum(w, &mut delayed, &mut out);
         for p in out.drain(..) {
             let dst = net.inbox(p.dst);
             dst.packets.lock().push(p);
             dst.unpark();
         }
-        if w.executor().has_ready() || !inbox.packets.lock().is_empty() || !inbox.commands.lock().is_empty() {
+        if wait.is_zero() || !inbox.packets.lock().is_empty() || !inbox.commands.lock().is_empty() {
             continue;
         }
-        let now = w.now_ns();
-        let wake = [next_timer, w.fire_timers(), delayed.next_due()].into_iter().flatten().min();
-        let wait = match wake {
-            Some(t) if t <= now => continue,
-            Some(t) => Duration::from_nanos(t - now).min(Duration::from_millis(50)),
-            None => Duration::from_millis(50),
-        };
         std::thread::park_timeout(wait);
     }
 }

@@ -8,7 +8,7 @@
 //! [`MAX_FRAME_BYTES`], a bad hello or a malformed batch closes that connection (logged); the
 //! worker keeps serving every other one. Injected delay holds received packets until due.
 
-use super::local::{Command, DelayQueue};
+use super::local::{run_quantum, Command, DelayQueue};
 use super::{Clock, Executor, Worker, WorkerConfig};
 use crate::net::{Addr, LatencyModel, Packet, MAX_FRAME_BYTES};
 use anyhow::Context;
@@ -292,25 +292,13 @@ impl TcpNet {
             for c in commands {
                 c();
             }
-            while let Some(p) = delayed.pop_due(w.now_ns()) {
-                let _ = w.deliver(p.src, &p.bytes);
-            }
-            let next_timer = w.fire_timers();
-            w.executor().run_ready(super::STEP_TASKS);
-            w.take_outbox(&mut out);
+            let mut timeout = run_quantum(w, &mut delayed, &mut out);
             for p in out.drain(..) {
                 self.send(p);
             }
-            let now = w.now_ns();
-            let timeout = if w.executor().has_ready() || !self.handle.commands.lock().is_empty() {
-                Duration::ZERO
-            } else {
-                let wake = [next_timer, w.fire_timers(), delayed.next_due()].into_iter().flatten().min();
-                match wake {
-                    Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(50)),
-                    None => Duration::from_millis(50),
-                }
-            };
+            if !self.handle.commands.lock().is_empty() {
+                timeout = Duration::ZERO;
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
                     super::log_warn(&format!("{}: poll failed: {e}", self.me));
