@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cluster;
 pub mod net;
 pub mod protocols;
+pub mod replication;
 pub mod rt;
 pub mod storage;
 pub mod txn;

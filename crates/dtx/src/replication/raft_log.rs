@@ -1,0 +1,1 @@
+//! Consensus-replicated logs (being written).

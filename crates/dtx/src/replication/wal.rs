@@ -1,0 +1,1 @@
+//! Write-ahead log with group commit (being written).
