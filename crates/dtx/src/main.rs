@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use dtx::bench::BenchSpec;
 use dtx::net::{FaultPlan, LatencyModel};
 use dtx::protocols::{self, ProtoOptions};
+use dtx::replication::DurabilityConfig;
 use dtx::rt::{CpuCost, RpcConfig};
 use dtx::util::parse_duration_us;
 use dtx::workloads::WorkloadParams;
@@ -38,6 +39,9 @@ enum Cmd {
         config: PathBuf,
         #[arg(long)]
         node: u16,
+        /// Keep logs here (durable runs): one folder per cluster, recovered after a restart.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
 }
 
@@ -163,6 +167,34 @@ pub struct BenchArgs {
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
     json_stdout: bool,
+    /// none | wal: with `wal` every node logs to a write-ahead log and a commit is
+    /// acknowledged once its decision record is fsynced (group commit).
+    #[arg(long, default_value = "none")]
+    durability: String,
+    /// Group commit: flush this long after the first unflushed record (e.g. 200us).
+    #[arg(long, default_value = "200us")]
+    group_commit: String,
+    /// Group commit: or as soon as this many bytes are buffered.
+    #[arg(long, default_value_t = 256 << 10)]
+    group_commit_bytes: usize,
+    /// Write the log without fsync (to measure what fsync costs; not durable).
+    #[arg(long)]
+    no_fsync: bool,
+    /// Simulator: what one log flush (fsync) costs in virtual time.
+    #[arg(long, default_value = "200us")]
+    sim_fsync: String,
+    /// Where nodes keep their logs (default: a temporary folder per run, removed after it).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+/// A fresh id for the cluster of one run, so that its logs are never mistaken for another
+/// run's (a log of another cluster is refused).
+fn cluster_id(protocol: &str, seed: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (protocol, seed, std::time::SystemTime::now(), std::process::id()).hash(&mut h);
+    h.finish()
 }
 
 fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
@@ -265,6 +297,15 @@ impl BenchArgs {
             record_history: append && (self.verify || self.history.is_some()),
             run_checks: self.verify && !append,
             max_retries: self.max_retries,
+            durability: DurabilityConfig {
+                mode: self.durability.parse()?,
+                group_commit_us: parse_duration_us(&self.group_commit).context("--group-commit")?,
+                group_commit_bytes: self.group_commit_bytes,
+                fsync: !self.no_fsync,
+                sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
+                data_dir: self.data_dir.clone(),
+                cluster_id: cluster_id(protocol, self.seed),
+            },
         };
         spec.validate()?;
         Ok(spec)
@@ -285,7 +326,7 @@ fn main() -> ExitCode {
             Ok(true)
         }
         Cmd::Check { history, json } => dtx::cli::check(&history, json),
-        Cmd::Server { config, node } => dtx::bench::tcp::serve(&config, node).map(|_| true),
+        Cmd::Server { config, node, data_dir } => dtx::bench::tcp::serve(&config, node, data_dir).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -42,6 +42,28 @@ pub fn process_cpu_us() -> u64 {
     (ticks(11) + ticks(12)) * 10_000
 }
 
+/// A scratch directory removed on drop (cluster configs, server output, the logs of a run that
+/// names no `--data-dir`).
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> std::io::Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let p = std::env::temp_dir().join(format!("dtx-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

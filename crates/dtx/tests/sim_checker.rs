@@ -7,8 +7,10 @@ use dtx::bench::{self, BenchSpec};
 use dtx::protocols::REGISTRY;
 use dtx::workloads::WorkloadParams;
 
+mod common;
+
 fn seeds() -> u64 {
-    std::env::var("DTX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(24)
+    common::seeds(24)
 }
 
 fn append_spec(protocol: &str, seed: u64) -> BenchSpec {
@@ -26,21 +28,7 @@ fn append_spec(protocol: &str, seed: u64) -> BenchSpec {
 }
 
 fn check(spec: &BenchSpec, tag: &str) {
-    let out = bench::run_sim(spec).expect("simulation runs");
-    let dir = std::env::temp_dir().join(format!("dtx-sim-{}-{}", std::process::id(), tag));
-    let path = dir.join(format!("{}-{}.jsonl", spec.protocol, spec.seed));
-    let (report, problem) = bench::verify(&out, &path).expect("history checks");
-    assert!(out.totals.committed > 0, "{tag} {} seed {}: nothing committed", spec.protocol, spec.seed);
-    if let Some(p) = problem {
-        panic!(
-            "{tag} {} seed {}: {p}\nhistory kept at {}\n{:#?}",
-            spec.protocol,
-            spec.seed,
-            path.display(),
-            report.anomalies.first()
-        );
-    }
-    let _ = std::fs::remove_file(&path);
+    common::run_and_check(spec, tag);
 }
 
 #[test]

@@ -69,15 +69,21 @@ pub fn start(
             let mut m = m2.borrow_mut();
             m.msgs = s1.msgs_sent - s0.msgs_sent;
             m.bytes = s1.bytes_sent - s0.bytes_sent;
+            m.log_waits = s1.log_waits - s0.log_waits;
+            m.log_wait_ns = s1.log_wait_ns - s0.log_wait_ns;
         });
     }
     let cfg = Rc::new(cfg);
+    let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
+    on_crash_report(w, &metrics, &live, &attempts, &shared, cfg.window);
     for i in 0..cfg.inflight as usize {
         let home = homes[i % homes.len()];
         let (w2, p2, wl2, m2, live2, sh2, cfg2) =
             (w.clone(), proto.clone(), wl.clone(), metrics.clone(), live.clone(), shared.clone(), cfg.clone());
+        let at2 = attempts.clone();
         w.spawn(async move {
-            client(&w2, &*p2, &*wl2, &m2, home, &cfg2, &sh2).await;
+            let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2 };
+            me.run(&at2, i).await;
             live2.set(live2.get() - 1);
             if live2.get() == 0 {
                 let m = std::mem::replace(&mut *m2.borrow_mut(), Metrics::new(cfg2.window));
@@ -88,6 +94,60 @@ pub fn start(
     }
 }
 
+/// Per client: the attempt in flight (its operations and start time), when histories are kept.
+type Attempts = Rc<RefCell<Vec<Option<(Vec<crate::txn::HistOp>, u64)>>>>;
+
+/// If the worker's node crashes, its clients die mid-transaction: report what they committed so
+/// far, and each attempt in flight as of unknown outcome (it may have committed before the
+/// crash), so that the history stays complete.
+fn on_crash_report(
+    w: &Rc<Worker>,
+    metrics: &Rc<RefCell<Metrics>>,
+    live: &Rc<std::cell::Cell<usize>>,
+    attempts: &Attempts,
+    shared: &Arc<RunShared>,
+    window: Window,
+) {
+    let (m, live, attempts, shared, w2) = (metrics.clone(), live.clone(), attempts.clone(), shared.clone(), w.clone());
+    w.on_crash(Box::new(move || {
+        if live.get() == 0 {
+            return;
+        }
+        live.set(0);
+        let mut m = std::mem::replace(&mut *m.borrow_mut(), Metrics::new(window));
+        let now_us = w2.now_us();
+        for (ops, start_ns) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
+            let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
+            let start_us = start_ns / 1000;
+            m.history.push(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
+        }
+        shared.reports.lock().push(m);
+        shared.running.fetch_sub(1, Ordering::AcqRel);
+    }));
+}
+
+/// One closed-loop client.
+struct Client<'a> {
+    w: &'a Rc<Worker>,
+    proto: &'a dyn WorkerProtocol,
+    wl: &'a dyn Workload,
+    m: &'a RefCell<Metrics>,
+    home: u32,
+    cfg: &'a DriverConfig,
+    shared: &'a RunShared,
+}
+
+impl Client<'_> {
+    async fn run(&self, attempts: &Attempts, i: usize) {
+        client(self.w, self.proto, self.wl, self.m, self.home, self.cfg, self.shared, &mut |req, start| {
+            attempts.borrow_mut()[i] = start.map(|ns| (append::aborted_ops(req), ns));
+        })
+        .await
+    }
+}
+
+/// `track(req, Some(start))` before an attempt and `track(req, None)` after it (histories only).
+#[allow(clippy::too_many_arguments)]
 async fn client(
     w: &Rc<Worker>,
     proto: &dyn WorkerProtocol,
@@ -96,6 +156,7 @@ async fn client(
     home: u32,
     cfg: &DriverConfig,
     shared: &RunShared,
+    track: &mut dyn FnMut(&TxnRequest, Option<u64>),
 ) {
     while w.now_ns() < cfg.window.end_ns {
         let mut req = wl.next(&mut w.rng.borrow_mut(), home);
@@ -104,9 +165,13 @@ async fn client(
         loop {
             let attempt = Attempt { first_start_us: first_ns / 1000, number };
             let start_ns = w.now_ns();
+            if cfg.record_history {
+                track(&req, Some(start_ns));
+            }
             let result = proto.execute(&req, attempt).await;
             let end_ns = w.now_ns();
             if cfg.record_history {
+                track(&req, None);
                 record(m, shared, &req, &result, start_ns, end_ns);
             }
             match result {
@@ -134,6 +199,10 @@ async fn client(
         }
     }
 }
+
+/// How often an after-run transaction (final read, final checks) is tried before giving up;
+/// with backoff of up to 5 ms, that is about 15 seconds.
+const FINAL_ATTEMPTS: u32 = 6000;
 
 /// Randomized exponential backoff: up to 20 µs × 2^attempt, capped at 5 ms.
 async fn backoff(w: &Rc<Worker>, attempt: u32) {
@@ -175,18 +244,22 @@ pub fn final_checks(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn W
         for req in wl.final_checks() {
             let first = w2.now_us();
             let mut done = false;
-            for number in 0..1000 {
+            for number in 0..FINAL_ATTEMPTS {
                 match proto.execute(&req, Attempt { first_start_us: first, number }).await {
                     Ok(out) => {
                         findings.extend(wl.check_output(&req, &out));
                         done = true;
                         break;
                     }
-                    Err(_) => backoff(&w2, number.min(6)).await,
+                    Err(_) => backoff(&w2, number.min(9)).await,
                 }
             }
             if !done {
-                findings.push((format!("{} (check transaction)", req.proc), false, "aborted 1000 times".to_string()));
+                findings.push((
+                    format!("{} (check transaction)", req.proc),
+                    false,
+                    format!("aborted {FINAL_ATTEMPTS} times"),
+                ));
             }
         }
         *shared.checks.lock() = Some(findings);
@@ -231,7 +304,9 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
             return;
         };
         let first = w2.now_us();
-        for number in 0..1000 {
+        // Patient: after a crash, records of in-doubt transactions stay locked until their
+        // coordinators answer (the orphan sweeper's period), which can take a second or two.
+        for number in 0..FINAL_ATTEMPTS {
             let start = w2.now_ns();
             match proto.execute(&req, Attempt { first_start_us: first, number }).await {
                 Ok(out) => {
@@ -246,9 +321,9 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
                     *shared.final_read.lock() = Some(Ok(line));
                     return;
                 }
-                Err(_) => backoff(&w2, number.min(6)).await,
+                Err(_) => backoff(&w2, number.min(9)).await,
             }
         }
-        *shared.final_read.lock() = Some(Err("the final read-all transaction aborted 1000 times".into()));
+        *shared.final_read.lock() = Some(Err(format!("the final read-all transaction aborted {FINAL_ATTEMPTS} times")));
     });
 }

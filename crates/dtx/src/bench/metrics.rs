@@ -28,6 +28,9 @@ pub struct Metrics {
     pub gave_up: u64,
     pub msgs: u64,
     pub bytes: u64,
+    /// Commits that waited for the log in the window, and how long in all.
+    pub log_waits: u64,
+    pub log_wait_ns: u64,
     pub history: Vec<HistLine>,
     /// Commits in the window per kind of transaction (procedure).
     pub by_kind: BTreeMap<&'static str, u64>,
@@ -50,6 +53,8 @@ impl Metrics {
             gave_up: 0,
             msgs: 0,
             bytes: 0,
+            log_waits: 0,
+            log_wait_ns: 0,
             history: Vec::new(),
             by_kind: BTreeMap::new(),
         }
@@ -94,6 +99,10 @@ pub struct Totals {
     pub bytes: u64,
     pub cpu_us: u64,
     #[serde(default)]
+    pub log_waits: u64,
+    #[serde(default)]
+    pub log_wait_ns: u64,
+    #[serde(default)]
     pub by_kind: BTreeMap<String, u64>,
     /// Checks of the workload's invariants: (condition, passed, detail).
     #[serde(default)]
@@ -118,6 +127,8 @@ impl Totals {
         self.gave_up += m.gave_up;
         self.msgs += m.msgs;
         self.bytes += m.bytes;
+        self.log_waits += m.log_waits;
+        self.log_wait_ns += m.log_wait_ns;
         for (k, c) in &m.by_kind {
             *self.by_kind.entry(k.to_string()).or_default() += c;
         }
@@ -139,6 +150,8 @@ impl Totals {
         self.msgs += o.msgs;
         self.bytes += o.bytes;
         self.cpu_us += o.cpu_us;
+        self.log_waits += o.log_waits;
+        self.log_wait_ns += o.log_wait_ns;
         for (k, c) in &o.by_kind {
             *self.by_kind.entry(k.clone()).or_default() += c;
         }

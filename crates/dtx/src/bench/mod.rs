@@ -7,6 +7,8 @@ pub mod tcp;
 use crate::cluster::Topology;
 use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
 use crate::protocols::{self, NodeEnv, NodeProtocol, ProtoOptions, WorkerProtocol};
+use crate::replication::DurabilityConfig;
+use crate::rt::log::NodeLog;
 use crate::rt::{local, sim::SimWorld, CpuCost, RpcConfig, Worker, WorkerConfig};
 use crate::workloads::{self, Workload, WorkloadParams};
 use anyhow::{bail, Context};
@@ -42,6 +44,8 @@ pub struct BenchSpec {
     #[serde(default)]
     pub run_checks: bool,
     pub max_retries: u32,
+    #[serde(default)]
+    pub durability: DurabilityConfig,
 }
 
 impl BenchSpec {
@@ -67,6 +71,7 @@ impl BenchSpec {
             record_history,
             run_checks: false,
             max_retries: 1000,
+            durability: DurabilityConfig::default(),
         }
     }
 
@@ -138,12 +143,51 @@ pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
     workloads::build(&spec.workload, &spec.topology())
 }
 
-pub fn build_node(spec: &BenchSpec, node: NodeId, workload: &Arc<dyn Workload>) -> anyhow::Result<NodeSetup> {
+/// A node's log and the records it held when opened (oldest first).
+pub type OpenedLog = (Arc<NodeLog>, Vec<Vec<u8>>);
+
+/// The protocol instance and workload of every simulated worker, by worker index; a node that
+/// restarts replaces its own.
+type Protos = Rc<std::cell::RefCell<Vec<(Rc<dyn WorkerProtocol>, Arc<dyn Workload>)>>>;
+
+/// Build a node: its protocol state over its storage, loaded, and (with a log) recovered from
+/// the records the log holds.
+pub fn build_node(
+    spec: &BenchSpec,
+    node: NodeId,
+    workload: &Arc<dyn Workload>,
+    log: Option<OpenedLog>,
+) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
     let workload = workload.clone();
     let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
-    let env = NodeEnv { node, topo: topo.clone(), workload: workload.clone(), opts: spec.proto.clone() };
+    let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
+    if let Some((log, recovered)) = log {
+        env.log = Some(log);
+        env.recovered = recovered;
+    }
     Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo })
+}
+
+/// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
+/// one removed when the returned guard drops.
+pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<crate::util::TempDir>)> {
+    match &spec.durability.data_dir {
+        Some(d) => Ok((d.join(format!("{:016x}", spec.durability.cluster_id)), None)),
+        None => {
+            let t = crate::util::TempDir::new("wal").context("cannot create a temporary folder for the logs")?;
+            Ok((t.0.clone(), Some(t)))
+        }
+    }
+}
+
+/// Open node `n`'s log for a real-time run (none when the run is not durable).
+pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Option<OpenedLog>> {
+    if !spec.durability.enabled() {
+        return Ok(None);
+    }
+    let node_dir = dir.join(format!("node-{n}"));
+    Ok(Some(spec.durability.open_wal(node_dir, n)?))
 }
 
 /// The partitions a worker's clients are homed at: the node's, rotated by worker index.
@@ -194,6 +238,8 @@ pub struct Outcome {
     pub final_read: Option<Result<HistLine, String>>,
     /// Committed transactions that gave up after the retry limit, stuck clients, etc.
     pub notes: Vec<String>,
+    /// Crashes that lost a node's memory, each followed by recovery from its log (sim).
+    pub restarts: u64,
 }
 
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {
@@ -220,10 +266,18 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     let shared = Arc::new(RunShared::default());
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
-    let mut protos = Vec::new();
+    let protos: Protos = Default::default();
     let workload = build_workload(spec)?;
+    if spec.durability.enabled() && spec.faults.crashes {
+        world.set_restart(sim_restart(spec, &workload, &shared, window, &protos), spec.worker_config());
+    }
     for n in 0..spec.nodes {
-        let node = build_node(spec, n, &workload)?;
+        let log = spec.durability.enabled().then(|| {
+            let log = NodeLog::simulated(Vec::new());
+            world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+            (log, Vec::new())
+        });
+        let node = build_node(spec, n, &workload, log)?;
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);
             let w = Rc::new(Worker::new(
@@ -235,7 +289,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
             ));
             world.add_worker(w.clone());
             shared.running.fetch_add(1, Ordering::AcqRel);
-            protos.push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
+            protos.borrow_mut().push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
         }
     }
     let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
@@ -261,9 +315,10 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     if spec.faults.any() {
         notes.push(format!(
-            "faults: {} of {} packets dropped (loss, partitions, stopped nodes)",
+            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory",
             world.packets_dropped,
-            world.packets_dropped + world.packets_delivered
+            world.packets_dropped + world.packets_delivered,
+            world.restarts
         ));
     }
     let mut totals = Totals::default();
@@ -271,7 +326,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     collect(&shared, &mut totals, &mut history);
     let mut final_read = None;
     if spec.record_history {
-        let (p, wl) = protos[0].clone();
+        let (p, wl) = protos.borrow()[0].clone();
         let w0 = world.worker(Addr::new(0, 0)).clone();
         driver::final_read(&w0, p, wl, shared.clone());
         let limit = world.now_ns() + 120_000_000_000;
@@ -279,7 +334,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         final_read = shared.final_read.lock().take();
     }
     if spec.run_checks {
-        let (p, wl) = protos[0].clone();
+        let (p, wl) = protos.borrow()[0].clone();
         let w0 = world.worker(Addr::new(0, 0)).clone();
         driver::final_checks(&w0, p, wl, shared.clone());
         let limit = world.now_ns() + 600_000_000_000;
@@ -288,7 +343,31 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = busy_in_window_ns / 1000;
-    Ok(Outcome { totals, history, final_read, notes })
+    Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts })
+}
+
+/// How the simulator rebuilds a node whose crash lost its memory: recover it from what its
+/// disk kept, on fresh workers, and start their clients again.
+fn sim_restart(
+    spec: &BenchSpec,
+    workload: &Arc<dyn Workload>,
+    shared: &Arc<RunShared>,
+    window: Window,
+    protos: &Protos,
+) -> crate::rt::sim::Restart {
+    let (spec, workload, shared, protos) = (spec.clone(), workload.clone(), shared.clone(), protos.clone());
+    Box::new(move |n, kept, workers| {
+        let log = NodeLog::simulated(kept.clone());
+        let node =
+            build_node(&spec, n, &workload, Some((log.clone(), kept))).expect("a node that built once builds again");
+        for w in workers {
+            shared.running.fetch_add(1, Ordering::AcqRel);
+            let proto = start_worker(&spec, &node, w, window, &shared);
+            let i = n as usize * spec.workers as usize + w.addr.worker as usize;
+            protos.borrow_mut()[i] = (proto, node.workload.clone());
+        }
+        log
+    })
 }
 
 /// Run every node as threads of this process.
@@ -297,8 +376,10 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let shared = Arc::new(RunShared::default());
     let mut nodes = Vec::new();
     let workload = build_workload(spec)?;
+    let (dir, _tmp) = data_dir(spec)?;
     for n in 0..spec.nodes {
-        nodes.push(Arc::new(build_node(spec, n, &workload)?));
+        let log = open_node_log(spec, &dir, n)?;
+        nodes.push(Arc::new(build_node(spec, n, &workload, log)?));
     }
     let warm = Duration::from_micros(spec.warmup_us);
     let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
@@ -379,7 +460,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         _ => 0,
     };
     totals.findings = findings;
-    Ok(Outcome { totals, history, final_read, notes })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0 })
 }
 
 /// A worker and the protocol instance running on it.
@@ -473,6 +554,12 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
     }
     if t.gave_up > 0 {
         extra.insert("gave_up".to_string(), t.gave_up as f64);
+    }
+    if t.log_waits > 0 {
+        // The latency breakdown durability asks for: how long a commit waited for its log
+        // record (group commit delay + fsync), beside the end-to-end percentiles.
+        extra.insert("log_wait_us_mean".to_string(), t.log_wait_ns as f64 / t.log_waits as f64 / 1000.0);
+        extra.insert("log_waits_per_txn".to_string(), per(t.log_waits));
     }
     RunReport {
         protocol: spec.protocol.clone(),

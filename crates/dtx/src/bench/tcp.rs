@@ -53,16 +53,20 @@ struct ActiveRun {
     epoch: Instant,
     cpu: Arc<Mutex<(Option<u64>, Option<u64>)>>,
     window: Option<Window>,
+    /// The run's log folder when the server has no `--data-dir` (removed with the run).
+    _tmp_logs: Option<crate::util::TempDir>,
 }
 
 struct Server {
     cfg: ClusterConfig,
     node: u16,
+    /// Where this server keeps its logs (`--data-dir`): one folder per cluster id.
+    data_dir: Option<std::path::PathBuf>,
     run: Mutex<Option<ActiveRun>>,
 }
 
-/// `dtx server --config FILE --node N`: serve until told to shut down.
-pub fn serve(config: &Path, node: u16) -> anyhow::Result<()> {
+/// `dtx server --config FILE --node N [--data-dir DIR]`: serve until told to shut down.
+pub fn serve(config: &Path, node: u16, data_dir: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let cfg = ClusterConfig::load(config)?;
     if node as usize >= cfg.nodes.len() {
         bail!("--node {node}: the cluster config names only {} nodes (0..{})", cfg.nodes.len(), cfg.nodes.len() - 1);
@@ -75,7 +79,7 @@ pub fn serve(config: &Path, node: u16) -> anyhow::Result<()> {
         addr.port() + 1,
         addr.port() + cfg.workers
     );
-    let server = Arc::new(Server { cfg, node, run: Mutex::new(None) });
+    let server = Arc::new(Server { cfg, node, data_dir, run: Mutex::new(None) });
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let s = server.clone();
@@ -157,7 +161,12 @@ impl Server {
             );
         }
         spec.validate()?;
-        let node = Arc::new(build_node(&spec, self.node, &build_workload(&spec)?)?);
+        let (dir, tmp) = match &self.data_dir {
+            Some(d) => (d.join(format!("{:016x}", spec.durability.cluster_id)), None),
+            None => super::data_dir(&spec)?,
+        };
+        let log = super::open_node_log(&spec, &dir, self.node)?;
+        let node = Arc::new(build_node(&spec, self.node, &build_workload(&spec)?, log)?);
         let epoch = Instant::now();
         let shared = Arc::new(RunShared::default());
         let cfg = Arc::new(self.cfg.clone());
@@ -190,6 +199,7 @@ impl Server {
             epoch,
             cpu: Arc::new(Mutex::new((None, None))),
             window: None,
+            _tmp_logs: tmp,
         });
         Ok(())
     }
@@ -334,7 +344,7 @@ impl Control {
 /// Server processes this bench started; shut down (then killed) when dropped.
 struct Spawned {
     children: Vec<std::process::Child>,
-    _dir: tempfile_dir::TempDir,
+    _dir: crate::util::TempDir,
 }
 
 impl Drop for Spawned {
@@ -349,26 +359,6 @@ impl Drop for Spawned {
             }
             let _ = c.kill();
             let _ = c.wait();
-        }
-    }
-}
-
-mod tempfile_dir {
-    /// A scratch directory removed on drop (kept small: config and server logs).
-    pub struct TempDir(pub std::path::PathBuf);
-    impl TempDir {
-        pub fn new(tag: &str) -> std::io::Result<Self> {
-            let p = std::env::temp_dir().join(format!("dtx-{tag}-{}-{}", std::process::id(), rand_suffix()));
-            std::fs::create_dir_all(&p)?;
-            Ok(TempDir(p))
-        }
-    }
-    fn rand_suffix() -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 }
@@ -390,7 +380,7 @@ fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
 fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
     let base = free_base_port(spec.nodes, spec.workers)?;
     let cfg = ClusterConfig::loopback(spec.nodes, spec.workers, base);
-    let dir = tempfile_dir::TempDir::new("cluster")?;
+    let dir = crate::util::TempDir::new("cluster")?;
     let path = dir.0.join("cluster.toml");
     std::fs::write(&path, cfg.to_toml())?;
     let exe = std::env::current_exe().context("cannot find the dtx executable")?;
@@ -487,5 +477,5 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         }
     }
     drop(spawned);
-    Ok(Outcome { totals, history, final_read, notes })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0 })
 }

@@ -160,6 +160,10 @@ pub struct NetStats {
     pub bytes_sent: u64,
     pub packets_sent: u64,
     pub malformed: u64,
+    /// Commit decisions that waited for the log, and how long in all (the durability share
+    /// of commit latency; counted here because it is a per-worker counter like the others).
+    pub log_waits: u64,
+    pub log_wait_ns: u64,
 }
 
 impl NetStats {
@@ -168,6 +172,8 @@ impl NetStats {
         self.bytes_sent += o.bytes_sent;
         self.packets_sent += o.packets_sent;
         self.malformed += o.malformed;
+        self.log_waits += o.log_waits;
+        self.log_wait_ns += o.log_wait_ns;
     }
 }
 

@@ -38,6 +38,17 @@ pub struct NodeEnv {
     pub topo: Arc<Topology>,
     pub workload: Arc<dyn Workload>,
     pub opts: ProtoOptions,
+    /// The node's log when the run is durable (`--durability wal`).
+    pub log: Option<Arc<crate::rt::log::NodeLog>>,
+    /// The records the log held when the node started (after a crash), oldest first.
+    pub recovered: Vec<Vec<u8>>,
+}
+
+impl NodeEnv {
+    /// A node without a log.
+    pub fn volatile(node: NodeId, topo: Arc<Topology>, workload: Arc<dyn Workload>, opts: ProtoOptions) -> Self {
+        NodeEnv { node, topo, workload, opts, log: None, recovered: Vec::new() }
+    }
 }
 
 /// Facts about the attempt being run.

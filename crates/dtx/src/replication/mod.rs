@@ -1,6 +1,99 @@
 //! Durability and replication, shared by every protocol: a write-ahead log with group commit
 //! ([`wal`]) and consensus-replicated logs ([`raft_log`]). Nothing here touches a protocol; the
-//! runtimes hand these to protocol code through `rt::Worker`.
+//! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
 pub mod raft_log;
 pub mod wal;
+
+use crate::rt::log::NodeLog;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How durable a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Nothing is logged: a crash loses the node's state.
+    #[default]
+    None,
+    /// Every node logs to its own write-ahead log; a commit is acknowledged once its decision
+    /// record is durable (fsynced, by group commit).
+    Wal,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "none" => Ok(Durability::None),
+            "wal" => Ok(Durability::Wal),
+            "replicated" => anyhow::bail!(
+                "--durability replicated is not implemented yet (the replicated log primitive exists, \
+                 replicated partitions do not); use none or wal"
+            ),
+            other => anyhow::bail!("unknown --durability `{other}` (known: none, wal)"),
+        }
+    }
+}
+
+/// The durability settings of a run; they cross process boundaries with the bench spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DurabilityConfig {
+    pub mode: Durability,
+    /// Group commit: flush this long after the first unflushed record...
+    pub group_commit_us: u64,
+    /// ...or as soon as this much is buffered.
+    pub group_commit_bytes: usize,
+    /// fdatasync each group (false only to measure what fsync costs).
+    pub fsync: bool,
+    /// What one flush costs in the simulator (MACHINE.md: fdatasync after a 4 KiB append,
+    /// p50 198 µs on this machine).
+    pub sim_fsync_us: u64,
+    /// Where the nodes of this process keep their logs (local and tcp runtimes); `None` = a
+    /// fresh temporary directory per run, removed afterwards.
+    pub data_dir: Option<PathBuf>,
+    /// Identifies the cluster a log belongs to: a log of another cluster is refused.
+    pub cluster_id: u64,
+}
+
+impl Default for DurabilityConfig {
+    fn default() -> Self {
+        DurabilityConfig {
+            mode: Durability::None,
+            group_commit_us: 200,
+            group_commit_bytes: 256 << 10,
+            fsync: true,
+            sim_fsync_us: 200,
+            data_dir: None,
+            cluster_id: 0,
+        }
+    }
+}
+
+impl DurabilityConfig {
+    pub fn enabled(&self) -> bool {
+        self.mode != Durability::None
+    }
+
+    /// Open (or create) node `node`'s WAL under `dir`: the log for the protocol and the records
+    /// it already held, oldest first.
+    pub fn open_wal(&self, dir: PathBuf, node: u16) -> anyhow::Result<(Arc<NodeLog>, Vec<Vec<u8>>)> {
+        let mut cfg = wal::WalConfig::new(dir, self.cluster_id, node);
+        cfg.group_commit_delay_us = self.group_commit_us;
+        cfg.group_commit_bytes = self.group_commit_bytes;
+        cfg.fsync = self.fsync;
+        let (wal, recovered) = wal::Wal::open(cfg)?;
+        if recovered.checkpoint.is_some() {
+            anyhow::bail!("node {node}: the log has a checkpoint, which this version cannot restore from");
+        }
+        if let Some((path, offset)) = &recovered.torn_tail {
+            crate::rt::log_warn(&format!(
+                "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
+                path.display()
+            ));
+        }
+        let records = recovered.records.into_iter().map(|(_, r)| r).collect();
+        Ok((NodeLog::over_wal(wal), records))
+    }
+}

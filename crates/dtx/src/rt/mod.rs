@@ -5,6 +5,7 @@
 //! or the wall clock.
 
 pub mod local;
+pub mod log;
 pub mod sim;
 pub mod tcp;
 
@@ -175,6 +176,8 @@ pub struct Worker {
     charged_ns: Cell<u64>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
+    /// Run when the simulator crashes this worker's node (its memory is about to be lost).
+    crash_hooks: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
 
 impl Worker {
@@ -200,6 +203,27 @@ impl Worker {
             charged_ns: Cell::new(0),
             cost: cfg.cost,
             rpc: cfg.rpc,
+            crash_hooks: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Number this worker's RPCs from `base` on: a worker of a restarted node must not reuse
+    /// the ids of its previous incarnation, whose late replies may still arrive.
+    pub fn start_rpc_ids_at(&self, base: u64) {
+        self.next_rpc.set(base.max(1));
+    }
+
+    /// Run `f` if this worker's node crashes (the simulator's crash with memory loss): what
+    /// must outlive the worker (the driver's metrics and history) is handed over there.
+    pub fn on_crash(&self, f: Box<dyn FnOnce()>) {
+        self.crash_hooks.borrow_mut().push(f);
+    }
+
+    /// The node crashed: run the crash hooks. The worker is never run again.
+    pub fn crash(&self) {
+        let hooks = std::mem::take(&mut *self.crash_hooks.borrow_mut());
+        for h in hooks {
+            h();
         }
     }
 
@@ -229,6 +253,13 @@ impl Worker {
     #[inline]
     pub fn charge_ops(&self, n: usize) {
         self.charge(self.cost.op_ns * n as u64);
+    }
+
+    /// A commit waited `ns` for its log record to become durable.
+    pub fn note_log_wait(&self, ns: u64) {
+        let mut st = self.stats.borrow_mut();
+        st.log_waits += 1;
+        st.log_wait_ns += ns;
     }
 
     /// Take the CPU time charged since the last call (the simulator turns it into busy time).

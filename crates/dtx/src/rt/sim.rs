@@ -7,10 +7,12 @@
 //! are FIFO (as TCP is). Loss, partitions and crashes are drawn from the seed, so one seed
 //! replays one run exactly. A 50 ms WAN delay costs no wall time.
 //!
-//! A crash stops a node: it loses every in-flight packet and timer, and its running tasks are
-//! frozen until it restarts; memory survives (a stop-and-resume). Real crash recovery, with
-//! memory lost and a log replayed, comes with durability.
+//! A crash stops a node: it loses every in-flight packet and timer. Without a log (the run is
+//! not durable) its running tasks are frozen until it restarts and its memory survives (a
+//! stop-and-resume). With a log, the crash loses the node's memory and the unflushed tail of its
+//! log; the node restarts on fresh workers, rebuilt from what its simulated disk kept.
 
+use super::log::NodeLog;
 use super::{Clock, Executor, Worker, STEP_TASKS};
 use crate::net::{Addr, FaultPlan, LatencyModel, Packet};
 use crate::util::Rng;
@@ -27,7 +29,24 @@ enum Ev {
     Wake(usize),
     Fault,
     Heal(FaultKind),
+    /// A node's group-commit timer fired: start a flush of what its log buffered.
+    FlushStart(u16, u64),
+    /// The flush (its fsync) finished: what it covered is durable.
+    FlushDone(u16, u64),
 }
+
+/// A node's simulated disk and its group commit.
+struct SimLog {
+    log: Arc<NodeLog>,
+    group_commit_ns: u64,
+    fsync_ns: u64,
+    /// A flush is scheduled or running.
+    busy: bool,
+}
+
+/// Rebuilds a crashed node: given the records its disk kept and fresh workers (same
+/// addresses), recover the node's state on them, start its clients, and return its new log.
+pub type Restart = Box<dyn FnMut(u16, Vec<Vec<u8>>, &[Rc<Worker>]) -> Arc<NodeLog>>;
 
 enum FaultKind {
     Partition,
@@ -58,6 +77,17 @@ pub struct SimWorld {
     /// side[i] = which side of the current partition node i is on (None = no partition).
     side: Option<Vec<bool>>,
     node_down: Vec<bool>,
+    logs: Vec<Option<SimLog>>,
+    /// Bumped at each crash of a node, so that a flush of the lost incarnation's log that
+    /// completes later is ignored.
+    log_generation: Vec<u64>,
+    /// With a restart hook, a crash loses the node's memory and the node restarts from its log.
+    restart: Option<Restart>,
+    /// What each crashed node's disk kept, until it restarts.
+    survived: Vec<Option<Vec<Vec<u8>>>>,
+    worker_cfg: super::WorkerConfig,
+    /// Crashes that lost a node's memory (each followed by a recovery).
+    pub restarts: u64,
     pub packets_dropped: u64,
     pub packets_delivered: u64,
     /// CPU time charged to all workers so far (virtual ns).
@@ -81,6 +111,12 @@ impl SimWorld {
             link_last: Default::default(),
             side: None,
             node_down: vec![false; nodes as usize],
+            logs: (0..nodes).map(|_| None).collect(),
+            log_generation: vec![0; nodes as usize],
+            restart: None,
+            survived: vec![None; nodes as usize],
+            worker_cfg: super::WorkerConfig::default(),
+            restarts: 0,
             packets_dropped: 0,
             packets_delivered: 0,
             busy_ns: 0,
@@ -109,6 +145,51 @@ impl SimWorld {
         let idx = self.index(addr);
         let woken = self.woken.clone();
         Executor::new(Arc::new(move || woken.lock().push(idx)))
+    }
+
+    /// Give node `n` a simulated disk: the simulator flushes `log` `group_commit_us` after it
+    /// first holds unflushed records, and each flush takes `fsync_us`.
+    pub fn set_log(&mut self, n: u16, log: Arc<NodeLog>, group_commit_us: u64, fsync_us: u64) {
+        self.logs[n as usize] =
+            Some(SimLog { log, group_commit_ns: group_commit_us * 1000, fsync_ns: fsync_us * 1000, busy: false });
+    }
+
+    /// Schedule a flush of node `n`'s log if it holds unflushed records and none is under way.
+    fn maybe_flush(&mut self, n: u16) {
+        let now = self.now.get();
+        let Some(l) = self.logs[n as usize].as_mut() else { return };
+        if l.busy || !l.log.sim_has_unflushed() {
+            return;
+        }
+        l.busy = true;
+        let at = now + l.group_commit_ns;
+        let generation = self.log_generation[n as usize];
+        self.push(at, Ev::FlushStart(n, generation));
+    }
+
+    fn flush_start(&mut self, n: u16, generation: u64) {
+        let now = self.now.get();
+        if generation != self.log_generation[n as usize] {
+            return;
+        }
+        let Some(l) = self.logs[n as usize].as_mut() else { return };
+        match l.log.sim_begin_flush() {
+            Some(_) => {
+                let at = now + l.fsync_ns;
+                self.push(at, Ev::FlushDone(n, generation));
+            }
+            None => l.busy = false,
+        }
+    }
+
+    fn flush_done(&mut self, n: u16, generation: u64) {
+        if generation != self.log_generation[n as usize] {
+            return;
+        }
+        let Some(l) = self.logs[n as usize].as_mut() else { return };
+        l.log.sim_finish_flush();
+        l.busy = false;
+        self.maybe_flush(n);
     }
 
     pub fn add_worker(&mut self, w: Rc<Worker>) {
@@ -186,6 +267,8 @@ impl SimWorld {
                 }
                 Ev::Fault => self.inject_fault(),
                 Ev::Heal(k) => self.heal(k),
+                Ev::FlushStart(n, g) => self.flush_start(n, g),
+                Ev::FlushDone(n, g) => self.flush_done(n, g),
             }
             self.collect_woken();
         }
@@ -233,6 +316,7 @@ impl SimWorld {
         if let Some(next) = w.fire_timers() {
             self.wake(i, next);
         }
+        self.maybe_flush(w.addr.node);
         // Tasks woken by this step on this worker itself (e.g. by a reply it handled).
         if w.executor().has_ready() {
             self.wake(i, busy_until);
@@ -274,6 +358,7 @@ impl SimWorld {
                 for s in self.slots.iter_mut().filter(|s| s.w.addr.node as usize == n) {
                     s.inbox.clear();
                 }
+                self.lose_memory(n);
                 self.push(now + dur, Ev::Heal(FaultKind::Restart(n as u16)));
             }
         }
@@ -284,16 +369,7 @@ impl SimWorld {
     fn heal(&mut self, k: FaultKind) {
         match k {
             FaultKind::Partition => self.side = None,
-            FaultKind::Restart(n) => {
-                self.node_down[n as usize] = false;
-                let now = self.now.get();
-                for i in 0..self.slots.len() {
-                    if self.slots[i].w.addr.node == n {
-                        self.slots[i].busy_until = now;
-                        self.wake(i, now);
-                    }
-                }
-            }
+            FaultKind::Restart(n) => self.restart_node(n),
         }
     }
 
@@ -303,16 +379,76 @@ impl SimWorld {
         self.faults.crashes = false;
         self.faults.loss = 0.0;
         self.side = None;
-        let now = self.now.get();
         for n in 0..self.node_down.len() {
             if self.node_down[n] {
-                self.node_down[n] = false;
-                for i in 0..self.slots.len() {
-                    if self.slots[i].w.addr.node as usize == n {
-                        self.slots[i].busy_until = now;
-                        self.wake(i, now);
-                    }
-                }
+                self.restart_node(n as u16);
+            }
+        }
+    }
+
+    /// Make crashes lose memory: a crashed node restarts through `restart` from what its
+    /// simulated disk kept. Without it, a crash is a stop-and-resume.
+    pub fn set_restart(&mut self, restart: Restart, cfg: super::WorkerConfig) {
+        self.restart = Some(restart);
+        self.worker_cfg = cfg;
+    }
+
+    /// A crash that loses memory: the workers are told (their clients report what they did),
+    /// the log keeps only what was flushed.
+    fn lose_memory(&mut self, n: usize) {
+        if self.restart.is_none() {
+            return;
+        }
+        for s in self.slots.iter().filter(|s| s.w.addr.node as usize == n) {
+            s.w.crash();
+        }
+        let kept = self.logs[n].as_ref().map(|l| l.log.sim_crash()).unwrap_or_default();
+        self.log_generation[n] += 1;
+        if let Some(l) = self.logs[n].as_mut() {
+            l.busy = false;
+        }
+        self.survived[n] = Some(kept);
+    }
+
+    /// Bring node `n` back: rebuilt from its disk if its memory was lost, else resumed.
+    fn restart_node(&mut self, n: u16) {
+        self.node_down[n as usize] = false;
+        let now = self.now.get();
+        if let (Some(kept), Some(restart)) = (self.survived[n as usize].take(), self.restart.as_mut()) {
+            self.restarts += 1;
+            let incarnation = self.restarts;
+            let workers: Vec<Rc<Worker>> = (0..self.workers_per_node)
+                .map(|wi| {
+                    let addr = Addr::new(n, wi);
+                    let idx = n as usize * self.workers_per_node as usize + wi as usize;
+                    let woken = self.woken.clone();
+                    let exec = Executor::new(Arc::new(move || woken.lock().push(idx)));
+                    let w = Worker::new(
+                        addr,
+                        self.workers_per_node,
+                        Clock::Virtual(self.now.clone()),
+                        exec,
+                        &self.worker_cfg,
+                    );
+                    // Late replies to the lost incarnation's requests must not match new ones.
+                    w.start_rpc_ids_at(incarnation << 40);
+                    Rc::new(w)
+                })
+                .collect();
+            let log = restart(n, kept, &workers);
+            if let Some(l) = self.logs[n as usize].as_mut() {
+                l.log = log;
+            }
+            for w in workers {
+                let i = self.index(w.addr);
+                self.slots[i].w = w;
+                self.slots[i].inbox.clear();
+            }
+        }
+        for i in 0..self.slots.len() {
+            if self.slots[i].w.addr.node == n {
+                self.slots[i].busy_until = now;
+                self.wake(i, now);
             }
         }
     }

@@ -162,9 +162,34 @@ impl<M> Record<M> {
 
 const SHARDS: usize = 64;
 
-type Shard<M> = RwLock<FxHashMap<u64, Box<Record<M>>>>;
+/// Records per arena chunk: 16 KiB of records, allocated at once instead of one by one.
+const ARENA_CHUNK: usize = 256;
 
-/// A pointer to a record owned by its table's hash index.
+/// Where a table's records live when they are not in a dense range: chunks that are never freed
+/// or moved while the table lives, so a pointer to a record stays valid.
+struct Arena<M> {
+    chunks: Vec<Box<[Record<M>]>>,
+    used_in_last: usize,
+}
+
+impl<M: Default> Arena<M> {
+    fn new() -> Self {
+        Arena { chunks: Vec::new(), used_in_last: ARENA_CHUNK }
+    }
+
+    fn alloc(&mut self) -> NonNull<Record<M>> {
+        if self.used_in_last == ARENA_CHUNK {
+            self.chunks.push((0..ARENA_CHUNK).map(|_| Record::default()).collect());
+            self.used_in_last = 0;
+        }
+        let chunk = self.chunks.last_mut().expect("a chunk was just pushed");
+        let rec = NonNull::from(&mut chunk[self.used_in_last]);
+        self.used_in_last += 1;
+        rec
+    }
+}
+
+/// A pointer to a record owned by its table's arena.
 struct RecPtr<M>(NonNull<Record<M>>);
 
 // SAFETY: a RecPtr is only dereferenced as `&Record<M>`, which is Sync when M is Send
@@ -172,14 +197,32 @@ struct RecPtr<M>(NonNull<Record<M>>);
 unsafe impl<M: Send> Send for RecPtr<M> {}
 unsafe impl<M: Send> Sync for RecPtr<M> {}
 
-/// Records are boxed and never removed or replaced while the table lives, so a reference to a
-/// record stays valid for as long as the table is borrowed, after the index lock is released.
-/// That lets a read touch the index lock and the record, and nothing else: no reference count.
+/// One shard of a hash-indexed table: its index and the arena its records come from.
+struct HashShard<M> {
+    map: FxHashMap<u64, RecPtr<M>>,
+    arena: Arena<M>,
+}
+
+/// An ordered table: one B-tree. Its keys are typically inserted in ascending runs (order ids),
+/// so the path to the newest keys stays in cache, where a hash index would miss on every insert.
+struct OrderedIndex<M> {
+    map: BTreeMap<u64, RecPtr<M>>,
+    arena: Arena<M>,
+}
+
+enum Index<M> {
+    Hash(Box<[RwLock<HashShard<M>>]>),
+    Ordered(RwLock<OrderedIndex<M>>),
+}
+
+/// Records are allocated from arenas and never removed or moved while the table lives, so a
+/// reference to a record stays valid for as long as the table is borrowed, after the index lock
+/// is released. That lets a read touch the index lock and the record, and nothing else: no
+/// reference count.
 pub struct Table<M> {
     pub def: TableDef,
     dense: Vec<(u64, Box<[Record<M>]>)>,
-    shards: Box<[Shard<M>]>,
-    ordered: Option<RwLock<BTreeMap<u64, RecPtr<M>>>>,
+    index: Index<M>,
 }
 
 #[inline]
@@ -197,12 +240,17 @@ impl<M: Default + Send> Table<M> {
             .map(|r| (r.start, (r.start..r.end).map(|_| Record::default()).collect::<Box<[_]>>()))
             .collect();
         let dense_rows: usize = def.dense.iter().map(|r| (r.end - r.start) as usize).sum();
-        let per_shard = def.expected_rows.saturating_sub(dense_rows) / SHARDS + 1;
-        let shards = (0..SHARDS)
-            .map(|_| RwLock::new(FxHashMap::with_capacity_and_hasher(per_shard, Default::default())))
-            .collect();
-        let ordered = def.ordered.then(|| RwLock::new(BTreeMap::new()));
-        Table { def, dense, shards, ordered }
+        let index = if def.ordered {
+            Index::Ordered(RwLock::new(OrderedIndex { map: BTreeMap::new(), arena: Arena::new() }))
+        } else {
+            let per_shard = def.expected_rows.saturating_sub(dense_rows) / SHARDS + 1;
+            let shard = || {
+                let map = FxHashMap::with_capacity_and_hasher(per_shard, Default::default());
+                RwLock::new(HashShard { map, arena: Arena::new() })
+            };
+            Index::Hash((0..SHARDS).map(|_| shard()).collect())
+        };
+        Table { def, dense, index }
     }
 
     #[inline]
@@ -215,10 +263,12 @@ impl<M: Default + Send> Table<M> {
         if let Some(r) = self.dense(key) {
             return Some(r);
         }
-        let shard = self.shards[shard_of(key)].read();
-        let ptr: *const Record<M> = &**shard.get(&key)?;
-        // SAFETY: the box is never dropped or replaced while `self` lives (see the type's doc).
-        Some(unsafe { &*ptr })
+        let ptr = match &self.index {
+            Index::Hash(shards) => shards[shard_of(key)].read().map.get(&key)?.0,
+            Index::Ordered(ord) => ord.read().map.get(&key)?.0,
+        };
+        // SAFETY: arena records are never freed or moved while `self` lives (see the type's doc).
+        Some(unsafe { ptr.as_ref() })
     }
 
     /// The record for `key`, creating an absent one if there is none (inserts lock it first).
@@ -226,15 +276,18 @@ impl<M: Default + Send> Table<M> {
         if let Some(r) = self.get(key) {
             return r;
         }
-        let mut shard = self.shards[shard_of(key)].write();
-        let boxed = shard
-            .entry(key)
-            .or_insert_with(|| Box::new(Record { row: Mutex::new(Row { value: None, meta: M::default() }) }));
-        let ptr = NonNull::from(&**boxed);
-        drop(shard);
-        if let Some(ord) = &self.ordered {
-            ord.write().entry(key).or_insert(RecPtr(ptr));
-        }
+        let ptr = match &self.index {
+            Index::Hash(shards) => {
+                let mut shard = shards[shard_of(key)].write();
+                let HashShard { map, arena } = &mut *shard;
+                map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
+            }
+            Index::Ordered(ord) => {
+                let mut ord = ord.write();
+                let OrderedIndex { map, arena } = &mut *ord;
+                map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
+            }
+        };
         // SAFETY: as in `get`.
         unsafe { ptr.as_ref() }
     }
@@ -248,11 +301,11 @@ impl<M: Default + Send> Table<M> {
     /// Records with keys in `[lo, hi]`, ascending (or descending), at most `limit`.
     /// Absent records (tombstones, uncommitted inserts) are included: the protocol decides.
     pub fn range(&self, lo: u64, hi: u64, limit: usize, descending: bool) -> Vec<(u64, &Record<M>)> {
-        let Some(ord) = &self.ordered else {
+        let Index::Ordered(ord) = &self.index else {
             return Vec::new();
         };
         let ord = ord.read();
-        let it = ord.range((Bound::Included(lo), Bound::Included(hi)));
+        let it = ord.map.range((Bound::Included(lo), Bound::Included(hi)));
         // SAFETY: as in `get`.
         let pick = |(k, r): (&u64, &RecPtr<M>)| (*k, unsafe { r.0.as_ref() });
         if descending {
@@ -264,9 +317,20 @@ impl<M: Default + Send> Table<M> {
 
     /// Records that hold a value.
     pub fn len(&self) -> usize {
-        let present = |r: &Record<M>| r.lock().value.is_some() as usize;
-        let dense: usize = self.dense.iter().map(|(_, recs)| recs.iter().map(present).sum::<usize>()).sum();
-        dense + self.shards.iter().map(|s| s.read().values().map(|r| present(r)).sum::<usize>()).sum::<usize>()
+        let present = |r: &RecPtr<M>| {
+            // SAFETY: as in `get`.
+            unsafe { r.0.as_ref() }.lock().value.is_some() as usize
+        };
+        let dense: usize = self
+            .dense
+            .iter()
+            .map(|(_, recs)| recs.iter().map(|r| r.lock().value.is_some() as usize).sum::<usize>())
+            .sum();
+        let indexed: usize = match &self.index {
+            Index::Hash(shards) => shards.iter().map(|s| s.read().map.values().map(present).sum::<usize>()).sum(),
+            Index::Ordered(ord) => ord.read().map.values().map(present).sum(),
+        };
+        dense + indexed
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,6 +1,9 @@
 //! Pieces the 2PC-based protocols share: transaction ids, the node's shared state, routing a key
-//! to its node, the coordinator's decision table (answering participants that lost track), and
-//! the participant-side table of transactions with its orphan sweeper.
+//! to its node, the coordinator's decision table (answering participants that lost track), the
+//! participant-side table of transactions with its orphan sweeper, and ([`durable`]) the log
+//! records and recovery that make 2PC survive a crash.
+
+pub mod durable;
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
@@ -15,16 +18,35 @@ use std::sync::Arc;
 
 use super::ProtoOptions;
 
-/// A transaction attempt's id: node (16 bits) | worker (8 bits) | sequence (40 bits).
+/// A transaction attempt's id: node (12 bits) | worker (6 bits) | boot (10 bits) | sequence
+/// (36 bits). The boot number (from the node's log, [`durable::LogRecord::Boot`]) keeps ids of a
+/// restarted node from repeating ones that participants may still hold state for; it wraps after
+/// 1,024 restarts of one node, and a worker's sequence after 2^36 transactions of one boot.
 pub type TxnId = u64;
 
-pub fn txn_id(addr: Addr, seq: u64) -> TxnId {
-    ((addr.node as u64) << 48) | ((addr.worker as u64 & 0xff) << 40) | (seq & ((1 << 40) - 1))
+const SEQ_BITS: u32 = 36;
+const BOOT_BITS: u32 = 10;
+const WORKER_BITS: u32 = 6;
+
+pub fn txn_id(addr: Addr, boot: u32, seq: u64) -> TxnId {
+    debug_assert!(addr.node < 1 << 12 && addr.worker < 1 << WORKER_BITS, "{addr} does not fit a transaction id");
+    ((addr.node as u64) << (SEQ_BITS + BOOT_BITS + WORKER_BITS))
+        | ((addr.worker as u64 & ((1 << WORKER_BITS) - 1)) << (SEQ_BITS + BOOT_BITS))
+        | ((boot as u64 & ((1 << BOOT_BITS) - 1)) << SEQ_BITS)
+        | (seq & ((1 << SEQ_BITS) - 1))
 }
 
 /// The worker that coordinates a transaction.
 pub fn coordinator_of(txn: TxnId) -> Addr {
-    Addr::new((txn >> 48) as NodeId, ((txn >> 40) & 0xff) as u16)
+    let node = txn >> (SEQ_BITS + BOOT_BITS + WORKER_BITS);
+    let worker = (txn >> (SEQ_BITS + BOOT_BITS)) & ((1 << WORKER_BITS) - 1);
+    Addr::new(node as NodeId, worker as u16)
+}
+
+/// Record metadata the 2PC protocols keep, and what replaying a logged write does to it.
+pub trait TxnMeta: Default + Send {
+    /// A committed write was replayed into this record at recovery (OCC bumps its version).
+    fn on_replayed_write(&mut self) {}
 }
 
 /// State of one node shared by its workers: storage plus what routing needs.
@@ -34,18 +56,59 @@ pub struct NodeShared<M> {
     pub workload: Arc<dyn Workload>,
     pub store: Storage<M>,
     pub opts: ProtoOptions,
+    /// The node's log (a no-op when the run is not durable).
+    pub log: durable::TxnLog,
+    /// This boot's number, part of every transaction id it issues.
+    pub boot: u32,
+    /// What recovery left undecided, claimed by the workers that own it as they start.
+    recovered: parking_lot::Mutex<durable::Recovery>,
 }
 
-impl<M: Default + Send> NodeShared<M> {
-    /// Build the node's storage and load the partitions it owns.
+impl<M: TxnMeta> NodeShared<M> {
+    /// Build the node's storage, load the partitions it owns, and replay its log, if any.
     pub fn load(env: super::NodeEnv) -> Self {
         let partitions = env.topo.partitions_of(env.node);
         let defs: Vec<TableDef> = env.workload.tables(&partitions);
-        let store = Storage::new(&defs);
+        let store: Storage<M> = Storage::new(&defs);
         for p in partitions {
             env.workload.load_partition(p, &mut |k, v| store.load(k, v));
         }
-        NodeShared { id: env.node, topo: env.topo, workload: env.workload, store, opts: env.opts }
+        let recovery = durable::replay(&env.recovered, &mut |k, v| {
+            let rec = store.get_or_create(k);
+            let mut row = rec.lock();
+            row.value = v;
+            row.meta.on_replayed_write();
+        });
+        if recovery.undecodable > 0 {
+            crate::rt::log_warn(&format!(
+                "node {}: {} log records did not decode and were skipped",
+                env.node, recovery.undecodable
+            ));
+        }
+        let boot = recovery.boot;
+        NodeShared {
+            id: env.node,
+            topo: env.topo,
+            workload: env.workload,
+            store,
+            opts: env.opts,
+            log: durable::TxnLog::start(env.log, boot),
+            boot,
+            recovered: parking_lot::Mutex::new(recovery),
+        }
+    }
+
+    /// The in-doubt transactions (prepared here before a crash) whose participant state lives on
+    /// worker `w`, and the unended commits that worker `w` coordinated.
+    pub fn claim_recovered(&self, w: Addr) -> (durable::InDoubt, durable::Unended) {
+        let mut r = self.recovered.lock();
+        let mine = |txn: &TxnId| coordinator_of(*txn).worker % self.topo.workers_per_node == w.worker;
+        let in_doubt: Vec<_> = r.in_doubt.iter().filter(|e| mine(&e.0)).cloned().collect();
+        r.in_doubt.retain(|e| !mine(&e.0));
+        let coord = |txn: &TxnId| coordinator_of(*txn).worker == w.worker;
+        let unended: Vec<_> = r.unended.iter().filter(|e| coord(&e.0)).cloned().collect();
+        r.unended.retain(|e| !coord(&e.0));
+        (in_doubt, unended)
     }
 
     #[inline]
@@ -72,21 +135,27 @@ pub enum TxnStatus {
 
 /// Per-worker coordinator bookkeeping: id allocation and the decision table.
 pub struct CoordTable {
+    boot: u32,
     next_seq: Cell<u64>,
     status: RefCell<FxHashMap<TxnId, TxnStatus>>,
 }
 
 impl Default for CoordTable {
     fn default() -> Self {
-        CoordTable { next_seq: Cell::new(1), status: RefCell::new(FxHashMap::default()) }
+        CoordTable::new(0)
     }
 }
 
 impl CoordTable {
+    /// The table of a worker of a node in boot number `boot`.
+    pub fn new(boot: u32) -> Self {
+        CoordTable { boot, next_seq: Cell::new(1), status: RefCell::new(FxHashMap::default()) }
+    }
+
     pub fn new_txn(&self, addr: Addr) -> TxnId {
         let s = self.next_seq.get();
         self.next_seq.set(s + 1);
-        txn_id(addr, s)
+        txn_id(addr, self.boot, s)
     }
 
     /// Mark a transaction that is about to leave state at other nodes.
@@ -166,6 +235,8 @@ pub trait TwoPcWorker: 'static {
     fn parse_status(reply: &[u8]) -> Option<TxnStatus>;
     /// Apply the coordinator's answer to this worker's participant state.
     fn resolve(&self, txn: TxnId, status: TxnStatus);
+    /// The node's log (a no-op when the run is not durable).
+    fn txn_log(&self) -> &durable::TxnLog;
 }
 
 /// Implement [`TwoPcWorker`] for a protocol worker with the usual fields (`w`, `coord`, `node`,
@@ -198,6 +269,9 @@ macro_rules! impl_two_pc_worker {
             fn resolve(&self, txn: $crate::protocols::common::TxnId, status: $crate::protocols::common::TxnStatus) {
                 self.resolve_here(txn, status)
             }
+            fn txn_log(&self) -> &$crate::protocols::common::durable::TxnLog {
+                &self.node.log
+            }
         }
     };
 }
@@ -215,7 +289,47 @@ pub fn tell_outcome<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeId>
         let acked = crate::rt::join_all(calls).await.iter().all(|r| r.is_ok());
         if let (true, Some(txn)) = (acked, forget) {
             me.coord().forget(txn);
+            // Not waited for: a lost `Ended` only makes a restarted coordinator ask again.
+            let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
         }
+    });
+}
+
+/// Answer a request once `lsn` is durable: at once without a log, else from a task that waits
+/// for the log (a yes vote or a commit acknowledgment is a promise that must survive a crash).
+pub fn reply_when_durable<W: TwoPcWorker>(me: &Rc<W>, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
+    if !me.txn_log().enabled() {
+        return me.worker().reply(to, rpc_id, &body);
+    }
+    let me = me.clone();
+    me.worker().clone().spawn(async move {
+        me.txn_log().durable(lsn).await;
+        me.worker().reply(to, rpc_id, &body);
+    });
+}
+
+/// After a restart: the commits this worker decided before the crash that some participant
+/// may not have heard are committed in the decision table again and resent until acknowledged.
+pub fn resend_unended<W: TwoPcWorker>(me: &Rc<W>, unended: Vec<(TxnId, Vec<NodeId>)>, commit: fn(TxnId) -> Vec<u8>) {
+    for (txn, nodes) in unended {
+        me.coord().set(txn, TxnStatus::Committed);
+        resend_until_acked(me.clone(), commit(txn), nodes, txn);
+    }
+}
+
+/// Like [`tell_outcome`] for a commit, but a timeout does not give up: a restarted coordinator
+/// must get its decision through (a participant may be down for a while).
+fn resend_until_acked<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeId>, txn: TxnId) {
+    let w = me.worker().clone();
+    w.spawn(async move {
+        let mut left = nodes;
+        while !left.is_empty() {
+            let calls: Vec<_> = left.iter().map(|&n| me.worker().call(me.participant_addr(n), body.clone())).collect();
+            let replies = crate::rt::join_all(calls).await;
+            left = left.into_iter().zip(replies).filter(|(_, r)| r.is_err()).map(|(n, _)| n).collect();
+        }
+        me.coord().forget(txn);
+        let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
     });
 }
 
@@ -252,8 +366,9 @@ mod tests {
     #[test]
     fn txn_ids_name_their_coordinator() {
         let a = Addr::new(513, 7);
-        let id = txn_id(a, 123_456);
+        let id = txn_id(a, 3, 123_456);
         assert_eq!(coordinator_of(id), a);
-        assert_eq!(id & ((1 << 40) - 1), 123_456);
+        assert_eq!(id & ((1 << 36) - 1), 123_456);
+        assert_ne!(id, txn_id(a, 4, 123_456), "another boot, another id");
     }
 }

@@ -4,19 +4,22 @@
 //! what makes the combination serializable), with 2PC's decision table for the participants.
 
 use super::messages::{Reply, Request};
-use super::participant::{self as part, Writes};
+use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::{decode, encode, NodeId};
+use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
-struct ReadEntry {
+struct ReadEntry<'a> {
     key: RowKey,
     value: Option<Value>,
     tid: u64,
+    /// The local record read (`None`: remote, or absent when read).
+    rec: Option<&'a Rec>,
     /// Prefetched entries count for validation only once the procedure reads them.
     used: bool,
 }
@@ -34,10 +37,15 @@ const LINEAR_MAX: usize = 32;
 pub(super) struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
-    reads: Vec<ReadEntry>,
+    reads: Vec<ReadEntry<'a>>,
     /// key -> position in `reads`, kept once the read set outgrows a linear search.
     read_index: FxHashMap<RowKey, usize>,
     writes: Writes,
+    /// The declared local records, resolved once by `prefetch` and sorted by key, so that the
+    /// reads, locks, validation and install that follow do not search the index again.
+    local_recs: Vec<(RowKey, &'a Rec)>,
+    /// The keys of `local_writes` at commit, for the log record (only when logging).
+    local_write_keys: Vec<RowKey>,
 }
 
 impl OccWorker {
@@ -51,7 +59,23 @@ impl OccWorker {
 
 impl<'a> OccTxn<'a> {
     pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
-        OccTxn { wk, id, reads: Vec::new(), read_index: FxHashMap::default(), writes: Vec::new() }
+        OccTxn {
+            wk,
+            id,
+            reads: Vec::new(),
+            read_index: FxHashMap::default(),
+            writes: Vec::new(),
+            local_recs: Vec::new(),
+            local_write_keys: Vec::new(),
+        }
+    }
+
+    /// The local record of `key`, if it exists: from the prefetched ones, else from the index.
+    fn local_rec(&self, key: RowKey) -> Option<&'a Rec> {
+        match self.local_recs.binary_search_by_key(&key, |e| e.0) {
+            Ok(i) => Some(self.local_recs[i].1),
+            Err(_) => self.wk.node.store.get(key),
+        }
     }
 
     /// The node holding `key`, if it is not this one.
@@ -78,7 +102,7 @@ impl<'a> OccTxn<'a> {
         }
     }
 
-    fn push_read(&mut self, e: ReadEntry) {
+    fn push_read(&mut self, e: ReadEntry<'a>) {
         self.reads.push(e);
         if self.reads.len() > LINEAR_MAX {
             if self.read_index.is_empty() {
@@ -95,22 +119,34 @@ impl<'a> OccTxn<'a> {
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
         self.reads.reserve(keys.reads.len() + keys.writes.len());
         self.writes.reserve(keys.writes.len());
-        for &k in keys.reads.iter().chain(keys.writes.iter()) {
+        let store = &self.wk.node.store;
+        for &k in &keys.reads {
             match self.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().push(k),
                 None => {
-                    if let Some(r) = self.wk.node.store.get(k) {
+                    if let Some(r) = store.get(k) {
                         r.prefetch();
+                        self.local_recs.push((k, r));
                     }
                 }
             }
         }
-        for &k in keys.reads.iter().chain(keys.writes.iter()) {
-            if self.remote_node(k).is_none() {
-                if let Some(r) = self.wk.node.store.get(k) {
-                    r.prefetch_value();
+        // Declared writes get their record now (an insert creates it absent, as locking it at
+        // commit would), so that the index is searched once per key.
+        for &k in &keys.writes {
+            match self.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().push(k),
+                None => {
+                    let r = store.get_or_create(k);
+                    r.prefetch();
+                    self.local_recs.push((k, r));
                 }
             }
+        }
+        self.local_recs.sort_unstable_by_key(|e| e.0);
+        self.local_recs.dedup_by_key(|e| e.0);
+        for (_, r) in &self.local_recs {
+            r.prefetch_value();
         }
         if by_node.is_empty() {
             return Ok(());
@@ -134,7 +170,7 @@ impl<'a> OccTxn<'a> {
                 return Err(Abort::Timeout);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, tid, used: false });
+                self.push_read(ReadEntry { key: *k, value, tid, rec: None, used: false });
             }
         }
         Ok(())
@@ -143,8 +179,9 @@ impl<'a> OccTxn<'a> {
     pub async fn commit(&mut self) -> TxnResult<()> {
         let wk = self.wk;
         let me = wk.node.id;
-        let store = &wk.node.store;
-        // Group by node: what each participant must lock and validate.
+        // Group the remote keys by node: what each remote participant must lock and validate.
+        // The local participant's records are resolved once and used for lock, validate and
+        // install alike.
         let mut nodes: Vec<Part> = Vec::new();
         let slot = |n: NodeId, nodes: &mut Vec<Part>| match nodes.iter().position(|x| x.node == n) {
             Some(i) => i,
@@ -153,26 +190,40 @@ impl<'a> OccTxn<'a> {
                 nodes.len() - 1
             }
         };
-        for (k, v) in self.writes.drain(..) {
-            let i = slot(wk.node.node_of(k), &mut nodes);
-            nodes[i].writes.push((k, v));
+        let mut local_writes: Vec<(&'a Rec, Option<Value>)> = Vec::with_capacity(self.writes.len());
+        self.local_write_keys.clear();
+        for (k, v) in std::mem::take(&mut self.writes) {
+            match wk.node.node_of(k) {
+                n if n == me => {
+                    let rec = self.local_rec(k).unwrap_or_else(|| wk.node.store.get_or_create(k));
+                    local_writes.push((rec, v));
+                    if wk.node.log.enabled() {
+                        self.local_write_keys.push(k);
+                    }
+                }
+                n => {
+                    let i = slot(n, &mut nodes);
+                    nodes[i].writes.push((k, v));
+                }
+            }
         }
-        for e in self.reads.iter().filter(|e| e.used) {
-            let i = slot(wk.node.node_of(e.key), &mut nodes);
-            nodes[i].reads.push((e.key, e.tid));
+        for e in self.reads.iter().filter(|e| e.used && e.rec.is_none()) {
+            let n = wk.node.node_of(e.key);
+            if n != me {
+                let i = slot(n, &mut nodes);
+                nodes[i].reads.push((e.key, e.tid));
+            }
         }
-        let remote_writers: Vec<NodeId> =
-            nodes.iter().filter(|x| x.node != me && !x.writes.is_empty()).map(|x| x.node).collect();
+        let remote_writers: Vec<NodeId> = nodes.iter().filter(|x| !x.writes.is_empty()).map(|x| x.node).collect();
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Active);
         }
         // Phase 1: lock every write set: the remote ones first, in parallel, then the local one
         // inline, so that hot local records are not held across the lock round trip. (Any
         // order is correct as long as every lock is held before any validation.)
-        let local = nodes.iter().position(|x| x.node == me);
         let lock_calls: Vec<_> = nodes
             .iter()
-            .filter(|x| x.node != me && !x.writes.is_empty())
+            .filter(|x| !x.writes.is_empty())
             .map(|x| {
                 let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
                 let n = x.node;
@@ -180,24 +231,19 @@ impl<'a> OccTxn<'a> {
             })
             .collect();
         if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
-            return Err(self.abort(&nodes, false, &remote_writers, a));
+            return Err(self.abort(&[], &remote_writers, a));
         }
-        if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].writes.len());
-            if !part::lock_writes(store, self.id, &nodes[i].writes) {
-                return Err(self.abort(&nodes, false, &remote_writers, Abort::WriteLocked));
-            }
+        wk.w.charge_ops(local_writes.len());
+        if !part::lock_recs(self.id, local_writes.iter().map(|w| w.0)) {
+            return Err(self.abort(&[], &remote_writers, Abort::WriteLocked));
         }
         // Phase 2: validate every read set.
-        if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].reads.len());
-            if !part::validate(store, self.id, nodes[i].reads.iter().copied()) {
-                return Err(self.abort(&nodes, true, &remote_writers, Abort::ReadValidation));
-            }
+        if !self.validate_local() {
+            return Err(self.abort(&local_writes, &remote_writers, Abort::ReadValidation));
         }
         let validate_calls: Vec<_> = nodes
             .iter()
-            .filter(|x| x.node != me && !x.reads.is_empty())
+            .filter(|x| !x.reads.is_empty())
             .map(|x| {
                 let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
                 let n = x.node;
@@ -205,12 +251,16 @@ impl<'a> OccTxn<'a> {
             })
             .collect();
         if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
-            return Err(self.abort(&nodes, true, &remote_writers, a));
+            return Err(self.abort(&local_writes, &remote_writers, a));
         }
-        // Decision: commit. Install here, tell the remote writers in the background.
-        if let Some(i) = local {
-            wk.w.charge_ops(nodes[i].writes.len());
-            part::install(store, self.id, &nodes[i].writes);
+        // Decision: commit. With a log, the decision is durable before anyone learns it.
+        if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
+            return Err(self.abort(&local_writes, &remote_writers, a));
+        }
+        // Install here, tell the remote writers in the background.
+        wk.w.charge_ops(local_writes.len());
+        for (rec, v) in local_writes {
+            part::install_rec(rec, self.id, v);
         }
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Committed);
@@ -219,14 +269,47 @@ impl<'a> OccTxn<'a> {
         Ok(())
     }
 
-    /// Release what this attempt holds anywhere and forget it.
-    fn abort(&self, nodes: &[Part], local_locked: bool, remote_writers: &[NodeId], reason: Abort) -> Abort {
-        let wk = self.wk;
-        if local_locked {
-            if let Some(x) = nodes.iter().find(|x| x.node == wk.node.id) {
-                part::unlock(&wk.node.store, self.id, x.writes.iter().map(|w| w.0));
-            }
+    /// Log the commit decision (this node's writes, the remote writers) and wait until it is
+    /// durable; nothing to do for a read-only transaction or a run without a log.
+    async fn log_commit(&self, local_writes: &[(&'a Rec, Option<Value>)], remote_writers: &[NodeId]) -> TxnResult<()> {
+        let log = &self.wk.node.log;
+        if !log.enabled() || (local_writes.is_empty() && remote_writers.is_empty()) {
+            return Ok(());
         }
+        let writes = self.local_write_keys.iter().copied().zip(local_writes.iter().map(|w| w.1.clone())).collect();
+        let rec = LogRecord::Commit { txn: self.id, writes, participants: remote_writers.to_vec() };
+        let t0 = self.wk.w.now_ns();
+        log.force(&rec).await?;
+        self.wk.w.note_log_wait(self.wk.w.now_ns() - t0);
+        Ok(())
+    }
+
+    /// Validate the local part of the read set. A read that found no record checks whether one
+    /// has appeared since.
+    fn validate_local(&self) -> bool {
+        let wk = self.wk;
+        let me = wk.node.id;
+        let mut n = 0;
+        let ok = self.reads.iter().filter(|e| e.used).all(|e| match e.rec {
+            Some(rec) => {
+                n += 1;
+                part::validate_rec(Some(rec), e.tid, self.id)
+            }
+            None if wk.node.node_of(e.key) == me => {
+                n += 1;
+                part::validate_rec(wk.node.store.get(e.key), e.tid, self.id)
+            }
+            None => true,
+        });
+        wk.w.charge_ops(n);
+        ok
+    }
+
+    /// Release what this attempt holds anywhere (`locked`: the local records it locked) and
+    /// forget it.
+    fn abort(&self, locked: &[(&'a Rec, Option<Value>)], remote_writers: &[NodeId], reason: Abort) -> Abort {
+        let wk = self.wk;
+        part::unlock_recs(self.id, locked.iter().map(|w| w.0));
         wk.coord.set(self.id, TxnStatus::Aborted);
         wk.tell_outcome(Request::Abort { txn: self.id }, remote_writers.to_vec(), None);
         reason
@@ -253,8 +336,9 @@ impl<'a> Access for OccTxn<'a> {
         match self.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
-                let (value, tid) = part::read(&self.wk.node.store, key);
-                self.push_read(ReadEntry { key, value: value.clone(), tid, used: true });
+                let rec = self.local_rec(key);
+                let (value, tid) = rec.map_or((None, 0), part::read_rec);
+                self.push_read(ReadEntry { key, value: value.clone(), tid, rec, used: true });
                 Step::Ready(Ok(value))
             }
             Some(n) => Step::Wait(Box::pin(async move {
@@ -262,7 +346,7 @@ impl<'a> Access for OccTxn<'a> {
                     return Err(Abort::Timeout);
                 };
                 let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
-                self.push_read(ReadEntry { key, value: value.clone(), tid, used: true });
+                self.push_read(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
                 Ok(value)
             })),
         }
@@ -292,7 +376,8 @@ impl<'a> Access for OccTxn<'a> {
             for (k, v, tid) in rows {
                 let key = RowKey::new(s.table, k);
                 if self.find_read(key).is_none() {
-                    self.push_read(ReadEntry { key, value: Some(v.clone()), tid, used: true });
+                    let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
+                    self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
                 }
                 // Our own uncommitted writes win over what the store holds.
                 match self.writes.iter().find(|(wk, _)| *wk == key) {

@@ -15,3 +15,10 @@ impl OccMeta {
         self.tid == tid && (self.locked_by == 0 || self.locked_by == txn)
     }
 }
+
+impl crate::protocols::common::TxnMeta for OccMeta {
+    /// A replayed write is a committed write: it bumps the version as installing it did.
+    fn on_replayed_write(&mut self) {
+        self.tid += 1;
+    }
+}

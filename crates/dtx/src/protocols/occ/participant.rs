@@ -6,23 +6,27 @@ use super::messages::{Reply, Request};
 use super::meta::OccMeta;
 use super::OccWorker;
 use crate::net::{decode, encode, Addr};
+use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::log_warn;
-use crate::storage::{RowKey, Storage, Value};
+use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
 
+pub type Rec = Record<OccMeta>;
+
+/// The committed value and version of a record.
+#[inline]
+pub fn read_rec(rec: &Rec) -> (Option<Value>, u64) {
+    let row = rec.lock();
+    (row.value.clone(), row.meta.tid)
+}
+
 /// The committed value and version of a record (absent records have version 0).
 #[inline]
 pub fn read(store: &Storage<OccMeta>, key: RowKey) -> (Option<Value>, u64) {
-    match store.get(key) {
-        Some(rec) => {
-            let row = rec.lock();
-            (row.value.clone(), row.meta.tid)
-        }
-        None => (None, 0),
-    }
+    store.get(key).map_or((None, 0), read_rec)
 }
 
 /// Existing rows in a scan range, with versions.
@@ -37,14 +41,13 @@ pub fn scan(store: &Storage<OccMeta>, s: Scan) -> Vec<(u64, Value, u64)> {
     out
 }
 
-/// Lock every written record for `txn`, or none: on a conflict the ones taken are released.
-pub fn lock_writes(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) -> bool {
-    for (i, (key, _)) in writes.iter().enumerate() {
-        let rec = store.get_or_create(*key);
+/// Lock every record for `txn`, or none: on a conflict the ones taken are released.
+pub fn lock_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s Rec> + Clone) -> bool {
+    for (i, rec) in recs.clone().enumerate() {
         let mut row = rec.lock();
         if row.meta.locked_by != 0 && row.meta.locked_by != txn {
             drop(row);
-            unlock(store, txn, writes[..i].iter().map(|w| w.0));
+            unlock_recs(txn, recs.take(i));
             return false;
         }
         row.meta.locked_by = txn;
@@ -52,41 +55,48 @@ pub fn lock_writes(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) -> boo
     true
 }
 
-/// Every read version is current and not locked by another transaction.
-pub fn validate(store: &Storage<OccMeta>, txn: TxnId, reads: impl Iterator<Item = (RowKey, u64)>) -> bool {
-    for (key, tid) in reads {
-        let ok = match store.get(key) {
-            Some(rec) => rec.lock().meta.validates(tid, txn),
-            None => tid == 0,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+/// Lock every written record for `txn`, or none (a remote participant's entry point).
+pub fn lock_writes(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) -> bool {
+    let recs: Vec<&Rec> = writes.iter().map(|(k, _)| store.get_or_create(*k)).collect();
+    lock_recs(txn, recs.iter().copied())
 }
 
-/// Install the writes of a committed transaction and release its locks.
-pub fn install(store: &Storage<OccMeta>, txn: TxnId, writes: &Writes) {
-    for (key, value) in writes {
-        let rec = store.get_or_create(*key);
+/// A read of version `tid` (of `rec`, or of an absent record if `None`) is still current and
+/// not locked by another transaction.
+#[inline]
+pub fn validate_rec(rec: Option<&Rec>, tid: u64, txn: TxnId) -> bool {
+    match rec {
+        Some(rec) => rec.lock().meta.validates(tid, txn),
+        None => tid == 0,
+    }
+}
+
+/// Every read version is current and not locked by another transaction.
+pub fn validate(store: &Storage<OccMeta>, txn: TxnId, mut reads: impl Iterator<Item = (RowKey, u64)>) -> bool {
+    reads.all(|(key, tid)| validate_rec(store.get(key), tid, txn))
+}
+
+/// Install one write of a committed transaction and release its lock.
+#[inline]
+pub fn install_rec(rec: &Rec, txn: TxnId, value: Option<Value>) {
+    let mut row = rec.lock();
+    assert_eq!(row.meta.locked_by, txn, "installing a record without holding its lock");
+    row.value = value;
+    row.meta.tid += 1;
+    row.meta.locked_by = 0;
+}
+
+pub fn unlock_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s Rec>) {
+    for rec in recs {
         let mut row = rec.lock();
-        assert_eq!(row.meta.locked_by, txn, "installing {key:?} without holding its lock");
-        row.value = value.clone();
-        row.meta.tid += 1;
-        row.meta.locked_by = 0;
+        if row.meta.locked_by == txn {
+            row.meta.locked_by = 0;
+        }
     }
 }
 
 pub fn unlock(store: &Storage<OccMeta>, txn: TxnId, keys: impl Iterator<Item = RowKey>) {
-    for key in keys {
-        if let Some(rec) = store.get(key) {
-            let mut row = rec.lock();
-            if row.meta.locked_by == txn {
-                row.meta.locked_by = 0;
-            }
-        }
-    }
+    unlock_recs(txn, keys.filter_map(|k| store.get(k)));
 }
 
 impl OccWorker {
@@ -109,11 +119,27 @@ impl OccWorker {
             }
             Request::Lock { txn, writes } => {
                 self.w.charge_ops(writes.len());
-                let ok = lock_writes(store, txn, &writes);
-                if ok {
+                if !lock_writes(store, txn, &writes) {
+                    Reply::Vote(false)
+                } else if self.node.log.enabled() {
+                    // A yes vote is a promise that survives a crash: log the writes first.
+                    let rec = LogRecord::Prepared { txn, writes };
+                    let lsn = self.node.log.append(&rec);
+                    let LogRecord::Prepared { writes, .. } = rec else { unreachable!() };
+                    match lsn {
+                        Ok(lsn) => {
+                            self.parts.txns.borrow_mut().insert(txn, (writes, now));
+                            return self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(true));
+                        }
+                        Err(_) => {
+                            unlock(store, txn, writes.iter().map(|w| w.0));
+                            Reply::Vote(false)
+                        }
+                    }
+                } else {
                     self.parts.txns.borrow_mut().insert(txn, (writes, now));
+                    Reply::Vote(true)
                 }
-                Reply::Vote(ok)
             }
             Request::Validate { txn, reads } => {
                 self.w.charge_ops(reads.len());
@@ -121,11 +147,11 @@ impl OccWorker {
                 Reply::Vote(validate(store, txn, reads.into_iter()))
             }
             Request::Commit { txn } => {
-                if let Some(writes) = self.parts.remove(txn) {
-                    self.w.charge_ops(writes.len());
-                    install(store, txn, &writes);
-                }
-                Reply::Ack
+                // The coordinator forgets the transaction once we acknowledge: our outcome
+                // record (this one, or one the orphan sweeper wrote) must be durable first.
+                self.commit_here(txn);
+                let lsn = Some(self.last_outcome_lsn.get());
+                return self.reply_when_durable(from, rpc_id, lsn, Reply::Ack);
             }
             Request::Abort { txn } => {
                 self.abort_here(txn);
@@ -140,9 +166,33 @@ impl OccWorker {
         log_warn(&format!("occ: unexpected one-way message from {from}"));
     }
 
+    /// Send `reply` once `lsn` is durable (at once without a log).
+    fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, reply: Reply) {
+        if let Some(me) = self.me.upgrade() {
+            crate::protocols::common::reply_when_durable(&me, to, rpc_id, lsn, encode(&reply));
+        }
+    }
+
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(writes) = self.parts.remove(txn) {
             unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
+            // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
+            let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+        }
+    }
+
+    /// Install a prepared transaction's writes and log the outcome (before the locks go, so
+    /// that log order is install order).
+    fn commit_here(&self, txn: TxnId) {
+        if let Some(writes) = self.parts.remove(txn) {
+            self.w.charge_ops(writes.len());
+            let recs: Vec<&Rec> = writes.iter().map(|(k, _)| self.node.store.get_or_create(*k)).collect();
+            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+                self.last_outcome_lsn.set(lsn);
+            }
+            for (rec, (_, v)) in recs.into_iter().zip(writes) {
+                install_rec(rec, txn, v);
+            }
         }
     }
 
@@ -151,11 +201,7 @@ impl OccWorker {
         match status {
             TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
             TxnStatus::Aborted => self.abort_here(txn),
-            TxnStatus::Committed => {
-                if let Some(writes) = self.parts.remove(txn) {
-                    install(&self.node.store, txn, &writes);
-                }
-            }
+            TxnStatus::Committed => self.commit_here(txn),
         }
     }
 }

@@ -7,6 +7,7 @@ use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, NodeId};
+use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -240,17 +241,37 @@ impl<'a> TplTxn<'a> {
                     _ => return Err(self.abort(Abort::Timeout)),
                 }
             }
-            // Decision: commit.
+            // Decision: commit. With a log, the decision is durable before anyone learns it.
+            self.log_commit(&local_writes, &writers).await?;
             if writers.is_empty() {
                 wk.coord.forget(self.id);
             } else {
                 wk.coord.set(self.id, TxnStatus::Committed);
                 wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
             }
+        } else {
+            self.log_commit(&local_writes, &[]).await?;
         }
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
         part::apply_and_release(&wk.node.store, self.id, &local_writes, &self.held_local);
         self.held_local.clear();
+        Ok(())
+    }
+
+    /// Log the commit decision (this node's writes, the remote writers) and wait until it is
+    /// durable; nothing to do for a read-only transaction or a run without a log. A record the
+    /// log refuses aborts the transaction.
+    async fn log_commit(&mut self, local_writes: &Writes, writers: &[NodeId]) -> TxnResult<()> {
+        let wk = self.wk;
+        if !wk.node.log.enabled() || (local_writes.is_empty() && writers.is_empty()) {
+            return Ok(());
+        }
+        let rec = LogRecord::Commit { txn: self.id, writes: local_writes.clone(), participants: writers.to_vec() };
+        let t0 = wk.w.now_ns();
+        if let Err(a) = wk.node.log.force(&rec).await {
+            return Err(self.abort(a));
+        }
+        wk.w.note_log_wait(wk.w.now_ns() - t0);
         Ok(())
     }
 

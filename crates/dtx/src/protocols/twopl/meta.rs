@@ -229,6 +229,8 @@ impl Future for Granted<'_> {
 pub type LockRecord = Record<LockMeta>;
 pub type LockRow = Row<LockMeta>;
 
+impl crate::protocols::common::TxnMeta for LockMeta {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

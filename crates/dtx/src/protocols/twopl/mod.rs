@@ -11,8 +11,8 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::Addr;
-use crate::protocols::common::{spawn_sweeper, CoordTable, NodeShared, PartTable};
+use crate::net::{Addr, NodeId};
+use crate::protocols::common::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
 use crate::rt::{Handler, LocalBoxFuture, Worker};
 use crate::txn::{recon, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
@@ -20,6 +20,7 @@ use coordinator::TplTxn;
 use meta::LockMeta;
 pub use meta::Policy;
 use participant::PartTxn;
+use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
@@ -40,14 +41,18 @@ struct TwoPlNode {
 
 impl NodeProtocol for TwoPlNode {
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+        let (in_doubt, unended) = self.shared.claim_recovered(w.addr);
         let wk = Rc::new_cyclic(|me| TwoPlWorker {
             me: me.clone(),
             w: w.clone(),
             node: self.shared.clone(),
             policy: self.policy,
-            coord: CoordTable::default(),
+            coord: CoordTable::new(self.shared.boot),
             parts: PartTable::default(),
+            last_outcome_lsn: Cell::new(0),
+            unended: RefCell::new(unended),
         });
+        wk.adopt_in_doubt(in_doubt);
         let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
         w.set_handler(handler);
         wk
@@ -61,10 +66,15 @@ pub struct TwoPlWorker {
     policy: Policy,
     coord: CoordTable,
     parts: PartTable<PartTxn>,
+    /// The last `Outcome` record this worker logged: a commit is acknowledged after it.
+    last_outcome_lsn: Cell<u64>,
+    /// Commits this worker coordinated before a crash that not every participant acknowledged.
+    unended: RefCell<Vec<(TxnId, Vec<NodeId>)>>,
 }
 
 impl TwoPlWorker {
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
+        self.node.log.booted().await;
         self.w.charge(self.w.cost.txn_ns);
         let wl = self.node.workload.clone();
         let mut txn = TplTxn::new(self, self.coord.new_txn(self.w.addr), attempt.first_start_us);
@@ -102,6 +112,7 @@ impl WorkerProtocol for TwoPlWorker {
     fn start(&self) {
         if let Some(me) = self.me.upgrade() {
             spawn_sweeper(&me, self.node.opts.orphan_after_us);
+            resend_unended(&me, self.unended.take(), encode_commit);
         }
     }
 }
@@ -113,6 +124,10 @@ impl Handler for TwoPlWorker {
     fn on_oneway(&self, from: Addr, body: &[u8]) {
         self.serve_oneway(from, body)
     }
+}
+
+fn encode_commit(txn: TxnId) -> Vec<u8> {
+    crate::net::encode(&messages::Request::Commit { txn })
 }
 
 crate::impl_two_pc_worker!(TwoPlWorker);

@@ -5,6 +5,7 @@ use super::messages::{Reply, Request, Vote};
 use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, Addr};
+use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::{log_warn, Worker};
 use crate::storage::{RowKey, Storage, Value};
@@ -120,15 +121,29 @@ impl TwoPlWorker {
                         Reply::Vote(Vote::ReadOnly)
                     }
                     Some((p, t)) => {
-                        p.writes = Some(writes);
                         *t = now;
-                        Reply::Vote(Vote::Yes)
+                        // A yes vote is a promise that survives a crash: log the writes first.
+                        let rec = LogRecord::Prepared { txn, writes };
+                        let lsn = self.node.log.append(&rec);
+                        let LogRecord::Prepared { writes, .. } = rec else { unreachable!() };
+                        p.writes = Some(writes);
+                        drop(parts);
+                        match lsn {
+                            Ok(lsn) => return self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(Vote::Yes)),
+                            Err(a) => {
+                                self.abort_here(txn);
+                                Reply::Aborted(a)
+                            }
+                        }
                     }
                 }
             }
             Request::Commit { txn } => {
+                // The coordinator forgets the transaction once we acknowledge: our outcome
+                // record (this one, or one the orphan sweeper wrote) must be durable first.
                 self.commit_here(txn);
-                Reply::Ack
+                let lsn = Some(self.last_outcome_lsn.get());
+                return self.reply_when_durable(from, rpc_id, lsn, Reply::Ack);
             }
             Request::Abort { txn } => {
                 self.abort_here(txn);
@@ -219,17 +234,48 @@ impl TwoPlWorker {
         log_warn(&format!("2pl: unexpected one-way message from {from}"));
     }
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        if let Some(p) = self.parts.remove(txn) {
-            release(&self.node.store, txn, p.held.into_iter());
+    /// Send `reply` once `lsn` is durable (at once without a log).
+    fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, reply: Reply) {
+        if let Some(me) = self.me.upgrade() {
+            crate::protocols::common::reply_when_durable(&me, to, rpc_id, lsn, encode(&reply));
         }
     }
 
+    pub(super) fn abort_here(&self, txn: TxnId) {
+        if let Some(p) = self.parts.remove(txn) {
+            release(&self.node.store, txn, p.held.into_iter());
+            if p.writes.is_some() {
+                // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
+                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            }
+        }
+    }
+
+    /// Apply a prepared transaction's writes, log the outcome (before the locks go, so that
+    /// log order is install order), release.
     fn commit_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
             self.w.charge_ops(writes.len() + p.held.len());
+            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+                self.last_outcome_lsn.set(lsn);
+            }
             apply_and_release(&self.node.store, txn, &writes, &p.held);
+        }
+    }
+
+    /// Take over transactions prepared here before a crash: their records are locked again
+    /// and the orphan sweeper asks their coordinators what became of them.
+    pub(super) fn adopt_in_doubt(&self, in_doubt: Vec<(TxnId, Writes)>) {
+        // Last heard of "never": the sweeper asks about them on its first round.
+        let now = 0;
+        for (txn, writes) in in_doubt {
+            let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
+            for &k in &held {
+                let got = try_lock(&self.node.store, k, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
+                assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
+            }
+            self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some(writes) }, now));
         }
     }
 

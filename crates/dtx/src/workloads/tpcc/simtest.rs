@@ -99,7 +99,7 @@ pub fn run(spec: &BenchSpec) -> SimRun {
     let mut protos = Vec::new();
     let mut first = None;
     for n in 0..spec.nodes {
-        let env = NodeEnv { node: n, topo: topo.clone(), workload: wl.clone(), opts: spec.proto.clone() };
+        let env = NodeEnv::volatile(n, topo.clone(), wl.clone(), spec.proto.clone());
         let node = (info.make)().build_node(env);
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);

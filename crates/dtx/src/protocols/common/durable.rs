@@ -1,0 +1,224 @@
+//! Two-phase commit made durable: what the 2PC protocols write to their node's log, and how a
+//! restarted node rebuilds itself from it (presumed abort, as in R*/the textbook).
+//!
+//! Log points, and who waits for them:
+//! - a participant that votes yes logs `Prepared` (its writes) and answers only once it is
+//!   durable: after that it can no longer decide alone;
+//! - the coordinator logs `Commit` (its own node's writes, and the remote participants that must
+//!   hear the decision) and acknowledges the client, installs and releases only once it is
+//!   durable: **a commit is acknowledged when its decision record is on disk**;
+//! - a participant that installs a commit logs `Outcome` and acknowledges the coordinator only
+//!   once it is durable (otherwise a crash could lose a write the coordinator has forgotten);
+//!   an abort's `Outcome` is not waited for (presumed abort: a lost one reads as abort anyway);
+//! - the coordinator logs `Ended` when every participant acknowledged, without waiting: a lost
+//!   one only makes the restarted coordinator resend a commit that is acknowledged again.
+//!
+//! Records are appended before the locks they describe are released, so on one node the log
+//! order of two conflicting writes is their install order, and replay in log order rebuilds
+//! the same state. Read-only transactions log nothing.
+
+use super::TxnId;
+use crate::net::NodeId;
+use crate::rt::log::NodeLog;
+use crate::storage::{RowKey, Value};
+use crate::txn::Abort;
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+pub type Writes = Vec<(RowKey, Option<Value>)>;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum LogRecord {
+    /// The node started; transaction ids of this boot carry its number, so that an id is never
+    /// reused across a restart (a participant may still hold state for the old one).
+    Boot { boot: u32 },
+    /// The coordinator's decision to commit, with the writes to this node and the remote
+    /// participants that must hear it.
+    Commit { txn: TxnId, writes: Writes, participants: Vec<NodeId> },
+    /// A participant's yes vote: it installs `writes` if `txn` commits.
+    Prepared { txn: TxnId, writes: Writes },
+    /// What became of a prepared transaction here.
+    Outcome { txn: TxnId, committed: bool },
+    /// Every participant acknowledged the commit of `txn`.
+    Ended { txn: TxnId },
+}
+
+/// Transactions prepared here whose outcome the log does not hold, with their writes.
+pub type InDoubt = Vec<(TxnId, Writes)>;
+/// Commits decided here that not every participant acknowledged, with those participants.
+pub type Unended = Vec<(TxnId, Vec<NodeId>)>;
+
+/// What a restarted node learns from its log, beyond the writes replay applied.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// The number of the boot starting now.
+    pub boot: u32,
+    /// Prepared here, outcome unknown: lock the writes again and ask the coordinator.
+    pub in_doubt: InDoubt,
+    /// Committed by a coordinator here, not every participant acknowledged: tell them again.
+    pub unended: Unended,
+    /// Records replayed, and records that did not decode (a bug or a foreign log: reported).
+    pub replayed: u64,
+    pub undecodable: u64,
+}
+
+/// Replay `records` in log order: every committed write goes to `apply`, in the order it was
+/// installed. Returns what is still undecided.
+pub fn replay(records: &[Vec<u8>], apply: &mut dyn FnMut(RowKey, Option<Value>)) -> Recovery {
+    let mut rec = Recovery::default();
+    let mut prepared: FxHashMap<TxnId, Writes> = FxHashMap::default();
+    let mut unended: FxHashMap<TxnId, Vec<NodeId>> = FxHashMap::default();
+    let mut last_boot = 0;
+    for bytes in records {
+        let Ok(r) = crate::net::decode::<LogRecord>(bytes) else {
+            rec.undecodable += 1;
+            continue;
+        };
+        rec.replayed += 1;
+        match r {
+            LogRecord::Boot { boot } => last_boot = last_boot.max(boot),
+            LogRecord::Commit { txn, writes, participants } => {
+                for (k, v) in writes {
+                    apply(k, v);
+                }
+                if !participants.is_empty() {
+                    unended.insert(txn, participants);
+                }
+            }
+            LogRecord::Prepared { txn, writes } => {
+                prepared.insert(txn, writes);
+            }
+            LogRecord::Outcome { txn, committed } => {
+                if let Some(writes) = prepared.remove(&txn) {
+                    if committed {
+                        for (k, v) in writes {
+                            apply(k, v);
+                        }
+                    }
+                }
+            }
+            LogRecord::Ended { txn } => {
+                unended.remove(&txn);
+            }
+        }
+    }
+    rec.boot = last_boot + 1;
+    rec.in_doubt = prepared.into_iter().collect();
+    rec.in_doubt.sort_unstable_by_key(|e| e.0);
+    rec.unended = unended.into_iter().collect();
+    rec.unended.sort_unstable_by_key(|e| e.0);
+    rec
+}
+
+/// A node's durable log as the 2PC protocols use it: `None` when the run is not durable.
+#[derive(Clone, Default)]
+pub struct TxnLog {
+    log: Option<Arc<NodeLog>>,
+    /// The LSN of this boot's `Boot` record: no transaction id of this boot may leave the node
+    /// before it is durable.
+    boot_lsn: u64,
+}
+
+impl TxnLog {
+    /// Open the log for a booting node: append its `Boot` record.
+    pub fn start(log: Option<Arc<NodeLog>>, boot: u32) -> Self {
+        let boot_lsn = match &log {
+            Some(l) => l.append(&crate::net::encode(&LogRecord::Boot { boot })).expect("a boot record is tiny"),
+            None => 0,
+        };
+        TxnLog { log, boot_lsn }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Append a record: `Ok(None)` when the run is not durable; an error for a record the log
+    /// refuses (over its size limit), which the transaction must abort on.
+    pub fn append(&self, r: &LogRecord) -> Result<Option<u64>, Abort> {
+        let Some(l) = &self.log else { return Ok(None) };
+        match l.append(&crate::net::encode(r)) {
+            Ok(lsn) => Ok(Some(lsn)),
+            Err(e) => {
+                crate::rt::log_warn(&format!("log refused a record: {e}"));
+                Err(Abort::LogRefused)
+            }
+        }
+    }
+
+    /// Wait until `lsn` (from [`TxnLog::append`]) is durable.
+    pub async fn durable(&self, lsn: Option<u64>) {
+        if let (Some(l), Some(lsn)) = (&self.log, lsn) {
+            l.wait(lsn).await;
+        }
+    }
+
+    /// Append a record and wait until it is durable.
+    pub async fn force(&self, r: &LogRecord) -> Result<(), Abort> {
+        let lsn = self.append(r)?;
+        self.durable(lsn).await;
+        Ok(())
+    }
+
+    /// Wait until this boot's record is durable (a no-op after the first time).
+    pub async fn booted(&self) {
+        if let Some(l) = &self.log {
+            if l.durable_lsn() < self.boot_lsn {
+                l.wait(self.boot_lsn).await;
+            }
+        }
+    }
+
+    pub fn node_log(&self) -> Option<&Arc<NodeLog>> {
+        self.log.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::encode;
+
+    fn k(n: u64) -> RowKey {
+        RowKey::new(0, n)
+    }
+
+    fn v(b: u8) -> Option<Value> {
+        Some(Value::copy_from(&[b]))
+    }
+
+    #[test]
+    fn replay_applies_commits_in_log_order_and_reports_what_is_undecided() {
+        let recs: Vec<Vec<u8>> = [
+            LogRecord::Boot { boot: 1 },
+            LogRecord::Commit { txn: 10, writes: vec![(k(1), v(1))], participants: vec![] },
+            LogRecord::Prepared { txn: 11, writes: vec![(k(2), v(2))] },
+            LogRecord::Prepared { txn: 12, writes: vec![(k(3), v(3))] },
+            LogRecord::Outcome { txn: 11, committed: true },
+            LogRecord::Prepared { txn: 13, writes: vec![(k(4), v(4))] },
+            LogRecord::Outcome { txn: 13, committed: false },
+            LogRecord::Commit { txn: 14, writes: vec![(k(1), v(9))], participants: vec![2, 3] },
+            LogRecord::Commit { txn: 15, writes: vec![], participants: vec![4] },
+            LogRecord::Ended { txn: 15 },
+            LogRecord::Boot { boot: 2 },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let mut applied = Vec::new();
+        let r = replay(&recs, &mut |key, val| applied.push((key, val)));
+        assert_eq!(applied, vec![(k(1), v(1)), (k(2), v(2)), (k(1), v(9))]);
+        assert_eq!(r.boot, 3);
+        assert_eq!(r.in_doubt, vec![(12, vec![(k(3), v(3))])]);
+        assert_eq!(r.unended, vec![(14, vec![2, 3])]);
+        assert_eq!((r.replayed, r.undecodable), (11, 0));
+    }
+
+    #[test]
+    fn a_record_that_does_not_decode_is_counted_not_applied() {
+        let recs = vec![vec![0xff, 0xff, 0xff], encode(&LogRecord::Boot { boot: 4 })];
+        let r = replay(&recs, &mut |_, _| panic!("nothing to apply"));
+        assert_eq!((r.boot, r.undecodable), (5, 1));
+    }
+}

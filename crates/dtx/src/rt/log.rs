@@ -1,0 +1,236 @@
+//! A node's log as protocol code sees it: append a record (its LSN comes back at once), then
+//! await its durability. Which device is underneath is the runtime's choice:
+//! - `local` and `tcp`: a real write-ahead log on disk ([`crate::replication::wal::Wal`]), whose
+//!   flusher thread group-commits with fsync and wakes the waiters;
+//! - `sim`: a simulated disk whose flushes the simulator schedules in virtual time (group-commit
+//!   delay plus an fsync cost), and whose unflushed tail a crash loses.
+//!
+//! The log is shared by the workers of a node (one log per node, as the papers' 2PC baselines
+//! keep), so it is `Send + Sync`; waiting is a future woken through the task's waker, which
+//! works across threads, so protocol code never blocks a worker on I/O.
+
+use crate::replication::wal::{Lsn, Wal};
+use parking_lot::Mutex;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+/// How the simulator models a disk: records buffered in memory, made durable by flushes.
+#[derive(Default)]
+pub struct SimDisk {
+    /// Records that survived every crash so far (LSN i+1 at index i).
+    durable: Vec<Vec<u8>>,
+    /// Appended, not yet durable.
+    pending: Vec<Vec<u8>>,
+    /// How many of `pending` the flush in progress covers (0 = no flush in progress).
+    flushing: usize,
+}
+
+enum Device {
+    Wal(Arc<Wal>),
+    Sim(Mutex<SimDisk>),
+}
+
+/// Counters of one node's log.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogStats {
+    pub records: u64,
+    pub bytes: u64,
+    /// Group flushes (each one fsync on a real disk).
+    pub flushes: u64,
+}
+
+pub struct NodeLog {
+    device: Device,
+    durable: AtomicU64,
+    /// Tasks waiting for an LSN to become durable.
+    waiters: Mutex<Vec<(Lsn, Waker)>>,
+    records: AtomicU64,
+    bytes: AtomicU64,
+    flushes: AtomicU64,
+}
+
+impl NodeLog {
+    /// A log over a real WAL; durability advances from the WAL's flusher thread.
+    pub fn over_wal(wal: Arc<Wal>) -> Arc<NodeLog> {
+        let log = Arc::new(NodeLog::new(Device::Wal(wal.clone())));
+        log.durable.store(wal.durable_lsn(), Ordering::Release);
+        let weak = Arc::downgrade(&log);
+        wal.set_on_durable(Box::new(move |lsn| {
+            if let Some(log) = weak.upgrade() {
+                log.flushes.fetch_add(1, Ordering::Relaxed);
+                log.advance(lsn);
+            }
+        }));
+        log
+    }
+
+    /// A log over a simulated disk that already holds `durable` (what survived earlier crashes).
+    pub fn simulated(durable: Vec<Vec<u8>>) -> Arc<NodeLog> {
+        let n = durable.len() as Lsn;
+        let log = NodeLog::new(Device::Sim(Mutex::new(SimDisk { durable, ..Default::default() })));
+        log.durable.store(n, Ordering::Release);
+        Arc::new(log)
+    }
+
+    fn new(device: Device) -> Self {
+        NodeLog {
+            device,
+            durable: AtomicU64::new(0),
+            waiters: Mutex::new(Vec::new()),
+            records: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    /// Append one record; returns its LSN. Never waits for I/O. Fails only for a record over
+    /// the WAL's size limit.
+    pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
+        self.records.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
+        match &self.device {
+            Device::Wal(wal) => wal.append(rec).map_err(|e| e.to_string()),
+            Device::Sim(disk) => {
+                let mut d = disk.lock();
+                d.pending.push(rec.to_vec());
+                Ok((d.durable.len() + d.pending.len()) as Lsn)
+            }
+        }
+    }
+
+    /// Every record up to this LSN is durable.
+    pub fn durable_lsn(&self) -> Lsn {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// A future that completes once `lsn` is durable.
+    pub fn wait(self: &Arc<Self>, lsn: Lsn) -> DurableWait {
+        DurableWait { log: self.clone(), lsn }
+    }
+
+    pub fn stats(&self) -> LogStats {
+        LogStats {
+            records: self.records.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Durability reached `lsn`: wake every task waiting for it or less.
+    fn advance(&self, lsn: Lsn) {
+        self.durable.fetch_max(lsn, Ordering::AcqRel);
+        let ready: Vec<Waker> = {
+            let mut ws = self.waiters.lock();
+            let mut ready = Vec::new();
+            ws.retain(|(l, w)| {
+                if *l <= lsn {
+                    ready.push(w.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+            ready
+        };
+        for w in ready {
+            w.wake();
+        }
+    }
+
+    // ---- the simulator's side ----
+
+    /// Start a flush of everything appended so far; returns the LSN it will make durable, or
+    /// `None` if nothing is pending or a flush is already in progress.
+    pub fn sim_begin_flush(&self) -> Option<Lsn> {
+        let Device::Sim(disk) = &self.device else { return None };
+        let mut d = disk.lock();
+        if d.flushing > 0 || d.pending.is_empty() {
+            return None;
+        }
+        d.flushing = d.pending.len();
+        Some((d.durable.len() + d.flushing) as Lsn)
+    }
+
+    /// The flush in progress reached the disk.
+    pub fn sim_finish_flush(&self) {
+        let Device::Sim(disk) = &self.device else { return };
+        let lsn = {
+            let mut d = disk.lock();
+            let n = d.flushing;
+            let done: Vec<Vec<u8>> = d.pending.drain(..n).collect();
+            d.durable.extend(done);
+            d.flushing = 0;
+            d.durable.len() as Lsn
+        };
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.advance(lsn);
+    }
+
+    /// Whether records wait for a flush that has not started.
+    pub fn sim_has_unflushed(&self) -> bool {
+        match &self.device {
+            Device::Sim(disk) => {
+                let d = disk.lock();
+                d.pending.len() > d.flushing
+            }
+            Device::Wal(_) => false,
+        }
+    }
+
+    /// A crash: what was not durable is gone; returns what survived, for the restarted node.
+    pub fn sim_crash(&self) -> Vec<Vec<u8>> {
+        let Device::Sim(disk) = &self.device else { return Vec::new() };
+        let mut d = disk.lock();
+        d.pending.clear();
+        d.flushing = 0;
+        d.durable.clone()
+    }
+}
+
+/// Future returned by [`NodeLog::wait`].
+pub struct DurableWait {
+    log: Arc<NodeLog>,
+    lsn: Lsn,
+}
+
+impl Future for DurableWait {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.log.durable_lsn() >= self.lsn {
+            return Poll::Ready(());
+        }
+        let mut ws = self.log.waiters.lock();
+        // Check again under the lock: `advance` may have run between the check and the lock.
+        if self.log.durable_lsn() >= self.lsn {
+            return Poll::Ready(());
+        }
+        ws.push((self.lsn, cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulated_disk_loses_only_the_unflushed_tail() {
+        let log = NodeLog::simulated(Vec::new());
+        assert_eq!(log.append(b"a"), Ok(1));
+        assert_eq!(log.append(b"b"), Ok(2));
+        assert_eq!(log.sim_begin_flush(), Some(2));
+        assert_eq!(log.append(b"c"), Ok(3), "appends go on during a flush");
+        assert_eq!(log.sim_begin_flush(), None, "one flush at a time");
+        log.sim_finish_flush();
+        assert_eq!(log.durable_lsn(), 2);
+        assert!(log.sim_has_unflushed());
+        let survived = log.sim_crash();
+        assert_eq!(survived, vec![b"a".to_vec(), b"b".to_vec()]);
+        let log = NodeLog::simulated(survived);
+        assert_eq!(log.durable_lsn(), 2);
+        assert_eq!(log.append(b"d"), Ok(3), "LSNs continue after what survived");
+    }
+}
