@@ -186,6 +186,10 @@ pub struct BenchArgs {
     /// Where nodes keep their logs (default: a temporary folder per run, removed after it).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The cluster's id, in hex (default: a fresh one per run); a run with the id of an
+    /// earlier run and the same data folders recovers that run's logs.
+    #[arg(long, value_name = "HEX")]
+    cluster_id: Option<String>,
 }
 
 /// A fresh id for the cluster of one run, so that its logs are never mistaken for another
@@ -195,6 +199,13 @@ fn cluster_id(protocol: &str, seed: u64) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (protocol, seed, std::time::SystemTime::now(), std::process::id()).hash(&mut h);
     h.finish()
+}
+
+/// `--cluster-id`: a hexadecimal u64, with or without `0x`.
+fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    u64::from_str_radix(digits, 16).map_err(|_| anyhow::anyhow!("--cluster-id: `{s}` is not a hexadecimal number"))
 }
 
 fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
@@ -304,7 +315,10 @@ impl BenchArgs {
                 fsync: !self.no_fsync,
                 sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
                 data_dir: self.data_dir.clone(),
-                cluster_id: cluster_id(protocol, self.seed),
+                cluster_id: match &self.cluster_id {
+                    Some(x) => parse_cluster_id(x)?,
+                    None => cluster_id(protocol, self.seed),
+                },
             },
         };
         spec.validate()?;

@@ -50,8 +50,17 @@ impl Executor {
         let ready = self.ready.clone();
         let unpark = self.unpark.clone();
         let schedule = move |r: Runnable| {
-            ready.lock().push_back(r);
-            unpark();
+            let was_empty = {
+                let mut q = ready.lock();
+                q.push_back(r);
+                q.len() == 1
+            };
+            // Only the push that makes the queue non-empty must wake the thread: the worker
+            // drains the whole queue before it parks again. (A log flush wakes thousands of
+            // tasks at once; one wake-up each would be a system call each.)
+            if was_empty {
+                unpark();
+            }
         };
         let (runnable, task) = async_task::spawn_local(fut, schedule);
         task.detach();
