@@ -167,10 +167,14 @@ pub struct BenchArgs {
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
     json_stdout: bool,
-    /// none | wal: with `wal` every node logs to a write-ahead log and a commit is
-    /// acknowledged once its decision record is fsynced (group commit).
+    /// none | wal | replicated: with `wal` every node logs to a write-ahead log and a commit is
+    /// acknowledged once its decision record is fsynced (group commit); with `replicated` once a
+    /// majority of the node's log replicas hold it.
     #[arg(long, default_value = "none")]
     durability: String,
+    /// With --durability replicated: nodes that hold each node's log (it and the next ones).
+    #[arg(long, default_value_t = 3)]
+    replicas: u16,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -316,9 +320,14 @@ impl BenchArgs {
                 sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
                 data_dir: self.data_dir.clone(),
                 cluster_id: match &self.cluster_id {
+                    Some(_) if self.protocol.contains(',') || self.protocol == "all" => anyhow::bail!(
+                        "--cluster-id names the logs of one cluster: give one --protocol with it, not `{}`",
+                        self.protocol
+                    ),
                     Some(x) => parse_cluster_id(x)?,
                     None => cluster_id(protocol, self.seed),
                 },
+                replicas: self.replicas,
             },
         };
         spec.validate()?;

@@ -111,3 +111,27 @@ fn a_restarted_local_cluster_recovers_every_commit_from_its_wal() {
     }
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
+    for p in REGISTRY {
+        for seed in 1..=seeds().div_ceil(2) {
+            let mut spec = durable_spec(p.name, 4000 + seed, "sim").with_faults(false, true, 0.02);
+            spec.durability.mode = Durability::Replicated;
+            spec.durability.replicas = 3;
+            check(&spec, "replicated");
+        }
+    }
+}
+
+#[test]
+fn replicated_durability_runs_on_threads() {
+    let mut spec = durable_spec("occ", 9, "local");
+    spec.durability.mode = Durability::Replicated;
+    spec.latency.delay_us = 0;
+    spec.latency.jitter_us = 0;
+    let out = bench::run_local(&spec).expect("local run");
+    assert!(out.totals.committed > 0 && out.totals.log_waits > 0, "nothing committed through the replicas");
+    let line = out.final_read.as_ref().expect("final read ran").as_ref().expect("final read committed");
+    assert!(!line.ops.is_empty());
+}

@@ -7,7 +7,7 @@ pub mod tcp;
 use crate::cluster::Topology;
 use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
 use crate::protocols::{self, NodeEnv, NodeProtocol, ProtoOptions, WorkerProtocol};
-use crate::replication::DurabilityConfig;
+use crate::replication::{Durability, DurabilityConfig};
 use crate::rt::log::NodeLog;
 use crate::rt::{local, sim::SimWorld, CpuCost, RpcConfig, Worker, WorkerConfig};
 use crate::workloads::{self, Workload, WorkloadParams};
@@ -15,6 +15,7 @@ use anyhow::{bail, Context};
 use driver::{DriverConfig, RunShared, Window};
 use dtx_report::{LatencyUs, RunReport};
 use metrics::{HistLine, Totals};
+use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -113,6 +114,7 @@ impl BenchSpec {
         }
         protocols::resolve(&self.protocol)?;
         workloads::build(&self.workload, &self.topology())?;
+        self.durability.validate(self.nodes, self.faults.crashes)?;
         Ok(())
     }
 
@@ -135,6 +137,9 @@ pub struct NodeSetup {
     pub proto: Arc<dyn NodeProtocol>,
     pub workload: Arc<dyn Workload>,
     pub topo: Arc<Topology>,
+    /// With `--durability replicated`: the node's log and its replica count, for the replicator
+    /// that worker 0 runs.
+    pub replicated: Option<(Arc<NodeLog>, u16)>,
 }
 
 /// The workload of a run: one instance per process, shared by the nodes it hosts, so that what a
@@ -162,11 +167,15 @@ pub fn build_node(
     let workload = workload.clone();
     let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
+    let mut replicated = None;
     if let Some((log, recovered)) = log {
+        if spec.durability.mode == Durability::Replicated {
+            replicated = Some((log.clone(), spec.durability.replicas));
+        }
         env.log = Some(log);
         env.recovered = recovered;
     }
-    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo })
+    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo, replicated })
 }
 
 /// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
@@ -183,11 +192,11 @@ pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<
 
 /// Open node `n`'s log for a real-time run (none when the run is not durable).
 pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Option<OpenedLog>> {
-    if !spec.durability.enabled() {
-        return Ok(None);
+    match spec.durability.mode {
+        Durability::None => Ok(None),
+        Durability::Replicated => Ok(Some((NodeLog::replicated(), Vec::new()))),
+        Durability::Wal => Ok(Some(spec.durability.open_wal(dir.join(format!("node-{n}")), n)?)),
     }
-    let node_dir = dir.join(format!("node-{n}"));
-    Ok(Some(spec.durability.open_wal(node_dir, n)?))
 }
 
 /// The partitions a worker's clients are homed at: the node's, rotated by worker index.
@@ -198,10 +207,19 @@ pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
     h
 }
 
-/// Attach a worker to its node's protocol: from now on it serves requests.
+/// Attach a worker to its node's protocol: from now on it serves requests. Worker 0 also runs
+/// the node's log replicator when the run is replicated.
 pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol> {
     let proto = node.proto.worker(w.clone());
     proto.start();
+    if let (Some((log, replicas)), 0) = (&node.replicated, w.addr.worker) {
+        let seed = w.rng.borrow_mut().gen::<u64>();
+        if let Err(e) =
+            crate::replication::service::start(w, w.addr.node, node.topo.nodes, *replicas, log.clone(), seed)
+        {
+            crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
+        }
+    }
     proto
 }
 
@@ -268,15 +286,19 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let protos: Protos = Default::default();
     let workload = build_workload(spec)?;
-    if spec.durability.enabled() && spec.faults.crashes {
+    if spec.durability.mode == Durability::Wal && spec.faults.crashes {
         world.set_restart(sim_restart(spec, &workload, &shared, window, &protos), spec.worker_config());
     }
     for n in 0..spec.nodes {
-        let log = spec.durability.enabled().then(|| {
-            let log = NodeLog::simulated(Vec::new());
-            world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
-            (log, Vec::new())
-        });
+        let log = match spec.durability.mode {
+            Durability::None => None,
+            Durability::Replicated => Some((NodeLog::replicated(), Vec::new())),
+            Durability::Wal => {
+                let log = NodeLog::simulated(Vec::new());
+                world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+                Some((log, Vec::new()))
+            }
+        };
         let node = build_node(spec, n, &workload, log)?;
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);

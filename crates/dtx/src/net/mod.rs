@@ -45,6 +45,8 @@ pub enum Kind {
     Reply = 2,
     /// A message that expects no reply.
     OneWay = 3,
+    /// A message for the node's own services (log replication), not for the protocol.
+    Service = 4,
 }
 
 /// A decoded envelope, borrowing its body from the packet.
@@ -105,6 +107,7 @@ pub fn for_each_envelope(mut buf: &[u8], mut f: impl FnMut(Envelope<'_>)) -> Res
             1 => Kind::Request,
             2 => Kind::Reply,
             3 => Kind::OneWay,
+            4 => Kind::Service,
             k => return Err(DecodeError::BadKind(k)),
         };
         let mut id = [0u8; 8];

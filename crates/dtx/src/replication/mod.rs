@@ -3,6 +3,7 @@
 //! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
 pub mod raft_log;
+pub mod service;
 pub mod wal;
 
 use crate::rt::log::NodeLog;
@@ -20,6 +21,9 @@ pub enum Durability {
     /// Every node logs to its own write-ahead log; a commit is acknowledged once its decision
     /// record is durable (fsynced, by group commit).
     Wal,
+    /// Every node's log is a Raft group over `replicas` nodes ([`service`]); a commit is
+    /// acknowledged once a majority of them holds its decision record.
+    Replicated,
 }
 
 impl std::str::FromStr for Durability {
@@ -28,11 +32,8 @@ impl std::str::FromStr for Durability {
         match s {
             "none" => Ok(Durability::None),
             "wal" => Ok(Durability::Wal),
-            "replicated" => anyhow::bail!(
-                "--durability replicated is not implemented yet (the replicated log primitive exists, \
-                 replicated partitions do not); use none or wal"
-            ),
-            other => anyhow::bail!("unknown --durability `{other}` (known: none, wal)"),
+            "replicated" => Ok(Durability::Replicated),
+            other => anyhow::bail!("unknown --durability `{other}` (known: none, wal, replicated)"),
         }
     }
 }
@@ -55,6 +56,13 @@ pub struct DurabilityConfig {
     pub data_dir: Option<PathBuf>,
     /// Identifies the cluster a log belongs to: a log of another cluster is refused.
     pub cluster_id: u64,
+    /// With `Replicated`: how many nodes hold each node's log (the node and the next ones).
+    #[serde(default = "default_replicas")]
+    pub replicas: u16,
+}
+
+fn default_replicas() -> u16 {
+    3
 }
 
 impl Default for DurabilityConfig {
@@ -67,6 +75,7 @@ impl Default for DurabilityConfig {
             sim_fsync_us: 200,
             data_dir: None,
             cluster_id: 0,
+            replicas: default_replicas(),
         }
     }
 }
@@ -74,6 +83,27 @@ impl Default for DurabilityConfig {
 impl DurabilityConfig {
     pub fn enabled(&self) -> bool {
         self.mode != Durability::None
+    }
+
+    /// Check the settings against the cluster; `crashes`: the simulator will crash nodes.
+    pub fn validate(&self, nodes: u16, crashes: bool) -> anyhow::Result<()> {
+        if self.mode != Durability::Replicated {
+            return Ok(());
+        }
+        if self.replicas == 0 || self.replicas > nodes {
+            anyhow::bail!(
+                "--replicas {} must be between 1 and the number of nodes ({nodes}): every node's log is held by \
+                 that node and the next ones",
+                self.replicas
+            );
+        }
+        if crashes {
+            anyhow::bail!(
+                "--durability replicated does not survive crashes yet (a node cannot recover from its replicas); \
+                 use --faults partition,loss, or --durability wal with crash"
+            );
+        }
+        Ok(())
     }
 
     /// Open (or create) node `node`'s WAL under `dir`: the log for the protocol and the records

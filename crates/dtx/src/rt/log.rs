@@ -28,9 +28,19 @@ pub struct SimDisk {
     flushing: usize,
 }
 
+/// Records waiting to be proposed to the node's replicated log, and the task that proposes them.
+#[derive(Default)]
+pub struct ReplQueue {
+    pending: Vec<Vec<u8>>,
+    appended: Lsn,
+    replicator: Option<Waker>,
+}
+
 enum Device {
     Wal(Arc<Wal>),
     Sim(Mutex<SimDisk>),
+    /// Durable once a majority of the node's log replicas hold it (`replication::service`).
+    Replicated(Mutex<ReplQueue>),
 }
 
 /// Counters of one node's log.
@@ -67,6 +77,27 @@ impl NodeLog {
         log
     }
 
+    /// A log whose records are durable once a majority of its replicas hold them; the node's
+    /// replicator (`replication::service`) takes the appended records and reports progress.
+    pub fn replicated() -> Arc<NodeLog> {
+        Arc::new(NodeLog::new(Device::Replicated(Mutex::new(ReplQueue::default()))))
+    }
+
+    /// The replicator takes the records appended since it last looked (oldest first); `waker`
+    /// is woken at the next append.
+    pub fn take_for_replication(&self, waker: &Waker) -> Vec<Vec<u8>> {
+        let Device::Replicated(q) = &self.device else { return Vec::new() };
+        let mut q = q.lock();
+        q.replicator = Some(waker.clone());
+        std::mem::take(&mut q.pending)
+    }
+
+    /// A majority of the replicas hold every record up to `lsn`.
+    pub fn replicated_upto(&self, lsn: Lsn) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.advance(lsn);
+    }
+
     /// A log over a simulated disk that already holds `durable` (what survived earlier crashes).
     pub fn simulated(durable: Vec<Vec<u8>>) -> Arc<NodeLog> {
         let n = durable.len() as Lsn;
@@ -97,6 +128,18 @@ impl NodeLog {
                 let mut d = disk.lock();
                 d.pending.push(rec.to_vec());
                 Ok((d.durable.len() + d.pending.len()) as Lsn)
+            }
+            Device::Replicated(q) => {
+                let mut q = q.lock();
+                q.pending.push(rec.to_vec());
+                q.appended += 1;
+                let lsn = q.appended;
+                let wake = if q.pending.len() == 1 { q.replicator.take() } else { None };
+                drop(q);
+                if let Some(w) = wake {
+                    w.wake();
+                }
+                Ok(lsn)
             }
         }
     }
@@ -176,7 +219,7 @@ impl NodeLog {
                 let d = disk.lock();
                 d.pending.len() > d.flushing
             }
-            Device::Wal(_) => false,
+            Device::Wal(_) | Device::Replicated(_) => false,
         }
     }
 

@@ -143,6 +143,9 @@ pub struct WorkerConfig {
     pub rpc: RpcConfig,
 }
 
+/// Receives the messages of a node service (log replication) on one worker.
+pub type ServiceHandler = Rc<dyn Fn(Addr, &[u8])>;
+
 /// What a protocol implements to receive messages addressed to a worker.
 pub trait Handler {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]);
@@ -180,6 +183,8 @@ pub struct Worker {
     dedup: RefCell<FxHashMap<(Addr, u64), Dedup>>,
     dedup_fifo: RefCell<VecDeque<(u64, Addr, u64)>>,
     handler: RefCell<Option<Weak<dyn Handler>>>,
+    /// Receives `Kind::Service` messages (log replication), apart from the protocol.
+    service: RefCell<Option<ServiceHandler>>,
     pub rng: RefCell<Rng>,
     pub stats: RefCell<NetStats>,
     charged_ns: Cell<u64>,
@@ -207,6 +212,7 @@ impl Worker {
             dedup: RefCell::new(FxHashMap::default()),
             dedup_fifo: RefCell::new(VecDeque::new()),
             handler: RefCell::new(None),
+            service: RefCell::new(None),
             rng: RefCell::new(crate::util::rng_from_seed(seed)),
             stats: RefCell::new(NetStats::default()),
             charged_ns: Cell::new(0),
@@ -238,6 +244,16 @@ impl Worker {
 
     pub fn set_handler(&self, h: Weak<dyn Handler>) {
         *self.handler.borrow_mut() = Some(h);
+    }
+
+    /// Attach the node's service (log replication) to this worker.
+    pub fn set_service_handler(&self, h: ServiceHandler) {
+        *self.service.borrow_mut() = Some(h);
+    }
+
+    /// Send a message to the service on another worker (no reply, batched like any message).
+    pub fn send_service(&self, dst: Addr, body: &[u8]) {
+        self.push_envelope(dst, Kind::Service, 0, body);
     }
 
     // ---- time ----
@@ -279,6 +295,11 @@ impl Worker {
     /// A future that completes `delay_us` from now.
     pub fn sleep_us(self: &Rc<Self>, delay_us: u64) -> Sleep {
         Sleep { w: self.clone(), deadline_ns: self.now_ns() + delay_us * 1000, id: 0 }
+    }
+
+    /// A future that completes when the clock reaches `deadline_ns`.
+    pub fn sleep_until_ns(self: &Rc<Self>, deadline_ns: u64) -> Sleep {
+        Sleep { w: self.clone(), deadline_ns, id: 0 }
     }
 
     fn add_timer(&self, deadline_ns: u64, waker: &Waker) -> u64 {
@@ -425,6 +446,15 @@ impl Worker {
                     Some(h) => h.on_oneway(src, env.body),
                     None => log_warn(&format!("{}: message from {src} before a protocol was attached", self.addr)),
                 },
+                Kind::Service => {
+                    let service = self.service.borrow().clone();
+                    match service {
+                        Some(s) => s(src, env.body),
+                        None => {
+                            log_warn(&format!("{}: service message from {src}, but no service runs here", self.addr))
+                        }
+                    }
+                }
             }
         });
         if let Err(e) = &res {
