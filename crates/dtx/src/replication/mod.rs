@@ -2,9 +2,11 @@
 //! ([`wal`]) and consensus-replicated logs ([`raft_log`]). Nothing here touches a protocol; the
 //! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
+pub mod epoch;
 pub mod raft_log;
 pub mod service;
 pub mod wal;
+pub mod watermark;
 
 use crate::rt::log::NodeLog;
 use serde::{Deserialize, Serialize};

@@ -3,6 +3,7 @@
 //! at prepare; the local node commits inline once the decision is made.
 
 use super::messages::{Reply, Request, Vote};
+use super::meta::LockRecord;
 use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
@@ -18,8 +19,10 @@ pub(super) struct TplTxn<'a> {
     wk: &'a TwoPlWorker,
     pub id: TxnId,
     prio: Prio,
-    /// Locks held on this node.
-    held_local: Vec<RowKey>,
+    /// Locks held (or waited for) on this node.
+    held_local: Vec<(RowKey, &'a LockRecord)>,
+    /// The declared local records, resolved once by `prefetch` and sorted by key.
+    local_recs: Vec<(RowKey, &'a LockRecord)>,
     /// Remote nodes holding locks for us (so they must hear the outcome).
     touched: Vec<NodeId>,
     /// Values of locked records, with the mode held.
@@ -42,6 +45,7 @@ impl<'a> TplTxn<'a> {
             id,
             prio: Prio(first_start_us, id),
             held_local: Vec::new(),
+            local_recs: Vec::new(),
             touched: Vec::new(),
             values: Vec::new(),
             writes: Vec::new(),
@@ -90,22 +94,35 @@ impl<'a> TplTxn<'a> {
         }
     }
 
+    /// The local record of `key`: from the prefetched ones, else from the index (created absent
+    /// if need be: a lock is taken on it either way).
+    fn local_rec(&self, key: RowKey) -> &'a LockRecord {
+        match self.local_recs.binary_search_by_key(&key, |e| e.0) {
+            Ok(i) => self.local_recs[i].1,
+            Err(_) => self.wk.node.store.get_or_create(key),
+        }
+    }
+
+    /// Remember a local lock held (or queued for), once.
+    fn hold(&mut self, key: RowKey, rec: &'a LockRecord) {
+        if !self.held_local.iter().any(|(k, _)| *k == key) {
+            self.held_local.push((key, rec));
+        }
+    }
+
     async fn lock_local(&mut self, key: RowKey, mode: Mode) -> TxnResult<Option<Value>> {
         let wk = self.wk;
         wk.w.charge_ops(1);
-        let v = match part::try_lock(&wk.node.store, key, self.id, self.prio, mode, wk.policy)? {
+        let rec = self.local_rec(key);
+        let v = match part::try_lock_rec(rec, self.id, self.prio, mode, wk.policy)? {
             LockStep::Done(v) => v,
             LockStep::Wait(rec, slot) => {
-                if !self.held_local.contains(&key) {
-                    // A queued request is part of what we must release on abort.
-                    self.held_local.push(key);
-                }
+                // A queued request is part of what we must release on abort.
+                self.hold(key, rec);
                 part::wait_lock(&wk.w, rec, slot, wk.node.opts.lock_wait_us).await?
             }
         };
-        if !self.held_local.contains(&key) {
-            self.held_local.push(key);
-        }
+        self.hold(key, rec);
         self.note(key, v.clone(), mode);
         Ok(v)
     }
@@ -118,17 +135,16 @@ impl<'a> TplTxn<'a> {
         if n == self.wk.node.id {
             // Fast path: an uncontended local lock completes without a future.
             self.wk.w.charge_ops(1);
-            match part::try_lock(&self.wk.node.store, key, self.id, self.prio, mode, self.wk.policy) {
+            let rec = self.local_rec(key);
+            match part::try_lock_rec(rec, self.id, self.prio, mode, self.wk.policy) {
                 Err(a) => Step::Ready(Err(a)),
                 Ok(LockStep::Done(v)) => {
-                    if !self.held_local.contains(&key) {
-                        self.held_local.push(key);
-                    }
+                    self.hold(key, rec);
                     self.note(key, v.clone(), mode);
                     Step::Ready(Ok(v))
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
-                    self.held_local.push(key);
+                    self.hold(key, rec);
                     let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.node.opts.lock_wait_us).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
@@ -150,24 +166,23 @@ impl<'a> TplTxn<'a> {
             .iter()
             .map(|k| (*k, Mode::Exclusive))
             .chain(keys.reads.iter().filter(|k| !keys.writes.contains(k)).map(|k| (*k, Mode::Shared)));
+        let store = &self.wk.node.store;
         for (k, m) in modes {
             let n = self.wk.node.node_of(k);
             if n == self.wk.node.id {
-                // Start loading local records now so that their cache misses overlap.
-                if let Some(r) = self.wk.node.store.get(k) {
-                    r.prefetch();
-                }
+                // Resolve the record once (every declared key gets locked, absent ones too), and
+                // start loading it now so that the cache misses overlap.
+                let r = store.get_or_create(k);
+                r.prefetch();
+                self.local_recs.push((k, r));
             }
             by_node.entry(n).or_default().push((k, m));
         }
-        let me = self.wk.node.id;
-        if let Some(local) = by_node.get(&me) {
-            for (k, _) in local {
-                if let Some(r) = self.wk.node.store.get(*k) {
-                    r.prefetch_value();
-                }
-            }
+        self.local_recs.sort_unstable_by_key(|e| e.0);
+        for (_, r) in &self.local_recs {
+            r.prefetch_value();
         }
+        let me = self.wk.node.id;
         // Remote participants first, in parallel; then the local keys.
         let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
             by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();
@@ -253,8 +268,10 @@ impl<'a> TplTxn<'a> {
             self.log_commit(&local_writes, &[]).await?;
         }
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
-        part::apply_and_release(&wk.node.store, self.id, &local_writes, &self.held_local);
-        self.held_local.clear();
+        for (k, v) in local_writes {
+            part::apply_rec(self.local_rec(k), self.id, v);
+        }
+        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         Ok(())
     }
 
@@ -278,7 +295,7 @@ impl<'a> TplTxn<'a> {
     /// Release every lock this attempt holds or waits for, here and remotely.
     pub fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
-        part::release(&wk.node.store, self.id, self.held_local.drain(..));
+        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         if !self.touched.is_empty() {
             wk.coord.set(self.id, TxnStatus::Aborted);
             wk.tell_outcome(Request::Abort { txn: self.id }, std::mem::take(&mut self.touched), None);

@@ -39,7 +39,11 @@ pub fn try_lock<'s>(
     mode: Mode,
     policy: Policy,
 ) -> TxnResult<LockStep<'s>> {
-    let rec = store.get_or_create(key);
+    try_lock_rec(store.get_or_create(key), txn, prio, mode, policy)
+}
+
+/// [`try_lock`] on a record already found.
+pub fn try_lock_rec(rec: &LockRecord, txn: TxnId, prio: Prio, mode: Mode, policy: Policy) -> TxnResult<LockStep<'_>> {
     let mut row = rec.lock();
     match row.meta.acquire(txn, prio, mode, policy) {
         Acquire::Granted => Ok(LockStep::Done(row.value.clone())),
@@ -84,6 +88,20 @@ pub fn release(store: &Storage<LockMeta>, txn: TxnId, keys: impl Iterator<Item =
             rec.lock().meta.release(txn);
         }
     }
+}
+
+/// Release what `txn` holds on these records.
+pub fn release_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s LockRecord>) {
+    for rec in recs {
+        rec.lock().meta.release(txn);
+    }
+}
+
+/// Install one write of `txn`, which holds the record's exclusive lock.
+pub fn apply_rec(rec: &LockRecord, txn: TxnId, value: Option<Value>) {
+    let mut row = rec.lock();
+    assert!(row.meta.holds(txn, Mode::Exclusive), "writing a record without its exclusive lock");
+    row.value = value;
 }
 
 /// Apply writes (the writer holds their exclusive locks), then release everything it holds.
