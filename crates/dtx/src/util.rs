@@ -42,6 +42,19 @@ pub fn process_cpu_us() -> u64 {
     (ticks(11) + ticks(12)) * 10_000
 }
 
+/// Write a file so that a crash leaves the old contents or the new, never a mix: a temporary
+/// file, fsynced, renamed over the target.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
 /// A scratch directory removed on drop (cluster configs, server output, the logs of a run that
 /// names no `--data-dir`).
 pub struct TempDir(pub std::path::PathBuf);

@@ -32,6 +32,41 @@ pub struct RunShared {
     pub history_ids: AtomicU64,
     /// What the final checks found, once they ran.
     pub checks: Mutex<Option<Vec<(String, bool, String)>>>,
+    /// With a data folder (tcp servers with `--data-dir`): every attempt is also written here, as
+    /// of unknown outcome when it starts and with its outcome when it ends, so that a server killed
+    /// mid-run leaves a complete history behind ([`read_history_file`] keeps the last line per id).
+    pub history_file: Option<Mutex<std::fs::File>>,
+}
+
+/// Write one history line to the run's history file, if it keeps one. A write that fails is
+/// reported once per process and the run goes on (the in-memory history is still complete).
+fn persist(shared: &RunShared, line: &HistLine) {
+    let Some(f) = &shared.history_file else { return };
+    let mut bytes = serde_json::to_vec(line).unwrap_or_default();
+    bytes.push(b'\n');
+    // One write per line: with O_APPEND, lines of several threads never interleave.
+    if let Err(e) = std::io::Write::write_all(&mut *f.lock(), &bytes) {
+        crate::rt::log_warn(&format!("cannot write the history file: {e}"));
+    }
+}
+
+/// The history a server kept in its file: the last line of each id (an attempt's outcome
+/// replaces the line written when it started), in file order. Unreadable lines are skipped.
+pub fn read_history_file(path: &std::path::Path) -> std::io::Result<Vec<HistLine>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut pos: rustc_hash::FxHashMap<u64, usize> = Default::default();
+    let mut lines: Vec<HistLine> = Vec::new();
+    for l in text.lines() {
+        let Ok(h) = serde_json::from_str::<HistLine>(l) else { continue };
+        match pos.get(&h.id) {
+            Some(&i) => lines[i] = h,
+            None => {
+                pos.insert(h.id, lines.len());
+                lines.push(h);
+            }
+        }
+    }
+    Ok(lines)
 }
 
 pub struct DriverConfig {
@@ -165,14 +200,21 @@ async fn client(
         loop {
             let attempt = Attempt { first_start_us: first_ns / 1000, number };
             let start_ns = w.now_ns();
+            let mut id = 0;
             if cfg.record_history {
                 track(&req, Some(start_ns));
+                id = history_id(m, shared);
+                if shared.history_file.is_some() {
+                    let ops = append::aborted_ops(&req);
+                    let us = start_ns / 1000;
+                    persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
+                }
             }
             let result = proto.execute(&req, attempt).await;
             let end_ns = w.now_ns();
             if cfg.record_history {
                 track(&req, None);
-                record(m, shared, &req, &result, start_ns, end_ns);
+                record(m, shared, id, &req, &result, start_ns, end_ns);
             }
             match result {
                 Ok(out) => {
@@ -216,23 +258,19 @@ async fn backoff(w: &Rc<Worker>, attempt: u32) {
 fn record(
     m: &RefCell<Metrics>,
     shared: &RunShared,
+    id: u64,
     req: &TxnRequest,
     result: &Result<crate::txn::TxnOutput, Abort>,
     start_ns: u64,
     end_ns: u64,
 ) {
-    let id = history_id(m, shared);
     let (status, ops) = match result {
         Ok(out) => ("committed", out.history.clone()),
         Err(_) => ("aborted", append::aborted_ops(req)),
     };
-    m.borrow_mut().history.push(HistLine {
-        id,
-        status: status.into(),
-        ops,
-        start_us: start_ns / 1000,
-        end_us: end_ns / 1000,
-    });
+    let line = HistLine { id, status: status.into(), ops, start_us: start_ns / 1000, end_us: end_ns / 1000 };
+    persist(shared, &line);
+    m.borrow_mut().history.push(line);
 }
 
 /// Run the workload's final checks on this worker, one after another, each until it commits,

@@ -55,6 +55,18 @@ struct ActiveRun {
     window: Option<Window>,
     /// The run's log folder when the server has no `--data-dir` (removed with the run).
     _tmp_logs: Option<crate::util::TempDir>,
+    /// The run's folder under `--data-dir` (its spec, history file and logs), if any.
+    run_dir: Option<std::path::PathBuf>,
+    /// Resumed after a restart: this incarnation runs no clients.
+    resumed: bool,
+}
+
+/// Files a server keeps in a run's folder under `--data-dir`.
+const RUN_SPEC_FILE: &str = "run.json";
+const RUN_DONE_FILE: &str = "done";
+
+fn history_file_name(node: u16) -> String {
+    format!("history-node-{node}.jsonl")
 }
 
 struct Server {
@@ -80,6 +92,7 @@ pub fn serve(config: &Path, node: u16, data_dir: Option<std::path::PathBuf>) -> 
         addr.port() + cfg.workers
     );
     let server = Arc::new(Server { cfg, node, data_dir, run: Mutex::new(None) });
+    server.resume_unfinished_run()?;
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let s = server.clone();
@@ -149,7 +162,34 @@ impl Server {
         }
     }
 
+    /// After a restart (kill -9, power loss): a run this node was part of and that did not
+    /// finish is taken up again: the node recovers from its log and serves its peers, without
+    /// clients (theirs died with the process; the history file says what they had started).
+    fn resume_unfinished_run(&self) -> anyhow::Result<()> {
+        let Some(data) = &self.data_dir else { return Ok(()) };
+        let Ok(entries) = std::fs::read_dir(data) else { return Ok(()) };
+        for e in entries.flatten() {
+            let dir = e.path();
+            let spec_path = dir.join(RUN_SPEC_FILE);
+            if !spec_path.exists() || dir.join(RUN_DONE_FILE).exists() {
+                continue;
+            }
+            let text =
+                std::fs::read_to_string(&spec_path).with_context(|| format!("cannot read {}", spec_path.display()))?;
+            let spec: BenchSpec = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a run description", spec_path.display()))?;
+            eprintln!("dtx server: node {}: resuming the unfinished run in {}", self.node, dir.display());
+            self.prepare_run(spec, true)?;
+            return Ok(());
+        }
+        Ok(())
+    }
+
     fn prepare(&self, spec: BenchSpec) -> anyhow::Result<()> {
+        self.prepare_run(spec, false)
+    }
+
+    fn prepare_run(&self, spec: BenchSpec, resumed: bool) -> anyhow::Result<()> {
         self.stop();
         if spec.nodes as usize != self.cfg.nodes.len() || spec.workers != self.cfg.workers {
             bail!(
@@ -168,7 +208,8 @@ impl Server {
         let log = super::open_node_log(&spec, &dir, self.node)?;
         let node = Arc::new(build_node(&spec, self.node, &build_workload(&spec)?, log)?);
         let epoch = Instant::now();
-        let shared = Arc::new(RunShared::default());
+        let run_dir = self.data_dir.as_ref().map(|_| dir.clone());
+        let shared = Arc::new(self.run_shared(&spec, run_dir.as_deref(), resumed)?);
         let cfg = Arc::new(self.cfg.clone());
         let peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> = {
             let cfg = cfg.clone();
@@ -200,8 +241,43 @@ impl Server {
             cpu: Arc::new(Mutex::new((None, None))),
             window: None,
             _tmp_logs: tmp,
+            run_dir,
+            resumed,
         });
         Ok(())
+    }
+
+    /// The run's shared state; under `--data-dir`, with its spec saved (so that a restarted
+    /// server can take the run up again) and its history file open for appending.
+    fn run_shared(&self, spec: &BenchSpec, run_dir: Option<&Path>, resumed: bool) -> anyhow::Result<RunShared> {
+        let mut shared = RunShared::default();
+        let Some(dir) = run_dir else { return Ok(shared) };
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        if !resumed {
+            let _ = std::fs::remove_file(dir.join(RUN_DONE_FILE));
+            crate::util::write_atomically(&dir.join(RUN_SPEC_FILE), &serde_json::to_vec(spec)?)?;
+        }
+        if spec.record_history {
+            let path = dir.join(history_file_name(self.node));
+            if resumed {
+                // Ids of this incarnation continue after those the file holds.
+                let next = driver::read_history_file(&path)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|l| (l.id & ((1 << 40) - 1)) + 1)
+                    .max();
+                shared.history_ids.store(next.unwrap_or(0), Ordering::Relaxed);
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .with_context(|| format!("cannot open the history file {}", path.display()))?;
+            shared.history_file = Some(Mutex::new(f));
+        }
+        Ok(shared)
     }
 
     fn start(&self) -> anyhow::Result<()> {
@@ -237,11 +313,26 @@ impl Server {
     }
 
     fn wait(&self) -> anyhow::Result<Value> {
-        let (shared, window, epoch, cpu) = {
+        let (shared, window, epoch, cpu, history_path, resumed) = {
             let guard = self.run.lock();
             let run = guard.as_ref().context("wait before prepare")?;
-            (run.shared.clone(), run.window.context("wait before start")?, run.epoch, run.cpu.clone())
+            let path = run.run_dir.as_ref().map(|d| d.join(history_file_name(self.node)));
+            let history_path = path.filter(|_| run.spec.record_history);
+            if run.resumed {
+                (run.shared.clone(), Window { start_ns: 0, end_ns: 0 }, run.epoch, run.cpu.clone(), history_path, true)
+            } else {
+                let window = run.window.context("wait before start")?;
+                (run.shared.clone(), window, run.epoch, run.cpu.clone(), history_path, false)
+            }
         };
+        if resumed {
+            // The clients died with the previous incarnation: what they did is in the file.
+            let history = match &history_path {
+                Some(p) => driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?,
+                None => Vec::new(),
+            };
+            return Ok(json!({"totals": Totals::default(), "history": history, "stuck_workers": 0, "resumed": true}));
+        }
         let deadline = Duration::from_nanos(window.end_ns) + Duration::from_secs(120);
         while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -254,6 +345,10 @@ impl Server {
         super::collect(&shared, &mut totals, &mut history);
         if let (Some(a), Some(b)) = *cpu.lock() {
             totals.cpu_us = b.saturating_sub(a);
+        }
+        if let Some(p) = &history_path {
+            // The file also holds what a killed earlier incarnation of this node recorded.
+            history = driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?;
         }
         let stuck = shared.running.load(Ordering::Acquire);
         Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck}))
@@ -290,6 +385,10 @@ impl Server {
 
     fn stop(&self) {
         if let Some(run) = self.run.lock().take() {
+            if let Some(d) = &run.run_dir {
+                // Finished: a restart does not take this run up again.
+                let _ = std::fs::write(d.join(RUN_DONE_FILE), b"");
+            }
             for h in &run.handles {
                 h.stop();
             }
@@ -300,11 +399,32 @@ impl Server {
     }
 }
 
+/// How long the bench waits for a node whose server died mid-run to come back.
+const RESTART_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Wait for a node's run to end. If its server dies meanwhile (killed, crashed) and comes back
+/// on the same address with its `--data-dir`, it takes the run up again from its log and its
+/// history file: reconnect and ask again.
+fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<(Control, Value)> {
+    loop {
+        match c.call(&json!({"cmd": "wait"})) {
+            Ok(v) => return Ok((c, v)),
+            Err(e) if c.lost => {
+                eprintln!("dtx: node {}: {e:#}; waiting up to {:?} for it to restart", c.node, RESTART_PATIENCE);
+                c = Control::connect(c.node, addr, RESTART_PATIENCE)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// A control connection to one node.
 struct Control {
     node: usize,
     reader: BufReader<TcpStream>,
     writer: TcpStream,
+    /// The connection broke (the server died), as opposed to the server refusing a request.
+    lost: bool,
 }
 
 impl Control {
@@ -314,7 +434,7 @@ impl Control {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    return Ok(Control { node, reader: BufReader::new(s.try_clone()?), writer: s });
+                    return Ok(Control { node, reader: BufReader::new(s.try_clone()?), writer: s, lost: false });
                 }
                 Err(e) if t0.elapsed() < patience => {
                     let _ = e;
@@ -326,12 +446,22 @@ impl Control {
     }
 
     fn call(&mut self, req: &Value) -> anyhow::Result<Value> {
-        serde_json::to_writer(&mut self.writer, req)?;
-        self.writer.write_all(b"\n")?;
-        self.writer.flush()?;
         let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            bail!("node {} closed the control connection", self.node);
+        let sent = serde_json::to_writer(&mut self.writer, req)
+            .map_err(std::io::Error::from)
+            .and_then(|_| self.writer.write_all(b"\n"))
+            .and_then(|_| self.writer.flush())
+            .and_then(|_| self.reader.read_line(&mut line));
+        match sent {
+            Ok(0) => {
+                self.lost = true;
+                bail!("node {} closed the control connection", self.node);
+            }
+            Err(e) => {
+                self.lost = true;
+                bail!("node {}: the control connection broke: {e}", self.node);
+            }
+            Ok(_) => {}
         }
         let v: Value = serde_json::from_str(&line).with_context(|| format!("node {}: unreadable reply", self.node))?;
         if v["ok"] != json!(true) {
@@ -428,9 +558,13 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
     let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
+    let addrs: Vec<SocketAddr> = cfg.nodes.iter().map(|n| n.addr).collect();
     let waits: Vec<_> = ctl
         .into_iter()
-        .map(|mut c| std::thread::spawn(move || c.call(&json!({"cmd": "wait"})).map(|v| (c, v))))
+        .map(|c| {
+            let addr = addrs[c.node];
+            std::thread::spawn(move || wait_surviving_restarts(c, addr))
+        })
         .collect();
     let t0 = Instant::now();
     while waits.iter().any(|w| !w.is_finished()) {

@@ -12,7 +12,7 @@
 //! what it must, and feeds the results back in.
 //!
 //! **Release rule: strictly below.** A result with timestamp `ts` is released once the watermark
-//! `W` satisfies `ts < W`. Rolis §3.4: "Only transactions whose timestamp is smaller than the
+//! `W` satisfies `ts < W`. Rolis §3.2: "Only transactions whose timestamp is smaller than the
 //! watermark are safe to release to the clients"; Primo §5.1: "L returns the results of the
 //! transactions with ts < W_g". (Rolis's replay of an *ended* epoch is inclusive, see
 //! [`StreamWatermark::is_safe`].)
@@ -118,7 +118,7 @@ impl StreamWatermark {
         self.report(stream, ts)
     }
 
-    /// An empty entry with timestamp `ts` became durable in an idle stream (Rolis §4: "we add a
+    /// An empty entry with timestamp `ts` became durable in an idle stream (Rolis §5: "we add a
     /// special empty transaction in the heartbeat to every Paxos stream"), so that the watermark
     /// passes the tail of the busy streams. The caller must not later log a transaction at or
     /// below `ts` in that stream (timestamps increase within a stream).
@@ -643,7 +643,7 @@ mod tests {
         assert_eq!(w.watermark(), 70);
         w.heartbeat(0, 95);
         w.heartbeat(1, 95);
-        assert_eq!(w.watermark(), 90, "idle tails drain through heartbeats (Rolis §4)");
+        assert_eq!(w.watermark(), 90, "idle tails drain through heartbeats (Rolis §5)");
         assert_eq!(w.stats().heartbeats, 3);
     }
 

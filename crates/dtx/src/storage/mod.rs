@@ -273,16 +273,21 @@ impl<M: Default + Send> Table<M> {
 
     /// The record for `key`, creating an absent one if there is none (inserts lock it first).
     pub fn get_or_create(&self, key: u64) -> &Record<M> {
-        if let Some(r) = self.get(key) {
+        if let Some(r) = self.dense(key) {
             return r;
         }
         let ptr = match &self.index {
             Index::Hash(shards) => {
+                if let Some(r) = shards[shard_of(key)].read().map.get(&key) {
+                    // SAFETY: as in `get`.
+                    return unsafe { r.0.as_ref() };
+                }
                 let mut shard = shards[shard_of(key)].write();
                 let HashShard { map, arena } = &mut *shard;
                 map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
             }
             Index::Ordered(ord) => {
+                // One descent of the tree whether the key exists or not (most callers insert).
                 let mut ord = ord.write();
                 let OrderedIndex { map, arena } = &mut *ord;
                 map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
