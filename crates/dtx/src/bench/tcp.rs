@@ -179,7 +179,13 @@ impl Server {
             let spec: BenchSpec = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a run description", spec_path.display()))?;
             eprintln!("dtx server: node {}: resuming the unfinished run in {}", self.node, dir.display());
+            let t0 = Instant::now();
             self.prepare_run(spec, true)?;
+            eprintln!(
+                "dtx server: node {}: recovered from its log and serving again after {} ms",
+                self.node,
+                t0.elapsed().as_millis()
+            );
             return Ok(());
         }
         Ok(())
