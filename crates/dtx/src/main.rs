@@ -175,6 +175,11 @@ pub struct BenchArgs {
     /// With --durability replicated: nodes that hold each node's log (it and the next ones).
     #[arg(long, default_value_t = 3)]
     replicas: u16,
+    /// With --durability wal: checkpoint each node's log every this many records, so that
+    /// recovery replays at most that many and old log segments are deleted (0 = never; a
+    /// checkpointer thread replays every record a second time, which costs throughput).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -328,6 +333,8 @@ impl BenchArgs {
                     None => cluster_id(protocol, self.seed),
                 },
                 replicas: self.replicas,
+                checkpoint_every: self.checkpoint_every,
+                ..DurabilityConfig::default()
             },
         };
         spec.validate()?;

@@ -92,7 +92,25 @@ fn final_state(o: &bench::Outcome) -> BTreeMap<u64, Vec<u64>> {
 
 #[test]
 fn a_restarted_local_cluster_recovers_every_commit_from_its_wal() {
-    let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}", std::process::id()));
+    restart_and_compare("plain", |_| {});
+}
+
+#[test]
+fn a_restarted_local_cluster_recovers_from_checkpoints_and_the_log_after_them() {
+    let data = restart_and_compare("ckpt", |spec| {
+        spec.durability.checkpoint_every = 300;
+        spec.durability.segment_bytes = 32 << 10;
+    });
+    assert!(data.0 > 0, "no checkpoint was written");
+    assert!(data.1 > 0, "checkpoints deleted no old segment");
+}
+
+/// Run a local durable cluster twice over the same data folder and check that the second run's
+/// final state extends the first's. Returns (checkpoint files, segments deleted) seen after the
+/// first run of the last protocol.
+fn restart_and_compare(tag: &str, tune: impl Fn(&mut BenchSpec)) -> (usize, usize) {
+    let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}-{tag}", std::process::id()));
+    let mut seen = (0, 0);
     for p in REGISTRY {
         let mut spec = durable_spec(p.name, 5, "local");
         spec.nodes = 2;
@@ -102,7 +120,9 @@ fn a_restarted_local_cluster_recovers_every_commit_from_its_wal() {
         spec.duration_us = 300_000;
         spec.durability.data_dir = Some(data.clone());
         spec.durability.cluster_id = 0xd7_0000 + REGISTRY.iter().position(|q| q.name == p.name).unwrap_or(0) as u64;
+        tune(&mut spec);
         let first = bench::run_local(&spec).expect("first run");
+        seen = log_files(&data.join(format!("{:016x}", spec.durability.cluster_id)));
         assert!(first.totals.committed > 0 && first.totals.log_waits > 0, "{}: nothing durable committed", p.name);
         let before = final_state(&first);
         assert!(before.values().any(|l| !l.is_empty()), "{}: the first run appended nothing", p.name);
@@ -115,6 +135,27 @@ fn a_restarted_local_cluster_recovers_every_commit_from_its_wal() {
         }
     }
     let _ = std::fs::remove_dir_all(&data);
+    seen
+}
+
+/// (checkpoint files, segments gone) in a cluster's log folders: a segment is gone when the
+/// first segment left does not start at LSN 1.
+fn log_files(cluster: &std::path::Path) -> (usize, usize) {
+    let (mut ckpts, mut gone) = (0, 0);
+    for node in std::fs::read_dir(cluster).into_iter().flatten().flatten() {
+        let mut first_lsn = u64::MAX;
+        for f in std::fs::read_dir(node.path()).into_iter().flatten().flatten() {
+            let name = f.file_name().to_string_lossy().to_string();
+            if name.ends_with(".ckpt") {
+                ckpts += 1;
+            }
+            if let Some(lsn) = name.strip_prefix("wal-").and_then(|r| r.strip_suffix(".log")) {
+                first_lsn = first_lsn.min(lsn.parse().unwrap_or(u64::MAX));
+            }
+        }
+        gone += (first_lsn != 1 && first_lsn != u64::MAX) as usize;
+    }
+    (ckpts, gone)
 }
 
 #[test]

@@ -148,8 +148,12 @@ pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
     workloads::build(&spec.workload, &spec.topology())
 }
 
-/// A node's log and the records it held when opened (oldest first).
-pub type OpenedLog = (Arc<NodeLog>, Vec<Vec<u8>>);
+/// A node's log as opened: its newest checkpoint and the records after it (oldest first).
+pub type OpenedLog = crate::replication::OpenedWal;
+
+fn fresh_log(log: Arc<NodeLog>) -> OpenedLog {
+    OpenedLog { log, checkpoint: None, records: Vec::new() }
+}
 
 /// The protocol instance and workload of every simulated worker, by worker index; a node that
 /// restarts replaces its own.
@@ -168,12 +172,14 @@ pub fn build_node(
     let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let mut replicated = None;
-    if let Some((log, recovered)) = log {
+    if let Some(opened) = log {
         if spec.durability.mode == Durability::Replicated {
-            replicated = Some((log.clone(), spec.durability.replicas));
+            replicated = Some((opened.log.clone(), spec.durability.replicas));
         }
-        env.log = Some(log);
-        env.recovered = recovered;
+        env.log = Some(opened.log);
+        env.recovered = opened.records;
+        env.checkpoint = opened.checkpoint;
+        env.checkpoint_every = spec.durability.checkpoint_every;
     }
     Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo, replicated })
 }
@@ -194,8 +200,20 @@ pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<
 pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Option<OpenedLog>> {
     match spec.durability.mode {
         Durability::None => Ok(None),
-        Durability::Replicated => Ok(Some((NodeLog::replicated(), Vec::new()))),
-        Durability::Wal => Ok(Some(spec.durability.open_wal(dir.join(format!("node-{n}")), n)?)),
+        Durability::Replicated => Ok(Some(fresh_log(NodeLog::replicated()))),
+        Durability::Wal => {
+            let opened = spec.durability.open_wal(dir.join(format!("node-{n}")), n)?;
+            if let Some(c) = &opened.checkpoint {
+                if let Err(e) = crate::protocols::common::durable::ReplayState::decode(c) {
+                    bail!(
+                        "node {n}: the checkpoint in {} passed its checksum but does not decode ({e}): it was \
+                         written by another version of dtx; use that version, or another --data-dir",
+                        dir.join(format!("node-{n}")).display()
+                    );
+                }
+            }
+            Ok(Some(opened))
+        }
     }
 }
 
@@ -292,11 +310,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     for n in 0..spec.nodes {
         let log = match spec.durability.mode {
             Durability::None => None,
-            Durability::Replicated => Some((NodeLog::replicated(), Vec::new())),
+            Durability::Replicated => Some(fresh_log(NodeLog::replicated())),
             Durability::Wal => {
                 let log = NodeLog::simulated(Vec::new());
                 world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
-                Some((log, Vec::new()))
+                Some(fresh_log(log))
             }
         };
         let node = build_node(spec, n, &workload, log)?;
@@ -381,7 +399,8 @@ fn sim_restart(
     Box::new(move |n, kept, workers| {
         let log = NodeLog::simulated(kept.clone());
         let node =
-            build_node(&spec, n, &workload, Some((log.clone(), kept))).expect("a node that built once builds again");
+            build_node(&spec, n, &workload, Some(OpenedLog { log: log.clone(), checkpoint: None, records: kept }))
+                .expect("a node that built once builds again");
         for w in workers {
             shared.running.fetch_add(1, Ordering::AcqRel);
             let proto = start_worker(&spec, &node, w, window, &shared);

@@ -40,14 +40,18 @@ pub struct NodeEnv {
     pub opts: ProtoOptions,
     /// The node's log when the run is durable (`--durability wal`).
     pub log: Option<Arc<crate::rt::log::NodeLog>>,
-    /// The records the log held when the node started (after a crash), oldest first.
+    /// The records the log held when the node started (after a crash), oldest first, after
+    /// its checkpoint, if it has one.
     pub recovered: Vec<Vec<u8>>,
+    pub checkpoint: Option<Vec<u8>>,
+    /// Checkpoint the log every this many records (0 = never).
+    pub checkpoint_every: u64,
 }
 
 impl NodeEnv {
     /// A node without a log.
     pub fn volatile(node: NodeId, topo: Arc<Topology>, workload: Arc<dyn Workload>, opts: ProtoOptions) -> Self {
-        NodeEnv { node, topo, workload, opts, log: None, recovered: Vec::new() }
+        NodeEnv { node, topo, workload, opts, log: None, recovered: Vec::new(), checkpoint: None, checkpoint_every: 0 }
     }
 }
 

@@ -61,6 +61,24 @@ pub struct DurabilityConfig {
     /// With `Replicated`: how many nodes hold each node's log (the node and the next ones).
     #[serde(default = "default_replicas")]
     pub replicas: u16,
+    /// Checkpoint a node's WAL every this many records, so that recovery replays at most that
+    /// many (0 = never).
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: u64,
+    /// Roll to a new WAL segment file past this size (a checkpoint deletes whole segments).
+    #[serde(default = "default_segment_bytes")]
+    pub segment_bytes: u64,
+}
+
+/// Off by default: the checkpointer replays every record a second time on its own thread, which
+/// on a 2-core machine halves the throughput of a durable YCSB run (150k -> 84k txn/s at one node
+/// with a checkpoint every 200,000 records). Long-lived clusters turn it on.
+fn default_checkpoint_every() -> u64 {
+    0
+}
+
+fn default_segment_bytes() -> u64 {
+    64 << 20
 }
 
 fn default_replicas() -> u16 {
@@ -78,6 +96,8 @@ impl Default for DurabilityConfig {
             data_dir: None,
             cluster_id: 0,
             replicas: default_replicas(),
+            checkpoint_every: default_checkpoint_every(),
+            segment_bytes: default_segment_bytes(),
         }
     }
 }
@@ -108,24 +128,31 @@ impl DurabilityConfig {
         Ok(())
     }
 
-    /// Open (or create) node `node`'s WAL under `dir`: the log for the protocol and the records
-    /// it already held, oldest first.
-    pub fn open_wal(&self, dir: PathBuf, node: u16) -> anyhow::Result<(Arc<NodeLog>, Vec<Vec<u8>>)> {
+    /// Open (or create) node `node`'s WAL under `dir`.
+    pub fn open_wal(&self, dir: PathBuf, node: u16) -> anyhow::Result<OpenedWal> {
         let mut cfg = wal::WalConfig::new(dir, self.cluster_id, node);
         cfg.group_commit_delay_us = self.group_commit_us;
         cfg.group_commit_bytes = self.group_commit_bytes;
         cfg.fsync = self.fsync;
+        cfg.segment_bytes = self.segment_bytes;
         let (wal, recovered) = wal::Wal::open(cfg)?;
-        if recovered.checkpoint.is_some() {
-            anyhow::bail!("node {node}: the log has a checkpoint, which this version cannot restore from");
-        }
         if let Some((path, offset)) = &recovered.torn_tail {
             crate::rt::log_warn(&format!(
                 "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
                 path.display()
             ));
         }
-        let records = recovered.records.into_iter().map(|(_, r)| r).collect();
-        Ok((NodeLog::over_wal(wal), records))
+        Ok(OpenedWal {
+            log: NodeLog::over_wal(wal),
+            checkpoint: recovered.checkpoint.map(|c| c.1),
+            records: recovered.records.into_iter().map(|(_, r)| r).collect(),
+        })
     }
+}
+
+/// A node's log as it was found: its newest checkpoint and the records after it.
+pub struct OpenedWal {
+    pub log: Arc<NodeLog>,
+    pub checkpoint: Option<Vec<u8>>,
+    pub records: Vec<Vec<u8>>,
 }

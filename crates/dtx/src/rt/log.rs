@@ -43,6 +43,46 @@ enum Device {
     Replicated(Mutex<ReplQueue>),
 }
 
+/// Something that digests a node's log records as they are appended and can write out what they
+/// amount to (the 2PC protocols' replay state), so that the log can be checkpointed and cut.
+pub trait LogCompactor: Send {
+    fn absorb(&mut self, record: &[u8]);
+    fn snapshot(&self) -> Vec<u8>;
+}
+
+/// Records queued for the checkpointer thread; appenders wait when it falls this far behind.
+const CHECKPOINT_QUEUE: usize = 1 << 16;
+
+/// Feeds a [`LogCompactor`] on its own thread and checkpoints the WAL every `every` records.
+struct Checkpointer {
+    tx: std::sync::mpsc::SyncSender<(Lsn, Vec<u8>)>,
+}
+
+impl Checkpointer {
+    fn start(wal: Arc<Wal>, mut compactor: Box<dyn LogCompactor>, every: u64) -> Checkpointer {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(Lsn, Vec<u8>)>(CHECKPOINT_QUEUE);
+        let spawned = std::thread::Builder::new().name("dtx-checkpointer".into()).spawn(move || {
+            let mut since = 0;
+            for (lsn, rec) in rx {
+                compactor.absorb(&rec);
+                since += 1;
+                if since < every {
+                    continue;
+                }
+                since = 0;
+                // The checkpoint may only cover durable records; the WAL waits for that.
+                if let Err(e) = wal.checkpoint(lsn, &compactor.snapshot()) {
+                    super::log_warn(&format!("checkpoint at LSN {lsn} failed: {e}"));
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            super::log_warn(&format!("cannot start the checkpointer: {e}; the log will not be checkpointed"));
+        }
+        Checkpointer { tx }
+    }
+}
+
 /// Counters of one node's log.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LogStats {
@@ -54,6 +94,9 @@ pub struct LogStats {
 
 pub struct NodeLog {
     device: Device,
+    /// With checkpoints on: appends go through this lock, so that records reach the checkpointer
+    /// in LSN order.
+    checkpointer: Mutex<Option<Checkpointer>>,
     durable: AtomicU64,
     /// Tasks waiting for an LSN to become durable.
     waiters: Mutex<Vec<(Lsn, Waker)>>,
@@ -109,6 +152,7 @@ impl NodeLog {
     fn new(device: Device) -> Self {
         NodeLog {
             device,
+            checkpointer: Mutex::new(None),
             durable: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
             records: AtomicU64::new(0),
@@ -117,13 +161,29 @@ impl NodeLog {
         }
     }
 
-    /// Append one record; returns its LSN. Never waits for I/O. Fails only for a record over
-    /// the WAL's size limit.
+    /// Checkpoint this log every `every` records from now on (a real WAL only; the simulator's
+    /// disk and replicated logs are not checkpointed).
+    pub fn set_compactor(&self, compactor: Box<dyn LogCompactor>, every: u64) {
+        if let (Device::Wal(wal), true) = (&self.device, every > 0) {
+            *self.checkpointer.lock() = Some(Checkpointer::start(wal.clone(), compactor, every));
+        }
+    }
+
+    /// Append one record; returns its LSN. Never waits for I/O (with checkpoints on, it waits
+    /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
         self.records.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
         match &self.device {
-            Device::Wal(wal) => wal.append(rec).map_err(|e| e.to_string()),
+            Device::Wal(wal) => {
+                let ckpt = self.checkpointer.lock();
+                let lsn = wal.append(rec).map_err(|e| e.to_string())?;
+                if let Some(c) = &*ckpt {
+                    // A closed channel means the checkpointer failed; the log goes on uncut.
+                    let _ = c.tx.send((lsn, rec.to_vec()));
+                }
+                Ok(lsn)
+            }
             Device::Sim(disk) => {
                 let mut d = disk.lock();
                 d.pending.push(rec.to_vec());

@@ -63,52 +63,119 @@ pub struct Recovery {
     pub undecodable: u64,
 }
 
-/// Replay `records` in log order: every committed write goes to `apply`, in the order it was
-/// installed. Returns what is still undecided.
-pub fn replay(records: &[Vec<u8>], apply: &mut dyn FnMut(RowKey, Option<Value>)) -> Recovery {
-    let mut rec = Recovery::default();
-    let mut prepared: FxHashMap<TxnId, Writes> = FxHashMap::default();
-    let mut unended: FxHashMap<TxnId, Vec<NodeId>> = FxHashMap::default();
-    let mut last_boot = 0;
-    for bytes in records {
+/// What replaying a log so far amounts to: the latest committed value of every row written
+/// (with how many committed writes it took), the prepared transactions without an outcome, the
+/// commits not every participant acknowledged, and the last boot number. Recovery replays into
+/// it; the checkpointer keeps one up to date beside the running node and writes it out as a
+/// checkpoint, after which the log before it can go.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ReplayState {
+    /// Row -> (latest committed value, committed writes since the initial load).
+    pub rows: FxHashMap<RowKey, (Option<Value>, u64)>,
+    pub prepared: FxHashMap<TxnId, Writes>,
+    pub unended: FxHashMap<TxnId, Vec<NodeId>>,
+    pub last_boot: u32,
+    pub replayed: u64,
+    pub undecodable: u64,
+}
+
+impl ReplayState {
+    /// A state from a checkpoint's bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        crate::net::decode(bytes)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        crate::net::encode(self)
+    }
+
+    fn write(&mut self, writes: Writes) {
+        for (k, v) in writes {
+            let e = self.rows.entry(k).or_insert((None, 0));
+            e.0 = v;
+            e.1 += 1;
+        }
+    }
+
+    /// Apply one log record.
+    pub fn apply(&mut self, bytes: &[u8]) {
         let Ok(r) = crate::net::decode::<LogRecord>(bytes) else {
-            rec.undecodable += 1;
-            continue;
+            self.undecodable += 1;
+            return;
         };
-        rec.replayed += 1;
+        self.replayed += 1;
         match r {
-            LogRecord::Boot { boot } => last_boot = last_boot.max(boot),
+            LogRecord::Boot { boot } => self.last_boot = self.last_boot.max(boot),
             LogRecord::Commit { txn, writes, participants } => {
-                for (k, v) in writes {
-                    apply(k, v);
-                }
+                self.write(writes);
                 if !participants.is_empty() {
-                    unended.insert(txn, participants);
+                    self.unended.insert(txn, participants);
                 }
             }
             LogRecord::Prepared { txn, writes } => {
-                prepared.insert(txn, writes);
+                self.prepared.insert(txn, writes);
             }
             LogRecord::Outcome { txn, committed } => {
-                if let Some(writes) = prepared.remove(&txn) {
+                if let Some(writes) = self.prepared.remove(&txn) {
                     if committed {
-                        for (k, v) in writes {
-                            apply(k, v);
-                        }
+                        self.write(writes);
                     }
                 }
             }
             LogRecord::Ended { txn } => {
-                unended.remove(&txn);
+                self.unended.remove(&txn);
             }
         }
     }
-    rec.boot = last_boot + 1;
-    rec.in_doubt = prepared.into_iter().collect();
-    rec.in_doubt.sort_unstable_by_key(|e| e.0);
-    rec.unended = unended.into_iter().collect();
-    rec.unended.sort_unstable_by_key(|e| e.0);
-    rec
+
+    /// What recovery learns: every row written goes to `apply` (value, committed writes), and
+    /// what is still undecided comes back.
+    pub fn recover(&self, apply: &mut dyn FnMut(RowKey, Option<Value>, u64)) -> Recovery {
+        let mut rows: Vec<_> = self.rows.iter().collect();
+        rows.sort_unstable_by_key(|e| *e.0);
+        for (k, (v, writes)) in rows {
+            apply(*k, v.clone(), *writes);
+        }
+        let mut in_doubt: InDoubt = self.prepared.iter().map(|(t, w)| (*t, w.clone())).collect();
+        in_doubt.sort_unstable_by_key(|e| e.0);
+        let mut unended: Unended = self.unended.iter().map(|(t, p)| (*t, p.clone())).collect();
+        unended.sort_unstable_by_key(|e| e.0);
+        Recovery { boot: self.last_boot + 1, in_doubt, unended, replayed: self.replayed, undecodable: self.undecodable }
+    }
+}
+
+/// Replay `records` in log order after `from` (a checkpoint's state, or empty): every row's
+/// latest committed value goes to `apply` with the number of committed writes behind it. Returns
+/// what is still undecided.
+pub fn replay(from: ReplayState, records: &[Vec<u8>], apply: &mut dyn FnMut(RowKey, Option<Value>, u64)) -> Recovery {
+    replay_keeping(from, records, apply).0
+}
+
+/// [`replay`], keeping the state reached (to go on from: the checkpointer's starting point).
+pub fn replay_keeping(
+    from: ReplayState,
+    records: &[Vec<u8>],
+    apply: &mut dyn FnMut(RowKey, Option<Value>, u64),
+) -> (Recovery, ReplayState) {
+    let mut state = from;
+    for bytes in records {
+        state.apply(bytes);
+    }
+    (state.recover(apply), state)
+}
+
+/// Keeps a [`ReplayState`] up to date from the records a node appends, so that its log can be
+/// checkpointed without stopping the node (`rt::log::NodeLog` feeds it on its own thread).
+pub struct Compactor(pub ReplayState);
+
+impl crate::rt::log::LogCompactor for Compactor {
+    fn absorb(&mut self, record: &[u8]) {
+        self.0.apply(record);
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.0.encode()
+    }
 }
 
 /// A node's durable log as the 2PC protocols use it: `None` when the run is not durable.
@@ -180,6 +247,36 @@ mod tests {
     use super::*;
     use crate::net::encode;
 
+    #[test]
+    fn replaying_after_a_checkpoint_equals_replaying_everything() {
+        let recs: Vec<Vec<u8>> = [
+            LogRecord::Boot { boot: 1 },
+            LogRecord::Commit { txn: 1, writes: vec![(k(1), v(1))], participants: vec![5] },
+            LogRecord::Prepared { txn: 2, writes: vec![(k(2), v(2))] },
+            LogRecord::Commit { txn: 3, writes: vec![(k(1), v(3)), (k(4), None)], participants: vec![] },
+            LogRecord::Ended { txn: 1 },
+            LogRecord::Outcome { txn: 2, committed: true },
+            LogRecord::Prepared { txn: 6, writes: vec![(k(6), v(6))] },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let collect = |from: ReplayState, rest: &[Vec<u8>]| {
+            let mut rows = Vec::new();
+            let r = replay(from, rest, &mut |k, v, n| rows.push((k, v, n)));
+            (rows, r.boot, r.in_doubt, r.unended)
+        };
+        let whole = collect(ReplayState::default(), &recs);
+        for cut in 0..=recs.len() {
+            let mut ckpt = ReplayState::default();
+            for r in &recs[..cut] {
+                ckpt.apply(r);
+            }
+            let ckpt = ReplayState::decode(&ckpt.encode()).expect("a checkpoint decodes");
+            assert_eq!(collect(ckpt, &recs[cut..]), whole, "checkpoint after {cut} records");
+        }
+    }
+
     fn k(n: u64) -> RowKey {
         RowKey::new(0, n)
     }
@@ -207,8 +304,8 @@ mod tests {
         .map(encode)
         .collect();
         let mut applied = Vec::new();
-        let r = replay(&recs, &mut |key, val| applied.push((key, val)));
-        assert_eq!(applied, vec![(k(1), v(1)), (k(2), v(2)), (k(1), v(9))]);
+        let r = replay(ReplayState::default(), &recs, &mut |key, val, n| applied.push((key, val, n)));
+        assert_eq!(applied, vec![(k(1), v(9), 2), (k(2), v(2), 1)], "latest value, and how many writes");
         assert_eq!(r.boot, 3);
         assert_eq!(r.in_doubt, vec![(12, vec![(k(3), v(3))])]);
         assert_eq!(r.unended, vec![(14, vec![2, 3])]);
@@ -218,7 +315,7 @@ mod tests {
     #[test]
     fn a_record_that_does_not_decode_is_counted_not_applied() {
         let recs = vec![vec![0xff, 0xff, 0xff], encode(&LogRecord::Boot { boot: 4 })];
-        let r = replay(&recs, &mut |_, _| panic!("nothing to apply"));
+        let r = replay(ReplayState::default(), &recs, &mut |_, _, _| panic!("nothing to apply"));
         assert_eq!((r.boot, r.undecodable), (5, 1));
     }
 }

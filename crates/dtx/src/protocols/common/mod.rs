@@ -73,11 +73,15 @@ impl<M: TxnMeta> NodeShared<M> {
         for p in partitions {
             env.workload.load_partition(p, &mut |k, v| store.load(k, v));
         }
-        let recovery = durable::replay(&env.recovered, &mut |k, v| {
+        // `bench::open_node_log` refused a checkpoint that does not decode, with a message.
+        let from = env.checkpoint.as_deref().and_then(|b| durable::ReplayState::decode(b).ok()).unwrap_or_default();
+        let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes| {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
             row.value = v;
-            row.meta.on_replayed_write();
+            for _ in 0..writes {
+                row.meta.on_replayed_write();
+            }
         });
         if recovery.undecodable > 0 {
             crate::rt::log_warn(&format!(
@@ -92,7 +96,13 @@ impl<M: TxnMeta> NodeShared<M> {
             workload: env.workload,
             store,
             opts: env.opts,
-            log: durable::TxnLog::start(env.log, boot),
+            log: {
+                if let (Some(log), true) = (&env.log, env.checkpoint_every > 0) {
+                    // Before the boot record, so that the checkpointer sees every record.
+                    log.set_compactor(Box::new(durable::Compactor(state)), env.checkpoint_every);
+                }
+                durable::TxnLog::start(env.log, boot)
+            },
             boot,
             recovered: parking_lot::Mutex::new(recovery),
         }
