@@ -15,6 +15,22 @@ use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
+/// Read and write sets up to this size are searched linearly; larger ones through an index.
+const LINEAR_MAX: usize = 32;
+
+/// Keep `index` (key -> position) in step after a push that made the set `len` long: built in
+/// one go when the set outgrows a linear search, one entry at a time after that.
+fn index_last<T>(index: &mut FxHashMap<RowKey, usize>, items: &[T], key_of: impl Fn(&T) -> RowKey) {
+    if items.len() <= LINEAR_MAX {
+        return;
+    }
+    if index.is_empty() {
+        index.extend(items.iter().enumerate().map(|(i, e)| (key_of(e), i)));
+    } else if let Some(last) = items.last() {
+        index.insert(key_of(last), items.len() - 1);
+    }
+}
+
 pub(super) struct TplTxn<'a> {
     wk: &'a TwoPlWorker,
     pub id: TxnId,
@@ -28,6 +44,9 @@ pub(super) struct TplTxn<'a> {
     /// Values of locked records, with the mode held.
     values: Vec<(RowKey, Option<Value>, Mode)>,
     writes: Writes,
+    /// key -> position in `values` / `writes`, kept once they outgrow a linear search.
+    value_index: FxHashMap<RowKey, usize>,
+    write_index: FxHashMap<RowKey, usize>,
 }
 
 impl TwoPlWorker {
@@ -49,23 +68,54 @@ impl<'a> TplTxn<'a> {
             touched: Vec::new(),
             values: Vec::new(),
             writes: Vec::new(),
+            value_index: FxHashMap::default(),
+            write_index: FxHashMap::default(),
+        }
+    }
+
+    /// Where `key` is in `writes`: a linear search while the set is small, an index after.
+    fn write_pos(&self, key: RowKey) -> Option<usize> {
+        if self.writes.len() <= LINEAR_MAX {
+            self.writes.iter().position(|(k, _)| *k == key)
+        } else {
+            self.write_index.get(&key).copied()
+        }
+    }
+
+    fn value_pos(&self, key: RowKey) -> Option<usize> {
+        if self.values.len() <= LINEAR_MAX {
+            self.values.iter().position(|(k, _, _)| *k == key)
+        } else {
+            self.value_index.get(&key).copied()
         }
     }
 
     fn cached(&self, key: RowKey, mode: Mode) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().find(|(k, _)| *k == key) {
-            return Some(v.clone());
+        if let Some(i) = self.write_pos(key) {
+            return Some(self.writes[i].1.clone());
         }
-        self.values
-            .iter()
-            .find(|(k, _, m)| *k == key && (mode == Mode::Shared || *m == Mode::Exclusive))
-            .map(|(_, v, _)| v.clone())
+        let (_, v, m) = &self.values[self.value_pos(key)?];
+        (mode == Mode::Shared || *m == Mode::Exclusive).then(|| v.clone())
     }
 
     fn note(&mut self, key: RowKey, value: Option<Value>, mode: Mode) {
-        match self.values.iter_mut().find(|(k, _, _)| *k == key) {
-            Some(e) => e.2 = mode,
-            None => self.values.push((key, value, mode)),
+        match self.value_pos(key) {
+            Some(i) => self.values[i].2 = mode,
+            None => {
+                self.values.push((key, value, mode));
+                index_last(&mut self.value_index, &self.values, |e| e.0);
+            }
+        }
+    }
+
+    /// Buffer a write (replacing an earlier one of the same key).
+    fn buffer_write(&mut self, key: RowKey, value: Option<Value>) {
+        match self.write_pos(key) {
+            Some(i) => self.writes[i].1 = value,
+            None => {
+                self.writes.push((key, value));
+                index_last(&mut self.write_index, &self.writes, |e| e.0);
+            }
         }
     }
 
@@ -227,6 +277,7 @@ impl<'a> TplTxn<'a> {
         let me = wk.node.id;
         let mut remote_writes: FxHashMap<NodeId, Writes> = FxHashMap::default();
         let mut local_writes = Writes::new();
+        self.write_index.clear();
         for (k, v) in self.writes.drain(..) {
             let n = wk.node.node_of(k);
             if n == me {
@@ -316,18 +367,12 @@ impl<'a> Access for TplTxn<'a> {
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
         let locked = self.values.iter().any(|(k, _, m)| *k == key && *m == Mode::Exclusive);
         if locked {
-            match self.writes.iter_mut().find(|(k, _)| *k == key) {
-                Some(w) => w.1 = value,
-                None => self.writes.push((key, value)),
-            }
+            self.buffer_write(key, value);
             return Step::Ready(Ok(()));
         }
         Step::Wait(Box::pin(async move {
             self.access(key, Mode::Exclusive).get().await?;
-            match self.writes.iter_mut().find(|(k, _)| *k == key) {
-                Some(w) => w.1 = value,
-                None => self.writes.push((key, value)),
-            }
+            self.buffer_write(key, value);
             Ok(())
         }))
     }
