@@ -82,9 +82,10 @@ pub struct BenchArgs {
     /// Worker threads per node.
     #[arg(long, default_value_t = 1)]
     workers: u16,
-    /// Transactions in flight per worker (closed-loop clients).
-    #[arg(long, default_value_t = 64)]
-    inflight: u32,
+    /// Transactions in flight per worker (closed-loop clients). Default 64; for TPC-C, the
+    /// specification's 10 terminals per warehouse (clause 4.2.2) of the worker's warehouses.
+    #[arg(long)]
+    inflight: Option<u32>,
     /// Measured seconds (or a duration: 500ms, 2s).
     #[arg(long, default_value = "3")]
     duration: String,
@@ -229,6 +230,17 @@ fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
 }
 
 impl BenchArgs {
+    /// Clients per worker when `--inflight` is not given: 64, or for TPC-C ten terminals per
+    /// warehouse, as the specification models its users (clause 4.2.2): more clients than
+    /// terminals only queue on the same district and warehouse rows.
+    fn default_inflight(&self) -> u32 {
+        if self.workload != "tpcc" {
+            return 64;
+        }
+        let workers = (self.nodes as u32 * self.workers as u32).max(1);
+        10 * self.warehouses.div_ceil(workers).max(1)
+    }
+
     fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
         let append = self.workload == "append";
         let mut latency = LatencyModel {
@@ -305,7 +317,7 @@ impl BenchArgs {
             nodes: self.nodes,
             workers: self.workers,
             partitions_per_node: self.partitions_per_node,
-            inflight: self.inflight,
+            inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
             duration_us: secs_us(&self.duration, "duration")?,
             warmup_us: secs_us(&self.warmup, "warmup")?,
             latency,
