@@ -146,6 +146,13 @@ pub enum WalError {
     BadCheckpoint { lsn: Lsn, reason: String },
     #[error("The write-ahead log in {} is closed and accepts no more records.", dir.display())]
     Closed { dir: PathBuf },
+    #[error(
+        "The write-ahead log in {} is in use by process {pid} (see {}): two processes must never write \
+         one log. Stop that process, or point --data-dir elsewhere.",
+        dir.display(),
+        lock.display()
+    )]
+    Locked { dir: PathBuf, lock: PathBuf, pid: u32 },
     #[error("The write-ahead log stopped after its flusher failed, so nothing more can become durable: {0}")]
     Stopped(#[source] Arc<WalError>),
 }
@@ -825,6 +832,53 @@ struct Shared {
 pub struct Wal {
     shared: Arc<Shared>,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// Held while the log is open (removed by `close`).
+    lock: DirLock,
+}
+
+/// `LOCK` in a log's directory names the process that has the log open. A lock left by a process
+/// that no longer runs (killed with kill -9) is stale and taken over; a live one refuses the open.
+struct DirLock {
+    path: PathBuf,
+}
+
+const LOCK_FILE: &str = "LOCK";
+
+impl DirLock {
+    fn take(dir: &Path) -> Result<DirLock, WalError> {
+        let path = dir.join(LOCK_FILE);
+        let me = std::process::id();
+        for _ in 0..2 {
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    f.write_all(me.to_string().as_bytes()).map_err(io_error("write the lock file", &path))?;
+                    return Ok(DirLock { path });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let holder = fs::read_to_string(&path).ok().and_then(|t| t.trim().parse::<u32>().ok());
+                    match holder {
+                        Some(pid) if process_runs(pid) => {
+                            return Err(WalError::Locked { dir: dir.to_path_buf(), lock: path, pid });
+                        }
+                        // Stale (its process is gone) or unreadable (a crash while writing it).
+                        _ => fs::remove_file(&path).map_err(io_error("remove the stale lock file", &path))?,
+                    }
+                }
+                Err(e) => return Err(io_error("create the lock file", &path)(e)),
+            }
+        }
+        Err(WalError::Locked { dir: dir.to_path_buf(), lock: path, pid: 0 })
+    }
+
+    fn release(&self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Whether process `pid` is alive (Linux: it has a /proc entry). This process counts: one
+/// process opening the same log twice is refused too.
+fn process_runs(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 impl Wal {
@@ -835,6 +889,31 @@ impl Wal {
 
     fn open_bounded(cfg: WalConfig, max_unwritten_bytes: usize) -> Result<(Arc<Wal>, Recovered), WalError> {
         fs::create_dir_all(&cfg.dir).map_err(io_error("create the write-ahead log directory", &cfg.dir))?;
+        let lock = DirLock::take(&cfg.dir)?;
+        Self::open_locked(cfg, max_unwritten_bytes, lock)
+    }
+
+    fn open_locked(
+        cfg: WalConfig,
+        max_unwritten_bytes: usize,
+        lock: DirLock,
+    ) -> Result<(Arc<Wal>, Recovered), WalError> {
+        match Self::recover(cfg, max_unwritten_bytes, &lock) {
+            Ok((shared, flusher, recovered)) => {
+                Ok((Arc::new(Wal { shared, flusher: Mutex::new(Some(flusher)), lock }), recovered))
+            }
+            Err(e) => {
+                lock.release();
+                Err(e)
+            }
+        }
+    }
+
+    fn recover(
+        cfg: WalConfig,
+        max_unwritten_bytes: usize,
+        _lock: &DirLock,
+    ) -> Result<(Arc<Shared>, JoinHandle<()>, Recovered), WalError> {
         let listing = list_dir(&cfg.dir)?;
         remove_temps(&listing)?;
         let checkpoint = load_checkpoint(&cfg, &listing.checkpoints)?;
@@ -848,13 +927,12 @@ impl Wal {
         let shared =
             Arc::new(Shared::new(cfg, max_unwritten_bytes, next_lsn, checkpoint.as_ref().map(|c| c.lsn), &mut replay));
         let flusher = spawn_flusher(shared.clone(), active)?;
-        let wal = Arc::new(Wal { shared, flusher: Mutex::new(Some(flusher)) });
         let recovered = Recovered {
             checkpoint: checkpoint.map(|c| (c.lsn, c.snapshot)),
             records: std::mem::take(&mut replay.records),
             torn_tail: replay.torn_tail,
         };
-        Ok((wal, recovered))
+        Ok((shared, flusher, recovered))
     }
 
     /// Buffers one record and returns its LSN at once: a checksum of the payload, then a memcpy
@@ -979,6 +1057,7 @@ impl Wal {
         if let Some(handle) = handle.filter(|h| h.thread().id() != std::thread::current().id()) {
             let _ = handle.join();
         }
+        self.lock.release();
     }
 }
 
@@ -1251,6 +1330,23 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn one_log_is_open_in_one_place_at_a_time_and_a_stale_lock_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = || WalConfig { fsync: false, ..WalConfig::new(dir.path(), 7, 1) };
+        let (a, _) = Wal::open(cfg()).unwrap();
+        let err = Wal::open(cfg()).err().expect("a second open of a live log is refused");
+        assert!(matches!(err, WalError::Locked { .. }), "{err}");
+        assert!(err.to_string().contains("--data-dir"), "{err}");
+        a.close();
+        drop(a);
+        let (b, _) = Wal::open(cfg()).expect("closed: free again");
+        drop(b);
+        // A lock left by a process that is gone (kill -9): u32::MAX is never a live pid.
+        fs::write(dir.path().join(LOCK_FILE), u32::MAX.to_string()).unwrap();
+        Wal::open(cfg()).expect("a stale lock is taken over");
+    }
     use super::*;
     use std::sync::atomic::AtomicUsize;
 

@@ -56,6 +56,7 @@ const CHECKPOINT_QUEUE: usize = 1 << 16;
 /// Feeds a [`LogCompactor`] on its own thread and checkpoints the WAL every `every` records.
 struct Checkpointer {
     tx: std::sync::mpsc::SyncSender<(Lsn, Vec<u8>)>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Checkpointer {
@@ -76,10 +77,33 @@ impl Checkpointer {
                 }
             }
         });
-        if let Err(e) = spawned {
-            super::log_warn(&format!("cannot start the checkpointer: {e}; the log will not be checkpointed"));
+        let thread = match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                super::log_warn(&format!("cannot start the checkpointer: {e}; the log will not be checkpointed"));
+                None
+            }
+        };
+        Checkpointer { tx, thread }
+    }
+
+    /// Stop taking records and wait for the thread (and its hold on the WAL) to end.
+    fn stop(self) {
+        let Checkpointer { tx, thread } = self;
+        drop(tx);
+        if let Some(t) = thread {
+            let _ = t.join();
         }
-        Checkpointer { tx }
+    }
+}
+
+impl Drop for NodeLog {
+    /// The checkpointer holds the WAL open: end it first, so that the WAL closes (and releases
+    /// its directory lock) when the log goes.
+    fn drop(&mut self) {
+        if let Some(c) = self.checkpointer.lock().take() {
+            c.stop();
+        }
     }
 }
 
