@@ -140,6 +140,18 @@ pub struct NodeSetup {
     /// With `--durability replicated`: the node's log and its replica count, for the replicator
     /// that worker 0 runs.
     pub replicated: Option<(Arc<NodeLog>, u16)>,
+    /// The node's log, if the run is durable (shut down when the run ends).
+    pub log: Option<Arc<NodeLog>>,
+}
+
+impl NodeSetup {
+    /// The run is over: close the node's log (tasks left waiting at the end must not keep it,
+    /// and its directory lock, open).
+    pub fn shutdown(&self) {
+        if let Some(l) = &self.log {
+            l.shutdown();
+        }
+    }
 }
 
 /// The workload of a run: one instance per process, shared by the nodes it hosts, so that what a
@@ -172,6 +184,7 @@ pub fn build_node(
     let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let mut replicated = None;
+    let node_log = log.as_ref().map(|o| o.log.clone());
     if let Some(opened) = log {
         if spec.durability.mode == Durability::Replicated {
             replicated = Some((opened.log.clone(), spec.durability.replicas));
@@ -181,7 +194,7 @@ pub fn build_node(
         env.checkpoint = opened.checkpoint;
         env.checkpoint_every = spec.durability.checkpoint_every;
     }
-    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo, replicated })
+    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo, replicated, log: node_log })
 }
 
 /// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
@@ -492,6 +505,9 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     net.stop();
     for t in threads {
         let _ = t.join();
+    }
+    for n in &nodes {
+        n.shutdown();
     }
     let mut totals = Totals::default();
     let mut history = Vec::new();

@@ -401,6 +401,7 @@ impl Server {
             for t in run.threads {
                 let _ = t.join();
             }
+            run.node.shutdown();
         }
     }
 }

@@ -97,6 +97,19 @@ impl Checkpointer {
     }
 }
 
+impl NodeLog {
+    /// The run is over: stop the checkpointer and close the WAL (flushing what it buffered and
+    /// releasing its directory lock), even if tasks that never finished still hold this log.
+    pub fn shutdown(&self) {
+        if let Some(c) = self.checkpointer.lock().take() {
+            c.stop();
+        }
+        if let Device::Wal(wal) = &self.device {
+            wal.close();
+        }
+    }
+}
+
 impl Drop for NodeLog {
     /// The checkpointer holds the WAL open: end it first, so that the WAL closes (and releases
     /// its directory lock) when the log goes.
