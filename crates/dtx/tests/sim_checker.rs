@@ -5,7 +5,6 @@
 
 use dtx::bench::{self, BenchSpec};
 use dtx::protocols::REGISTRY;
-use dtx::workloads::WorkloadParams;
 
 mod common;
 
@@ -14,17 +13,7 @@ fn seeds() -> u64 {
 }
 
 fn append_spec(protocol: &str, seed: u64) -> BenchSpec {
-    let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
-    let mut s = BenchSpec::new(protocol, wl, "sim");
-    s.nodes = 3;
-    s.workers = 2;
-    s.inflight = 6;
-    s.duration_us = 300_000;
-    s.warmup_us = 0;
-    s.latency.delay_us = 150;
-    s.latency.jitter_us = 100;
-    s.seed = seed;
-    s
+    common::append_spec(protocol, seed, "sim", 300_000)
 }
 
 fn check(spec: &BenchSpec, tag: &str) {

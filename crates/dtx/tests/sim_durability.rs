@@ -8,7 +8,6 @@ use dtx::bench::{self, BenchSpec};
 use dtx::protocols::REGISTRY;
 use dtx::replication::Durability;
 use dtx::txn::HistOp;
-use dtx::workloads::WorkloadParams;
 use std::collections::BTreeMap;
 
 mod common;
@@ -18,16 +17,7 @@ fn seeds() -> u64 {
 }
 
 fn durable_spec(protocol: &str, seed: u64, runtime: &str) -> BenchSpec {
-    let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
-    let mut s = BenchSpec::new(protocol, wl, runtime);
-    s.nodes = 3;
-    s.workers = 2;
-    s.inflight = 6;
-    s.duration_us = 400_000;
-    s.warmup_us = 0;
-    s.latency.delay_us = 150;
-    s.latency.jitter_us = 100;
-    s.seed = seed;
+    let mut s = common::append_spec(protocol, seed, runtime, 400_000);
     s.durability.mode = Durability::Wal;
     s.durability.cluster_id = seed;
     s

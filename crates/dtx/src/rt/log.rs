@@ -98,12 +98,16 @@ impl Checkpointer {
 }
 
 impl NodeLog {
+    fn stop_checkpointer(&self) {
+        if let Some(c) = self.checkpointer.get().and_then(|c| c.lock().take()) {
+            c.stop();
+        }
+    }
+
     /// The run is over: stop the checkpointer and close the WAL (flushing what it buffered and
     /// releasing its directory lock), even if tasks that never finished still hold this log.
     pub fn shutdown(&self) {
-        if let Some(c) = self.checkpointer.lock().take() {
-            c.stop();
-        }
+        self.stop_checkpointer();
         if let Device::Wal(wal) = &self.device {
             wal.close();
         }
@@ -114,32 +118,18 @@ impl Drop for NodeLog {
     /// The checkpointer holds the WAL open: end it first, so that the WAL closes (and releases
     /// its directory lock) when the log goes.
     fn drop(&mut self) {
-        if let Some(c) = self.checkpointer.lock().take() {
-            c.stop();
-        }
+        self.stop_checkpointer();
     }
-}
-
-/// Counters of one node's log.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct LogStats {
-    pub records: u64,
-    pub bytes: u64,
-    /// Group flushes (each one fsync on a real disk).
-    pub flushes: u64,
 }
 
 pub struct NodeLog {
     device: Device,
-    /// With checkpoints on: appends go through this lock, so that records reach the checkpointer
-    /// in LSN order.
-    checkpointer: Mutex<Option<Checkpointer>>,
+    /// Set once, when checkpoints are on: appends then go through its lock, so that records
+    /// reach the checkpointer in LSN order. Without checkpoints an append takes no lock here.
+    checkpointer: std::sync::OnceLock<Mutex<Option<Checkpointer>>>,
     durable: AtomicU64,
     /// Tasks waiting for an LSN to become durable.
     waiters: Mutex<Vec<(Lsn, Waker)>>,
-    records: AtomicU64,
-    bytes: AtomicU64,
-    flushes: AtomicU64,
 }
 
 impl NodeLog {
@@ -150,7 +140,6 @@ impl NodeLog {
         let weak = Arc::downgrade(&log);
         wal.set_on_durable(Box::new(move |lsn| {
             if let Some(log) = weak.upgrade() {
-                log.flushes.fetch_add(1, Ordering::Relaxed);
                 log.advance(lsn);
             }
         }));
@@ -174,7 +163,6 @@ impl NodeLog {
 
     /// A majority of the replicas hold every record up to `lsn`.
     pub fn replicated_upto(&self, lsn: Lsn) {
-        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.advance(lsn);
     }
 
@@ -189,12 +177,9 @@ impl NodeLog {
     fn new(device: Device) -> Self {
         NodeLog {
             device,
-            checkpointer: Mutex::new(None),
+            checkpointer: std::sync::OnceLock::new(),
             durable: AtomicU64::new(0),
             waiters: Mutex::new(Vec::new()),
-            records: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
         }
     }
 
@@ -202,25 +187,29 @@ impl NodeLog {
     /// disk and replicated logs are not checkpointed).
     pub fn set_compactor(&self, compactor: Box<dyn LogCompactor>, every: u64) {
         if let (Device::Wal(wal), true) = (&self.device, every > 0) {
-            *self.checkpointer.lock() = Some(Checkpointer::start(wal.clone(), compactor, every));
+            let started = Mutex::new(Some(Checkpointer::start(wal.clone(), compactor, every)));
+            if self.checkpointer.set(started).is_err() {
+                super::log_warn("a node log's checkpointer was set twice; the second is ignored");
+            }
         }
     }
 
     /// Append one record; returns its LSN. Never waits for I/O (with checkpoints on, it waits
     /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
-        self.records.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
         match &self.device {
-            Device::Wal(wal) => {
-                let ckpt = self.checkpointer.lock();
-                let lsn = wal.append(rec).map_err(|e| e.to_string())?;
-                if let Some(c) = &*ckpt {
-                    // A closed channel means the checkpointer failed; the log goes on uncut.
-                    let _ = c.tx.send((lsn, rec.to_vec()));
+            Device::Wal(wal) => match self.checkpointer.get() {
+                None => wal.append(rec).map_err(|e| e.to_string()),
+                Some(c) => {
+                    let ckpt = c.lock();
+                    let lsn = wal.append(rec).map_err(|e| e.to_string())?;
+                    if let Some(c) = &*ckpt {
+                        // A closed channel means the checkpointer failed; the log goes on uncut.
+                        let _ = c.tx.send((lsn, rec.to_vec()));
+                    }
+                    Ok(lsn)
                 }
-                Ok(lsn)
-            }
+            },
             Device::Sim(disk) => {
                 let mut d = disk.lock();
                 d.pending.push(rec.to_vec());
@@ -249,14 +238,6 @@ impl NodeLog {
     /// A future that completes once `lsn` is durable.
     pub fn wait(self: &Arc<Self>, lsn: Lsn) -> DurableWait {
         DurableWait { log: self.clone(), lsn }
-    }
-
-    pub fn stats(&self) -> LogStats {
-        LogStats {
-            records: self.records.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            flushes: self.flushes.load(Ordering::Relaxed),
-        }
     }
 
     /// Durability reached `lsn`: wake every task waiting for it or less.
@@ -305,7 +286,6 @@ impl NodeLog {
             d.flushing = 0;
             d.durable.len() as Lsn
         };
-        self.flushes.fetch_add(1, Ordering::Relaxed);
         self.advance(lsn);
     }
 

@@ -294,7 +294,7 @@ impl Worker {
 
     /// A future that completes `delay_us` from now.
     pub fn sleep_us(self: &Rc<Self>, delay_us: u64) -> Sleep {
-        Sleep { w: self.clone(), deadline_ns: self.now_ns() + delay_us * 1000, id: 0 }
+        self.sleep_until_ns(self.now_ns() + delay_us * 1000)
     }
 
     /// A future that completes when the clock reaches `deadline_ns`.

@@ -1,10 +1,27 @@
 //! What the simulation test files share: run a spec, check its history, fail with the seed.
 
 use dtx::bench::{self, BenchSpec, Outcome};
+use dtx::workloads::WorkloadParams;
 
 /// Seeds per sweep: `DTX_SEEDS` or `default`.
 pub fn seeds(default: u64) -> u64 {
     std::env::var("DTX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// A contended list-append run on 3 nodes x 2 workers, 6 clients each, 150 µs delay with 100 µs
+/// jitter, no warm-up, for `duration_us`.
+pub fn append_spec(protocol: &str, seed: u64, runtime: &str, duration_us: u64) -> BenchSpec {
+    let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
+    let mut s = BenchSpec::new(protocol, wl, runtime);
+    s.nodes = 3;
+    s.workers = 2;
+    s.inflight = 6;
+    s.duration_us = duration_us;
+    s.warmup_us = 0;
+    s.latency.delay_us = 150;
+    s.latency.jitter_us = 100;
+    s.seed = seed;
+    s
 }
 
 /// Run `spec` in simulation and prove its list-append history serializable, with every

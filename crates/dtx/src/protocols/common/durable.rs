@@ -44,6 +44,26 @@ pub enum LogRecord {
     Ended { txn: TxnId },
 }
 
+/// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
+/// form (same variants in the same order up to these; slices encode as sequences), so a protocol
+/// logs what it holds without building an owned record first.
+#[derive(Serialize)]
+enum LogRecordRef<'a> {
+    #[allow(dead_code)] // Only here to keep the variant numbering of `LogRecord`.
+    Boot {
+        boot: u32,
+    },
+    Commit {
+        txn: TxnId,
+        writes: &'a [(RowKey, Option<Value>)],
+        participants: &'a [NodeId],
+    },
+    Prepared {
+        txn: TxnId,
+        writes: &'a [(RowKey, Option<Value>)],
+    },
+}
+
 /// Transactions prepared here whose outcome the log does not hold, with their writes.
 pub type InDoubt = Vec<(TxnId, Writes)>;
 /// Commits decided here that not every participant acknowledged, with those participants.
@@ -204,6 +224,25 @@ impl TxnLog {
     /// Append a record: `Ok(None)` when the run is not durable; an error for a record the log
     /// refuses (over its size limit), which the transaction must abort on.
     pub fn append(&self, r: &LogRecord) -> Result<Option<u64>, Abort> {
+        self.append_encoded(r)
+    }
+
+    /// Append a `Commit` record of writes the caller keeps (no owned copy is built).
+    pub fn append_commit(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        participants: &[NodeId],
+    ) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&LogRecordRef::Commit { txn, writes, participants })
+    }
+
+    /// Append a `Prepared` record of writes the caller keeps.
+    pub fn append_prepared(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&LogRecordRef::Prepared { txn, writes })
+    }
+
+    fn append_encoded<R: Serialize>(&self, r: &R) -> Result<Option<u64>, Abort> {
         let Some(l) = &self.log else { return Ok(None) };
         match l.append(&crate::net::encode(r)) {
             Ok(lsn) => Ok(Some(lsn)),
@@ -221,9 +260,14 @@ impl TxnLog {
         }
     }
 
-    /// Append a record and wait until it is durable.
-    pub async fn force(&self, r: &LogRecord) -> Result<(), Abort> {
-        let lsn = self.append(r)?;
+    /// Append a `Commit` record and wait until it is durable.
+    pub async fn force_commit(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        participants: &[NodeId],
+    ) -> Result<(), Abort> {
+        let lsn = self.append_commit(txn, writes, participants)?;
         self.durable(lsn).await;
         Ok(())
     }
@@ -246,6 +290,15 @@ impl TxnLog {
 mod tests {
     use super::*;
     use crate::net::encode;
+
+    #[test]
+    fn borrowed_records_encode_as_the_owned_ones() {
+        let writes = vec![(k(1), v(1)), (k(2), None)];
+        let owned = encode(&LogRecord::Commit { txn: 9, writes: writes.clone(), participants: vec![3, 4] });
+        assert_eq!(encode(&LogRecordRef::Commit { txn: 9, writes: &writes, participants: &[3, 4] }), owned);
+        let owned = encode(&LogRecord::Prepared { txn: 9, writes: writes.clone() });
+        assert_eq!(encode(&LogRecordRef::Prepared { txn: 9, writes: &writes }), owned);
+    }
 
     #[test]
     fn replaying_after_a_checkpoint_equals_replaying_everything() {

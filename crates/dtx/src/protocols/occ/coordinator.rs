@@ -7,7 +7,6 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::{decode, encode, NodeId};
-use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -44,8 +43,6 @@ pub(super) struct OccTxn<'a> {
     /// The declared local records, resolved once by `prefetch` and sorted by key, so that the
     /// reads, locks, validation and install that follow do not search the index again.
     local_recs: Vec<(RowKey, &'a Rec)>,
-    /// The keys of `local_writes` at commit, for the log record (only when logging).
-    local_write_keys: Vec<RowKey>,
 }
 
 impl OccWorker {
@@ -66,7 +63,6 @@ impl<'a> OccTxn<'a> {
             read_index: FxHashMap::default(),
             writes: Vec::new(),
             local_recs: Vec::new(),
-            local_write_keys: Vec::new(),
         }
     }
 
@@ -190,16 +186,14 @@ impl<'a> OccTxn<'a> {
                 nodes.len() - 1
             }
         };
-        let mut local_writes: Vec<(&'a Rec, Option<Value>)> = Vec::with_capacity(self.writes.len());
-        self.local_write_keys.clear();
+        // This node's writes (in the shape the log takes them) and, in the same order, their records.
+        let mut local_writes: Writes = Vec::with_capacity(self.writes.len());
+        let mut local_recs: Vec<&'a Rec> = Vec::with_capacity(self.writes.len());
         for (k, v) in std::mem::take(&mut self.writes) {
             match wk.node.node_of(k) {
                 n if n == me => {
-                    let rec = self.local_rec(k).unwrap_or_else(|| wk.node.store.get_or_create(k));
-                    local_writes.push((rec, v));
-                    if wk.node.log.enabled() {
-                        self.local_write_keys.push(k);
-                    }
+                    local_recs.push(self.local_rec(k).unwrap_or_else(|| wk.node.store.get_or_create(k)));
+                    local_writes.push((k, v));
                 }
                 n => {
                     let i = slot(n, &mut nodes);
@@ -234,12 +228,12 @@ impl<'a> OccTxn<'a> {
             return Err(self.abort(&[], &remote_writers, a));
         }
         wk.w.charge_ops(local_writes.len());
-        if !part::lock_recs(self.id, local_writes.iter().map(|w| w.0)) {
+        if !part::lock_recs(self.id, local_recs.iter().copied()) {
             return Err(self.abort(&[], &remote_writers, Abort::WriteLocked));
         }
         // Phase 2: validate every read set.
         if !self.validate_local() {
-            return Err(self.abort(&local_writes, &remote_writers, Abort::ReadValidation));
+            return Err(self.abort(&local_recs, &remote_writers, Abort::ReadValidation));
         }
         let validate_calls: Vec<_> = nodes
             .iter()
@@ -251,15 +245,15 @@ impl<'a> OccTxn<'a> {
             })
             .collect();
         if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
-            return Err(self.abort(&local_writes, &remote_writers, a));
+            return Err(self.abort(&local_recs, &remote_writers, a));
         }
         // Decision: commit. With a log, the decision is durable before anyone learns it.
         if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
-            return Err(self.abort(&local_writes, &remote_writers, a));
+            return Err(self.abort(&local_recs, &remote_writers, a));
         }
         // Install here, tell the remote writers in the background.
         wk.w.charge_ops(local_writes.len());
-        for (rec, v) in local_writes {
+        for (rec, (_, v)) in local_recs.into_iter().zip(local_writes) {
             part::install_rec(rec, self.id, v);
         }
         if !remote_writers.is_empty() {
@@ -271,15 +265,13 @@ impl<'a> OccTxn<'a> {
 
     /// Log the commit decision (this node's writes, the remote writers) and wait until it is
     /// durable; nothing to do for a read-only transaction or a run without a log.
-    async fn log_commit(&self, local_writes: &[(&'a Rec, Option<Value>)], remote_writers: &[NodeId]) -> TxnResult<()> {
+    async fn log_commit(&self, local_writes: &Writes, remote_writers: &[NodeId]) -> TxnResult<()> {
         let log = &self.wk.node.log;
         if !log.enabled() || (local_writes.is_empty() && remote_writers.is_empty()) {
             return Ok(());
         }
-        let writes = self.local_write_keys.iter().copied().zip(local_writes.iter().map(|w| w.1.clone())).collect();
-        let rec = LogRecord::Commit { txn: self.id, writes, participants: remote_writers.to_vec() };
         let t0 = self.wk.w.now_ns();
-        log.force(&rec).await?;
+        log.force_commit(self.id, local_writes, remote_writers).await?;
         self.wk.w.note_log_wait(self.wk.w.now_ns() - t0);
         Ok(())
     }
@@ -307,9 +299,9 @@ impl<'a> OccTxn<'a> {
 
     /// Release what this attempt holds anywhere (`locked`: the local records it locked) and
     /// forget it.
-    fn abort(&self, locked: &[(&'a Rec, Option<Value>)], remote_writers: &[NodeId], reason: Abort) -> Abort {
+    fn abort(&self, locked: &[&'a Rec], remote_writers: &[NodeId], reason: Abort) -> Abort {
         let wk = self.wk;
-        part::unlock_recs(self.id, locked.iter().map(|w| w.0));
+        part::unlock_recs(self.id, locked.iter().copied());
         wk.coord.set(self.id, TxnStatus::Aborted);
         wk.tell_outcome(Request::Abort { txn: self.id }, remote_writers.to_vec(), None);
         reason

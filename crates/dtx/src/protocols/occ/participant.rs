@@ -123,9 +123,7 @@ impl OccWorker {
                     Reply::Vote(false)
                 } else if self.node.log.enabled() {
                     // A yes vote is a promise that survives a crash: log the writes first.
-                    let rec = LogRecord::Prepared { txn, writes };
-                    let lsn = self.node.log.append(&rec);
-                    let LogRecord::Prepared { writes, .. } = rec else { unreachable!() };
+                    let lsn = self.node.log.append_prepared(txn, &writes);
                     match lsn {
                         Ok(lsn) => {
                             self.parts.txns.borrow_mut().insert(txn, (writes, now));

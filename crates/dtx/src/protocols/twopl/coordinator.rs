@@ -8,7 +8,6 @@ use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, NodeId};
-use crate::protocols::common::durable::LogRecord;
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -334,9 +333,8 @@ impl<'a> TplTxn<'a> {
         if !wk.node.log.enabled() || (local_writes.is_empty() && writers.is_empty()) {
             return Ok(());
         }
-        let rec = LogRecord::Commit { txn: self.id, writes: local_writes.clone(), participants: writers.to_vec() };
         let t0 = wk.w.now_ns();
-        if let Err(a) = wk.node.log.force(&rec).await {
+        if let Err(a) = wk.node.log.force_commit(self.id, local_writes, writers).await {
             return Err(self.abort(a));
         }
         wk.w.note_log_wait(wk.w.now_ns() - t0);

@@ -141,9 +141,7 @@ impl TwoPlWorker {
                     Some((p, t)) => {
                         *t = now;
                         // A yes vote is a promise that survives a crash: log the writes first.
-                        let rec = LogRecord::Prepared { txn, writes };
-                        let lsn = self.node.log.append(&rec);
-                        let LogRecord::Prepared { writes, .. } = rec else { unreachable!() };
+                        let lsn = self.node.log.append_prepared(txn, &writes);
                         p.writes = Some(writes);
                         drop(parts);
                         match lsn {
