@@ -1,6 +1,8 @@
 //! Durability (`--durability wal`): in simulation, crashes that lose a node's memory and the
 //! unflushed tail of its log, with partitions and loss, over many seeds; every history must
-//! stay serializable and every acknowledged append must survive. On the local runtime, a real
+//! stay serializable and every acknowledged append must survive. Replication
+//! (`--durability replicated`): crashed hosts' nodes fail over to a replica of their log, under
+//! partitions and loss, with the same checks. On the local runtime, a real
 //! WAL on disk: a second run over the same data folder recovers everything the first committed.
 //! `DTX_SEEDS=100 cargo test --release --test sim_durability` runs the deep sweep.
 
@@ -148,13 +150,79 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize) {
     (ckpts, gone)
 }
 
+fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
+    let mut spec = durable_spec(protocol, seed, "sim");
+    spec.durability.mode = Durability::Replicated;
+    spec.durability.replicas = 3;
+    spec
+}
+
+/// Hosts crash (losing the nodes they serve), links are cut and lose packets; each crashed
+/// node must be taken over by a replica of its log, and nothing acknowledged may be lost.
+#[test]
+fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_commit() {
+    for p in REGISTRY {
+        let (mut killed, mut failovers, mut log_waits) = (0, 0, 0);
+        for seed in 1..=seeds() {
+            let mut spec = replicated_spec(p.name, 6000 + seed).with_faults(true, true, 0.02);
+            spec.faults.fault_interval_us = 100_000;
+            let out = common::run_and_check(&spec, "failover");
+            killed += out.restarts;
+            failovers += out.totals.failovers;
+            log_waits += out.totals.log_waits;
+            assert_eq!(
+                out.totals.failover_ms.len() as u64,
+                out.restarts,
+                "{} seed {}: a node never came back",
+                p.name,
+                spec.seed
+            );
+        }
+        assert!(killed >= seeds(), "{}: only {killed} nodes crashed over the sweep", p.name);
+        assert!(failovers >= killed, "{}: {killed} nodes crashed, {failovers} were taken over", p.name);
+        assert!(log_waits > 0, "{}: no commit waited for the replicas", p.name);
+    }
+}
+
+/// Hosts stay down longer than an election: the node must move to another host (a follower
+/// that won its log's election), and serve from there.
+#[test]
+fn a_node_whose_host_stays_down_is_served_by_another_host() {
+    for p in REGISTRY {
+        let mut spec = replicated_spec(p.name, 6100).with_faults(true, false, 0.0);
+        // One host down at a time, each for longer than an election (100-200 ms of silence,
+        // then a vote and the takeover record's commit).
+        spec.faults.fault_interval_us = 700_000;
+        spec.faults.fault_duration_us = 500_000;
+        spec.duration_us = 1_500_000;
+        let out = common::run_and_check(&spec, "moved");
+        assert!(
+            out.moved > 0,
+            "{}: no node moved to another host (failover times {:?})",
+            p.name,
+            out.totals.failover_ms
+        );
+    }
+}
+
+#[test]
+fn a_failover_run_replays_exactly_from_its_seed() {
+    let spec = replicated_spec("occ", 78).with_faults(true, true, 0.01);
+    let a = bench::run_sim(&spec).unwrap();
+    let b = bench::run_sim(&spec).unwrap();
+    assert!(a.totals.failovers > 0, "the seed should fail a node over");
+    assert_eq!(
+        (a.restarts, a.totals.failovers, a.totals.committed, a.totals.msgs),
+        (b.restarts, b.totals.failovers, b.totals.committed, b.totals.msgs)
+    );
+    assert_eq!(a.totals.failover_ms, b.totals.failover_ms);
+}
+
 #[test]
 fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
     for p in REGISTRY {
         for seed in 1..=seeds().div_ceil(2) {
-            let mut spec = durable_spec(p.name, 4000 + seed, "sim").with_faults(false, true, 0.02);
-            spec.durability.mode = Durability::Replicated;
-            spec.durability.replicas = 3;
+            let spec = replicated_spec(p.name, 4000 + seed).with_faults(false, true, 0.02);
             let (_, log_waits) = check(&spec, "replicated");
             assert!(log_waits > 0, "{} seed {}: no commit waited for the replicas", p.name, 4000 + seed);
         }

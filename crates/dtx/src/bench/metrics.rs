@@ -107,6 +107,12 @@ pub struct Totals {
     /// Checks of the workload's invariants: (condition, passed, detail).
     #[serde(default)]
     pub findings: Vec<(String, bool, String)>,
+    /// Nodes rebuilt by another replica of their log (sim, `--durability replicated`), and
+    /// how long each crashed node went unserved until then (ms).
+    #[serde(default)]
+    pub failovers: u64,
+    #[serde(default)]
+    pub failover_ms: Vec<f64>,
 }
 
 impl Totals {

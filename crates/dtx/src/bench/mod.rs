@@ -245,9 +245,11 @@ pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol>
     proto.start();
     if let (Some((log, replicas)), 0) = (&node.replicated, w.addr.worker) {
         let seed = w.rng.borrow_mut().gen::<u64>();
-        if let Err(e) =
-            crate::replication::service::start(w, w.addr.node, node.topo.nodes, *replicas, log.clone(), seed)
-        {
+        use crate::replication::service;
+        let started =
+            service::ReplicaState::new(w.addr.node, node.topo.nodes, *replicas, service::Mode::OwnerLeads, seed)
+                .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
+        if let Err(e) = started {
             crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
         }
     }
@@ -289,6 +291,8 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// Crashes that lost a node's memory, each followed by recovery from its log (sim).
     pub restarts: u64,
+    /// Nodes taken over by another host while their own was down (sim, replicated).
+    pub moved: u64,
 }
 
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {
@@ -320,6 +324,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     if spec.durability.mode == Durability::Wal && spec.faults.crashes {
         world.set_restart(sim_restart(spec, &workload, &shared, window, &protos), spec.worker_config());
     }
+    let failover = (spec.durability.mode == Durability::Replicated)
+        .then(|| SimFailover::new(spec, &workload, &shared, window, &protos));
+    if let Some(f) = &failover {
+        world.set_failover(Box::new(f.clone()), spec.worker_config());
+    }
     for n in 0..spec.nodes {
         let log = match spec.durability.mode {
             Durability::None => None,
@@ -330,7 +339,9 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
                 Some(fresh_log(log))
             }
         };
-        let node = build_node(spec, n, &workload, log)?;
+        let mut node = build_node(spec, n, &workload, log)?;
+        // With failover the replicator runs on the host's replication worker, not worker 0.
+        let own_log = node.replicated.take().map(|(log, _)| log);
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);
             let w = Rc::new(Worker::new(
@@ -343,6 +354,18 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
             world.add_worker(w.clone());
             shared.running.fetch_add(1, Ordering::AcqRel);
             protos.borrow_mut().push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
+        }
+        if let Some(f) = &failover {
+            let addr = world.replication_addr(n);
+            let w = Rc::new(Worker::new(
+                addr,
+                spec.workers,
+                world.clock(),
+                world.executor_for(addr),
+                &spec.worker_config(),
+            ));
+            world.add_worker(w.clone());
+            f.start_host(n, &w, own_log)?;
         }
     }
     let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
@@ -366,12 +389,25 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
         notes.push("some clients were still running 120 s (virtual) after the window closed".into());
     }
+    if failover.is_some() {
+        // The final read and checks need every node served again: wait for the takeovers.
+        let limit = world.now_ns() + 60_000_000_000;
+        while !world.all_nodes_up() && world.now_ns() < limit {
+            let step = world.now_ns() + 10_000_000;
+            world.run_until(step, || false);
+        }
+        if !world.all_nodes_up() {
+            notes.push("a node was still not served by any host 60 s (virtual) after the faults healed".into());
+        }
+    }
     if spec.faults.any() {
         notes.push(format!(
-            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory",
+            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory; {} \
+             nodes were taken over by a replica of their log",
             world.packets_dropped,
             world.packets_dropped + world.packets_delivered,
-            world.restarts
+            world.restarts,
+            world.failovers
         ));
     }
     let mut totals = Totals::default();
@@ -379,24 +415,151 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     collect(&shared, &mut totals, &mut history);
     let mut final_read = None;
     if spec.record_history {
-        let (p, wl) = protos.borrow()[0].clone();
-        let w0 = world.worker(Addr::new(0, 0)).clone();
-        driver::final_read(&w0, p, wl, shared.clone());
-        let limit = world.now_ns() + 120_000_000_000;
-        world.run_until(limit, || shared.final_read.lock().is_some());
+        let done = || shared.final_read.lock().is_some();
+        run_after(&mut world, &protos, 120_000_000_000, &done, &|w, p, wl| {
+            driver::final_read(w, p, wl, shared.clone())
+        });
         final_read = shared.final_read.lock().take();
     }
     if spec.run_checks {
-        let (p, wl) = protos.borrow()[0].clone();
-        let w0 = world.worker(Addr::new(0, 0)).clone();
-        driver::final_checks(&w0, p, wl, shared.clone());
-        let limit = world.now_ns() + 600_000_000_000;
-        world.run_until(limit, || shared.checks.lock().is_some());
+        let done = || shared.checks.lock().is_some();
+        run_after(&mut world, &protos, 600_000_000_000, &done, &|w, p, wl| {
+            driver::final_checks(w, p, wl, shared.clone())
+        });
         totals.findings = finish_checks(&shared, &*workload);
     }
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = busy_in_window_ns / 1000;
-    Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts })
+    totals.failovers = world.failovers;
+    totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
+    Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts, moved: world.moved })
+}
+
+/// Run an after-run job (the final read, the final checks) on worker 0 of node 0 until `done`
+/// or `limit_ns` more of virtual time. With failover, node 0 may be taken over meanwhile (a
+/// leadership change after the faults healed), which ends the job with its incarnation: it is
+/// started again on the new one.
+fn run_after(
+    world: &mut SimWorld,
+    protos: &Protos,
+    limit_ns: u64,
+    done: &dyn Fn() -> bool,
+    job: &dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workload>),
+) {
+    let limit = world.now_ns() + limit_ns;
+    let mut running_on: Option<Rc<Worker>> = None;
+    while !done() && world.now_ns() < limit {
+        let w0 = world.worker(Addr::new(0, 0)).clone();
+        if !running_on.as_ref().is_some_and(|w| Rc::ptr_eq(w, &w0)) {
+            let (p, wl) = protos.borrow()[0].clone();
+            job(&w0, p, wl);
+            running_on = Some(w0);
+        }
+        let step = (world.now_ns() + 10_000_000).min(limit);
+        world.run_until(step, done);
+    }
+}
+
+/// Failover of replicated nodes in the simulator (see `rt::sim::Failover`): the hosts' replica
+/// states (kept across crashes), their running replicators, and how a node is rebuilt from the
+/// replica of its log that a new leader holds.
+#[derive(Clone)]
+struct SimFailover(Rc<std::cell::RefCell<FailoverState>>);
+
+struct FailoverState {
+    spec: BenchSpec,
+    workload: Arc<dyn Workload>,
+    shared: Arc<RunShared>,
+    window: Window,
+    protos: Protos,
+    states: Vec<Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>>,
+    replicators: Vec<Option<crate::replication::service::ReplicatorHandle>>,
+    requests: crate::replication::service::AdoptRequests,
+}
+
+impl SimFailover {
+    fn new(
+        spec: &BenchSpec,
+        workload: &Arc<dyn Workload>,
+        shared: &Arc<RunShared>,
+        window: Window,
+        protos: &Protos,
+    ) -> Self {
+        SimFailover(Rc::new(std::cell::RefCell::new(FailoverState {
+            spec: spec.clone(),
+            workload: workload.clone(),
+            shared: shared.clone(),
+            window,
+            protos: protos.clone(),
+            states: Vec::new(),
+            replicators: Vec::new(),
+            requests: Default::default(),
+        })))
+    }
+
+    /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.
+    fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_log: Option<Arc<NodeLog>>) -> anyhow::Result<()> {
+        use crate::replication::service;
+        let mut me = self.0.borrow_mut();
+        let seed = me.spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
+        let state =
+            service::ReplicaState::new(n, me.spec.nodes, me.spec.durability.replicas, service::Mode::Failover, seed)?;
+        let state = Rc::new(std::cell::RefCell::new(state));
+        me.states.push(state.clone());
+        let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
+        me.replicators.push(Some(r));
+        Ok(())
+    }
+}
+
+impl crate::rt::sim::Failover for SimFailover {
+    fn host_crashed(&mut self, host: u16) {
+        if let Some(r) = self.0.borrow_mut().replicators[host as usize].take() {
+            r.borrow_mut().stop();
+        }
+    }
+
+    fn host_restarted(&mut self, host: u16, w: &Rc<Worker>) {
+        let mut me = self.0.borrow_mut();
+        let state = me.states[host as usize].clone();
+        match crate::replication::service::start(w, state, None, Some(me.requests.clone())) {
+            Ok(r) => me.replicators[host as usize] = Some(r),
+            Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not restart: {e}")),
+        }
+    }
+
+    fn take_requests(&mut self) -> Vec<(u16, u16)> {
+        let q = self.0.borrow().requests.clone();
+        let taken = std::mem::take(&mut *q.borrow_mut());
+        taken
+    }
+
+    fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool {
+        let me = self.0.borrow();
+        let Some(r) = me.replicators[host as usize].clone() else { return false };
+        let Some(state) = r.borrow().adoptable_state(node) else {
+            r.borrow_mut().adoption_refused(node);
+            return false;
+        };
+        let log = NodeLog::replicated();
+        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
+        let mut setup =
+            build_node(&me.spec, node, &me.workload, Some(opened)).expect("a node that built once builds again");
+        setup.replicated = None;
+        for w in workers {
+            me.shared.running.fetch_add(1, Ordering::AcqRel);
+            let proto = start_worker(&me.spec, &setup, w, me.window, &me.shared);
+            let i = node as usize * me.spec.workers as usize + w.addr.worker as usize;
+            me.protos.borrow_mut()[i] = (proto, setup.workload.clone());
+        }
+        for (other, r2) in me.replicators.iter().enumerate() {
+            if let (Some(r2), false) = (r2, other == host as usize) {
+                r2.borrow_mut().forget(node);
+            }
+        }
+        r.borrow_mut().serve(node, log);
+        true
+    }
 }
 
 /// How the simulator rebuilds a node whose crash lost its memory: recover it from what its
@@ -517,7 +680,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         _ => 0,
     };
     totals.findings = findings;
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0 })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0 })
 }
 
 /// A worker and the protocol instance running on it.
@@ -617,6 +780,17 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         // record (group commit delay + fsync), beside the end-to-end percentiles.
         extra.insert("log_wait_us_mean".to_string(), t.log_wait_ns as f64 / t.log_waits as f64 / 1000.0);
         extra.insert("log_waits_per_txn".to_string(), per(t.log_waits));
+    }
+    if t.failovers > 0 {
+        extra.insert("failovers".to_string(), t.failovers as f64);
+    }
+    if !t.failover_ms.is_empty() {
+        // From a host's crash to its node served again by a replica of its log: the election
+        // timeout (10-20 ticks of 10 ms), the new leader's first commit, and the rebuild.
+        let mut ms = t.failover_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        extra.insert("failover_ms_p50".to_string(), ms[ms.len() / 2]);
+        extra.insert("failover_ms_max".to_string(), ms[ms.len() - 1]);
     }
     RunReport {
         protocol: spec.protocol.clone(),

@@ -618,5 +618,5 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         }
     }
     drop(spawned);
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0 })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0 })
 }

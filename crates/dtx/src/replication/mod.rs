@@ -119,10 +119,11 @@ impl DurabilityConfig {
                 self.replicas
             );
         }
-        if crashes {
+        if crashes && self.replicas < 3 {
             anyhow::bail!(
-                "--durability replicated does not survive crashes yet (a node cannot recover from its replicas); \
-                 use --faults partition,loss, or --durability wal with crash"
+                "--durability replicated with crashes needs --replicas 3 or more: a log of {} replicas has no \
+                 majority left when one of them crashes",
+                self.replicas
             );
         }
         Ok(())

@@ -757,6 +757,22 @@ impl<S: LogStore> RaftGroup<S> {
         self.node.raft.raft_log.committed
     }
 
+    /// The index of the last entry in this replica's log (committed or not).
+    pub fn last_index(&self) -> u64 {
+        self.node.raft.raft_log.last_index()
+    }
+
+    /// A leader whose whole log is committed, up to an entry of its own term: every entry a
+    /// former leader committed is then in it (Raft's no-op on election), and no entry proposed
+    /// earlier (by a previous incarnation of the application, say) can still commit after it.
+    /// A state built from this log's committed entries is final.
+    pub fn leads_with_settled_log(&self) -> bool {
+        let commit = self.commit_index();
+        self.is_leader()
+            && commit == self.last_index()
+            && self.node.raft.raft_log.term(commit).unwrap_or(0) == self.term()
+    }
+
     /// The last log index handed to the application (raft's no-ops included): what to pass as
     /// `applied_index` when reopening this replica over the same store.
     pub fn applied_index(&self) -> u64 {

@@ -1,36 +1,55 @@
 //! Log replication for `--durability replicated`: every node's log is a Raft group whose voters
-//! are the node itself and the next `replicas - 1` nodes (mod the cluster size), so each node
-//! leads its own log and follows `replicas - 1` others. A record is durable once a majority of
-//! the group holds it; the protocol's commit waits for exactly that, as it waits for an fsync
-//! with `--durability wal`.
+//! are the node's host and the next `replicas - 1` hosts (mod the cluster size), so each host
+//! leads its own node's log and follows `replicas - 1` others. A record is durable once a
+//! majority of the group holds it; the protocol's commit waits for exactly that, as it waits for
+//! an fsync with `--durability wal`.
 //!
-//! The replicator runs on worker 0 of each node, over `Kind::Service` messages and the worker's
-//! timers, so the simulator drives it in virtual time and replays it from the seed.
-//!
-//! What is not built yet, and why it matters: the followers hold the log only (they neither apply
-//! it nor serve reads), and only the owner of a log ever campaigns for it (followers do not tick
-//! their election timers), so a failed node's partition is not taken over: failover and recovery
-//! of a node from its replicas are the next step. The log lives in memory (`MemStorage`): a
-//! majority of replicas, not a disk, makes a record durable.
+//! A host's replicator runs on one of its workers, over `Kind::Service` messages and the
+//! worker's timers, so the simulator drives it in virtual time and replays it from the seed. It
+//! runs in one of two modes:
+//! - [`Mode::OwnerLeads`] (the `local` and `tcp` runtimes): only a log's owner ticks and leads
+//!   its group; the followers hold the log. Nothing fails over.
+//! - [`Mode::Failover`] (the simulator): every replica ticks every group it holds and applies
+//!   its committed records to the state recovery builds ([`ReplayState`]). When a node's host
+//!   fails, the followers elect a new leader; once the new leader's log is settled (an entry of
+//!   its own term committed, so every record a former leader committed is in it), it asks for
+//!   the node to be rebuilt from that state and served by its host ([`AdoptRequests`]): the
+//!   node's partitions, its in-doubt transactions and its coordinator decisions move with the
+//!   log. A replica that loses the leadership stops proposing for the node at once; its
+//!   incarnation of the node can no longer make anything durable and is replaced by the
+//!   next leader's.
 
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
+use super::wal::Lsn;
 use crate::net::{Addr, NodeId};
+use crate::protocols::common::durable::ReplayState;
 use crate::rt::log::NodeLog;
 use crate::rt::{log_warn, Worker};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 
-/// How often the replicator ticks its own group (heartbeats every 2 ticks, elections after 10).
+/// How often the replicator ticks (heartbeats every 2 ticks, elections after 10 to 20).
 pub const TICK_US: u64 = 10_000;
 
-/// Committed entries a group keeps before it compacts its log.
+/// Committed entries a group keeps before it compacts its log (owner-led mode only: in failover
+/// mode a follower that fell behind a compaction would get a snapshot without the applied
+/// state it needs to take a node over, so the simulator's short runs keep the whole log).
 const COMPACT_EVERY: u64 = 4096;
 
-/// The nodes that hold node `owner`'s log: itself first, then the next ones.
+/// How the replicas of a host behave; see the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    OwnerLeads,
+    Failover,
+}
+
+/// The nodes that hold node `owner`'s log: its own host first, then the next ones.
 pub fn replicas_of(owner: NodeId, nodes: u16, replicas: u16) -> Vec<NodeId> {
     (0..replicas).map(|i| (owner + i) % nodes).collect()
 }
@@ -43,144 +62,381 @@ fn node_of_replica(r: ReplicaId) -> NodeId {
     (r - 1) as NodeId
 }
 
-struct Replicator {
-    w: Rc<Worker>,
-    node: NodeId,
+/// Requests from replicators to rebuild a node on their host: `(node, host)`, where `host`
+/// leads the node's log with a settled log. The runtime drains them and answers with
+/// [`Replicator::serve`].
+pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
+
+/// What a host's replicas keep across a crash of the host: Raft's hard state and log (which a
+/// deployment keeps on disk; the simulator keeps them in memory and charges no fsync for them,
+/// see docs/architecture.md) and, in failover mode, what each group's committed records amount
+/// to (derived from that log, so it survives with it).
+pub struct ReplicaState {
+    host: NodeId,
+    mode: Mode,
     groups: RaftGroups,
-    log: Arc<NodeLog>,
-    /// Records taken from the log and not yet accepted by Raft (it refused: not leader yet,
-    /// or back-pressure), oldest first.
-    backlog: Vec<Vec<u8>>,
-    /// The node's own records that a majority holds (its log's durable LSN).
-    committed_own: u64,
+    applied: FxHashMap<u32, ReplayState>,
     /// Per group, the last committed index and the index the log was last compacted to.
-    compacted: rustc_hash::FxHashMap<u32, (u64, u64)>,
+    compacted: FxHashMap<u32, (u64, u64)>,
+    /// Whether a replicator ran over this state before (the first one campaigns at once).
+    started: bool,
 }
 
-/// Start the replicator on worker 0 of `node`: one group per log this node holds.
+impl ReplicaState {
+    /// The replicas host `host` holds: one per node whose log it is a voter of.
+    pub fn new(host: NodeId, nodes: u16, replicas: u16, mode: Mode, seed: u64) -> Result<Self, RaftLogError> {
+        // Owner-led: only the owner ticks, so it must not step down when it loses touch with a
+        // majority (check-quorum): nobody else would take over, and followers that do not tick
+        // would refuse its votes forever. In failover mode everyone ticks, and a leader cut off
+        // from its followers must step down so that they can elect one they reach.
+        let cfg = RaftConfig { check_quorum: mode == Mode::Failover, ..RaftConfig::default() };
+        let mut groups = RaftGroups::new();
+        for owner in (0..nodes).filter(|&g| replicas_of(g, nodes, replicas).contains(&host)) {
+            let voters: Vec<ReplicaId> = replicas_of(owner, nodes, replicas).into_iter().map(replica_id).collect();
+            let group = RaftGroup::new(owner as u32, replica_id(host), &voters, &cfg, seed ^ ((owner as u64) << 17))?;
+            groups.add(group)?;
+        }
+        Ok(ReplicaState {
+            host,
+            mode,
+            groups,
+            applied: Default::default(),
+            compacted: Default::default(),
+            started: false,
+        })
+    }
+}
+
+/// A log this host leads and proposes for: the records one incarnation of a node appends.
+struct Served {
+    log: Arc<NodeLog>,
+    /// The term this host first led the log in while serving it (None: not leading yet).
+    led_term: Option<u64>,
+    /// Taken from the log and not yet accepted by Raft (not leader yet, or back-pressure).
+    backlog: VecDeque<Vec<u8>>,
+    /// The LSN of the last record taken from the log.
+    taken: Lsn,
+    /// Proposed, not yet committed: `(raft index, raft term, LSN)`.
+    inflight: VecDeque<(u64, u64, Lsn)>,
+}
+
+impl Served {
+    fn new(log: Arc<NodeLog>) -> Self {
+        Served { log, led_term: None, backlog: VecDeque::new(), taken: 0, inflight: VecDeque::new() }
+    }
+}
+
+/// A host's replicator: the volatile side (what it proposes for whom); its Raft state lives in
+/// a [`ReplicaState`] that outlives it.
+pub struct Replicator {
+    w: Rc<Worker>,
+    state: Rc<RefCell<ReplicaState>>,
+    served: FxHashMap<u32, Served>,
+    /// Adoptions asked for and not yet answered.
+    requested: FxHashSet<u32>,
+    /// Per log led but not served: the term of the `Takeover` record proposed in it.
+    takeover_term: FxHashMap<u32, u64>,
+    adopt: Option<AdoptRequests>,
+    /// False once the host crashed: the replicator does nothing more.
+    alive: bool,
+    /// The replicator loop's waker, to pick up a log served from now on.
+    loop_waker: Option<Waker>,
+}
+
+pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
+
+/// Start a replicator on worker `w` over `state`; `own_log` is the log of the node this host
+/// starts out serving (its own), if any; `adopt` receives failover requests (failover mode).
 pub fn start(
     w: &Rc<Worker>,
-    node: NodeId,
-    nodes: u16,
-    replicas: u16,
-    log: Arc<NodeLog>,
-    seed: u64,
-) -> Result<(), RaftLogError> {
-    // Only a log's owner ever leads it (followers do not tick, so they never campaign), so the
-    // leader must not step down when it loses touch with a majority (check-quorum): nobody else
-    // would take over, and followers that do not tick would refuse its votes forever.
-    let cfg = RaftConfig { check_quorum: false, ..RaftConfig::default() };
-    let mut groups = RaftGroups::new();
-    for owner in (0..nodes).filter(|&g| replicas_of(g, nodes, replicas).contains(&node)) {
-        let voters: Vec<ReplicaId> = replicas_of(owner, nodes, replicas).into_iter().map(replica_id).collect();
-        let group = RaftGroup::new(owner as u32, replica_id(node), &voters, &cfg, seed ^ ((owner as u64) << 17))?;
-        groups.add(group)?;
+    state: Rc<RefCell<ReplicaState>>,
+    own_log: Option<Arc<NodeLog>>,
+    adopt: Option<AdoptRequests>,
+) -> Result<ReplicatorHandle, RaftLogError> {
+    let host = state.borrow().host;
+    let mut served = FxHashMap::default();
+    if let Some(log) = own_log {
+        served.insert(host as u32, Served::new(log));
+    }
+    let first = !std::mem::replace(&mut state.borrow_mut().started, true);
+    if first {
+        if let Some(own) = state.borrow_mut().groups.get_mut(host as u32) {
+            own.campaign()?;
+        }
     }
     let r = Rc::new(RefCell::new(Replicator {
         w: w.clone(),
-        node,
-        groups,
-        log,
-        backlog: Vec::new(),
-        committed_own: 0,
-        compacted: Default::default(),
+        state,
+        served,
+        requested: Default::default(),
+        takeover_term: Default::default(),
+        adopt,
+        alive: true,
+        loop_waker: None,
     }));
-    if let Some(own) = r.borrow_mut().groups.get_mut(node as u32) {
-        own.campaign()?;
-    }
     r.borrow_mut().pump();
-    let handler_r = r.clone();
+    let handler_r = Rc::downgrade(&r);
     w.set_service_handler(Rc::new(move |from: Addr, frame: &[u8]| {
-        let mut me = handler_r.borrow_mut();
-        if let Err(e) = me.groups.step(replica_id(from.node), frame) {
+        let Some(r) = handler_r.upgrade() else { return };
+        let mut me = r.borrow_mut();
+        if !me.alive {
+            return;
+        }
+        let stepped = me.state.borrow_mut().groups.step(replica_id(from.node), frame);
+        if let Err(e) = stepped {
             log_warn(&format!("replication: a frame from {from} was refused: {e}"));
         }
         me.pump();
     }));
-    w.spawn(run(r));
-    Ok(())
+    w.spawn(run(r.clone()));
+    Ok(r)
 }
 
-/// The replicator's loop: propose what the log appended, tick on time, send what Raft says.
-async fn run(r: Rc<RefCell<Replicator>>) {
-    let (w, log) = {
-        let me = r.borrow();
-        (me.w.clone(), me.log.clone())
-    };
+/// The replicator's loop: propose what the served logs appended, tick on time, send what Raft
+/// says.
+async fn run(r: ReplicatorHandle) {
+    let w = r.borrow().w.clone();
     let mut next_tick_ns = w.now_ns() + TICK_US * 1000;
     loop {
         // A deadline, not a duration: rounding a duration down could wake the loop just before
         // the tick is due, again and again, without virtual time moving on.
         let mut sleep = w.sleep_until_ns(next_tick_ns);
-        let appended = std::future::poll_fn(|cx| {
-            let taken = log.take_for_replication(cx.waker());
-            if !taken.is_empty() {
-                return Poll::Ready(taken);
+        let alive = std::future::poll_fn(|cx| {
+            let mut me = r.borrow_mut();
+            if !me.alive {
+                return Poll::Ready(false);
             }
-            match Pin::new(&mut sleep).poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Vec::new()),
-                Poll::Pending => Poll::Pending,
+            me.loop_waker = Some(cx.waker().clone());
+            if me.take_appended(cx.waker()) {
+                return Poll::Ready(true);
             }
+            drop(me);
+            Pin::new(&mut sleep).poll(cx).map(|()| true)
         })
         .await;
+        if !alive {
+            return;
+        }
         let mut me = r.borrow_mut();
-        me.backlog.extend(appended);
         if w.now_ns() >= next_tick_ns {
-            let own = me.node as u32;
-            if let Some(g) = me.groups.get_mut(own) {
-                g.tick();
-            }
+            me.tick();
             next_tick_ns = w.now_ns() + TICK_US * 1000;
         }
-        me.propose_backlog();
+        me.propose_backlogs();
         me.pump();
     }
 }
 
 impl Replicator {
-    /// Hand the backlog to the own group, in order, until it refuses one.
-    fn propose_backlog(&mut self) {
-        let Some(own) = self.groups.get_mut(self.node as u32) else { return };
-        let mut accepted = 0;
-        for rec in &self.backlog {
-            match own.propose(rec.clone()) {
-                Ok(()) => accepted += 1,
-                Err(RaftLogError::NotLeader { .. } | RaftLogError::Backpressure { .. }) => break,
-                Err(e) => {
-                    log_warn(&format!("replication: node {} cannot propose: {e}", self.node));
-                    break;
+    /// The host crashed: this replicator does nothing more (its state stays for the next).
+    pub fn stop(&mut self) {
+        self.alive = false;
+        self.served.clear();
+    }
+
+    /// Serve `node` from now on: propose the records `log` appends to its group.
+    pub fn serve(&mut self, node: NodeId, log: Arc<NodeLog>) {
+        self.requested.remove(&(node as u32));
+        self.served.insert(node as u32, Served::new(log));
+        if let Some(w) = self.loop_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Another host took `node` over: stop proposing for the incarnation this host served.
+    pub fn forget(&mut self, node: NodeId) {
+        self.served.remove(&(node as u32));
+    }
+
+    /// The runtime could not take `node` over now: ask again when the log is settled.
+    pub fn adoption_refused(&mut self, node: NodeId) {
+        self.requested.remove(&(node as u32));
+    }
+
+    /// What `node` recovers from, if this host may take it over now: it is alive, leads the
+    /// node's log with a settled log, and has applied every committed record.
+    pub fn adoptable_state(&self, node: NodeId) -> Option<ReplayState> {
+        let st = self.state.borrow();
+        let g = st.groups.get(node as u32)?;
+        let ready = self.alive
+            && st.mode == Mode::Failover
+            && !self.served.contains_key(&(node as u32))
+            && self.takeover_term.get(&(node as u32)) == Some(&g.term())
+            && g.leads_with_settled_log()
+            && g.applied_index() >= g.commit_index();
+        ready.then(|| st.applied.get(&(node as u32)).cloned().unwrap_or_default())
+    }
+
+    /// Take what the served logs appended since the last look; `waker` hears of the next.
+    fn take_appended(&mut self, waker: &Waker) -> bool {
+        let mut any = false;
+        for s in self.served.values_mut() {
+            let taken = s.log.take_for_replication(waker);
+            if !taken.is_empty() {
+                s.taken += taken.len() as Lsn;
+                s.backlog.extend(taken);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn tick(&mut self) {
+        let mut st = self.state.borrow_mut();
+        match st.mode {
+            Mode::Failover => st.groups.tick_all(),
+            Mode::OwnerLeads => {
+                let own = st.host as u32;
+                if let Some(g) = st.groups.get_mut(own) {
+                    g.tick();
                 }
             }
         }
-        self.backlog.drain(..accepted);
     }
 
-    /// Send what every group has to send; report the own log's progress; keep logs bounded.
-    fn pump(&mut self) {
-        let mut outputs = Vec::new();
-        self.groups.poll_all(&mut outputs);
-        for (group, out) in outputs {
-            for (to, frame) in out.messages {
-                self.w.send_service(Addr::new(node_of_replica(to), 0), &frame);
-            }
-            if let Some(last) = out.committed.last() {
-                let e = self.compacted.entry(group).or_default();
-                e.0 = last.index;
-            }
-            if group == self.node as u32 && !out.committed.is_empty() {
-                // Only the owner proposes to its group, in log order, so the k-th committed
-                // entry is the record of LSN k.
-                self.committed_own += out.committed.len() as u64;
-                self.log.replicated_upto(self.committed_own);
+    /// Hand each backlog to its group, in order, until the group refuses one.
+    fn propose_backlogs(&mut self) {
+        let mut st = self.state.borrow_mut();
+        for (&group, s) in self.served.iter_mut() {
+            let Some(g) = st.groups.get_mut(group) else { continue };
+            let mut lsn = s.taken - s.backlog.len() as Lsn;
+            while let Some(rec) = s.backlog.front() {
+                match g.propose(rec.clone()) {
+                    Ok(()) => {
+                        lsn += 1;
+                        s.inflight.push_back((g.last_index(), g.term(), lsn));
+                        s.backlog.pop_front();
+                    }
+                    Err(RaftLogError::NotLeader { .. } | RaftLogError::Backpressure { .. }) => break,
+                    Err(e) => {
+                        log_warn(&format!("replication: host {} cannot propose to log {group}: {e}", st.host));
+                        break;
+                    }
+                }
             }
         }
-        self.compact();
+    }
+
+    /// Send what every group has to send; apply and report what committed; follow leadership.
+    fn pump(&mut self) {
+        let mut outputs = Vec::new();
+        self.state.borrow_mut().groups.poll_all(&mut outputs);
+        for (group, out) in outputs {
+            for (to, frame) in out.messages {
+                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), &frame);
+            }
+            self.committed(group, &out.committed);
+            if out.snapshot_index.is_some() && self.state.borrow().mode == Mode::Failover {
+                log_warn(&format!(
+                    "replication: host {} got a snapshot of log {group}, which carries no applied state",
+                    self.state.borrow().host
+                ));
+            }
+        }
+        if self.state.borrow().mode == Mode::Failover {
+            self.follow_leadership();
+        } else {
+            self.compact();
+        }
+    }
+
+    /// Committed entries of `group`: apply them (failover mode) and tell the served log which
+    /// of its records are durable.
+    fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry]) {
+        let Some(last) = entries.last() else { return };
+        let mut st = self.state.borrow_mut();
+        st.compacted.entry(group).or_default().0 = last.index;
+        if st.mode == Mode::Failover {
+            let applied = st.applied.entry(group).or_default();
+            for e in entries {
+                applied.apply(&e.data);
+            }
+            self.w.charge_ops(entries.len());
+        }
+        let Some(s) = self.served.get_mut(&group) else { return };
+        let mut durable = None;
+        let mut lost = false;
+        for e in entries {
+            match s.inflight.front() {
+                Some(&(index, term, lsn)) if index == e.index => {
+                    if term == e.term {
+                        durable = Some(lsn);
+                        s.inflight.pop_front();
+                    } else {
+                        lost = true;
+                    }
+                }
+                // An entry past our oldest proposal committed without it: it was overwritten.
+                Some(&(index, _, _)) if index < e.index => lost = true,
+                _ => {}
+            }
+        }
+        if let Some(lsn) = durable {
+            s.log.replicated_upto(lsn);
+        }
+        if lost {
+            // Another leader's entries replaced ours: this incarnation of the node can make
+            // nothing durable any more; the new leader's incarnation replaces it.
+            log_warn(&format!("replication: host {} lost proposals to log {group}", st.host));
+            self.served.remove(&group);
+        }
+    }
+
+    /// Stop serving the logs this host no longer leads; take over the ones it now leads. A
+    /// leader first commits a `Takeover` record in its own term: a host that was cut off (or
+    /// restarted) may still believe it leads an old term, and only a commit proves that a
+    /// majority follows it; once that record is committed and the whole log with it, the log
+    /// is settled and the node can be rebuilt from it.
+    fn follow_leadership(&mut self) {
+        let mut st = self.state.borrow_mut();
+        let host = st.host;
+        let me = replica_id(host);
+        let mut ask = Vec::new();
+        let groups: Vec<u32> = st.groups.group_ids().collect();
+        for group in groups {
+            let Some(g) = st.groups.get_mut(group) else { continue };
+            if let Some(s) = self.served.get_mut(&group) {
+                if g.is_leader() {
+                    let term = *s.led_term.get_or_insert(g.term());
+                    if term != g.term() {
+                        self.served.remove(&group);
+                    }
+                } else if s.led_term.is_some() || g.leader().is_some_and(|l| l != me) {
+                    // Deposed, or another replica won the first election: this incarnation
+                    // can make nothing durable any more.
+                    self.served.remove(&group);
+                }
+                continue;
+            }
+            if !g.is_leader() {
+                self.requested.remove(&group);
+                self.takeover_term.remove(&group);
+                continue;
+            }
+            if self.takeover_term.get(&group) != Some(&g.term()) {
+                let marker = crate::net::encode(&crate::protocols::common::durable::LogRecord::Takeover { host });
+                if g.propose(marker).is_ok() {
+                    self.takeover_term.insert(group, g.term());
+                }
+            } else if g.leads_with_settled_log() && !self.requested.contains(&group) {
+                ask.push(group);
+            }
+        }
+        drop(st);
+        if let Some(q) = &self.adopt {
+            for group in ask {
+                self.requested.insert(group);
+                q.borrow_mut().push((group as NodeId, host));
+            }
+        }
     }
 
     fn compact(&mut self) {
-        for (&group, (committed, done)) in self.compacted.iter_mut() {
+        let mut st = self.state.borrow_mut();
+        let ReplicaState { groups, compacted, .. } = &mut *st;
+        for (&group, (committed, done)) in compacted.iter_mut() {
             if *committed >= *done + COMPACT_EVERY {
-                if let Some(g) = self.groups.get_mut(group) {
+                if let Some(g) = groups.get_mut(group) {
                     g.compact(*committed);
                 }
                 *done = *committed;

@@ -48,6 +48,25 @@ struct SimLog {
 /// addresses), recover the node's state on them, start its clients, and return its new log.
 pub type Restart = Box<dyn FnMut(u16, Vec<Vec<u8>>, &[Rc<Worker>]) -> Arc<NodeLog>>;
 
+/// Failover of replicated nodes (`--durability replicated`), the runtime's side of
+/// `replication::service`'s failover mode. Hosts and nodes come apart: host h runs its log
+/// replicator on an extra worker `(h, workers)`, and node g (its partitions, its coordinator
+/// identity, its workers `(g, 0..workers)`) is served by whichever host leads g's log. A crash
+/// takes a host down with its replicator and the nodes it serves; the followers elect a new
+/// leader, which asks for the node; the simulator then rebuilds the node on fresh workers
+/// through [`Failover::adopt`] (and fences its previous incarnation by replacing it).
+pub trait Failover {
+    /// Host `host` crashed: its replicator stops (its Raft state is kept, as on disk).
+    fn host_crashed(&mut self, host: u16);
+    /// Host `host` is back: start its replicator on `w`, its fresh replication worker.
+    fn host_restarted(&mut self, host: u16, w: &Rc<Worker>);
+    /// Adoptions the replicators asked for since the last call: `(node, host)`.
+    fn take_requests(&mut self) -> Vec<(u16, u16)>;
+    /// Rebuild `node` on fresh `workers`, served by `host`; false (and nothing started) if
+    /// `host` can no longer take it over.
+    fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool;
+}
+
 enum FaultKind {
     Partition,
     Restart(u16),
@@ -63,7 +82,10 @@ struct Slot {
 pub struct SimWorld {
     now: Rc<Cell<u64>>,
     slots: Vec<Slot>,
+    /// Protocol workers per node.
     workers_per_node: u16,
+    /// Slots per node: the protocol workers, and with failover the host's replication worker.
+    slots_per_node: u16,
     events: BinaryHeap<Reverse<(u64, u64, usize)>>,
     payloads: Vec<Option<Ev>>,
     free: Vec<usize>,
@@ -76,7 +98,20 @@ pub struct SimWorld {
     link_last: rustc_hash::FxHashMap<(Addr, Addr), u64>,
     /// side[i] = which side of the current partition node i is on (None = no partition).
     side: Option<Vec<bool>>,
+    /// Per node: its workers are down (crashed, not yet restarted or taken over).
     node_down: Vec<bool>,
+    /// Per host: the machine is down. Without failover host n serves node n and both go
+    /// down together; with it, `hosted_by[g]` serves node g.
+    host_down: Vec<bool>,
+    hosted_by: Vec<u16>,
+    failover: Option<Box<dyn Failover>>,
+    /// Nodes rebuilt from a replica of their log by the host that leads it (failovers).
+    pub failovers: u64,
+    /// For each node that crashed and was taken over: how long it was down (virtual ns).
+    pub failover_ns: Vec<u64>,
+    /// Takeovers by another host while the node's previous host was down.
+    pub moved: u64,
+    down_since: Vec<u64>,
     logs: Vec<Option<SimLog>>,
     /// Bumped at each crash of a node, so that a flush of the lost incarnation's log that
     /// completes later is ignored.
@@ -88,6 +123,8 @@ pub struct SimWorld {
     worker_cfg: super::WorkerConfig,
     /// Crashes that lost a node's memory (each followed by a recovery).
     pub restarts: u64,
+    /// Incarnations of workers created so far (their RPC ids start past the previous ones).
+    incarnations: u64,
     pub packets_dropped: u64,
     pub packets_delivered: u64,
     /// CPU time charged to all workers so far (virtual ns).
@@ -100,6 +137,7 @@ impl SimWorld {
             now: Rc::new(Cell::new(0)),
             slots: Vec::new(),
             workers_per_node,
+            slots_per_node: workers_per_node,
             events: BinaryHeap::new(),
             payloads: Vec::new(),
             free: Vec::new(),
@@ -111,12 +149,20 @@ impl SimWorld {
             link_last: Default::default(),
             side: None,
             node_down: vec![false; nodes as usize],
+            host_down: vec![false; nodes as usize],
+            hosted_by: (0..nodes).collect(),
+            failover: None,
+            failovers: 0,
+            failover_ns: Vec::new(),
+            moved: 0,
+            down_since: vec![0; nodes as usize],
             logs: (0..nodes).map(|_| None).collect(),
             log_generation: vec![0; nodes as usize],
             restart: None,
             survived: vec![None; nodes as usize],
             worker_cfg: super::WorkerConfig::default(),
             restarts: 0,
+            incarnations: 0,
             packets_dropped: 0,
             packets_delivered: 0,
             busy_ns: 0,
@@ -137,7 +183,44 @@ impl SimWorld {
     }
 
     fn index(&self, a: Addr) -> usize {
-        a.node as usize * self.workers_per_node as usize + a.worker as usize
+        a.node as usize * self.slots_per_node as usize + a.worker as usize
+    }
+
+    /// Fail replicated nodes over (see [`Failover`]): every node gets a replication worker
+    /// `(n, workers)`, created with [`SimWorld::add_worker`] after its protocol workers.
+    pub fn set_failover(&mut self, failover: Box<dyn Failover>, cfg: super::WorkerConfig) {
+        assert!(self.slots.is_empty(), "set failover before adding workers");
+        self.worker_cfg = cfg;
+        self.slots_per_node = self.workers_per_node + 1;
+        self.failover = Some(failover);
+    }
+
+    /// The address of host `h`'s replication worker (with failover).
+    pub fn replication_addr(&self, h: u16) -> Addr {
+        Addr::new(h, self.workers_per_node)
+    }
+
+    /// The machine an address runs on: a replication worker on its own host, a node's worker
+    /// on the host that serves the node.
+    fn host_of(&self, a: Addr) -> usize {
+        if a.worker >= self.workers_per_node {
+            a.node as usize
+        } else {
+            self.hosted_by[a.node as usize] as usize
+        }
+    }
+
+    fn slot_down(&self, a: Addr) -> bool {
+        if a.worker >= self.workers_per_node {
+            self.host_down[a.node as usize]
+        } else {
+            self.node_down[a.node as usize]
+        }
+    }
+
+    /// Whether every node is up (served by a live host).
+    pub fn all_nodes_up(&self) -> bool {
+        !self.node_down.iter().any(|d| *d)
     }
 
     /// An executor for the worker at `addr`; create workers in address order.
@@ -251,7 +334,7 @@ impl SimWorld {
             match ev {
                 Ev::Deliver(p) => {
                     let i = self.index(p.dst);
-                    if self.node_down[p.dst.node as usize] {
+                    if self.slot_down(p.dst) {
                         self.packets_dropped += 1;
                     } else {
                         self.packets_delivered += 1;
@@ -271,6 +354,7 @@ impl SimWorld {
                 Ev::FlushDone(n, g) => self.flush_done(n, g),
             }
             self.collect_woken();
+            self.run_adoptions();
         }
     }
 
@@ -285,10 +369,10 @@ impl SimWorld {
     /// Let one worker run everything it can, charging the work as busy time.
     fn step(&mut self, i: usize) {
         let now = self.now.get();
-        let slot = &mut self.slots[i];
-        if self.node_down[slot.w.addr.node as usize] {
+        if self.slot_down(self.slots[i].w.addr) {
             return;
         }
+        let slot = &mut self.slots[i];
         if slot.busy_until > now {
             let t = slot.busy_until;
             self.wake(i, t);
@@ -324,14 +408,14 @@ impl SimWorld {
     }
 
     fn send(&mut self, p: Packet, depart: u64) {
-        let (s, d) = (p.src.node as usize, p.dst.node as usize);
+        let (s, d) = (self.host_of(p.src), self.host_of(p.dst));
         let cut = self.side.as_ref().is_some_and(|side| side[s] != side[d]);
         let lost = self.faults.loss > 0.0 && self.rng.gen_bool(self.faults.loss.min(1.0));
-        if cut || lost || self.node_down[s] {
+        if cut || lost || self.slot_down(p.src) {
             self.packets_dropped += 1;
             return;
         }
-        let mut at = depart + self.latency.sample_ns(p.src.node, p.dst.node, &mut self.rng);
+        let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng);
         let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
         at = at.max(*last);
         *last = at;
@@ -353,12 +437,8 @@ impl SimWorld {
             self.push(now + dur, Ev::Heal(FaultKind::Partition));
         } else if self.faults.crashes && nodes > 0 {
             let n = self.rng.gen_range(0..nodes);
-            if !self.node_down[n] {
-                self.node_down[n] = true;
-                for s in self.slots.iter_mut().filter(|s| s.w.addr.node as usize == n) {
-                    s.inbox.clear();
-                }
-                self.lose_memory(n);
+            if !self.host_down[n] {
+                self.crash_host(n);
                 self.push(now + dur, Ev::Heal(FaultKind::Restart(n as u16)));
             }
         }
@@ -379,10 +459,109 @@ impl SimWorld {
         self.faults.crashes = false;
         self.faults.loss = 0.0;
         self.side = None;
-        for n in 0..self.node_down.len() {
-            if self.node_down[n] {
+        for n in 0..self.host_down.len() {
+            if self.host_down[n] {
                 self.restart_node(n as u16);
             }
+        }
+    }
+
+    /// Host `h` crashes. Without failover, node h goes down with it (losing its memory if the
+    /// run has a restart hook). With failover, its replicator stops and every node it serves
+    /// loses its memory and stays down until a replica of its log takes it over.
+    fn crash_host(&mut self, h: usize) {
+        self.host_down[h] = true;
+        if self.failover.is_none() {
+            self.node_down[h] = true;
+            for s in self.slots.iter_mut().filter(|s| s.w.addr.node as usize == h) {
+                s.inbox.clear();
+            }
+            self.lose_memory(h);
+            return;
+        }
+        let i = self.index(self.replication_addr(h as u16));
+        self.slots[i].inbox.clear();
+        if let Some(f) = self.failover.as_mut() {
+            f.host_crashed(h as u16);
+        }
+        for g in 0..self.node_down.len() {
+            if self.hosted_by[g] as usize == h && !self.node_down[g] {
+                self.restarts += 1;
+                self.kill_node(g);
+            }
+        }
+    }
+
+    /// Node `g`'s incarnation ends: its clients report, its workers never run again.
+    fn kill_node(&mut self, g: usize) {
+        self.node_down[g] = true;
+        self.down_since[g] = self.now.get();
+        for s in
+            self.slots.iter_mut().filter(|s| s.w.addr.node as usize == g && s.w.addr.worker < self.workers_per_node)
+        {
+            s.inbox.clear();
+            s.w.crash();
+        }
+    }
+
+    /// Fresh workers at `addrs` for a new incarnation, numbering RPCs past every earlier one.
+    fn fresh_workers(&mut self, addrs: impl Iterator<Item = Addr>) -> Vec<Rc<Worker>> {
+        self.incarnations += 1;
+        let incarnation = self.incarnations;
+        addrs
+            .map(|addr| {
+                let idx = self.index(addr);
+                let woken = self.woken.clone();
+                let exec = Executor::new(Arc::new(move || woken.lock().push(idx)));
+                let w =
+                    Worker::new(addr, self.workers_per_node, Clock::Virtual(self.now.clone()), exec, &self.worker_cfg);
+                // Late replies to the lost incarnation's requests must not match new ones.
+                w.start_rpc_ids_at(incarnation << 40);
+                Rc::new(w)
+            })
+            .collect()
+    }
+
+    /// Put `workers` into their slots and run them.
+    fn install_workers(&mut self, workers: Vec<Rc<Worker>>) {
+        let now = self.now.get();
+        for w in workers {
+            let i = self.index(w.addr);
+            self.slots[i].w = w;
+            self.slots[i].inbox.clear();
+            self.slots[i].busy_until = now;
+            self.wake(i, now);
+        }
+    }
+
+    /// Carry out the takeovers the replicators asked for: node g, served by host h from now
+    /// on, is rebuilt from h's replica of its log on fresh workers; a previous incarnation
+    /// still running is fenced off by being replaced.
+    fn run_adoptions(&mut self) {
+        let Some(f) = self.failover.as_mut() else { return };
+        let requests = f.take_requests();
+        for (g, h) in requests {
+            if self.host_down[h as usize] {
+                continue;
+            }
+            let workers = self.fresh_workers((0..self.workers_per_node).map(|wi| Addr::new(g, wi)));
+            let adopted = self.failover.as_mut().is_some_and(|f| f.adopt(g, h, &workers));
+            if !adopted {
+                continue;
+            }
+            self.failovers += 1;
+            let previous = self.hosted_by[g as usize];
+            if previous != h && self.host_down[previous as usize] {
+                self.moved += 1;
+            }
+            if self.node_down[g as usize] {
+                self.failover_ns.push(self.now.get() - self.down_since[g as usize]);
+            } else {
+                self.kill_node(g as usize);
+            }
+            self.node_down[g as usize] = false;
+            self.hosted_by[g as usize] = h;
+            self.install_workers(workers);
         }
     }
 
@@ -410,40 +589,31 @@ impl SimWorld {
         self.survived[n] = Some(kept);
     }
 
-    /// Bring node `n` back: rebuilt from its disk if its memory was lost, else resumed.
+    /// Bring host `n` back. With failover: a fresh replication worker resumes its replicas (the
+    /// nodes it served come back only by a takeover). Without: node n is rebuilt from its disk
+    /// if its memory was lost, else resumed.
     fn restart_node(&mut self, n: u16) {
+        self.host_down[n as usize] = false;
+        if self.failover.is_some() {
+            let workers = self.fresh_workers(std::iter::once(self.replication_addr(n)));
+            if let Some(f) = self.failover.as_mut() {
+                f.host_restarted(n, &workers[0]);
+            }
+            self.install_workers(workers);
+            return;
+        }
         self.node_down[n as usize] = false;
         let now = self.now.get();
-        if let (Some(kept), Some(restart)) = (self.survived[n as usize].take(), self.restart.as_mut()) {
+        if let (Some(kept), true) = (self.survived[n as usize].take(), self.restart.is_some()) {
             self.restarts += 1;
-            let incarnation = self.restarts;
-            let workers: Vec<Rc<Worker>> = (0..self.workers_per_node)
-                .map(|wi| {
-                    let addr = Addr::new(n, wi);
-                    let idx = n as usize * self.workers_per_node as usize + wi as usize;
-                    let woken = self.woken.clone();
-                    let exec = Executor::new(Arc::new(move || woken.lock().push(idx)));
-                    let w = Worker::new(
-                        addr,
-                        self.workers_per_node,
-                        Clock::Virtual(self.now.clone()),
-                        exec,
-                        &self.worker_cfg,
-                    );
-                    // Late replies to the lost incarnation's requests must not match new ones.
-                    w.start_rpc_ids_at(incarnation << 40);
-                    Rc::new(w)
-                })
-                .collect();
+            let workers = self.fresh_workers((0..self.workers_per_node).map(|wi| Addr::new(n, wi)));
+            let restart = self.restart.as_mut().expect("checked");
             let log = restart(n, kept, &workers);
             if let Some(l) = self.logs[n as usize].as_mut() {
                 l.log = log;
             }
-            for w in workers {
-                let i = self.index(w.addr);
-                self.slots[i].w = w;
-                self.slots[i].inbox.clear();
-            }
+            self.install_workers(workers);
+            return;
         }
         for i in 0..self.slots.len() {
             if self.slots[i].w.addr.node == n {

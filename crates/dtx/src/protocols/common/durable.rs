@@ -42,6 +42,10 @@ pub enum LogRecord {
     Outcome { txn: TxnId, committed: bool },
     /// Every participant acknowledged the commit of `txn`.
     Ended { txn: TxnId },
+    /// A replica of a replicated log became its leader and will rebuild the node from the
+    /// records before this one (`replication::service`): committing it proves the leadership
+    /// current. It changes nothing on replay.
+    Takeover { host: NodeId },
 }
 
 /// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
@@ -88,7 +92,7 @@ pub struct Recovery {
 /// commits not every participant acknowledged, and the last boot number. Recovery replays into
 /// it; the checkpointer keeps one up to date beside the running node and writes it out as a
 /// checkpoint, after which the log before it can go.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ReplayState {
     /// Row -> (latest committed value, committed writes since the initial load).
     pub rows: FxHashMap<RowKey, (Option<Value>, u64)>,
@@ -145,6 +149,7 @@ impl ReplayState {
             LogRecord::Ended { txn } => {
                 self.unended.remove(&txn);
             }
+            LogRecord::Takeover { .. } => {}
         }
     }
 
