@@ -112,6 +112,12 @@ pub struct BenchArgs {
     /// Packet loss probability when `loss` is among --faults.
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     loss: f64,
+    /// Mean time between injected crashes or partitions (sim), e.g. 200ms.
+    #[arg(long, default_value = "200ms")]
+    fault_every: String,
+    /// How long a crashed host stays down, or a partition lasts (sim), e.g. 100ms.
+    #[arg(long, default_value = "100ms")]
+    fault_duration: String,
     /// Write the JSON report here (default: in the results folder).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -267,7 +273,14 @@ impl BenchArgs {
                 anyhow::bail!("--regions uses region {r} but the latency matrix has {regions} regions");
             }
         }
-        let mut faults = FaultPlan { fault_interval_us: 200_000, fault_duration_us: 100_000, ..Default::default() };
+        let mut faults = FaultPlan {
+            fault_interval_us: parse_duration_us(&self.fault_every).context("--fault-every")?,
+            fault_duration_us: parse_duration_us(&self.fault_duration).context("--fault-duration")?,
+            ..Default::default()
+        };
+        if faults.fault_interval_us < 1_000 || faults.fault_duration_us < 1_000 {
+            anyhow::bail!("--fault-every and --fault-duration must be at least 1ms");
+        }
         for f in self.faults.split(',').map(str::trim).filter(|f| !f.is_empty()) {
             match f {
                 "crash" => faults.crashes = true,

@@ -142,6 +142,8 @@ pub struct NodeSetup {
     pub replicated: Option<(Arc<NodeLog>, u16)>,
     /// The node's log, if the run is durable (shut down when the run ends).
     pub log: Option<Arc<NodeLog>>,
+    /// The run's cluster id: logs and replication frames of another cluster are refused.
+    pub cluster_id: u64,
 }
 
 impl NodeSetup {
@@ -194,7 +196,14 @@ pub fn build_node(
         env.checkpoint = opened.checkpoint;
         env.checkpoint_every = spec.durability.checkpoint_every;
     }
-    Ok(NodeSetup { proto: (info.make)().build_node(env), workload, topo, replicated, log: node_log })
+    Ok(NodeSetup {
+        proto: (info.make)().build_node(env),
+        workload,
+        topo,
+        replicated,
+        log: node_log,
+        cluster_id: spec.durability.cluster_id,
+    })
 }
 
 /// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
@@ -246,9 +255,9 @@ pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol>
     if let (Some((log, replicas)), 0) = (&node.replicated, w.addr.worker) {
         let seed = w.rng.borrow_mut().gen::<u64>();
         use crate::replication::service;
-        let started =
-            service::ReplicaState::new(w.addr.node, node.topo.nodes, *replicas, service::Mode::OwnerLeads, seed)
-                .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
+        let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
+        let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed)
+            .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
         if let Err(e) = started {
             crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
         }
@@ -435,17 +444,14 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts, moved: world.moved })
 }
 
+/// A job started on a worker after the run, as `driver::final_read` is.
+type AfterRunJob<'a> = dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workload>) + 'a;
+
 /// Run an after-run job (the final read, the final checks) on worker 0 of node 0 until `done`
 /// or `limit_ns` more of virtual time. With failover, node 0 may be taken over meanwhile (a
 /// leadership change after the faults healed), which ends the job with its incarnation: it is
 /// started again on the new one.
-fn run_after(
-    world: &mut SimWorld,
-    protos: &Protos,
-    limit_ns: u64,
-    done: &dyn Fn() -> bool,
-    job: &dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workload>),
-) {
+fn run_after(world: &mut SimWorld, protos: &Protos, limit_ns: u64, done: &dyn Fn() -> bool, job: &AfterRunJob<'_>) {
     let limit = world.now_ns() + limit_ns;
     let mut running_on: Option<Rc<Worker>> = None;
     while !done() && world.now_ns() < limit {
@@ -502,8 +508,9 @@ impl SimFailover {
         use crate::replication::service;
         let mut me = self.0.borrow_mut();
         let seed = me.spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
+        let d = &me.spec.durability;
         let state =
-            service::ReplicaState::new(n, me.spec.nodes, me.spec.durability.replicas, service::Mode::Failover, seed)?;
+            service::ReplicaState::new(n, d.cluster_id, me.spec.nodes, d.replicas, service::Mode::Failover, seed)?;
         let state = Rc::new(std::cell::RefCell::new(state));
         me.states.push(state.clone());
         let r = service::start(w, state, own_log, Some(me.requests.clone()))?;

@@ -73,6 +73,9 @@ pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
 /// to (derived from that log, so it survives with it).
 pub struct ReplicaState {
     host: NodeId,
+    /// Every frame carries it; a frame of another cluster is refused (a replica started over
+    /// another cluster's configuration, or a stray process on a reused port).
+    cluster_id: u64,
     mode: Mode,
     groups: RaftGroups,
     applied: FxHashMap<u32, ReplayState>,
@@ -84,7 +87,14 @@ pub struct ReplicaState {
 
 impl ReplicaState {
     /// The replicas host `host` holds: one per node whose log it is a voter of.
-    pub fn new(host: NodeId, nodes: u16, replicas: u16, mode: Mode, seed: u64) -> Result<Self, RaftLogError> {
+    pub fn new(
+        host: NodeId,
+        cluster_id: u64,
+        nodes: u16,
+        replicas: u16,
+        mode: Mode,
+        seed: u64,
+    ) -> Result<Self, RaftLogError> {
         // Owner-led: only the owner ticks, so it must not step down when it loses touch with a
         // majority (check-quorum): nobody else would take over, and followers that do not tick
         // would refuse its votes forever. In failover mode everyone ticks, and a leader cut off
@@ -98,6 +108,7 @@ impl ReplicaState {
         }
         Ok(ReplicaState {
             host,
+            cluster_id,
             mode,
             groups,
             applied: Default::default(),
@@ -141,6 +152,8 @@ pub struct Replicator {
     alive: bool,
     /// The replicator loop's waker, to pick up a log served from now on.
     loop_waker: Option<Waker>,
+    /// Senders whose frames were refused (reported once each).
+    refused_from: FxHashSet<Addr>,
 }
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
@@ -173,6 +186,7 @@ pub fn start(
         adopt,
         alive: true,
         loop_waker: None,
+        refused_from: Default::default(),
     }));
     r.borrow_mut().pump();
     let handler_r = Rc::downgrade(&r);
@@ -182,9 +196,18 @@ pub fn start(
         if !me.alive {
             return;
         }
-        let stepped = me.state.borrow_mut().groups.step(replica_id(from.node), frame);
+        let cluster_id = me.state.borrow().cluster_id;
+        let stepped = match open_frame(frame, cluster_id) {
+            Ok(raft_frame) => {
+                me.state.borrow_mut().groups.step(replica_id(from.node), raft_frame).map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e),
+        };
         if let Err(e) = stepped {
-            log_warn(&format!("replication: a frame from {from} was refused: {e}"));
+            if me.refused_from.insert(from) {
+                log_warn(&format!("replication: a frame from {from} was refused (further ones are not reported): {e}"));
+            }
+            return;
         }
         me.pump();
     }));
@@ -322,8 +345,10 @@ impl Replicator {
         let mut outputs = Vec::new();
         self.state.borrow_mut().groups.poll_all(&mut outputs);
         for (group, out) in outputs {
+            let cluster_id = self.state.borrow().cluster_id;
             for (to, frame) in out.messages {
-                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), &frame);
+                let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
+                self.w.send_service(dst, &seal_frame(cluster_id, &frame));
             }
             self.committed(group, &out.committed);
             if out.snapshot_index.is_some() && self.state.borrow().mode == Mode::Failover {
@@ -445,9 +470,38 @@ impl Replicator {
     }
 }
 
+/// A Raft frame as it travels: the cluster id (8 bytes, little-endian) in front.
+fn seal_frame(cluster_id: u64, raft_frame: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + raft_frame.len());
+    v.extend_from_slice(&cluster_id.to_le_bytes());
+    v.extend_from_slice(raft_frame);
+    v
+}
+
+/// The Raft frame inside a frame of cluster `cluster_id`, or why it is refused.
+fn open_frame(frame: &[u8], cluster_id: u64) -> Result<&[u8], String> {
+    let Some((id, rest)) = frame.split_first_chunk::<8>() else {
+        return Err(format!("a frame of {} bytes is too short to name its cluster", frame.len()));
+    };
+    let id = u64::from_le_bytes(*id);
+    if id != cluster_id {
+        return Err(format!("it belongs to cluster {id:016x}, not to this cluster ({cluster_id:016x})"));
+    }
+    Ok(rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_of_another_cluster_is_refused_naming_both() {
+        let frame = seal_frame(0xabc, b"raft");
+        assert_eq!(open_frame(&frame, 0xabc), Ok(&b"raft"[..]));
+        let err = open_frame(&frame, 0xdef).unwrap_err();
+        assert!(err.contains("0000000000000abc") && err.contains("0000000000000def"), "{err}");
+        assert!(open_frame(b"short", 0xabc).unwrap_err().contains("too short"));
+    }
 
     #[test]
     fn every_node_leads_its_log_and_follows_the_next_ones() {
