@@ -30,6 +30,27 @@ impl Value {
     pub fn prefetch(&self) {
         prefetch_line(self.0.as_ptr());
     }
+
+    /// A copy of `old`, zero padded to `len` bytes if it is shorter, patched by `f`: one
+    /// allocation and one copy (no staging buffer).
+    #[inline]
+    pub fn patched(old: &[u8], len: usize, f: impl FnOnce(&mut [u8])) -> Value {
+        static ZEROS: [u8; 1024] = [0; 1024];
+        use std::sync::Arc;
+        let mut bytes: Arc<[u8]> = if len <= old.len() {
+            old.into()
+        } else if len <= ZEROS.len() {
+            let mut b: Arc<[u8]> = ZEROS[..len].into();
+            Arc::get_mut(&mut b).expect("a new value has no other owner")[..old.len()].copy_from_slice(old);
+            b
+        } else {
+            let mut v = vec![0; len];
+            v[..old.len()].copy_from_slice(old);
+            v.into()
+        };
+        f(Arc::get_mut(&mut bytes).expect("a new value has no other owner"));
+        Value(bytes)
+    }
 }
 
 impl From<Vec<u8>> for Value {

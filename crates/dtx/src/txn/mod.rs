@@ -163,18 +163,24 @@ impl<'a> Ctx<'a> {
 
 /// The keys a one-shot transaction will read and write. Workloads fill `reads` and `writes`
 /// before execution (directly, or through [`KeySet::read`]/[`KeySet::write`] which skip
-/// duplicates); during execution the set is only read, and `covers` answers from a sorted index
+/// duplicates); during execution the set is only read, and `covers` answers from a hash index
 /// built on first use when the set is large, so a transaction over thousands of keys (an audit)
-/// does not check each access against every declared key. (Sorted rather than hashed: for the
-/// 30-50 keys of a New-Order, sorting once and bisecting costs less than building a hash map.)
+/// does not check each access against every declared key. (An open-addressing table of
+/// positions: for the 30-50 keys of a New-Order, building it costs less than sorting them.)
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeySet {
     pub reads: Vec<RowKey>,
     pub writes: Vec<RowKey>,
-    /// (key, written) sorted by key, one entry per key; built by `covers` for sets larger than
-    /// [`KeySet::LINEAR_MAX`].
+    /// Built by `covers` for sets larger than [`KeySet::LINEAR_MAX`]: slots of 1 + a position in
+    /// `writes` (positive) or in `reads` (negative), 0 = empty; a power of two, at most half full.
     #[serde(skip)]
-    index: std::cell::OnceCell<Vec<(RowKey, bool)>>,
+    index: std::cell::OnceCell<Vec<i32>>,
+}
+
+#[inline]
+fn key_hash(k: RowKey, mask: usize) -> usize {
+    let h = (k.key ^ ((k.table as u64) << 56)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 32) as usize & mask
 }
 
 impl KeySet {
@@ -199,21 +205,50 @@ impl KeySet {
         }
     }
 
+    fn build_index(&self) -> Vec<i32> {
+        let n = self.reads.len() + self.writes.len();
+        let mut slots = vec![0i32; (2 * n).next_power_of_two()];
+        let mask = slots.len() - 1;
+        // Writes first: a key both written and read keeps its written entry.
+        let entries = self.writes.iter().enumerate().map(|(i, k)| (*k, i as i32 + 1));
+        for (k, e) in entries.chain(self.reads.iter().enumerate().map(|(i, k)| (*k, -(i as i32) - 1))) {
+            let mut h = key_hash(k, mask);
+            loop {
+                match slots[h] {
+                    0 => {
+                        slots[h] = e;
+                        break;
+                    }
+                    o if self.entry_key(o) == k => break,
+                    _ => h = (h + 1) & mask,
+                }
+            }
+        }
+        slots
+    }
+
+    #[inline]
+    fn entry_key(&self, e: i32) -> RowKey {
+        if e > 0 {
+            self.writes[e as usize - 1]
+        } else {
+            self.reads[(-e) as usize - 1]
+        }
+    }
+
     pub fn covers(&self, k: RowKey, write: bool) -> bool {
         if self.reads.len() + self.writes.len() <= Self::LINEAR_MAX {
             return self.writes.contains(&k) || (!write && self.reads.contains(&k));
         }
-        let index = self.index.get_or_init(|| {
-            let mut v: Vec<(RowKey, bool)> = self.writes.iter().map(|w| (*w, true)).collect();
-            v.extend(self.reads.iter().map(|r| (*r, false)));
-            // Stable sort: for a key both written and read, the written entry stays first.
-            v.sort_by_key(|e| e.0);
-            v.dedup_by_key(|e| e.0);
-            v
-        });
-        match index.binary_search_by_key(&k, |e| e.0) {
-            Ok(i) => index[i].1 || !write,
-            Err(_) => false,
+        let slots = self.index.get_or_init(|| self.build_index());
+        let mask = slots.len() - 1;
+        let mut h = key_hash(k, mask);
+        loop {
+            match slots[h] {
+                0 => return false,
+                e if self.entry_key(e) == k => return e > 0 || !write,
+                _ => h = (h + 1) & mask,
+            }
         }
     }
 

@@ -345,6 +345,8 @@ impl Workload for Tpcc {
                 let a = req.args::<NewOrderArgs>();
                 let (w, d, o) = (a.w, a.d, a.o_hint);
                 let lines = &a.lines[..a.n];
+                keys.reads.reserve(lines.len() + 3);
+                keys.writes.reserve(2 * lines.len() + 4);
                 for l in lines {
                     keys.reads.push(item_key(self.item_partition(req.home, l.i), l.i));
                 }
