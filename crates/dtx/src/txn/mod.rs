@@ -68,18 +68,36 @@ impl Abort {
 
 pub type TxnResult<T> = Result<T, Abort>;
 
-/// A step of execution: done now, or waiting for a remote participant.
+/// A step of execution: done now, or waiting for a remote participant. A step is itself the
+/// future a procedure awaits, so a local access costs no async state machine of its own.
 pub enum Step<'a, T> {
     Ready(TxnResult<T>),
     Wait(LocalBoxFuture<'a, TxnResult<T>>),
+    /// A `Ready` step whose result was taken by polling it.
+    Taken,
 }
 
 impl<'a, T> Step<'a, T> {
     #[inline]
     pub async fn get(self) -> TxnResult<T> {
-        match self {
-            Step::Ready(r) => r,
-            Step::Wait(f) => f.await,
+        self.await
+    }
+}
+
+impl<'a, T> std::future::Future for Step<'a, T> {
+    type Output = TxnResult<T>;
+
+    #[inline]
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<TxnResult<T>> {
+        // SAFETY: nothing is pinned in place: `Ready` holds a plain result, which is moved out,
+        // and `Wait` a boxed future, which is pinned by its box.
+        let this = unsafe { self.get_unchecked_mut() };
+        if let Step::Wait(f) = this {
+            return f.as_mut().poll(cx);
+        }
+        match std::mem::replace(this, Step::Taken) {
+            Step::Ready(r) => std::task::Poll::Ready(r),
+            _ => panic!("a step was polled after it completed"),
         }
     }
 }
@@ -132,32 +150,43 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    pub async fn read(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
-        self.check(key, false)?;
-        self.access.read(key).get().await
+    // Plain functions returning the protocol's step (a future): a local access completes
+    // when first polled, with no state machine per call.
+
+    pub fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        match self.check(key, false) {
+            Ok(()) => self.access.read(key),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn read_for_update(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
-        self.check(key, true)?;
-        self.access.read_for_update(key).get().await
+    pub fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        match self.check(key, true) {
+            Ok(()) => self.access.read_for_update(key),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn write(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
-        self.check(key, true)?;
-        self.access.write(key, Some(value)).get().await
+    pub fn write(&mut self, key: RowKey, value: Value) -> Step<'_, ()> {
+        match self.check(key, true) {
+            Ok(()) => self.access.write(key, Some(value)),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn insert(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
-        self.write(key, value).await
+    pub fn insert(&mut self, key: RowKey, value: Value) -> Step<'_, ()> {
+        self.write(key, value)
     }
 
-    pub async fn delete(&mut self, key: RowKey) -> TxnResult<()> {
-        self.check(key, true)?;
-        self.access.write(key, None).get().await
+    pub fn delete(&mut self, key: RowKey) -> Step<'_, ()> {
+        match self.check(key, true) {
+            Ok(()) => self.access.write(key, None),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn scan(&mut self, scan: Scan) -> TxnResult<Vec<(u64, Value)>> {
-        self.access.scan(scan).get().await
+    pub fn scan(&mut self, scan: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        self.access.scan(scan)
     }
 }
 

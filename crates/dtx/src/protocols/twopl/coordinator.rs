@@ -369,7 +369,7 @@ impl<'a> Access for TplTxn<'a> {
             return Step::Ready(Ok(()));
         }
         Step::Wait(Box::pin(async move {
-            self.access(key, Mode::Exclusive).get().await?;
+            self.access(key, Mode::Exclusive).await?;
             self.buffer_write(key, value);
             Ok(())
         }))
