@@ -9,9 +9,10 @@
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub type TableId = u16;
 
@@ -28,6 +29,27 @@ impl Value {
     #[inline]
     pub fn prefetch(&self) {
         prefetch_line(self.0.as_ptr());
+    }
+
+    /// A copy of `old`, zero padded to `len` bytes if it is shorter, patched by `f`: one
+    /// allocation and one copy (no staging buffer).
+    #[inline]
+    pub fn patched(old: &[u8], len: usize, f: impl FnOnce(&mut [u8])) -> Value {
+        static ZEROS: [u8; 1024] = [0; 1024];
+        use std::sync::Arc;
+        let mut bytes: Arc<[u8]> = if len <= old.len() {
+            old.into()
+        } else if len <= ZEROS.len() {
+            let mut b: Arc<[u8]> = ZEROS[..len].into();
+            Arc::get_mut(&mut b).expect("a new value has no other owner")[..old.len()].copy_from_slice(old);
+            b
+        } else {
+            let mut v = vec![0; len];
+            v[..old.len()].copy_from_slice(old);
+            v.into()
+        };
+        f(Arc::get_mut(&mut bytes).expect("a new value has no other owner"));
+        Value(bytes)
     }
 }
 
@@ -117,6 +139,23 @@ pub struct TableDef {
     /// their records live in one array indexed by key, with no hash probe and no index lock.
     /// Only for tables without an ordered index.
     pub dense: Vec<std::ops::Range<u64>>,
+    /// How an ordered table indexes its keys.
+    pub layout: Layout,
+}
+
+/// The index of an ordered table. A B-tree costs a descent of cache misses per insert into a
+/// large table; the others find a key with one hash probe when the keys' shape allows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Layout {
+    #[default]
+    Tree,
+    /// Keys arrive in dense ascending runs (TPC-C's order ids, which have no gaps): records live
+    /// in chunks of [`CHUNK_KEYS`] consecutive keys, found through a hash of `key / CHUNK_KEYS`.
+    /// Wasteful for sparse keys.
+    Chunks,
+    /// Keys fall into many small groups of equal `key >> bits` (a customer's orders), each a
+    /// sorted vector found through a hash of the group; a new key is usually its group's largest.
+    Groups(u32),
 }
 
 pub struct Row<M> {
@@ -210,9 +249,62 @@ struct OrderedIndex<M> {
     arena: Arena<M>,
 }
 
+/// Keys per chunk of a chunked table (a power of two): 16 KiB of records.
+pub const CHUNK_KEYS: u64 = 256;
+const CHUNK_WORDS: usize = CHUNK_KEYS as usize / 64;
+
+/// `CHUNK_KEYS` consecutive keys' records, allocated together; a key has a record once its
+/// bit in `created` is set (until then it is not in the table, as a B-tree would not hold it).
+struct Chunk<M> {
+    recs: Box<[Record<M>]>,
+    created: [AtomicU64; CHUNK_WORDS],
+}
+
+impl<M: Default> Chunk<M> {
+    fn new() -> Box<Self> {
+        Box::new(Chunk {
+            recs: (0..CHUNK_KEYS).map(|_| Record::default()).collect(),
+            created: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+}
+
+impl<M> Chunk<M> {
+    #[inline]
+    fn created(&self, slot: usize) -> bool {
+        self.created[slot / 64].load(Ordering::Acquire) & (1 << (slot % 64)) != 0
+    }
+}
+
+/// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, and the
+/// chunk numbers in order for range scans. A chunk is never freed or moved while the table lives.
+struct ChunkIndex<M> {
+    chunks: FxHashMap<u64, Box<Chunk<M>>>,
+    order: BTreeSet<u64>,
+}
+
+/// A grouped ordered table: each group's keys sorted, the groups by number for point access and
+/// in order for scans over several groups.
+struct GroupIndex<M> {
+    bits: u32,
+    groups: FxHashMap<u64, Vec<(u64, RecPtr<M>)>>,
+    order: BTreeSet<u64>,
+    arena: Arena<M>,
+}
+
+impl<M> GroupIndex<M> {
+    #[inline]
+    fn find(&self, key: u64) -> Option<NonNull<Record<M>>> {
+        let g = self.groups.get(&(key >> self.bits))?;
+        g.binary_search_by_key(&key, |e| e.0).ok().map(|i| g[i].1 .0)
+    }
+}
+
 enum Index<M> {
     Hash(Box<[RwLock<HashShard<M>>]>),
     Ordered(RwLock<OrderedIndex<M>>),
+    Chunked(RwLock<ChunkIndex<M>>),
+    Grouped(RwLock<GroupIndex<M>>),
 }
 
 /// Records are allocated from arenas and never removed or moved while the table lives, so a
@@ -234,13 +326,19 @@ fn shard_of(key: u64) -> usize {
 impl<M: Default + Send> Table<M> {
     fn new(def: TableDef) -> Self {
         assert!(def.dense.is_empty() || !def.ordered, "table {}: dense ranges need an unordered table", def.name);
+        assert!(def.ordered || def.layout == Layout::Tree, "table {}: only ordered tables have a layout", def.name);
         let dense = def
             .dense
             .iter()
             .map(|r| (r.start, (r.start..r.end).map(|_| Record::default()).collect::<Box<[_]>>()))
             .collect();
         let dense_rows: usize = def.dense.iter().map(|r| (r.end - r.start) as usize).sum();
-        let index = if def.ordered {
+        let index = if def.ordered && def.layout == Layout::Chunks {
+            Index::Chunked(RwLock::new(ChunkIndex { chunks: FxHashMap::default(), order: BTreeSet::new() }))
+        } else if let (true, Layout::Groups(bits)) = (def.ordered, def.layout) {
+            let (groups, order, arena) = (FxHashMap::default(), BTreeSet::new(), Arena::new());
+            Index::Grouped(RwLock::new(GroupIndex { bits, groups, order, arena }))
+        } else if def.ordered {
             Index::Ordered(RwLock::new(OrderedIndex { map: BTreeMap::new(), arena: Arena::new() }))
         } else {
             let per_shard = def.expected_rows.saturating_sub(dense_rows) / SHARDS + 1;
@@ -266,8 +364,19 @@ impl<M: Default + Send> Table<M> {
         let ptr = match &self.index {
             Index::Hash(shards) => shards[shard_of(key)].read().map.get(&key)?.0,
             Index::Ordered(ord) => ord.read().map.get(&key)?.0,
+            Index::Chunked(ch) => {
+                let slot = (key % CHUNK_KEYS) as usize;
+                let ch = ch.read();
+                let chunk: &Chunk<M> = ch.chunks.get(&(key / CHUNK_KEYS))?;
+                if !chunk.created(slot) {
+                    return None;
+                }
+                NonNull::from(&chunk.recs[slot])
+            }
+            Index::Grouped(gr) => gr.read().find(key)?,
         };
-        // SAFETY: arena records are never freed or moved while `self` lives (see the type's doc).
+        // SAFETY: arena records and chunks are never freed or moved while `self` lives (see the
+        // type's doc).
         Some(unsafe { ptr.as_ref() })
     }
 
@@ -292,6 +401,50 @@ impl<M: Default + Send> Table<M> {
                 let OrderedIndex { map, arena } = &mut *ord;
                 map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
             }
+            Index::Chunked(ch) => {
+                let (no, slot) = (key / CHUNK_KEYS, (key % CHUNK_KEYS) as usize);
+                let created = |chunk: &Chunk<M>| {
+                    chunk.created[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel);
+                    NonNull::from(&chunk.recs[slot])
+                };
+                let found = ch.read().chunks.get(&no).map(|c| created(c));
+                match found {
+                    Some(p) => p,
+                    None => {
+                        let mut ch = ch.write();
+                        let ChunkIndex { chunks, order } = &mut *ch;
+                        let chunk = chunks.entry(no).or_insert_with(|| {
+                            order.insert(no);
+                            Chunk::new()
+                        });
+                        created(chunk)
+                    }
+                }
+            }
+            Index::Grouped(gr) => {
+                let found = gr.read().find(key);
+                match found {
+                    Some(p) => p,
+                    None => {
+                        let mut gr = gr.write();
+                        let GroupIndex { bits, groups, order, arena } = &mut *gr;
+                        let g = groups.entry(key >> *bits).or_insert_with(|| {
+                            order.insert(key >> *bits);
+                            Vec::new()
+                        });
+                        // Usually past the group's last key; another thread may have created it.
+                        let at = g.partition_point(|e| e.0 < key);
+                        match g.get(at) {
+                            Some(e) if e.0 == key => e.1 .0,
+                            _ => {
+                                let p = arena.alloc();
+                                g.insert(at, (key, RecPtr(p)));
+                                p
+                            }
+                        }
+                    }
+                }
+            }
         };
         // SAFETY: as in `get`.
         unsafe { ptr.as_ref() }
@@ -306,6 +459,15 @@ impl<M: Default + Send> Table<M> {
     /// Records with keys in `[lo, hi]`, ascending (or descending), at most `limit`.
     /// Absent records (tombstones, uncommitted inserts) are included: the protocol decides.
     pub fn range(&self, lo: u64, hi: u64, limit: usize, descending: bool) -> Vec<(u64, &Record<M>)> {
+        if lo > hi {
+            return Vec::new();
+        }
+        if let Index::Chunked(ch) = &self.index {
+            return self.chunk_range(&ch.read(), lo, hi, limit, descending);
+        }
+        if let Index::Grouped(gr) = &self.index {
+            return self.group_range(&gr.read(), lo, hi, limit, descending);
+        }
         let Index::Ordered(ord) = &self.index else {
             return Vec::new();
         };
@@ -318,6 +480,99 @@ impl<M: Default + Send> Table<M> {
         } else {
             it.take(limit).map(pick).collect()
         }
+    }
+
+    /// `range` over a chunked index (whose lock the caller holds): the records live as long as
+    /// the table, not the lock.
+    fn chunk_range(
+        &self,
+        ch: &ChunkIndex<M>,
+        lo: u64,
+        hi: u64,
+        limit: usize,
+        descending: bool,
+    ) -> Vec<(u64, &Record<M>)> {
+        let mut out = Vec::new();
+        let mut visit = |no: u64| {
+            let chunk = &ch.chunks[&no];
+            let first = no * CHUNK_KEYS;
+            let (a, b) = (lo.max(first) - first, hi.min(first + CHUNK_KEYS - 1) - first);
+            let mut take = |slot: u64| {
+                if out.len() >= limit {
+                    return false;
+                }
+                if chunk.created(slot as usize) {
+                    // SAFETY: chunks are never freed or moved while the table lives.
+                    let rec: &Record<M> = unsafe { NonNull::from(&chunk.recs[slot as usize]).as_ref() };
+                    out.push((first + slot, rec));
+                }
+                true
+            };
+            if descending {
+                (a..=b).rev().all(&mut take)
+            } else {
+                (a..=b).all(&mut take)
+            }
+        };
+        let nos = ch.order.range(lo / CHUNK_KEYS..=hi / CHUNK_KEYS);
+        if descending {
+            for no in nos.rev() {
+                if !visit(*no) {
+                    break;
+                }
+            }
+        } else {
+            for no in nos {
+                if !visit(*no) {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// `range` over a grouped index (whose lock the caller holds).
+    fn group_range(
+        &self,
+        gr: &GroupIndex<M>,
+        lo: u64,
+        hi: u64,
+        limit: usize,
+        descending: bool,
+    ) -> Vec<(u64, &Record<M>)> {
+        let mut out = Vec::new();
+        let mut visit = |no: u64| {
+            let g = &gr.groups[&no];
+            let (a, b) = (g.partition_point(|e| e.0 < lo), g.partition_point(|e| e.0 <= hi));
+            // SAFETY: arena records are never freed or moved while the table lives.
+            let pick = |e: &(u64, RecPtr<M>)| (e.0, unsafe { e.1 .0.as_ref() });
+            let room = limit - out.len();
+            if descending {
+                out.extend(g[a..b].iter().rev().take(room).map(pick));
+            } else {
+                out.extend(g[a..b].iter().take(room).map(pick));
+            }
+            out.len() < limit
+        };
+        let (first, last) = (lo >> gr.bits, hi >> gr.bits);
+        if first == last {
+            if gr.groups.contains_key(&first) {
+                visit(first);
+            }
+        } else if descending {
+            for no in gr.order.range(first..=last).rev() {
+                if !visit(*no) {
+                    break;
+                }
+            }
+        } else {
+            for no in gr.order.range(first..=last) {
+                if !visit(*no) {
+                    break;
+                }
+            }
+        }
+        out
     }
 
     /// Records that hold a value.
@@ -334,6 +589,14 @@ impl<M: Default + Send> Table<M> {
         let indexed: usize = match &self.index {
             Index::Hash(shards) => shards.iter().map(|s| s.read().map.values().map(present).sum::<usize>()).sum(),
             Index::Ordered(ord) => ord.read().map.values().map(present).sum(),
+            Index::Chunked(ch) => ch
+                .read()
+                .chunks
+                .values()
+                .flat_map(|c| (0..CHUNK_KEYS as usize).filter(|&s| c.created(s)).map(move |s| &c.recs[s]))
+                .map(|r| r.lock().value.is_some() as usize)
+                .sum(),
+            Index::Grouped(gr) => gr.read().groups.values().flat_map(|g| g.iter().map(|e| present(&e.1))).sum(),
         };
         dense + indexed
     }
@@ -387,8 +650,11 @@ mod tests {
                 ordered: false,
                 expected_rows: 10,
                 dense: std::iter::once(1_000_000..1_000_100).collect(),
+                layout: Layout::Tree,
             },
-            TableDef { name: "b", ordered: true, expected_rows: 10, dense: vec![] },
+            TableDef { name: "b", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Tree },
+            TableDef { name: "c", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Chunks },
+            TableDef { name: "d", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Groups(8) },
         ]
     }
 
@@ -412,6 +678,45 @@ mod tests {
         assert_eq!(s.get(RowKey::new(0, 1_000_050)).unwrap().lock().value.as_deref(), Some(&b"v"[..]));
         assert!(s.get(RowKey::new(0, 1_000_100)).is_none(), "just past the dense range");
         assert_eq!(s.table(0).len(), 1);
+    }
+
+    #[test]
+    fn chunked_and_grouped_tables_act_like_b_trees() {
+        let s: Storage<u64> = Storage::new(&defs());
+        // Dense runs in two "districts" far apart, with a hole, across chunk boundaries.
+        let keys: Vec<u64> = (1..600).chain(1 << 32..(1 << 32) + 300).filter(|k| k % 100 != 7).collect();
+        for &k in &keys {
+            for t in [1, 2, 3] {
+                s.load(RowKey::new(t, k), Value::from(k.to_le_bytes().to_vec()));
+            }
+        }
+        assert!(s.get(RowKey::new(2, 7)).is_none(), "never created");
+        assert!(s.get(RowKey::new(2, 700)).is_none(), "past the last key of its chunk");
+        assert!(s.get(RowKey::new(2, 1 << 40)).is_none(), "no chunk");
+        assert_eq!(s.get(RowKey::new(2, 255)).unwrap().lock().value.as_deref().unwrap()[0], 255);
+        for t in [1, 2, 3] {
+            s.table(t).get_or_create(5000); // created absent: scans return it, as a B-tree's do
+        }
+        let keys_of = |v: Vec<(u64, &Record<u64>)>| v.into_iter().map(|x| x.0).collect::<Vec<_>>();
+        let cases =
+            [(0, u64::MAX, usize::MAX), (3, 520, 1000), (250, 260, 3), (4000, 6000, 9), (9, 3, 5), (590, 1 << 32, 4)];
+        for (lo, hi, limit) in cases {
+            for desc in [false, true] {
+                let b = keys_of(s.table(1).range(lo, hi, limit, desc));
+                assert_eq!(keys_of(s.table(2).range(lo, hi, limit, desc)), b, "{lo}..={hi} limit {limit} desc {desc}");
+                assert_eq!(keys_of(s.table(3).range(lo, hi, limit, desc)), b, "{lo}..={hi} limit {limit} desc {desc}");
+            }
+        }
+        assert_eq!(keys_of(s.table(2).range(250, 260, 3, true)), vec![260, 259, 258]);
+        assert_eq!(keys_of(s.table(2).range(590, 1 << 32, 4, false)), vec![590, 591, 592, 593]);
+        assert_eq!(keys_of(s.table(2).range(4000, 6000, 9, false)), vec![5000]);
+        assert_eq!(keys_of(s.table(2).range(0, 8, 9, false)), vec![1, 2, 3, 4, 5, 6, 8]);
+        assert_eq!(s.table(2).len(), keys.len());
+        assert_eq!(s.table(3).len(), keys.len());
+        assert!(s.get(RowKey::new(3, 7)).is_none() && s.get(RowKey::new(3, 255)).is_some());
+        // Out of order within a group: still sorted.
+        s.table(3).get_or_create(7);
+        assert_eq!(keys_of(s.table(3).range(5, 9, 10, false)), vec![5, 6, 7, 8, 9]);
     }
 
     #[test]

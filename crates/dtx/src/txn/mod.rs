@@ -68,18 +68,36 @@ impl Abort {
 
 pub type TxnResult<T> = Result<T, Abort>;
 
-/// A step of execution: done now, or waiting for a remote participant.
+/// A step of execution: done now, or waiting for a remote participant. A step is itself the
+/// future a procedure awaits, so a local access costs no async state machine of its own.
 pub enum Step<'a, T> {
     Ready(TxnResult<T>),
     Wait(LocalBoxFuture<'a, TxnResult<T>>),
+    /// A `Ready` step whose result was taken by polling it.
+    Taken,
 }
 
 impl<'a, T> Step<'a, T> {
     #[inline]
     pub async fn get(self) -> TxnResult<T> {
-        match self {
-            Step::Ready(r) => r,
-            Step::Wait(f) => f.await,
+        self.await
+    }
+}
+
+impl<'a, T> std::future::Future for Step<'a, T> {
+    type Output = TxnResult<T>;
+
+    #[inline]
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<TxnResult<T>> {
+        // SAFETY: nothing is pinned in place: `Ready` holds a plain result, which is moved out,
+        // and `Wait` a boxed future, which is pinned by its box.
+        let this = unsafe { self.get_unchecked_mut() };
+        if let Step::Wait(f) = this {
+            return f.as_mut().poll(cx);
+        }
+        match std::mem::replace(this, Step::Taken) {
+            Step::Ready(r) => std::task::Poll::Ready(r),
+            _ => panic!("a step was polled after it completed"),
         }
     }
 }
@@ -132,49 +150,66 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    pub async fn read(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
-        self.check(key, false)?;
-        self.access.read(key).get().await
+    // Plain functions returning the protocol's step (a future): a local access completes
+    // when first polled, with no state machine per call.
+
+    pub fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        match self.check(key, false) {
+            Ok(()) => self.access.read(key),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn read_for_update(&mut self, key: RowKey) -> TxnResult<Option<Value>> {
-        self.check(key, true)?;
-        self.access.read_for_update(key).get().await
+    pub fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        match self.check(key, true) {
+            Ok(()) => self.access.read_for_update(key),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn write(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
-        self.check(key, true)?;
-        self.access.write(key, Some(value)).get().await
+    pub fn write(&mut self, key: RowKey, value: Value) -> Step<'_, ()> {
+        match self.check(key, true) {
+            Ok(()) => self.access.write(key, Some(value)),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn insert(&mut self, key: RowKey, value: Value) -> TxnResult<()> {
-        self.write(key, value).await
+    pub fn insert(&mut self, key: RowKey, value: Value) -> Step<'_, ()> {
+        self.write(key, value)
     }
 
-    pub async fn delete(&mut self, key: RowKey) -> TxnResult<()> {
-        self.check(key, true)?;
-        self.access.write(key, None).get().await
+    pub fn delete(&mut self, key: RowKey) -> Step<'_, ()> {
+        match self.check(key, true) {
+            Ok(()) => self.access.write(key, None),
+            Err(a) => Step::Ready(Err(a)),
+        }
     }
 
-    pub async fn scan(&mut self, scan: Scan) -> TxnResult<Vec<(u64, Value)>> {
-        self.access.scan(scan).get().await
+    pub fn scan(&mut self, scan: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        self.access.scan(scan)
     }
 }
 
 /// The keys a one-shot transaction will read and write. Workloads fill `reads` and `writes`
 /// before execution (directly, or through [`KeySet::read`]/[`KeySet::write`] which skip
-/// duplicates); during execution the set is only read, and `covers` answers from a sorted index
+/// duplicates); during execution the set is only read, and `covers` answers from a hash index
 /// built on first use when the set is large, so a transaction over thousands of keys (an audit)
-/// does not check each access against every declared key. (Sorted rather than hashed: for the
-/// 30-50 keys of a New-Order, sorting once and bisecting costs less than building a hash map.)
+/// does not check each access against every declared key. (An open-addressing table of
+/// positions: for the 30-50 keys of a New-Order, building it costs less than sorting them.)
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeySet {
     pub reads: Vec<RowKey>,
     pub writes: Vec<RowKey>,
-    /// (key, written) sorted by key, one entry per key; built by `covers` for sets larger than
-    /// [`KeySet::LINEAR_MAX`].
+    /// Built by `covers` for sets larger than [`KeySet::LINEAR_MAX`]: slots of 1 + a position in
+    /// `writes` (positive) or in `reads` (negative), 0 = empty; a power of two, at most half full.
     #[serde(skip)]
-    index: std::cell::OnceCell<Vec<(RowKey, bool)>>,
+    index: std::cell::OnceCell<Vec<i32>>,
+}
+
+#[inline]
+fn key_hash(k: RowKey, mask: usize) -> usize {
+    let h = (k.key ^ ((k.table as u64) << 56)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 32) as usize & mask
 }
 
 impl KeySet {
@@ -199,21 +234,50 @@ impl KeySet {
         }
     }
 
+    fn build_index(&self) -> Vec<i32> {
+        let n = self.reads.len() + self.writes.len();
+        let mut slots = vec![0i32; (2 * n).next_power_of_two()];
+        let mask = slots.len() - 1;
+        // Writes first: a key both written and read keeps its written entry.
+        let entries = self.writes.iter().enumerate().map(|(i, k)| (*k, i as i32 + 1));
+        for (k, e) in entries.chain(self.reads.iter().enumerate().map(|(i, k)| (*k, -(i as i32) - 1))) {
+            let mut h = key_hash(k, mask);
+            loop {
+                match slots[h] {
+                    0 => {
+                        slots[h] = e;
+                        break;
+                    }
+                    o if self.entry_key(o) == k => break,
+                    _ => h = (h + 1) & mask,
+                }
+            }
+        }
+        slots
+    }
+
+    #[inline]
+    fn entry_key(&self, e: i32) -> RowKey {
+        if e > 0 {
+            self.writes[e as usize - 1]
+        } else {
+            self.reads[(-e) as usize - 1]
+        }
+    }
+
     pub fn covers(&self, k: RowKey, write: bool) -> bool {
         if self.reads.len() + self.writes.len() <= Self::LINEAR_MAX {
             return self.writes.contains(&k) || (!write && self.reads.contains(&k));
         }
-        let index = self.index.get_or_init(|| {
-            let mut v: Vec<(RowKey, bool)> = self.writes.iter().map(|w| (*w, true)).collect();
-            v.extend(self.reads.iter().map(|r| (*r, false)));
-            // Stable sort: for a key both written and read, the written entry stays first.
-            v.sort_by_key(|e| e.0);
-            v.dedup_by_key(|e| e.0);
-            v
-        });
-        match index.binary_search_by_key(&k, |e| e.0) {
-            Ok(i) => index[i].1 || !write,
-            Err(_) => false,
+        let slots = self.index.get_or_init(|| self.build_index());
+        let mask = slots.len() - 1;
+        let mut h = key_hash(k, mask);
+        loop {
+            match slots[h] {
+                0 => return false,
+                e if self.entry_key(e) == k => return e > 0 || !write,
+                _ => h = (h + 1) & mask,
+            }
         }
     }
 

@@ -78,7 +78,13 @@ impl Workload for Append {
     }
 
     fn tables(&self, _partitions: &[PartitionId]) -> Vec<TableDef> {
-        vec![TableDef { name: "lists", ordered: false, expected_rows: self.keys as usize, dense: vec![] }]
+        vec![TableDef {
+            name: "lists",
+            ordered: false,
+            expected_rows: self.keys as usize,
+            dense: vec![],
+            ..Default::default()
+        }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {

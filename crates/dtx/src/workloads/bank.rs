@@ -147,7 +147,7 @@ impl Workload for Bank {
             .map(|&p| p as u64 * self.stride..p as u64 * self.stride + self.count(p))
             .filter(|r| !r.is_empty())
             .collect();
-        vec![TableDef { name: "accounts", ordered: false, expected_rows: 0, dense }]
+        vec![TableDef { name: "accounts", ordered: false, expected_rows: 0, dense, ..Default::default() }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {

@@ -59,7 +59,7 @@ impl Workload for Ycsb {
 
     fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef> {
         let dense = partitions.iter().map(|&p| p as u64 * self.p.keys..(p as u64 + 1) * self.p.keys).collect();
-        vec![TableDef { name: "usertable", ordered: false, expected_rows: 0, dense }]
+        vec![TableDef { name: "usertable", ordered: false, expected_rows: 0, dense, ..Default::default() }]
     }
 
     fn procedures(&self) -> &'static [&'static str] {

@@ -123,6 +123,10 @@ impl<M: TxnMeta> NodeShared<M> {
 
     #[inline]
     pub fn node_of(&self, key: RowKey) -> NodeId {
+        if self.topo.nodes == 1 {
+            // One node holds every partition: no need to ask the workload.
+            return 0;
+        }
         self.topo.node_of(self.workload.partition_of(key))
     }
 

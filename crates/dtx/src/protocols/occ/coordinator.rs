@@ -40,9 +40,9 @@ pub(super) struct OccTxn<'a> {
     /// key -> position in `reads`, kept once the read set outgrows a linear search.
     read_index: FxHashMap<RowKey, usize>,
     writes: Writes,
-    /// The declared local records, resolved once by `prefetch` and sorted by key, so that the
-    /// reads, locks, validation and install that follow do not search the index again.
-    local_recs: Vec<(RowKey, &'a Rec)>,
+    /// The declared local records, resolved once by `prefetch`, so that the reads, locks,
+    /// validation and install that follow do not search the storage index again.
+    local_recs: FxHashMap<RowKey, &'a Rec>,
 }
 
 impl OccWorker {
@@ -62,15 +62,15 @@ impl<'a> OccTxn<'a> {
             reads: Vec::new(),
             read_index: FxHashMap::default(),
             writes: Vec::new(),
-            local_recs: Vec::new(),
+            local_recs: FxHashMap::default(),
         }
     }
 
     /// The local record of `key`, if it exists: from the prefetched ones, else from the index.
     fn local_rec(&self, key: RowKey) -> Option<&'a Rec> {
-        match self.local_recs.binary_search_by_key(&key, |e| e.0) {
-            Ok(i) => Some(self.local_recs[i].1),
-            Err(_) => self.wk.node.store.get(key),
+        match self.local_recs.get(&key) {
+            Some(r) => Some(*r),
+            None => self.wk.node.store.get(key),
         }
     }
 
@@ -115,6 +115,7 @@ impl<'a> OccTxn<'a> {
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
         self.reads.reserve(keys.reads.len() + keys.writes.len());
         self.writes.reserve(keys.writes.len());
+        self.local_recs.reserve(keys.reads.len() + keys.writes.len());
         let store = &self.wk.node.store;
         for &k in &keys.reads {
             match self.remote_node(k) {
@@ -122,7 +123,7 @@ impl<'a> OccTxn<'a> {
                 None => {
                     if let Some(r) = store.get(k) {
                         r.prefetch();
-                        self.local_recs.push((k, r));
+                        self.local_recs.insert(k, r);
                     }
                 }
             }
@@ -135,13 +136,11 @@ impl<'a> OccTxn<'a> {
                 None => {
                     let r = store.get_or_create(k);
                     r.prefetch();
-                    self.local_recs.push((k, r));
+                    self.local_recs.insert(k, r);
                 }
             }
         }
-        self.local_recs.sort_unstable_by_key(|e| e.0);
-        self.local_recs.dedup_by_key(|e| e.0);
-        for (_, r) in &self.local_recs {
+        for r in self.local_recs.values() {
             r.prefetch_value();
         }
         if by_node.is_empty() {

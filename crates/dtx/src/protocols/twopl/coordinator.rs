@@ -36,8 +36,8 @@ pub(super) struct TplTxn<'a> {
     prio: Prio,
     /// Locks held (or waited for) on this node.
     held_local: Vec<(RowKey, &'a LockRecord)>,
-    /// The declared local records, resolved once by `prefetch` and sorted by key.
-    local_recs: Vec<(RowKey, &'a LockRecord)>,
+    /// The declared local records, resolved once by `prefetch`.
+    local_recs: FxHashMap<RowKey, &'a LockRecord>,
     /// Remote nodes holding locks for us (so they must hear the outcome).
     touched: Vec<NodeId>,
     /// Values of locked records, with the mode held.
@@ -63,7 +63,7 @@ impl<'a> TplTxn<'a> {
             id,
             prio: Prio(first_start_us, id),
             held_local: Vec::new(),
-            local_recs: Vec::new(),
+            local_recs: FxHashMap::default(),
             touched: Vec::new(),
             values: Vec::new(),
             writes: Vec::new(),
@@ -146,9 +146,9 @@ impl<'a> TplTxn<'a> {
     /// The local record of `key`: from the prefetched ones, else from the index (created absent
     /// if need be: a lock is taken on it either way).
     fn local_rec(&self, key: RowKey) -> &'a LockRecord {
-        match self.local_recs.binary_search_by_key(&key, |e| e.0) {
-            Ok(i) => self.local_recs[i].1,
-            Err(_) => self.wk.node.store.get_or_create(key),
+        match self.local_recs.get(&key) {
+            Some(r) => r,
+            None => self.wk.node.store.get_or_create(key),
         }
     }
 
@@ -214,24 +214,31 @@ impl<'a> TplTxn<'a> {
             .writes
             .iter()
             .map(|k| (*k, Mode::Exclusive))
-            .chain(keys.reads.iter().filter(|k| !keys.writes.contains(k)).map(|k| (*k, Mode::Shared)));
+            .chain(keys.reads.iter().filter(|k| !keys.covers(**k, true)).map(|k| (*k, Mode::Shared)));
         let store = &self.wk.node.store;
+        let me = self.wk.node.id;
+        let declared = keys.reads.len() + keys.writes.len();
+        self.local_recs.reserve(declared);
+        // This node's keys, each once, in declaration order.
+        let mut local: Vec<(RowKey, Mode)> = Vec::with_capacity(declared);
         for (k, m) in modes {
             let n = self.wk.node.node_of(k);
-            if n == self.wk.node.id {
+            if n == me {
                 // Resolve the record once (every declared key gets locked, absent ones too), and
                 // start loading it now so that the cache misses overlap.
-                let r = store.get_or_create(k);
-                r.prefetch();
-                self.local_recs.push((k, r));
+                if let std::collections::hash_map::Entry::Vacant(e) = self.local_recs.entry(k) {
+                    let r = store.get_or_create(k);
+                    r.prefetch();
+                    e.insert(r);
+                    local.push((k, m));
+                }
+            } else {
+                by_node.entry(n).or_default().push((k, m));
             }
-            by_node.entry(n).or_default().push((k, m));
         }
-        self.local_recs.sort_unstable_by_key(|e| e.0);
-        for (_, r) in &self.local_recs {
+        for r in self.local_recs.values() {
             r.prefetch_value();
         }
-        let me = self.wk.node.id;
         // Remote participants first, in parallel; then the local keys.
         let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
             by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();
@@ -263,10 +270,28 @@ impl<'a> TplTxn<'a> {
         if let Some(a) = failure {
             return Err(a);
         }
-        if let Some(local) = by_node.remove(&me) {
-            for (k, m) in local {
-                self.lock_local(k, m).await?;
-            }
+        // The local keys are distinct and none is held yet: lock each without searching what is
+        // held, and wait (a future) only for a lock that is not granted at once.
+        let wk = self.wk;
+        self.held_local.reserve(local.len());
+        self.values.reserve(local.len());
+        self.writes.reserve(keys.writes.len());
+        wk.w.charge_ops(local.len());
+        for (k, m) in local {
+            let rec = self.local_recs[&k];
+            let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.policy)? {
+                LockStep::Done(v) => {
+                    self.held_local.push((k, rec));
+                    v
+                }
+                LockStep::Wait(rec, slot) => {
+                    // A queued request is part of what we must release on abort.
+                    self.held_local.push((k, rec));
+                    part::wait_lock(&wk.w, rec, slot, wk.node.opts.lock_wait_us).await?
+                }
+            };
+            self.values.push((k, v, m));
+            index_last(&mut self.value_index, &self.values, |e| e.0);
         }
         Ok(())
     }
@@ -369,7 +394,7 @@ impl<'a> Access for TplTxn<'a> {
             return Step::Ready(Ok(()));
         }
         Step::Wait(Box::pin(async move {
-            self.access(key, Mode::Exclusive).get().await?;
+            self.access(key, Mode::Exclusive).await?;
             self.buffer_write(key, value);
             Ok(())
         }))

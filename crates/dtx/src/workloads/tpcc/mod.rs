@@ -29,7 +29,7 @@ pub(crate) mod simtest;
 
 use super::{Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
-use crate::storage::{RowKey, TableDef, Value};
+use crate::storage::{Layout, RowKey, TableDef, Value};
 use crate::txn::{Abort, Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
@@ -260,7 +260,11 @@ impl Workload for Tpcc {
             ordered,
             expected_rows,
             dense,
+            layout: Layout::Tree,
         };
+        // Order ids have no gaps within a district: NEW-ORDER, ORDER and ORDER-LINE keys come in
+        // dense ascending runs, so their records live in chunks (no B-tree insert per row).
+        let chunked = |name, expected_rows| TableDef { layout: Layout::Chunks, ..t(name, true, expected_rows, vec![]) };
         let c = CUSTOMERS as usize * DISTRICTS as usize;
         // Indexed by table id.
         vec![
@@ -268,13 +272,14 @@ impl Workload for Tpcc {
             t("district", false, 0, per_wh(30)),
             t("customer", false, 0, per_wh(2 * c as u64)),
             t("history", false, nw * c * 2, vec![]),
-            t("new-order", true, nw * 9_000 * 3, vec![]),
-            t("order", true, nw * c * 2, vec![]),
-            t("order-line", true, nw * c * 10 * 2, vec![]),
+            chunked("new-order", nw * 9_000 * 3),
+            chunked("order", nw * c * 2),
+            chunked("order-line", nw * c * 10 * 2),
             t("item", false, item_rows, items),
             t("stock", false, 0, per_wh(ITEMS as u64)),
-            t("customer-by-name", true, nw * c, vec![]),
-            t("customer-order", true, nw * c * 2, vec![]),
+            // Scanned per (w, d, last name) and per (w, d, customer): one small group each.
+            TableDef { layout: Layout::Groups(16), ..t("customer-by-name", true, nw * c, vec![]) },
+            TableDef { layout: Layout::Groups(32), ..t("customer-order", true, nw * c * 2, vec![]) },
             t("delivery-cursor", false, 0, per_wh(DISTRICTS as u64)),
         ]
     }
@@ -340,6 +345,8 @@ impl Workload for Tpcc {
                 let a = req.args::<NewOrderArgs>();
                 let (w, d, o) = (a.w, a.d, a.o_hint);
                 let lines = &a.lines[..a.n];
+                keys.reads.reserve(lines.len() + 3);
+                keys.writes.reserve(2 * lines.len() + 4);
                 for l in lines {
                     keys.reads.push(item_key(self.item_partition(req.home, l.i), l.i));
                 }

@@ -1,6 +1,6 @@
 //! TPC-C schema: table ids, how composite keys pack into a `u64`, and the fixed little-endian
 //! row layouts (no serde per row: a field is an offset, a read is a `from_le_bytes`, an update
-//! copies the row to a stack buffer, patches the field and makes one allocation).
+//! copies the row into its new allocation and patches the field there).
 //!
 //! # Vertical partitioning
 //! The specification allows a table to be split vertically (clause 1.6) as long as every column
@@ -247,19 +247,7 @@ pub fn set_fixed(b: &mut [u8], off: usize, s: &[u8]) {
 /// A copy of `old` (at least `len` bytes long, zero padded) patched by `f`: one allocation.
 #[inline]
 pub fn patched(old: &[u8], len: usize, f: impl FnOnce(&mut [u8])) -> Value {
-    const STACK: usize = 640;
-    let len = len.max(old.len());
-    if len <= STACK {
-        let mut buf = [0u8; STACK];
-        buf[..old.len()].copy_from_slice(old);
-        f(&mut buf[..len]);
-        Value::copy_from(&buf[..len])
-    } else {
-        let mut buf = vec![0u8; len];
-        buf[..old.len()].copy_from_slice(old);
-        f(&mut buf);
-        Value::from(buf)
-    }
+    Value::patched(old, len, f)
 }
 
 /// A fresh row of `len` zero bytes filled by `f`: one allocation.
