@@ -77,21 +77,21 @@ pub enum Step<'a, T> {
     Taken,
 }
 
-impl<'a, T> Step<'a, T> {
+impl<'a, T: Unpin> Step<'a, T> {
     #[inline]
     pub async fn get(self) -> TxnResult<T> {
         self.await
     }
 }
 
-impl<'a, T> std::future::Future for Step<'a, T> {
+impl<'a, T: Unpin> std::future::Future for Step<'a, T> {
     type Output = TxnResult<T>;
 
     #[inline]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<TxnResult<T>> {
-        // SAFETY: nothing is pinned in place: `Ready` holds a plain result, which is moved out,
-        // and `Wait` a boxed future, which is pinned by its box.
-        let this = unsafe { self.get_unchecked_mut() };
+        // Nothing is pinned in place: `Ready` holds a plain result, which is moved out, and
+        // `Wait` a boxed future, pinned by its box.
+        let this = self.get_mut();
         if let Step::Wait(f) = this {
             return f.as_mut().poll(cx);
         }
