@@ -351,8 +351,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         let mut node = build_node(spec, n, &workload, log)?;
         // With failover the replicator runs on the host's replication worker, not worker 0.
         let own_log = node.replicated.take().map(|(log, _)| log);
-        for wi in 0..spec.workers {
-            let addr = Addr::new(n, wi);
+        let add_worker = |world: &mut SimWorld, addr: Addr| {
             let w = Rc::new(Worker::new(
                 addr,
                 spec.workers,
@@ -361,19 +360,16 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
                 &spec.worker_config(),
             ));
             world.add_worker(w.clone());
+            w
+        };
+        for wi in 0..spec.workers {
+            let w = add_worker(&mut world, Addr::new(n, wi));
             shared.running.fetch_add(1, Ordering::AcqRel);
             protos.borrow_mut().push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
         }
         if let Some(f) = &failover {
             let addr = world.replication_addr(n);
-            let w = Rc::new(Worker::new(
-                addr,
-                spec.workers,
-                world.clock(),
-                world.executor_for(addr),
-                &spec.worker_config(),
-            ));
-            world.add_worker(w.clone());
+            let w = add_worker(&mut world, addr);
             f.start_host(n, &w, own_log)?;
         }
     }
