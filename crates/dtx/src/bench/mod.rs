@@ -330,11 +330,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let protos: Protos = Default::default();
     let workload = build_workload(spec)?;
+    let rebuild = SimRebuild::new(spec, &workload, &shared, window, &protos);
     if spec.durability.mode == Durability::Wal && spec.faults.crashes {
-        world.set_restart(sim_restart(spec, &workload, &shared, window, &protos), spec.worker_config());
+        world.set_restart(sim_restart(rebuild.clone()), spec.worker_config());
     }
-    let failover = (spec.durability.mode == Durability::Replicated)
-        .then(|| SimFailover::new(spec, &workload, &shared, window, &protos));
+    let failover = (spec.durability.mode == Durability::Replicated).then(|| SimFailover::new(rebuild.clone()));
     if let Some(f) = &failover {
         world.set_failover(Box::new(f.clone()), spec.worker_config());
     }
@@ -469,30 +469,16 @@ fn run_after(world: &mut SimWorld, protos: &Protos, limit_ns: u64, done: &dyn Fn
 struct SimFailover(Rc<std::cell::RefCell<FailoverState>>);
 
 struct FailoverState {
-    spec: BenchSpec,
-    workload: Arc<dyn Workload>,
-    shared: Arc<RunShared>,
-    window: Window,
-    protos: Protos,
+    rebuild: SimRebuild,
     states: Vec<Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>>,
     replicators: Vec<Option<crate::replication::service::ReplicatorHandle>>,
     requests: crate::replication::service::AdoptRequests,
 }
 
 impl SimFailover {
-    fn new(
-        spec: &BenchSpec,
-        workload: &Arc<dyn Workload>,
-        shared: &Arc<RunShared>,
-        window: Window,
-        protos: &Protos,
-    ) -> Self {
+    fn new(rebuild: SimRebuild) -> Self {
         SimFailover(Rc::new(std::cell::RefCell::new(FailoverState {
-            spec: spec.clone(),
-            workload: workload.clone(),
-            shared: shared.clone(),
-            window,
-            protos: protos.clone(),
+            rebuild,
             states: Vec::new(),
             replicators: Vec::new(),
             requests: Default::default(),
@@ -503,10 +489,10 @@ impl SimFailover {
     fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_log: Option<Arc<NodeLog>>) -> anyhow::Result<()> {
         use crate::replication::service;
         let mut me = self.0.borrow_mut();
-        let seed = me.spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
-        let d = &me.spec.durability;
-        let state =
-            service::ReplicaState::new(n, d.cluster_id, me.spec.nodes, d.replicas, service::Mode::Failover, seed)?;
+        let spec = &me.rebuild.spec;
+        let seed = spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
+        let d = &spec.durability;
+        let state = service::ReplicaState::new(n, d.cluster_id, spec.nodes, d.replicas, service::Mode::Failover, seed)?;
         let state = Rc::new(std::cell::RefCell::new(state));
         me.states.push(state.clone());
         let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
@@ -546,15 +532,7 @@ impl crate::rt::sim::Failover for SimFailover {
         };
         let log = NodeLog::replicated();
         let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
-        let mut setup =
-            build_node(&me.spec, node, &me.workload, Some(opened)).expect("a node that built once builds again");
-        setup.replicated = None;
-        for w in workers {
-            me.shared.running.fetch_add(1, Ordering::AcqRel);
-            let proto = start_worker(&me.spec, &setup, w, me.window, &me.shared);
-            let i = node as usize * me.spec.workers as usize + w.addr.worker as usize;
-            me.protos.borrow_mut()[i] = (proto, setup.workload.clone());
-        }
+        me.rebuild.rebuild(node, opened, workers);
         for (other, r2) in me.replicators.iter().enumerate() {
             if let (Some(r2), false) = (r2, other == host as usize) {
                 r2.borrow_mut().forget(node);
@@ -565,27 +543,56 @@ impl crate::rt::sim::Failover for SimFailover {
     }
 }
 
+/// What the simulator needs to rebuild a node on fresh workers: after a crash that lost its
+/// memory (from its disk, `--durability wal`) or at a failover (from a replica of its log).
+#[derive(Clone)]
+struct SimRebuild {
+    spec: BenchSpec,
+    workload: Arc<dyn Workload>,
+    shared: Arc<RunShared>,
+    window: Window,
+    protos: Protos,
+}
+
+impl SimRebuild {
+    fn new(
+        spec: &BenchSpec,
+        workload: &Arc<dyn Workload>,
+        shared: &Arc<RunShared>,
+        window: Window,
+        protos: &Protos,
+    ) -> Self {
+        SimRebuild {
+            spec: spec.clone(),
+            workload: workload.clone(),
+            shared: shared.clone(),
+            window,
+            protos: protos.clone(),
+        }
+    }
+
+    /// Recover node `n` from `opened` on `workers`, start their clients, and put their protocol
+    /// instances where the after-run jobs find them. In the simulator a log's replicator runs on
+    /// its host's replication worker, never on the node's worker 0.
+    fn rebuild(&self, n: NodeId, opened: OpenedLog, workers: &[Rc<Worker>]) {
+        let mut node =
+            build_node(&self.spec, n, &self.workload, Some(opened)).expect("a node that built once builds again");
+        node.replicated = None;
+        for w in workers {
+            self.shared.running.fetch_add(1, Ordering::AcqRel);
+            let proto = start_worker(&self.spec, &node, w, self.window, &self.shared);
+            let i = n as usize * self.spec.workers as usize + w.addr.worker as usize;
+            self.protos.borrow_mut()[i] = (proto, node.workload.clone());
+        }
+    }
+}
+
 /// How the simulator rebuilds a node whose crash lost its memory: recover it from what its
 /// disk kept, on fresh workers, and start their clients again.
-fn sim_restart(
-    spec: &BenchSpec,
-    workload: &Arc<dyn Workload>,
-    shared: &Arc<RunShared>,
-    window: Window,
-    protos: &Protos,
-) -> crate::rt::sim::Restart {
-    let (spec, workload, shared, protos) = (spec.clone(), workload.clone(), shared.clone(), protos.clone());
+fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
     Box::new(move |n, kept, workers| {
         let log = NodeLog::simulated(kept.clone());
-        let node =
-            build_node(&spec, n, &workload, Some(OpenedLog { log: log.clone(), checkpoint: None, records: kept }))
-                .expect("a node that built once builds again");
-        for w in workers {
-            shared.running.fetch_add(1, Ordering::AcqRel);
-            let proto = start_worker(&spec, &node, w, window, &shared);
-            let i = n as usize * spec.workers as usize + w.addr.worker as usize;
-            protos.borrow_mut()[i] = (proto, node.workload.clone());
-        }
+        rebuild.rebuild(n, OpenedLog { log: log.clone(), checkpoint: None, records: kept }, workers);
         log
     })
 }

@@ -73,14 +73,15 @@ pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
 /// to (derived from that log, so it survives with it).
 pub struct ReplicaState {
     host: NodeId,
-    /// Every frame carries it; a frame of another cluster is refused (a replica started over
-    /// another cluster's configuration, or a stray process on a reused port).
+    /// Every frame carries it (as its service tag); a frame of another cluster is refused (a
+    /// replica started over another cluster's configuration, or a stray process on a reused
+    /// port).
     cluster_id: u64,
     mode: Mode,
     groups: RaftGroups,
     applied: FxHashMap<u32, ReplayState>,
-    /// Per group, the last committed index and the index the log was last compacted to.
-    compacted: FxHashMap<u32, (u64, u64)>,
+    /// Per group, the index its log was last compacted to (owner-led mode).
+    compacted: FxHashMap<u32, u64>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
 }
@@ -190,19 +191,15 @@ pub fn start(
     }));
     r.borrow_mut().pump();
     let handler_r = Rc::downgrade(&r);
-    w.set_service_handler(Rc::new(move |from: Addr, frame: &[u8]| {
+    w.set_service_handler(Rc::new(move |from: Addr, tag: u64, frame: &[u8]| {
         let Some(r) = handler_r.upgrade() else { return };
         let mut me = r.borrow_mut();
         if !me.alive {
             return;
         }
         let cluster_id = me.state.borrow().cluster_id;
-        let stepped = match open_frame(frame, cluster_id) {
-            Ok(raft_frame) => {
-                me.state.borrow_mut().groups.step(replica_id(from.node), raft_frame).map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e),
-        };
+        let stepped = check_cluster(tag, cluster_id)
+            .and_then(|()| me.state.borrow_mut().groups.step(replica_id(from.node), frame).map_err(|e| e.to_string()));
         if let Err(e) = stepped {
             if me.refused_from.insert(from) {
                 log_warn(&format!("replication: a frame from {from} was refused (further ones are not reported): {e}"));
@@ -348,7 +345,7 @@ impl Replicator {
             let cluster_id = self.state.borrow().cluster_id;
             for (to, frame) in out.messages {
                 let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
-                self.w.send_service(dst, &seal_frame(cluster_id, &frame));
+                self.w.send_service(dst, cluster_id, &frame);
             }
             self.committed(group, &out.committed);
             if out.snapshot_index.is_some() && self.state.borrow().mode == Mode::Failover {
@@ -368,9 +365,10 @@ impl Replicator {
     /// Committed entries of `group`: apply them (failover mode) and tell the served log which
     /// of its records are durable.
     fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry]) {
-        let Some(last) = entries.last() else { return };
+        if entries.is_empty() {
+            return;
+        }
         let mut st = self.state.borrow_mut();
-        st.compacted.entry(group).or_default().0 = last.index;
         if st.mode == Mode::Failover {
             let applied = st.applied.entry(group).or_default();
             for e in entries {
@@ -459,35 +457,25 @@ impl Replicator {
     fn compact(&mut self) {
         let mut st = self.state.borrow_mut();
         let ReplicaState { groups, compacted, .. } = &mut *st;
-        for (&group, (committed, done)) in compacted.iter_mut() {
-            if *committed >= *done + COMPACT_EVERY {
-                if let Some(g) = groups.get_mut(group) {
-                    g.compact(*committed);
-                }
-                *done = *committed;
+        let ids: Vec<u32> = groups.group_ids().collect();
+        for group in ids {
+            let Some(g) = groups.get_mut(group) else { continue };
+            let applied = g.applied_index();
+            let done = compacted.entry(group).or_default();
+            if applied >= *done + COMPACT_EVERY {
+                g.compact(applied);
+                *done = applied;
             }
         }
     }
 }
 
-/// A Raft frame as it travels: the cluster id (8 bytes, little-endian) in front.
-fn seal_frame(cluster_id: u64, raft_frame: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(8 + raft_frame.len());
-    v.extend_from_slice(&cluster_id.to_le_bytes());
-    v.extend_from_slice(raft_frame);
-    v
-}
-
-/// The Raft frame inside a frame of cluster `cluster_id`, or why it is refused.
-fn open_frame(frame: &[u8], cluster_id: u64) -> Result<&[u8], String> {
-    let Some((id, rest)) = frame.split_first_chunk::<8>() else {
-        return Err(format!("a frame of {} bytes is too short to name its cluster", frame.len()));
-    };
-    let id = u64::from_le_bytes(*id);
+/// Whether a frame tagged with cluster `id` may be stepped by a replica of cluster `cluster_id`.
+fn check_cluster(id: u64, cluster_id: u64) -> Result<(), String> {
     if id != cluster_id {
         return Err(format!("it belongs to cluster {id:016x}, not to this cluster ({cluster_id:016x})"));
     }
-    Ok(rest)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -496,11 +484,9 @@ mod tests {
 
     #[test]
     fn a_frame_of_another_cluster_is_refused_naming_both() {
-        let frame = seal_frame(0xabc, b"raft");
-        assert_eq!(open_frame(&frame, 0xabc), Ok(&b"raft"[..]));
-        let err = open_frame(&frame, 0xdef).unwrap_err();
+        assert_eq!(check_cluster(0xabc, 0xabc), Ok(()));
+        let err = check_cluster(0xabc, 0xdef).unwrap_err();
         assert!(err.contains("0000000000000abc") && err.contains("0000000000000def"), "{err}");
-        assert!(open_frame(b"short", 0xabc).unwrap_err().contains("too short"));
     }
 
     #[test]

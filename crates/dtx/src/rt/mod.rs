@@ -143,8 +143,9 @@ pub struct WorkerConfig {
     pub rpc: RpcConfig,
 }
 
-/// Receives the messages of a node service (log replication) on one worker.
-pub type ServiceHandler = Rc<dyn Fn(Addr, &[u8])>;
+/// Receives the messages of a node service (log replication) on one worker: the sender, the
+/// 64-bit tag the sender put in the envelope header, and the body.
+pub type ServiceHandler = Rc<dyn Fn(Addr, u64, &[u8])>;
 
 /// What a protocol implements to receive messages addressed to a worker.
 pub trait Handler {
@@ -252,8 +253,9 @@ impl Worker {
     }
 
     /// Send a message to the service on another worker (no reply, batched like any message).
-    pub fn send_service(&self, dst: Addr, body: &[u8]) {
-        self.push_envelope(dst, Kind::Service, 0, body);
+    /// A service message has no RPC id; its header carries the service's `tag` there instead.
+    pub fn send_service(&self, dst: Addr, tag: u64, body: &[u8]) {
+        self.push_envelope(dst, Kind::Service, tag, body);
     }
 
     // ---- time ----
@@ -449,7 +451,7 @@ impl Worker {
                 Kind::Service => {
                     let service = self.service.borrow().clone();
                     match service {
-                        Some(s) => s(src, env.body),
+                        Some(s) => s(src, env.rpc_id, env.body),
                         None => {
                             log_warn(&format!("{}: service message from {src}, but no service runs here", self.addr))
                         }

@@ -276,6 +276,18 @@ impl<M> Chunk<M> {
     }
 }
 
+/// Visit the chunk or group numbers `nos` in key order (or its reverse) until `visit` says the
+/// scan is full.
+fn visit_in_order<'a>(nos: impl DoubleEndedIterator<Item = &'a u64>, descending: bool, visit: impl FnMut(u64) -> bool) {
+    let mut nos = nos.copied();
+    // `all` stops at the first `false`: the scan is full.
+    if descending {
+        let _ = nos.rev().all(visit);
+    } else {
+        let _ = nos.all(visit);
+    }
+}
+
 /// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, and the
 /// chunk numbers in order for range scans. A chunk is never freed or moved while the table lives.
 struct ChunkIndex<M> {
@@ -493,7 +505,7 @@ impl<M: Default + Send> Table<M> {
         descending: bool,
     ) -> Vec<(u64, &Record<M>)> {
         let mut out = Vec::new();
-        let mut visit = |no: u64| {
+        let visit = |no: u64| {
             let chunk = &ch.chunks[&no];
             let first = no * CHUNK_KEYS;
             let (a, b) = (lo.max(first) - first, hi.min(first + CHUNK_KEYS - 1) - first);
@@ -514,20 +526,7 @@ impl<M: Default + Send> Table<M> {
                 (a..=b).all(&mut take)
             }
         };
-        let nos = ch.order.range(lo / CHUNK_KEYS..=hi / CHUNK_KEYS);
-        if descending {
-            for no in nos.rev() {
-                if !visit(*no) {
-                    break;
-                }
-            }
-        } else {
-            for no in nos {
-                if !visit(*no) {
-                    break;
-                }
-            }
-        }
+        visit_in_order(ch.order.range(lo / CHUNK_KEYS..=hi / CHUNK_KEYS), descending, visit);
         out
     }
 
@@ -559,18 +558,8 @@ impl<M: Default + Send> Table<M> {
             if gr.groups.contains_key(&first) {
                 visit(first);
             }
-        } else if descending {
-            for no in gr.order.range(first..=last).rev() {
-                if !visit(*no) {
-                    break;
-                }
-            }
         } else {
-            for no in gr.order.range(first..=last) {
-                if !visit(*no) {
-                    break;
-                }
-            }
+            visit_in_order(gr.order.range(first..=last), descending, visit);
         }
         out
     }
