@@ -248,6 +248,16 @@ impl BenchArgs {
     }
 
     fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
+        if let Some(path) = &self.cluster {
+            // A running cluster's file says how many nodes and workers there are.
+            let cfg = dtx::cluster::ClusterConfig::load(path)?;
+            let mut args = self.clone();
+            args.cluster = None;
+            args.nodes = cfg.nodes.len() as u16;
+            args.workers = cfg.workers;
+            args.partitions_per_node = cfg.partitions_per_node;
+            return args.spec(protocol);
+        }
         let append = self.workload == "append";
         let mut latency = LatencyModel {
             delay_us: parse_duration_us(&self.delay).context("--delay")?,
@@ -325,6 +335,7 @@ impl BenchArgs {
                 item_replicated: !self.no_item_replication,
                 accounts: self.accounts,
                 audit_ratio: self.audit_ratio,
+                process: 0,
             },
             runtime: self.runtime.clone(),
             nodes: self.nodes,

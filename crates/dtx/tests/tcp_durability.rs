@@ -1,6 +1,8 @@
-//! Durability of real `dtx server` processes (`--durability wal`): kill -9 the servers after a
-//! run, restart them over the same data folders, and find every acknowledged commit still there;
-//! and a log corrupted in the middle is refused with a message naming the file and the offset.
+//! Durability of real `dtx server` processes: kill -9 the servers after a run (`--durability
+//! wal`), restart them over the same data folders, and find every acknowledged commit still
+//! there; kill one mid-run and find it back (`wal`: it recovers from its log; `replicated`: a
+//! follower of its log takes its node over); and a log corrupted in the middle is refused with a
+//! message naming the file and the offset.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -15,43 +17,46 @@ fn dtx() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtx"))
 }
 
-/// A base port with room for both nodes' control and worker ports (base..base+5), on 127.0.0.1.
-fn free_port() -> u16 {
+/// Ports each server uses: control, one worker, replication.
+const PORTS_PER_SERVER: u16 = 3;
+
+/// A base port with room for `servers` servers' ports, on 127.0.0.1.
+fn free_port(servers: u16) -> u16 {
     for _ in 0..100 {
         let p = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if p < 60_000 && (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+        let span = servers * PORTS_PER_SERVER;
+        if p < 60_000 && (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }
     }
     panic!("no free ports on 127.0.0.1");
 }
 
-/// Two hand-started `dtx server` processes (1 worker each) with `--data-dir`, killed and waited
+/// Hand-started `dtx server` processes (1 worker each) with `--data-dir`, killed and waited
 /// for when dropped, whatever the test did.
 struct Cluster {
     dir: tempfile::TempDir,
     config: PathBuf,
     data: PathBuf,
-    controls: [u16; 2],
+    controls: Vec<u16>,
     servers: Vec<Option<Child>>,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Self::start_n(2)
+    }
+
+    fn start_n(n: u16) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let base = free_port();
-        let controls = [base, base + 3];
+        let base = free_port(n);
+        let controls: Vec<u16> = (0..n).map(|i| base + i * PORTS_PER_SERVER).collect();
         let config = dir.path().join("cluster.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "workers = 1\n[[node]]\naddr = \"127.0.0.1:{}\"\n[[node]]\naddr = \"127.0.0.1:{}\"\n",
-                controls[0], controls[1]
-            ),
-        )
-        .unwrap();
+        let nodes: String = controls.iter().map(|p| format!("[[node]]\naddr = \"127.0.0.1:{p}\"\n")).collect();
+        std::fs::write(&config, format!("workers = 1\n{nodes}")).unwrap();
         let data = dir.path().join("data");
-        let mut c = Cluster { dir, config, data, controls, servers: vec![None, None] };
+        let servers = (0..n).map(|_| None).collect();
+        let mut c = Cluster { dir, config, data, controls, servers };
         c.start_servers();
         c
     }
@@ -78,7 +83,8 @@ impl Cluster {
     /// Start both servers and wait until each answers a ping on its control port. A server that
     /// exits at once (its ports not yet reusable after a kill) is started again, until a deadline.
     fn start_servers(&mut self) {
-        self.start_some(&[0, 1]);
+        let all: Vec<usize> = (0..self.servers.len()).collect();
+        self.start_some(&all);
     }
 
     fn start_some(&mut self, nodes: &[usize]) {
@@ -136,10 +142,27 @@ impl Cluster {
     }
 
     fn bench_command(&self, protocol: &str, id: &str, duration: &str, history: &Path, verify: bool) -> Command {
-        let out = self.dir.path().join(format!("results-{}", history.file_stem().unwrap().to_str().unwrap()));
+        self.bench_durable(protocol, "wal", id, duration, history, verify)
+    }
+
+    /// Where the bench of `history` writes its results (`bench.json`).
+    fn results(&self, history: &Path) -> PathBuf {
+        self.dir.path().join(format!("results-{}", history.file_stem().unwrap().to_str().unwrap()))
+    }
+
+    fn bench_durable(
+        &self,
+        protocol: &str,
+        durability: &str,
+        id: &str,
+        duration: &str,
+        history: &Path,
+        verify: bool,
+    ) -> Command {
+        let out = self.results(history);
         let mut cmd = dtx();
         cmd.args(["bench", "--runtime", "tcp", "--cluster", self.config.to_str().unwrap()])
-            .args(["--workload", "append", "--protocol", protocol, "--durability", "wal", "--cluster-id", id])
+            .args(["--workload", "append", "--protocol", protocol, "--durability", durability, "--cluster-id", id])
             .args(["--duration", duration, "--warmup", "0.2", "--inflight", "16"])
             .arg("--history")
             .arg(history)
@@ -366,4 +389,77 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
         assert!(lists.values().any(|l| !l.is_empty()), "{protocol}: nothing was appended");
         assert!(read(&cluster.server_log(1)).contains("resuming the unfinished run"));
     }
+}
+
+/// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the
+/// background.
+fn replicated_bench(cluster: &Cluster, protocol: &str, id: &str, history: &Path) -> Child {
+    cluster
+        .bench_durable(protocol, "replicated", id, "3", history, true)
+        .args(["--replicas", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The bench `bench` succeeded (its history checked, every acknowledged append in its final
+/// read), node 1 was taken over, and every server log says `expect`.
+fn assert_node_1_moved(cluster: &Cluster, bench: Child, history: &Path, protocol: &str, expect: &[&str]) {
+    let out = bench.wait_with_output().unwrap();
+    let logs = (0..cluster.servers.len()).map(|n| read(&cluster.server_log(n))).collect::<Vec<_>>().join("\n");
+    assert!(out.status.success(), "{protocol}: the run failed: {}\nserver logs:\n{logs}", describe(&out));
+    for e in expect.iter().chain(&["took node 1 over"]) {
+        assert!(logs.contains(e), "{protocol}: no server log says `{e}`:\n{logs}");
+    }
+    let (status, lists) = final_read(history);
+    assert_eq!(status, "committed");
+    assert!(lists.values().any(|l| !l.is_empty()), "{protocol}: nothing was appended");
+}
+
+#[test]
+fn a_replicated_node_whose_server_is_killed_is_taken_over_and_loses_no_acknowledged_commit() {
+    let mut cluster = Cluster::start_n(3);
+    for (protocol, id) in [("2pl-nowait", "d7a2000000000001"), ("occ", "d7a2000000000002")] {
+        let h = cluster.dir.path().join(format!("failover-{protocol}.jsonl"));
+        let bench = replicated_bench(&cluster, protocol, id, &h);
+        // Mid-run: kill -9 node 1, the leader of its log. Its followers (nodes 2 and 0) elect a
+        // new leader, whose server rebuilds node 1 from its replica and serves it. Node 1's
+        // server is started again (so that the bench gets its clients' history) but serves
+        // nothing: its Raft state was in memory.
+        std::thread::sleep(Duration::from_millis(1500));
+        cluster.kill_server(1);
+        std::thread::sleep(Duration::from_millis(500));
+        cluster.start_some(&[1]);
+        assert_node_1_moved(&cluster, bench, &h, protocol, &["keeps only its history file"]);
+        let report: Value = serde_json::from_str(&read(&cluster.results(&h).join("bench.json"))).unwrap();
+        let extra = &report["runs"][0]["extra"];
+        assert!(extra["failovers"].as_f64().unwrap_or(0.0) >= 1.0, "{protocol}: no failover reported: {report}");
+        let ms = extra["failover_ms_max"].as_f64().unwrap_or(f64::NAN);
+        assert!(ms > 0.0 && ms < 10_000.0, "{protocol}: failover took {ms} ms: {report}");
+        eprintln!("{protocol}: node 1 served again {ms} ms after its server was killed");
+    }
+}
+
+/// Send `signal` (e.g. `-STOP`) to a server process.
+fn signal(child: &Child, signal: &str) {
+    let ok = Command::new("kill").arg(signal).arg(child.id().to_string()).status().unwrap().success();
+    assert!(ok, "kill {signal} {} failed", child.id());
+}
+
+#[test]
+fn a_replicated_server_that_stalls_gives_its_node_up_to_the_new_leader() {
+    let cluster = Cluster::start_n(3);
+    let h = cluster.dir.path().join("stall.jsonl");
+    let bench = replicated_bench(&cluster, "occ", "d7a3000000000001", &h);
+    // Mid-run: stop node 1's server for longer than an election takes (a stalled VM, a long
+    // pause), then let it go on. A follower of node 1's log leads it meanwhile and waits for
+    // node 1's ports; the old server, told of the new term when it runs again, gives the node
+    // up (its incarnation can make nothing durable any more), and the new leader serves it.
+    std::thread::sleep(Duration::from_millis(1200));
+    let server = cluster.servers[1].as_ref().unwrap();
+    signal(server, "-STOP");
+    std::thread::sleep(Duration::from_millis(700));
+    signal(server, "-CONT");
+    assert_node_1_moved(&cluster, bench, &h, "occ", &["gave node 1 up"]);
 }

@@ -3,6 +3,7 @@
 pub mod driver;
 pub mod metrics;
 pub mod tcp;
+pub mod tcp_host;
 
 use crate::cluster::Topology;
 use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
@@ -247,22 +248,25 @@ pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
     h
 }
 
-/// Attach a worker to its node's protocol: from now on it serves requests. Worker 0 also runs
-/// the node's log replicator when the run is replicated.
+/// Attach a worker to its node's protocol: from now on it serves requests.
 pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol> {
     let proto = node.proto.worker(w.clone());
     proto.start();
-    if let (Some((log, replicas)), 0) = (&node.replicated, w.addr.worker) {
-        let seed = w.rng.borrow_mut().gen::<u64>();
-        use crate::replication::service;
-        let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
-        let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed)
-            .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
-        if let Err(e) = started {
-            crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
-        }
-    }
     proto
+}
+
+/// The `local` runtime's log replication: the node's worker 0 leads its log's group and
+/// follows its peers' (nothing crashes there, so nothing fails over).
+fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
+    let Some((log, replicas)) = &node.replicated else { return };
+    let seed = w.rng.borrow_mut().gen::<u64>();
+    use crate::replication::service;
+    let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
+    let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed)
+        .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
+    if let Err(e) = started {
+        crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
+    }
 }
 
 /// Start a worker's clients.
@@ -626,6 +630,9 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
                         let addr = Addr::new(n, wi);
                         let w = local::make_worker(&net, addr, &spec2.worker_config());
                         let proto = start_worker(&spec2, &node, &w, window, &shared);
+                        if wi == 0 {
+                            start_owner_led_replicator(&node, &w);
+                        }
                         THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
                         let _ = tx.send(());
                         local::run_worker(&net, &w);

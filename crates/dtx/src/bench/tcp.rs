@@ -11,10 +11,10 @@
 
 use super::driver::{self, RunShared, Window};
 use super::metrics::{HistLine, Totals};
-use super::{attach_worker, build_node, build_workload, start_clients, BenchSpec, NodeSetup, Outcome, THREAD_WORKER};
+use super::tcp_host::{Hosting, Takeover};
+use super::{build_node, build_workload, BenchSpec, Outcome};
 use crate::cluster::ClusterConfig;
-use crate::net::Addr;
-use crate::rt::tcp::{TcpHandle, TcpNet};
+use crate::replication::Durability;
 use anyhow::{bail, Context};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -46,10 +46,9 @@ enum ControlRequest {
 /// A run in progress on this server.
 struct ActiveRun {
     spec: BenchSpec,
-    node: Arc<NodeSetup>,
-    handles: Vec<Arc<TcpHandle>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    shared: Arc<RunShared>,
+    /// What this process serves. None: a replicated run taken up again after a restart; a
+    /// follower of its node's log took the node over, and only the history file is left here.
+    hosting: Option<Arc<Hosting>>,
     epoch: Instant,
     cpu: Arc<Mutex<(Option<u64>, Option<u64>)>>,
     window: Option<Window>,
@@ -149,11 +148,7 @@ impl Server {
             ControlRequest::Wait => self.wait(),
             ControlRequest::FinalRead => self.final_read(),
             ControlRequest::FinalChecks => self.final_checks(),
-            ControlRequest::Findings => {
-                let guard = self.run.lock();
-                let run = guard.as_ref().context("findings before prepare")?;
-                Ok(json!({"findings": run.node.workload.process_findings()}))
-            }
+            ControlRequest::Findings => Ok(json!({"findings": self.hosting()?.workload().process_findings()})),
             ControlRequest::Stop => {
                 self.stop();
                 Ok(json!({}))
@@ -179,14 +174,7 @@ impl Server {
             let spec: BenchSpec = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a run description", spec_path.display()))?;
             eprintln!("dtx server: node {}: resuming the unfinished run in {}", self.node, dir.display());
-            let t0 = Instant::now();
-            self.prepare_run(spec, true)?;
-            eprintln!(
-                "dtx server: node {}: recovered from its log and serving again after {} ms",
-                self.node,
-                t0.elapsed().as_millis()
-            );
-            return Ok(());
+            return self.prepare_run(spec, true);
         }
         Ok(())
     }
@@ -196,6 +184,7 @@ impl Server {
     }
 
     fn prepare_run(&self, spec: BenchSpec, resumed: bool) -> anyhow::Result<()> {
+        let t0 = Instant::now();
         self.stop();
         if spec.nodes as usize != self.cfg.nodes.len() || spec.workers != self.cfg.workers {
             bail!(
@@ -211,52 +200,68 @@ impl Server {
             Some(d) => (d.join(format!("{:016x}", spec.durability.cluster_id)), None),
             None => super::data_dir(&spec)?,
         };
-        let log = super::open_node_log(&spec, &dir, self.node)?;
-        let node = Arc::new(build_node(&spec, self.node, &build_workload(&spec)?, log)?);
-        let epoch = Instant::now();
         let run_dir = self.data_dir.as_ref().map(|_| dir.clone());
-        let shared = Arc::new(self.run_shared(&spec, run_dir.as_deref(), resumed)?);
-        let cfg = Arc::new(self.cfg.clone());
-        let peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> = {
-            let cfg = cfg.clone();
-            Arc::new(move |a: Addr| cfg.worker_addr(a.node, a.worker))
+        let shared = self.run_shared(&spec, run_dir.as_deref(), resumed)?;
+        let hosting = if resumed && spec.durability.mode == Durability::Replicated {
+            // Its Raft state was in memory: this process neither serves the node (a follower
+            // took it over from its replica) nor rejoins its logs as a voter.
+            eprintln!(
+                "dtx server: node {}: its log is replicated and a follower takes the node over; this server \
+                 keeps only its history file for this run",
+                self.node
+            );
+            None
+        } else {
+            Some(self.host_own_node(&spec, &dir, shared)?)
         };
-        let mut handles = Vec::new();
-        let mut threads = Vec::new();
-        for wi in 0..self.cfg.workers {
-            let addr = Addr::new(self.node, wi);
-            let net = TcpNet::bind(addr, cfg.worker_addr(self.node, wi), peers.clone(), spec.latency.clone())?;
-            handles.push(net.handle());
-            let (spec2, node2) = (spec.clone(), node.clone());
-            threads.push(std::thread::Builder::new().name(format!("n{}w{wi}", self.node)).spawn(move || {
-                let w = net.make_worker(epoch, spec2.workers, &spec2.worker_config());
-                // Serve peers from the moment the port is open: a peer may start first.
-                let proto = attach_worker(&node2, &w);
-                THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
-                net.run(&w);
-                THREAD_WORKER.with(|t| t.borrow_mut().take());
-            })?);
-        }
         *self.run.lock() = Some(ActiveRun {
+            epoch: hosting.as_ref().map_or_else(Instant::now, |h| h.epoch),
             spec,
-            node,
-            handles,
-            threads,
-            shared,
-            epoch,
+            hosting,
             cpu: Arc::new(Mutex::new((None, None))),
             window: None,
             _tmp_logs: tmp,
             run_dir,
             resumed,
         });
+        if resumed && self.run.lock().as_ref().is_some_and(|r| r.hosting.is_some()) {
+            eprintln!(
+                "dtx server: node {}: recovered from its log and serving again after {} ms",
+                self.node,
+                t0.elapsed().as_millis()
+            );
+        }
         Ok(())
+    }
+
+    /// Build this server's own node (recovered from its log, with `--durability wal`), serve
+    /// it, and start its replicas of the logs with `--durability replicated`.
+    fn host_own_node(&self, spec: &BenchSpec, dir: &Path, shared: RunShared) -> anyhow::Result<Arc<Hosting>> {
+        let mut process_spec = spec.clone();
+        process_spec.workload.process = self.node;
+        let workload = build_workload(&process_spec)?;
+        let log = super::open_node_log(spec, dir, self.node)?;
+        let mut node = build_node(spec, self.node, &workload, log)?;
+        let own_replicated = node.replicated.take();
+        let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
+        let started = hosting
+            .serve_node(self.node, node, Duration::ZERO)
+            .and_then(|()| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(log)));
+        if let Err(e) = started {
+            hosting.stop();
+            return Err(e);
+        }
+        Ok(hosting)
     }
 
     /// The run's shared state; under `--data-dir`, with its spec saved (so that a restarted
     /// server can take the run up again) and its history file open for appending.
     fn run_shared(&self, spec: &BenchSpec, run_dir: Option<&Path>, resumed: bool) -> anyhow::Result<RunShared> {
-        let mut shared = RunShared::default();
+        let shared = RunShared::default();
+        // Each process numbers its attempts in its own range: a node taken over by another
+        // process goes on under the same node id, and the histories of both are merged.
+        shared.history_ids.store((self.node as u64) << 30, Ordering::Relaxed);
+        let mut shared = shared;
         let Some(dir) = run_dir else { return Ok(shared) };
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         if !resumed {
@@ -295,16 +300,8 @@ impl Server {
             end_ns: now + (run.spec.warmup_us + run.spec.duration_us) * 1000,
         };
         run.window = Some(window);
-        for h in &run.handles {
-            run.shared.running.fetch_add(1, Ordering::AcqRel);
-            let (spec, node, shared) = (run.spec.clone(), run.node.clone(), run.shared.clone());
-            h.push_command(Box::new(move || {
-                THREAD_WORKER.with(|t| {
-                    if let Some((w, proto)) = t.borrow().as_ref() {
-                        start_clients(&spec, &node, w, proto, window, &shared);
-                    }
-                });
-            }));
+        if let Some(h) = &run.hosting {
+            h.start_clients(window);
         }
         // Sample this process's CPU time at the window's edges.
         let (cpu, epoch) = (run.cpu.clone(), run.epoch);
@@ -319,26 +316,31 @@ impl Server {
     }
 
     fn wait(&self) -> anyhow::Result<Value> {
-        let (shared, window, epoch, cpu, history_path, resumed) = {
+        let (hosting, window, epoch, cpu, history_path) = {
             let guard = self.run.lock();
             let run = guard.as_ref().context("wait before prepare")?;
             let path = run.run_dir.as_ref().map(|d| d.join(history_file_name(self.node)));
             let history_path = path.filter(|_| run.spec.record_history);
-            if run.resumed {
-                (run.shared.clone(), Window { start_ns: 0, end_ns: 0 }, run.epoch, run.cpu.clone(), history_path, true)
-            } else {
-                let window = run.window.context("wait before start")?;
-                (run.shared.clone(), window, run.epoch, run.cpu.clone(), history_path, false)
+            match (&run.hosting, run.resumed) {
+                (Some(h), false) => {
+                    let window = run.window.context("wait before start")?;
+                    (h.clone(), window, run.epoch, run.cpu.clone(), history_path)
+                }
+                (hosting, _) => {
+                    // The clients died with the previous incarnation: what they did is in the file.
+                    let history = match &history_path {
+                        Some(p) => {
+                            driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?
+                        }
+                        None => Vec::new(),
+                    };
+                    let serves = hosting.as_ref().is_some_and(|h| h.serves_a_node());
+                    return Ok(json!({"totals": Totals::default(), "history": history, "stuck_workers": 0,
+                        "resumed": true, "serves": serves, "takeovers": []}));
+                }
             }
         };
-        if resumed {
-            // The clients died with the previous incarnation: what they did is in the file.
-            let history = match &history_path {
-                Some(p) => driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?,
-                None => Vec::new(),
-            };
-            return Ok(json!({"totals": Totals::default(), "history": history, "stuck_workers": 0, "resumed": true}));
-        }
+        let shared = hosting.shared.clone();
         let deadline = Duration::from_nanos(window.end_ns) + Duration::from_secs(120);
         while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -357,15 +359,22 @@ impl Server {
             history = driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?;
         }
         let stuck = shared.running.load(Ordering::Acquire);
-        Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck}))
+        Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck,
+            "serves": hosting.serves_a_node(), "takeovers": hosting.takeovers()}))
     }
 
-    /// Start an after-run job on worker 0 of this node; returns where it reports.
-    fn on_worker0(&self, job: driver::AfterRun) -> anyhow::Result<Arc<RunShared>> {
+    /// What this server hosts in the current run (an error if it serves no node in it).
+    fn hosting(&self) -> anyhow::Result<Arc<Hosting>> {
         let guard = self.run.lock();
         let run = guard.as_ref().context("no run prepared on this node")?;
-        run.handles[0].push_command(driver::after_run_command(job, run.node.workload.clone(), run.shared.clone()));
-        Ok(run.shared.clone())
+        run.hosting.clone().context("this server serves no node in this run (another server took its node over)")
+    }
+
+    /// Start an after-run job on worker 0 of a node this server serves; returns where it reports.
+    fn on_worker0(&self, job: driver::AfterRun) -> anyhow::Result<Arc<RunShared>> {
+        let h = self.hosting()?;
+        h.on_a_worker0(driver::after_run_command(job, h.workload().clone(), h.shared.clone()))?;
+        Ok(h.shared.clone())
     }
 
     fn final_read(&self) -> anyhow::Result<Value> {
@@ -390,18 +399,15 @@ impl Server {
     }
 
     fn stop(&self) {
-        if let Some(run) = self.run.lock().take() {
+        let run = self.run.lock().take();
+        if let Some(run) = run {
             if let Some(d) = &run.run_dir {
                 // Finished: a restart does not take this run up again.
                 let _ = std::fs::write(d.join(RUN_DONE_FILE), b"");
             }
-            for h in &run.handles {
+            if let Some(h) = &run.hosting {
                 h.stop();
             }
-            for t in run.threads {
-                let _ = t.join();
-            }
-            run.node.shutdown();
         }
     }
 }
@@ -411,12 +417,15 @@ const RESTART_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Wait for a node's run to end. If its server dies meanwhile (killed, crashed) and comes back
 /// on the same address with its `--data-dir`, it takes the run up again from its log and its
-/// history file: reconnect and ask again.
-fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<(Control, Value)> {
+/// history file: reconnect and ask again. Also returns when the bench lost the server (ms since
+/// the Unix epoch), to time a takeover of its node.
+fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<(Control, Value, Option<u64>)> {
+    let mut lost_unix_ms = None;
     loop {
         match c.call(&json!({"cmd": "wait"})) {
-            Ok(v) => return Ok((c, v)),
+            Ok(v) => return Ok((c, v, lost_unix_ms)),
             Err(e) if c.lost => {
+                lost_unix_ms.get_or_insert_with(super::tcp_host::unix_ms);
                 eprintln!("dtx: node {}: {e:#}; waiting up to {:?} for it to restart", c.node, RESTART_PATIENCE);
                 c = Control::connect(c.node, addr, RESTART_PATIENCE)?;
             }
@@ -475,6 +484,17 @@ impl Control {
             bail!("node {}: {}", self.node, v["error"].as_str().unwrap_or("error"));
         }
         Ok(v)
+    }
+}
+
+/// Count the takeovers of the run and time each from when the bench lost the server of the
+/// node taken over (its control connection broke) to when the new host served the node.
+fn time_takeovers(takeovers: &[Takeover], lost_unix_ms: &[Option<u64>], totals: &mut Totals) {
+    for t in takeovers {
+        totals.failovers += 1;
+        if let Some(Some(lost)) = lost_unix_ms.get(t.node as usize) {
+            totals.failover_ms.push(t.serving_unix_ms.saturating_sub(*lost) as f64);
+        }
     }
 }
 
@@ -583,8 +603,11 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     let mut history = Vec::new();
     let mut notes = Vec::new();
     let mut ctl = Vec::new();
+    let mut serving = Vec::new();
+    let mut lost = vec![None; addrs.len()];
+    let mut takeovers = Vec::new();
     for w in waits {
-        let (c, v) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
+        let (c, v, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
         let t: Totals = serde_json::from_value(v["totals"].clone())?;
         totals.add(&t);
         let h: Vec<HistLine> = serde_json::from_value(v["history"].clone())?;
@@ -592,20 +615,28 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         if v["stuck_workers"].as_u64().unwrap_or(0) > 0 {
             notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
         }
+        let t: Vec<Takeover> = serde_json::from_value(v["takeovers"].clone()).unwrap_or_default();
+        takeovers.extend(t);
+        lost[c.node] = lost_unix_ms;
+        serving.push(v["serves"].as_bool().unwrap_or(true));
         ctl.push(c);
     }
+    time_takeovers(&takeovers, &lost, &mut totals);
+    // The after-run jobs run on a server that serves a node (one killed and restarted in a
+    // replicated run serves none: its node was taken over).
+    let Some(runner) = serving.iter().position(|&s| s) else { bail!("no server serves a node at the end of the run") };
     let mut final_read = None;
     if spec.record_history {
-        final_read = Some(match ctl[0].call(&json!({"cmd": "final_read"})) {
+        final_read = Some(match ctl[runner].call(&json!({"cmd": "final_read"})) {
             Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
             Err(e) => Err(format!("{e:#}")),
         });
     }
     if spec.run_checks {
-        let v = ctl[0].call(&json!({"cmd": "final_checks"}))?;
+        let v = ctl[runner].call(&json!({"cmd": "final_checks"}))?;
         let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
         totals.findings.extend(f);
-        for c in &mut ctl {
+        for (c, _) in ctl.iter_mut().zip(&serving).filter(|(_, &s)| s) {
             let v = c.call(&json!({"cmd": "findings"}))?;
             let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
             totals.findings.extend(f);

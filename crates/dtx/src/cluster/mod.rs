@@ -15,7 +15,8 @@ pub type PartitionId = u32;
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     /// Control address: `dtx bench` and clients connect here. Worker `w` listens for peers on
-    /// the next ports (`port + 1 + w`).
+    /// the next ports (`port + 1 + w`), and the node's log replicas on the one after them
+    /// (`port + 1 + workers`, used with `--durability replicated`).
     pub addr: SocketAddr,
     #[serde(default)]
     pub region: u16,
@@ -84,14 +85,18 @@ impl ClusterConfig {
         }
         for (i, n) in self.nodes.iter().enumerate() {
             if n.addr.port() as u32 + 1 + self.workers as u32 > u16::MAX as u32 {
-                bail!("node {i}: port {} leaves no room for {} worker ports after it", n.addr.port(), self.workers);
+                bail!(
+                    "node {i}: port {} leaves no room for its {} worker ports and its replication port after it",
+                    n.addr.port(),
+                    self.workers
+                );
             }
             if !self.regions.is_empty() && n.region as usize >= self.regions.len() {
                 bail!("node {i}: region {} but only {} regions are named", n.region, self.regions.len());
             }
             for (j, m) in self.nodes.iter().enumerate().take(i) {
                 let (a, b) = (n.addr.port() as i32, m.addr.port() as i32);
-                if n.addr.ip() == m.addr.ip() && (a - b).abs() <= self.workers as i32 {
+                if n.addr.ip() == m.addr.ip() && (a - b).abs() <= self.workers as i32 + 1 {
                     bail!("nodes {j} and {i} use overlapping ports on {} ({} and {})", n.addr.ip(), b, a);
                 }
             }

@@ -7,9 +7,9 @@
 //! A host's replicator runs on one of its workers, over `Kind::Service` messages and the
 //! worker's timers, so the simulator drives it in virtual time and replays it from the seed. It
 //! runs in one of two modes:
-//! - [`Mode::OwnerLeads`] (the `local` and `tcp` runtimes): only a log's owner ticks and leads
-//!   its group; the followers hold the log. Nothing fails over.
-//! - [`Mode::Failover`] (the simulator): every replica ticks every group it holds and applies
+//! - [`Mode::OwnerLeads`] (the `local` runtime, where nothing can crash): only a log's owner
+//!   ticks and leads its group; the followers hold the log. Nothing fails over.
+//! - [`Mode::Failover`] (the simulator and `tcp`): every replica ticks every group it holds and applies
 //!   its committed records to the state recovery builds ([`ReplayState`]). When a node's host
 //!   fails, the followers elect a new leader; once the new leader's log is settled (an entry of
 //!   its own term committed, so every record a former leader committed is in it), it asks for
@@ -66,6 +66,10 @@ fn node_of_replica(r: ReplicaId) -> NodeId {
 /// leads the node's log with a settled log. The runtime drains them and answers with
 /// [`Replicator::serve`].
 pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
+
+/// Nodes this host served and stopped serving because another replica leads their log now: the
+/// runtime stops this host's incarnation of each.
+pub type Deposed = Rc<RefCell<Vec<NodeId>>>;
 
 /// What a host's replicas keep across a crash of the host: Raft's hard state and log (which a
 /// deployment keeps on disk; the simulator keeps them in memory and charges no fsync for them,
@@ -149,6 +153,7 @@ pub struct Replicator {
     /// Per log led but not served: the term of the `Takeover` record proposed in it.
     takeover_term: FxHashMap<u32, u64>,
     adopt: Option<AdoptRequests>,
+    deposed: Option<Deposed>,
     /// False once the host crashed: the replicator does nothing more.
     alive: bool,
     /// The replicator loop's waker, to pick up a log served from now on.
@@ -185,6 +190,7 @@ pub fn start(
         requested: Default::default(),
         takeover_term: Default::default(),
         adopt,
+        deposed: None,
         alive: true,
         loop_waker: None,
         refused_from: Default::default(),
@@ -260,6 +266,21 @@ impl Replicator {
         self.served.insert(node as u32, Served::new(log));
         if let Some(w) = self.loop_waker.take() {
             w.wake();
+        }
+    }
+
+    /// Tell `queue` of every node this host stops serving because it lost the node's log.
+    pub fn report_deposed(&mut self, queue: Deposed) {
+        self.deposed = Some(queue);
+    }
+
+    /// Stop proposing for `group`'s incarnation on this host: it can make nothing durable any
+    /// more (another replica leads, or our proposals were overwritten).
+    fn depose(&mut self, group: u32) {
+        if self.served.remove(&group).is_some() {
+            if let Some(q) = &self.deposed {
+                q.borrow_mut().push(group as NodeId);
+            }
         }
     }
 
@@ -401,7 +422,8 @@ impl Replicator {
             // Another leader's entries replaced ours: this incarnation of the node can make
             // nothing durable any more; the new leader's incarnation replaces it.
             log_warn(&format!("replication: host {} lost proposals to log {group}", st.host));
-            self.served.remove(&group);
+            drop(st);
+            self.depose(group);
         }
     }
 
@@ -415,6 +437,7 @@ impl Replicator {
         let host = st.host;
         let me = replica_id(host);
         let mut ask = Vec::new();
+        let mut lost = Vec::new();
         let groups: Vec<u32> = st.groups.group_ids().collect();
         for group in groups {
             let Some(g) = st.groups.get_mut(group) else { continue };
@@ -422,12 +445,12 @@ impl Replicator {
                 if g.is_leader() {
                     let term = *s.led_term.get_or_insert(g.term());
                     if term != g.term() {
-                        self.served.remove(&group);
+                        lost.push(group);
                     }
                 } else if s.led_term.is_some() || g.leader().is_some_and(|l| l != me) {
                     // Deposed, or another replica won the first election: this incarnation
                     // can make nothing durable any more.
-                    self.served.remove(&group);
+                    lost.push(group);
                 }
                 continue;
             }
@@ -446,6 +469,9 @@ impl Replicator {
             }
         }
         drop(st);
+        for group in lost {
+            self.depose(group);
+        }
         if let Some(q) = &self.adopt {
             for group in ask {
                 self.requested.insert(group);

@@ -19,8 +19,8 @@ pub struct Append {
     max_ops: u32,
     read_ratio: f64,
     partitions: u32,
-    /// Unique append values: the home partition in the high bits (unique per node, so per
-    /// process in `tcp`), a counter below.
+    /// Unique append values: the home partition in the high bits, a counter below, starting
+    /// in the process's own range (a node taken over by another process appends from there).
     counter: AtomicU64,
 }
 
@@ -63,7 +63,7 @@ impl Append {
             max_ops: p.ops,
             read_ratio: p.read_ratio,
             partitions: topo.partitions(),
-            counter: AtomicU64::new(1),
+            counter: AtomicU64::new(((p.process as u64) << 28) | 1),
         })
     }
 

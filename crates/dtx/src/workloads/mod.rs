@@ -95,6 +95,11 @@ pub struct WorkloadParams {
     pub accounts: u64,
     /// Bank: fraction of transactions that are read-only audits of the total balance.
     pub audit_ratio: f64,
+    /// Which process of the run generates with this instance (a `dtx server`'s node id; 0 in
+    /// one process): values that must be unique (appended values, TPC-C history keys) come from
+    /// per-process ranges, since a node taken over by another server goes on generating there.
+    #[serde(default)]
+    pub process: u16,
 }
 
 impl Default for WorkloadParams {
@@ -115,6 +120,7 @@ impl Default for WorkloadParams {
             item_replicated: true,
             accounts: 0,
             audit_ratio: 0.05,
+            process: 0,
         }
     }
 }

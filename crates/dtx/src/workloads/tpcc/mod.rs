@@ -126,7 +126,9 @@ impl Tpcc {
             neworder_remote: p.neworder_remote,
             payment_remote: p.payment_remote,
             item_replicated: p.item_replicated,
-            history_seq: AtomicU32::new(0),
+            // Per process: a warehouse's node taken over by another process inserts history
+            // rows from that process's range (16M payments each before ranges meet).
+            history_seq: AtomicU32::new((p.process as u32) << 24),
             next_o_hint: (0..p.warehouses * DISTRICTS).map(|_| AtomicU32::new(ORDERS_LOADED + 1)).collect(),
             by_name_hint: (0..p.warehouses * DISTRICTS * 1000).map(|_| AtomicU16::new(0)).collect(),
             check: check::CheckState::default(),

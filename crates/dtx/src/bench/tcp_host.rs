@@ -1,0 +1,372 @@
+//! What one `dtx server` process hosts during a run: the nodes it serves (its own, and in a
+//! replicated run any node it took over) and, in a replicated run, its replicas of the nodes'
+//! logs on a thread of their own.
+//!
+//! Failover (`--durability replicated`, [`Mode::Failover`]): the replication thread runs this
+//! host's replicas of every log it is a voter of. When a node's server dies, the followers of its
+//! log elect a new leader; once that leader's log is settled (see `replication::service`), its
+//! host rebuilds the node from the state its replica applied, binds the node's worker ports
+//! (free again once the old process is gone) and serves it, clients included. A host that loses
+//! the leadership of a log it served stops that node's threads at once ([`Deposed`]), which
+//! frees the ports for the new leader's host: a process whose node was taken over while it
+//! still ran (a spurious election) gives the node up instead of serving two incarnations.
+//!
+//! A node's peers keep its address: a node that moves binds the same ports, so this works on one
+//! machine (the tests, `dtx bench --runtime tcp`). Across machines a node's address would have
+//! to float with it (a virtual IP, as keepalived moves); dtx does not move addresses.
+
+use super::driver::{RunShared, Window};
+use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, OpenedLog, THREAD_WORKER};
+use crate::cluster::ClusterConfig;
+use crate::net::{Addr, NodeId};
+use crate::protocols::common::durable::ReplayState;
+use crate::replication::service::{self, AdoptRequests, Deposed, Mode, ReplicatorHandle};
+use crate::rt::log::NodeLog;
+use crate::rt::tcp::{TcpHandle, TcpNet};
+use crate::rt::Worker;
+use crate::workloads::Workload;
+use anyhow::Context;
+use parking_lot::Mutex;
+use rand::Rng;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a host that takes a node over waits for the node's ports to be free (the old
+/// process dying, or stopping the node's threads after it lost the node's log).
+const PORT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How often the replication thread looks for nodes to take over or give up.
+const WATCH_EVERY_US: u64 = service::TICK_US;
+
+/// One node served by this process: its protocol state and its worker threads.
+struct HostedNode {
+    id: NodeId,
+    setup: Arc<NodeSetup>,
+    handles: Vec<Arc<TcpHandle>>,
+    threads: Vec<JoinHandle<()>>,
+    /// Set before the threads are stopped when the node was lost (not at the end of a run):
+    /// its clients then report their attempts in flight as of unknown outcome.
+    lost: Arc<AtomicBool>,
+}
+
+impl HostedNode {
+    fn stop(self) {
+        for h in &self.handles {
+            h.stop();
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.setup.shutdown();
+    }
+}
+
+/// A node this host took over, for the report.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Takeover {
+    pub node: NodeId,
+    /// When its workers were serving again (milliseconds since the Unix epoch: comparable
+    /// across the processes of one machine, where the bench saw the old server die).
+    pub serving_unix_ms: u64,
+    /// How long rebuilding it from the replica's state took.
+    pub rebuild_ms: u64,
+}
+
+/// A run as one server process hosts it.
+pub struct Hosting {
+    pub spec: BenchSpec,
+    pub host: NodeId,
+    cfg: Arc<ClusterConfig>,
+    workload: Arc<dyn Workload>,
+    pub shared: Arc<RunShared>,
+    pub epoch: Instant,
+    window: Mutex<Option<Window>>,
+    nodes: Mutex<Vec<HostedNode>>,
+    replication: Mutex<Option<(Arc<TcpHandle>, JoinHandle<()>)>>,
+    takeovers: Mutex<Vec<Takeover>>,
+    stopped: AtomicBool,
+}
+
+thread_local! {
+    /// The replicator on this process's replication thread (commands reach it through this).
+    static THREAD_REPLICATOR: std::cell::RefCell<Option<ReplicatorHandle>> = const { std::cell::RefCell::new(None) };
+}
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Hosting {
+    pub fn new(
+        spec: BenchSpec,
+        host: NodeId,
+        cfg: ClusterConfig,
+        workload: Arc<dyn Workload>,
+        shared: RunShared,
+    ) -> Arc<Hosting> {
+        Arc::new(Hosting {
+            spec,
+            host,
+            cfg: Arc::new(cfg),
+            workload,
+            shared: Arc::new(shared),
+            epoch: Instant::now(),
+            window: Mutex::new(None),
+            nodes: Mutex::new(Vec::new()),
+            replication: Mutex::new(None),
+            takeovers: Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    fn peers(&self) -> Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> {
+        let cfg = self.cfg.clone();
+        Arc::new(move |a: Addr| cfg.worker_addr(a.node, a.worker))
+    }
+
+    /// Bind the worker ports of `addr`, waiting up to `patience` for them to be free.
+    fn bind(&self, addr: Addr, patience: Duration) -> anyhow::Result<TcpNet> {
+        let t0 = Instant::now();
+        loop {
+            let listen = self.cfg.worker_addr(addr.node, addr.worker);
+            match TcpNet::bind(addr, listen, self.peers(), self.spec.latency.clone()) {
+                Ok(net) => return Ok(net),
+                Err(e) if t0.elapsed() < patience && !self.stopped.load(Ordering::Acquire) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Serve node `id` from `setup` on fresh worker threads (its ports bound first, waiting up
+    /// to `patience`); start their clients if the run's window is set.
+    pub fn serve_node(&self, id: NodeId, setup: NodeSetup, patience: Duration) -> anyhow::Result<()> {
+        let setup = Arc::new(setup);
+        let nets: Vec<TcpNet> =
+            (0..self.cfg.workers).map(|wi| self.bind(Addr::new(id, wi), patience)).collect::<anyhow::Result<_>>()?;
+        let lost = Arc::new(AtomicBool::new(false));
+        let mut node = HostedNode { id, setup: setup.clone(), handles: Vec::new(), threads: Vec::new(), lost };
+        for (wi, net) in nets.into_iter().enumerate() {
+            node.handles.push(net.handle());
+            let (setup, lost, epoch, spec) = (setup.clone(), node.lost.clone(), self.epoch, self.spec.clone());
+            let thread = std::thread::Builder::new().name(format!("n{id}w{wi}@{}", self.host)).spawn(move || {
+                let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
+                // Serve peers from the moment the port is open: a peer may start first.
+                let proto = attach_worker(&setup, &w);
+                THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
+                net.run(&w);
+                if lost.load(Ordering::Acquire) {
+                    w.crash();
+                }
+                THREAD_WORKER.with(|t| t.borrow_mut().take());
+            });
+            node.threads.push(thread.context("cannot start a worker thread")?);
+        }
+        let mut nodes = self.nodes.lock();
+        if self.stopped.load(Ordering::Acquire) {
+            // The run ended while the node was being built: it must not outlive the run.
+            drop(nodes);
+            node.stop();
+            anyhow::bail!("the run ended");
+        }
+        if let Some(window) = *self.window.lock() {
+            self.start_node_clients(&node, window);
+        }
+        nodes.push(node);
+        Ok(())
+    }
+
+    /// Start the clients of every node served now, measuring over `window`.
+    pub fn start_clients(&self, window: Window) {
+        let nodes = self.nodes.lock();
+        *self.window.lock() = Some(window);
+        for n in nodes.iter() {
+            self.start_node_clients(n, window);
+        }
+    }
+
+    fn start_node_clients(&self, n: &HostedNode, window: Window) {
+        for h in &n.handles {
+            self.shared.running.fetch_add(1, Ordering::AcqRel);
+            let (spec, node, shared) = (self.spec.clone(), n.setup.clone(), self.shared.clone());
+            h.push_command(Box::new(move || {
+                THREAD_WORKER.with(|t| {
+                    if let Some((w, proto)) = t.borrow().as_ref() {
+                        start_clients(&spec, &node, w, proto, window, &shared);
+                    }
+                });
+            }));
+        }
+    }
+
+    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs).
+    pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<()> {
+        let nodes = self.nodes.lock();
+        let n = nodes.first().context("this server serves no node now (it was taken over by another)")?;
+        n.handles[0].push_command(cmd);
+        Ok(())
+    }
+
+    /// The workload instance of this process.
+    pub fn workload(&self) -> &Arc<dyn Workload> {
+        &self.workload
+    }
+
+    /// Whether this process serves a node now.
+    pub fn serves_a_node(&self) -> bool {
+        !self.nodes.lock().is_empty()
+    }
+
+    pub fn takeovers(&self) -> Vec<Takeover> {
+        self.takeovers.lock().clone()
+    }
+
+    /// End the run: stop every node's threads and the replication thread.
+    pub fn stop(&self) {
+        let nodes = {
+            let mut nodes = self.nodes.lock();
+            self.stopped.store(true, Ordering::Release);
+            std::mem::take(&mut *nodes)
+        };
+        for n in nodes {
+            n.stop();
+        }
+        let replication = self.replication.lock().take();
+        if let Some((h, t)) = replication {
+            h.stop();
+            let _ = t.join();
+        }
+    }
+
+    /// Start this host's replicas of the logs it is a voter of, on their own thread (port
+    /// `worker_addr(host, workers)`), proposing `own_log`'s records to its own node's log.
+    pub fn start_replication(self: &Arc<Self>, own_log: Arc<NodeLog>) -> anyhow::Result<()> {
+        let addr = Addr::new(self.host, self.cfg.workers);
+        let net = self.bind(addr, Duration::ZERO)?;
+        let handle = net.handle();
+        let me = Arc::downgrade(self);
+        let (epoch, spec, host) = (self.epoch, self.spec.clone(), self.host);
+        let thread = std::thread::Builder::new().name(format!("replication@{host}")).spawn(move || {
+            let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
+            let d = &spec.durability;
+            let seed = w.rng.borrow_mut().gen::<u64>();
+            let (adopt, deposed) = (AdoptRequests::default(), Deposed::default());
+            let started = service::ReplicaState::new(host, d.cluster_id, spec.nodes, d.replicas, Mode::Failover, seed)
+                .and_then(|state| {
+                    service::start(&w, Rc::new(std::cell::RefCell::new(state)), Some(own_log), Some(adopt.clone()))
+                });
+            match started {
+                Ok(r) => {
+                    r.borrow_mut().report_deposed(deposed.clone());
+                    THREAD_REPLICATOR.with(|t| *t.borrow_mut() = Some(r.clone()));
+                    w.spawn(watch_leadership(w.clone(), r, adopt, deposed, me));
+                }
+                Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not start: {e}")),
+            }
+            net.run(&w);
+            THREAD_REPLICATOR.with(|t| t.borrow_mut().take());
+        });
+        *self.replication.lock() = Some((handle, thread.context("cannot start the replication thread")?));
+        Ok(())
+    }
+
+    /// This host lost node `id`'s log: stop its incarnation here (its clients report what they
+    /// had in flight as of unknown outcome), which frees its ports for the new leader's host.
+    /// Taken off the list at once, so that a takeover started after this serves a new entry.
+    fn give_up(&self, id: NodeId) {
+        let gone: Vec<HostedNode> = {
+            let mut nodes = self.nodes.lock();
+            let (gone, kept) = std::mem::take(&mut *nodes).into_iter().partition(|n| n.id == id);
+            *nodes = kept;
+            gone
+        };
+        for n in gone {
+            eprintln!("dtx server: host {}: gave node {id} up (another replica leads its log now)", self.host);
+            n.lost.store(true, Ordering::Release);
+            std::thread::spawn(move || n.stop());
+        }
+    }
+
+    /// Take node `id` over from `state` (what this host's replica of its log applied): rebuild
+    /// it, serve it, and tell the replicator to propose its records. Runs on its own thread
+    /// (binding may wait for the old incarnation's ports).
+    fn take_over(&self, id: NodeId, state: ReplayState) {
+        let t0 = Instant::now();
+        let log = NodeLog::replicated();
+        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
+        let served = build_node(&self.spec, id, &self.workload, Some(opened))
+            .and_then(|mut setup| {
+                setup.replicated = None;
+                self.serve_node(id, setup, PORT_PATIENCE)
+            })
+            .map_err(|e| format!("{e:#}"));
+        let replication = self.replication.lock();
+        let Some((handle, _)) = replication.as_ref() else { return };
+        match served {
+            Ok(()) => {
+                let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
+                eprintln!(
+                    "dtx server: host {}: took node {id} over (this host leads its log now): serving it after {} ms",
+                    self.host, t.rebuild_ms
+                );
+                self.takeovers.lock().push(t);
+                handle.push_command(Box::new(move || {
+                    THREAD_REPLICATOR.with(|r| {
+                        if let Some(r) = r.borrow().as_ref() {
+                            r.borrow_mut().serve(id, log);
+                        }
+                    })
+                }));
+            }
+            Err(e) => {
+                crate::rt::log_warn(&format!("host {}: cannot take node {id} over: {e}", self.host));
+                handle.push_command(Box::new(move || {
+                    THREAD_REPLICATOR.with(|r| {
+                        if let Some(r) = r.borrow().as_ref() {
+                            r.borrow_mut().adoption_refused(id);
+                        }
+                    })
+                }));
+            }
+        }
+    }
+}
+
+/// The replication thread's watch: give up the nodes whose log this host lost, and take over
+/// the ones whose log it now leads with a settled log.
+async fn watch_leadership(
+    w: Rc<Worker>,
+    r: ReplicatorHandle,
+    adopt: AdoptRequests,
+    deposed: Deposed,
+    hosting: Weak<Hosting>,
+) {
+    loop {
+        w.sleep_us(WATCH_EVERY_US).await;
+        let Some(hosting) = hosting.upgrade() else { return };
+        if hosting.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let lost: Vec<NodeId> = std::mem::take(&mut *deposed.borrow_mut());
+        for id in lost {
+            hosting.give_up(id);
+        }
+        let requests: Vec<(NodeId, NodeId)> = std::mem::take(&mut *adopt.borrow_mut());
+        for (id, _host) in requests {
+            let state = r.borrow().adoptable_state(id);
+            match state {
+                Some(state) => {
+                    let h = hosting.clone();
+                    std::thread::spawn(move || h.take_over(id, state));
+                }
+                None => r.borrow_mut().adoption_refused(id),
+            }
+        }
+    }
+}
