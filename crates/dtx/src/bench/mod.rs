@@ -116,6 +116,9 @@ impl BenchSpec {
         protocols::resolve(&self.protocol)?;
         workloads::build(&self.workload, &self.topology())?;
         self.durability.validate(self.nodes, self.faults.crashes)?;
+        if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
+            bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
+        }
         Ok(())
     }
 

@@ -500,13 +500,15 @@ fn time_takeovers(takeovers: &[Takeover], lost_unix_ms: &[Option<u64>], totals: 
 
 /// Server processes this bench started; shut down (then killed) when dropped.
 struct Spawned {
-    children: Vec<std::process::Child>,
-    _dir: crate::util::TempDir,
+    children: Arc<Mutex<Vec<std::process::Child>>>,
+    /// How to start server `n` again (after the bench killed it).
+    commands: Vec<std::process::Command>,
+    dir: crate::util::TempDir,
 }
 
 impl Drop for Spawned {
     fn drop(&mut self) {
-        for c in &mut self.children {
+        for c in self.children.lock().iter_mut() {
             let t0 = Instant::now();
             while t0.elapsed() < Duration::from_secs(2) {
                 if let Ok(Some(_)) = c.try_wait() {
@@ -520,7 +522,37 @@ impl Drop for Spawned {
     }
 }
 
-/// Find a base port with room for every node's control and worker ports.
+impl Spawned {
+    fn start(&mut self, n: usize) -> anyhow::Result<std::process::Child> {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.0.join(format!("node{n}.log")))?;
+        let cmd = &mut self.commands[n];
+        cmd.stdout(log.try_clone()?).stderr(log);
+        cmd.spawn().context("cannot start a dtx server process")
+    }
+
+    /// `--faults crash` on tcp: `kill -9` the last node's server `at` from now, and start it
+    /// again `down` later (over its data folder: it takes the run up again).
+    fn schedule_kill(mut self, at: Duration, down: Duration) -> std::thread::JoinHandle<Spawned> {
+        std::thread::spawn(move || {
+            std::thread::sleep(at);
+            let n = self.commands.len() - 1;
+            if let Some(c) = self.children.lock().get_mut(n) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            eprintln!("dtx: --faults crash: killed node {n}'s server (kill -9); starting it again in {down:?}");
+            std::thread::sleep(down);
+            match self.start(n) {
+                Ok(child) => self.children.lock()[n] = child,
+                Err(e) => eprintln!("dtx: node {n}'s server did not start again: {e:#}"),
+            }
+            self
+        })
+    }
+}
+
+/// Find a base port with room for every node's control, worker and replication ports.
 fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
     let span = nodes as u32 * (workers as u32 + 2);
     let seed = (std::process::id() as u32).wrapping_mul(2654435761) % 20_000;
@@ -534,6 +566,8 @@ fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
     bail!("no free range of {span} ports found on 127.0.0.1")
 }
 
+/// Start one `dtx server` per node on 127.0.0.1. With `--faults crash`, each keeps its own data
+/// folder, so that a killed server takes the run up again when started anew.
 fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
     let base = free_base_port(spec.nodes, spec.workers)?;
     let cfg = ClusterConfig::loopback(spec.nodes, spec.workers, base);
@@ -541,26 +575,30 @@ fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
     let path = dir.0.join("cluster.toml");
     std::fs::write(&path, cfg.to_toml())?;
     let exe = std::env::current_exe().context("cannot find the dtx executable")?;
-    let mut children = Vec::new();
-    for n in 0..spec.nodes {
-        let log = std::fs::File::create(dir.0.join(format!("node{n}.log")))?;
-        children.push(
-            std::process::Command::new(&exe)
-                .args(["server", "--config"])
-                .arg(&path)
-                .args(["--node", &n.to_string()])
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("cannot start a dtx server process")?,
-        );
+    let commands = (0..spec.nodes)
+        .map(|n| {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args(["server", "--config"]).arg(&path).args(["--node", &n.to_string()]);
+            if spec.faults.crashes {
+                cmd.arg("--data-dir").arg(dir.0.join(format!("data-{n}")));
+            }
+            cmd
+        })
+        .collect();
+    let mut spawned = Spawned { children: Default::default(), commands, dir };
+    for n in 0..spec.nodes as usize {
+        let child = spawned.start(n)?;
+        spawned.children.lock().push(child);
     }
-    Ok((cfg, Spawned { children, _dir: dir }))
+    Ok((cfg, spawned))
 }
 
 /// Run one protocol's benchmark on a tcp cluster (started here unless `cluster` names one).
 pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
     let (cfg, spawned) = match cluster {
+        Some(_) if spec.faults.crashes => {
+            bail!("--faults crash kills servers the bench started itself: leave out --cluster")
+        }
         Some(p) => (ClusterConfig::load(p)?, None),
         None => {
             let (c, s) = spawn_cluster(spec)?;
@@ -583,6 +621,14 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     for c in &mut ctl {
         c.call(&json!({"cmd": "start"}))?;
     }
+    let killer = spawned.map(|s| {
+        let at = Duration::from_micros(spec.warmup_us + spec.duration_us / 3);
+        if spec.faults.crashes {
+            Err(s.schedule_kill(at, Duration::from_micros(spec.faults.fault_duration_us)))
+        } else {
+            Ok(s)
+        }
+    });
     let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
     let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
     let addrs: Vec<SocketAddr> = cfg.nodes.iter().map(|n| n.addr).collect();
@@ -642,6 +688,11 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
             totals.findings.extend(f);
         }
     }
+    let spawned = match killer {
+        Some(Err(k)) => Some(k.join().map_err(|_| anyhow::anyhow!("the fault thread panicked"))?),
+        Some(Ok(s)) => Some(s),
+        None => None,
+    };
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;
         if spawned.is_some() {
@@ -649,5 +700,13 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         }
     }
     drop(spawned);
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0 })
+    let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
+    for (n, _) in lost.iter().enumerate().filter(|(_, l)| l.is_some()) {
+        let moved = takeovers.iter().find(|t| t.node as usize == n);
+        notes.push(match moved {
+            Some(t) => format!("faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's replica in {} ms", totals.failover_ms.first().copied().unwrap_or(f64::NAN), t.rebuild_ms),
+            None => format!("faults: node {n}'s server died and was started again"),
+        });
+    }
+    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0 })
 }
