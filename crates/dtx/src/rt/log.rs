@@ -230,6 +230,18 @@ impl NodeLog {
         }
     }
 
+    /// The LSN of the last record appended.
+    pub fn appended_lsn(&self) -> Lsn {
+        match &self.device {
+            Device::Wal(wal) => wal.last_lsn(),
+            Device::Sim(disk) => {
+                let d = disk.lock();
+                (d.durable.len() + d.pending.len()) as Lsn
+            }
+            Device::Replicated(q) => q.lock().appended,
+        }
+    }
+
     /// Every record up to this LSN is durable.
     pub fn durable_lsn(&self) -> Lsn {
         self.durable.load(Ordering::Acquire)

@@ -258,6 +258,15 @@ impl TxnLog {
         }
     }
 
+    /// Everything appended so far, if some of it is not durable yet (`None`: nothing to wait
+    /// for). A transaction that may have seen a write whose commit record is not durable (early
+    /// lock release) waits for this before it is acknowledged.
+    pub fn undurable_tail(&self) -> Option<u64> {
+        let l = self.log.as_ref()?;
+        let tail = l.appended_lsn();
+        (tail > l.durable_lsn()).then_some(tail)
+    }
+
     /// Wait until `lsn` (from [`TxnLog::append`]) is durable.
     pub async fn durable(&self, lsn: Option<u64>) {
         if let (Some(l), Some(lsn)) = (&self.log, lsn) {

@@ -246,6 +246,9 @@ impl<'a> OccTxn<'a> {
         if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
             return Err(self.abort(&local_recs, &remote_writers, a));
         }
+        if remote_writers.is_empty() {
+            return self.commit_here(local_recs, local_writes).await;
+        }
         // Decision: commit. With a log, the decision is durable before anyone learns it.
         if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
             return Err(self.abort(&local_recs, &remote_writers, a));
@@ -258,6 +261,38 @@ impl<'a> OccTxn<'a> {
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Committed);
             wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
+        }
+        Ok(())
+    }
+
+    /// Commit a transaction that writes nowhere but here, with early lock release (Silo's
+    /// epochs, Aether's ELR): append the commit record, install and unlock at once, and
+    /// acknowledge once the record is durable, so that the locks are not held across a flush.
+    /// Still safe: the record is appended under the locks, so log order is install order, and a
+    /// transaction that read one of these writes and writes itself logs after it (durable only
+    /// with it); one that logs nothing here (read-only) waits for the log's tail, and a remote
+    /// reader's validation vote does too (`participant`). A crash before the flush loses the
+    /// commit with everything that saw it, none of it acknowledged.
+    async fn commit_here(&self, recs: Vec<&'a Rec>, writes: Writes) -> TxnResult<()> {
+        let wk = self.wk;
+        let lsn = if writes.is_empty() {
+            let me = wk.node.id;
+            let read_here = self.reads.iter().any(|e| e.used && (e.rec.is_some() || wk.node.node_of(e.key) == me));
+            wk.node.log.undurable_tail().filter(|_| read_here)
+        } else {
+            match wk.node.log.append_commit(self.id, &writes, &[]) {
+                Ok(lsn) => lsn,
+                Err(a) => return Err(self.abort(&recs, &[], a)),
+            }
+        };
+        wk.w.charge_ops(writes.len());
+        for (rec, (_, v)) in recs.into_iter().zip(writes) {
+            part::install_rec(rec, self.id, v);
+        }
+        if lsn.is_some() {
+            let t0 = wk.w.now_ns();
+            wk.node.log.durable(lsn).await;
+            wk.w.note_log_wait(wk.w.now_ns() - t0);
         }
         Ok(())
     }

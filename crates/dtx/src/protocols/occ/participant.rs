@@ -142,7 +142,15 @@ impl OccWorker {
             Request::Validate { txn, reads } => {
                 self.w.charge_ops(reads.len());
                 self.parts.touch(txn, now);
-                Reply::Vote(validate(store, txn, reads.into_iter()))
+                let valid = validate(store, txn, reads.into_iter());
+                if valid {
+                    // What it read may be the write of a local commit whose record is not
+                    // durable yet (early lock release, see the coordinator's `commit_here`):
+                    // the vote that lets it commit waits for the log's tail.
+                    let tail = self.node.log.undurable_tail();
+                    return self.reply_when_durable(from, rpc_id, tail, Reply::Vote(true));
+                }
+                Reply::Vote(false)
             }
             Request::Commit { txn } => {
                 // The coordinator forgets the transaction once we acknowledge: our outcome

@@ -310,37 +310,36 @@ impl<'a> TplTxn<'a> {
                 remote_writes.entry(n).or_default().push((k, v));
             }
         }
-        if !self.touched.is_empty() {
-            // Phase one: prepare everywhere we hold locks.
-            let id = self.id;
-            let calls: Vec<_> = self
-                .touched
-                .iter()
-                .map(|&n| {
-                    let req = Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() };
-                    async move { wk.ask(n, &req).await }
-                })
-                .collect();
-            let votes = join_all(calls).await;
-            let mut writers = Vec::new();
-            for (n, v) in self.touched.clone().into_iter().zip(votes) {
-                match v {
-                    Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
-                    Ok(Reply::Vote(Vote::ReadOnly)) => {}
-                    Ok(Reply::Vote(Vote::Lost)) => return Err(self.abort(Abort::ParticipantLost)),
-                    _ => return Err(self.abort(Abort::Timeout)),
-                }
+        if self.touched.is_empty() {
+            return self.commit_here(local_writes).await;
+        }
+        // Phase one: prepare everywhere we hold locks.
+        let id = self.id;
+        let calls: Vec<_> = self
+            .touched
+            .iter()
+            .map(|&n| {
+                let req = Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() };
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        let votes = join_all(calls).await;
+        let mut writers = Vec::new();
+        for (n, v) in self.touched.clone().into_iter().zip(votes) {
+            match v {
+                Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
+                Ok(Reply::Vote(Vote::ReadOnly)) => {}
+                Ok(Reply::Vote(Vote::Lost)) => return Err(self.abort(Abort::ParticipantLost)),
+                _ => return Err(self.abort(Abort::Timeout)),
             }
-            // Decision: commit. With a log, the decision is durable before anyone learns it.
-            self.log_commit(&local_writes, &writers).await?;
-            if writers.is_empty() {
-                wk.coord.forget(self.id);
-            } else {
-                wk.coord.set(self.id, TxnStatus::Committed);
-                wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
-            }
+        }
+        // Decision: commit. With a log, the decision is durable before anyone learns it.
+        self.log_commit(&local_writes, &writers).await?;
+        if writers.is_empty() {
+            wk.coord.forget(self.id);
         } else {
-            self.log_commit(&local_writes, &[]).await?;
+            wk.coord.set(self.id, TxnStatus::Committed);
+            wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
         }
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
         for (k, v) in local_writes {
@@ -350,15 +349,53 @@ impl<'a> TplTxn<'a> {
         Ok(())
     }
 
+    /// Commit a transaction that touched no other node, with early lock release (as OCC's
+    /// `commit_here`): append the commit record under the locks (log order stays install
+    /// order), apply and release at once, and acknowledge once the record is durable. A
+    /// read-only one waits for the log's tail instead, since it may have read a write whose
+    /// record is not durable yet; so does a remote reader's read-only vote (`participant`).
+    async fn commit_here(&mut self, local_writes: Writes) -> TxnResult<()> {
+        let wk = self.wk;
+        let lsn = if local_writes.is_empty() {
+            wk.node.log.undurable_tail()
+        } else {
+            match wk.node.log.append_commit(self.id, &local_writes, &[]) {
+                Ok(lsn) => lsn,
+                Err(a) => return Err(self.abort(a)),
+            }
+        };
+        wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        for (k, v) in local_writes {
+            part::apply_rec(self.local_rec(k), self.id, v);
+        }
+        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        if lsn.is_some() {
+            let t0 = wk.w.now_ns();
+            wk.node.log.durable(lsn).await;
+            wk.w.note_log_wait(wk.w.now_ns() - t0);
+        }
+        Ok(())
+    }
+
     /// Log the commit decision (this node's writes, the remote writers) and wait until it is
-    /// durable; nothing to do for a read-only transaction or a run without a log. A record the
-    /// log refuses aborts the transaction.
+    /// durable; a read-only transaction only waits for what it may have read here. Nothing to
+    /// do without a log. A record the log refuses aborts the transaction.
     async fn log_commit(&mut self, local_writes: &Writes, writers: &[NodeId]) -> TxnResult<()> {
         let wk = self.wk;
-        if !wk.node.log.enabled() || (local_writes.is_empty() && writers.is_empty()) {
+        if !wk.node.log.enabled() {
             return Ok(());
         }
         let t0 = wk.w.now_ns();
+        if local_writes.is_empty() && writers.is_empty() {
+            // Read-only everywhere: what it read here may be a local commit whose record is not
+            // durable yet (early lock release, `commit_here`).
+            let tail = wk.node.log.undurable_tail().filter(|_| !self.held_local.is_empty());
+            if tail.is_some() {
+                wk.node.log.durable(tail).await;
+                wk.w.note_log_wait(wk.w.now_ns() - t0);
+            }
+            return Ok(());
+        }
         if let Err(a) = wk.node.log.force_commit(self.id, local_writes, writers).await {
             return Err(self.abort(a));
         }

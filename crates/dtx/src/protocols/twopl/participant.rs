@@ -136,7 +136,10 @@ impl TwoPlWorker {
                         drop(parts);
                         self.w.charge_ops(held.len());
                         release(store, txn, held.into_iter());
-                        Reply::Vote(Vote::ReadOnly)
+                        // It may have read a local commit whose record is not durable yet
+                        // (early lock release): the vote that lets it commit waits for it.
+                        let tail = self.node.log.undurable_tail();
+                        return self.reply_when_durable(from, rpc_id, tail, Reply::Vote(Vote::ReadOnly));
                     }
                     Some((p, t)) => {
                         *t = now;
