@@ -5,8 +5,12 @@
 //! - a participant that votes yes logs `Prepared` (its writes) and answers only once it is
 //!   durable: after that it can no longer decide alone;
 //! - the coordinator logs `Commit` (its own node's writes, and the remote participants that must
-//!   hear the decision) and acknowledges the client, installs and releases only once it is
-//!   durable: **a commit is acknowledged when its decision record is on disk**;
+//!   hear the decision) and acknowledges the client only once it is durable: **a commit is
+//!   acknowledged when its decision record is on disk**. A distributed commit installs and
+//!   releases only then too; a transaction that wrote nowhere but on its coordinator's node
+//!   installs and releases as soon as the record is appended (early lock release, as Silo's
+//!   epochs and Aether do), and whoever may have read such a write before it is durable waits
+//!   for the log's tail before it is acknowledged or votes (`undurable_tail`);
 //! - a participant that installs a commit logs `Outcome` and acknowledges the coordinator only
 //!   once it is durable (otherwise a crash could lose a write the coordinator has forgotten);
 //!   an abort's `Outcome` is not waited for (presumed abort: a lost one reads as abort anyway);
