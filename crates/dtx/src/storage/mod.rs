@@ -88,8 +88,11 @@ mod spare {
     const LENGTHS: usize = 16;
     const PER_LENGTH: usize = 64;
 
+    /// Spare buffers of one length.
+    type SameLength = (usize, Vec<Arc<[u8]>>);
+
     thread_local! {
-        static SPARE: RefCell<Vec<(usize, Vec<Arc<[u8]>>)>> = const { RefCell::new(Vec::new()) };
+        static SPARE: RefCell<Vec<SameLength>> = const { RefCell::new(Vec::new()) };
     }
 
     #[inline]
@@ -710,6 +713,27 @@ mod tests {
             TableDef { name: "c", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Chunks },
             TableDef { name: "d", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Groups(8) },
         ]
+    }
+
+    #[test]
+    fn a_recycled_buffer_is_reused_only_when_unshared_and_comes_back_clean() {
+        let v = Value::patched(&[], 40, |b| b.fill(7));
+        let shared = v.clone();
+        Value::recycle(Some(v));
+        // Still held elsewhere: not kept, so later patches cannot overwrite what `shared` sees.
+        for _ in 0..3 {
+            let _ = Value::patched(&[1, 2], 40, |b| b.fill(1));
+        }
+        assert!(shared.iter().all(|&b| b == 7));
+        let v = Value::patched(&[9; 50], 10, |_| {});
+        assert_eq!(v.len(), 50, "never shorter than the old value");
+        let addr = shared.as_ptr();
+        Value::recycle(Some(shared));
+        let y = Value::patched(&[3; 4], 40, |b| b[39] = 1);
+        assert_eq!(y.as_ptr(), addr, "an unshared buffer of the same length is reused");
+        assert_eq!(&y[..5], &[3, 3, 3, 3, 0], "padding past the old bytes is zeroed");
+        assert_eq!(y[39], 1);
+        assert!(y[5..39].iter().all(|&b| b == 0));
     }
 
     #[test]
