@@ -31,25 +31,93 @@ impl Value {
         prefetch_line(self.0.as_ptr());
     }
 
-    /// A copy of `old`, zero padded to `len` bytes if it is shorter, patched by `f`: one
-    /// allocation and one copy (no staging buffer).
+    /// A copy of `old`, zero padded to `len` bytes if it is shorter, patched by `f`: one copy,
+    /// into a spare buffer of that length if this thread has one ([`Value::recycle`]), else into
+    /// one new allocation (no staging buffer).
     #[inline]
     pub fn patched(old: &[u8], len: usize, f: impl FnOnce(&mut [u8])) -> Value {
         static ZEROS: [u8; 1024] = [0; 1024];
         use std::sync::Arc;
-        let mut bytes: Arc<[u8]> = if len <= old.len() {
-            old.into()
-        } else if len <= ZEROS.len() {
-            let mut b: Arc<[u8]> = ZEROS[..len].into();
-            Arc::get_mut(&mut b).expect("a new value has no other owner")[..old.len()].copy_from_slice(old);
-            b
-        } else {
-            let mut v = vec![0; len];
-            v[..old.len()].copy_from_slice(old);
-            v.into()
+        let len = len.max(old.len());
+        let mut bytes: Arc<[u8]> = match spare::take(len) {
+            Some(mut b) => {
+                let buf = Arc::get_mut(&mut b).expect("a spare buffer has no other owner");
+                buf[..old.len()].copy_from_slice(old);
+                buf[old.len()..].fill(0);
+                b
+            }
+            None if len == old.len() => old.into(),
+            None if len <= ZEROS.len() => {
+                let mut b: Arc<[u8]> = ZEROS[..len].into();
+                Arc::get_mut(&mut b).expect("a new value has no other owner")[..old.len()].copy_from_slice(old);
+                b
+            }
+            None => {
+                let mut v = vec![0; len];
+                v[..old.len()].copy_from_slice(old);
+                v.into()
+            }
         };
         f(Arc::get_mut(&mut bytes).expect("a new value has no other owner"));
         Value(bytes)
+    }
+
+    /// A value that was just replaced in its record: if nobody else holds it any more, keep its
+    /// buffer for this thread's next [`Value::patched`] of the same length, so that updating a
+    /// row in place (a TPC-C stock, district or year-to-date row) costs neither `malloc` nor
+    /// `free` (nor, with several workers, a `free` into another thread's arena, which takes
+    /// that arena's lock). Call it after releasing the record's lock.
+    #[inline]
+    pub fn recycle(old: Option<Value>) {
+        if let Some(Value(mut b)) = old {
+            if std::sync::Arc::get_mut(&mut b).is_some() {
+                spare::put(b);
+            }
+        }
+    }
+}
+
+/// Spare value buffers of this thread, by length (see [`Value::recycle`]). Bounded: a few
+/// lengths, a few buffers each; what does not fit is freed.
+mod spare {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    /// Longest buffer kept, distinct lengths kept, buffers kept per length.
+    const MAX_LEN: usize = 1024;
+    const LENGTHS: usize = 16;
+    const PER_LENGTH: usize = 64;
+
+    /// Spare buffers of one length.
+    type SameLength = (usize, Vec<Arc<[u8]>>);
+
+    thread_local! {
+        static SPARE: RefCell<Vec<SameLength>> = const { RefCell::new(Vec::new()) };
+    }
+
+    #[inline]
+    pub(super) fn take(len: usize) -> Option<Arc<[u8]>> {
+        if len > MAX_LEN {
+            return None;
+        }
+        SPARE.with(|s| s.borrow_mut().iter_mut().find(|(l, _)| *l == len)?.1.pop())
+    }
+
+    #[inline]
+    pub(super) fn put(b: Arc<[u8]>) {
+        let len = b.len();
+        if len > MAX_LEN || len == 0 {
+            return;
+        }
+        SPARE.with(|s| {
+            let mut s = s.borrow_mut();
+            match s.iter().position(|(l, _)| *l == len) {
+                Some(i) if s[i].1.len() < PER_LENGTH => s[i].1.push(b),
+                Some(_) => {}
+                None if s.len() < LENGTHS => s.push((len, vec![b])),
+                None => {}
+            }
+        });
     }
 }
 
@@ -645,6 +713,27 @@ mod tests {
             TableDef { name: "c", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Chunks },
             TableDef { name: "d", ordered: true, expected_rows: 10, dense: vec![], layout: Layout::Groups(8) },
         ]
+    }
+
+    #[test]
+    fn a_recycled_buffer_is_reused_only_when_unshared_and_comes_back_clean() {
+        let v = Value::patched(&[], 40, |b| b.fill(7));
+        let shared = v.clone();
+        Value::recycle(Some(v));
+        // Still held elsewhere: not kept, so later patches cannot overwrite what `shared` sees.
+        for _ in 0..3 {
+            let _ = Value::patched(&[1, 2], 40, |b| b.fill(1));
+        }
+        assert!(shared.iter().all(|&b| b == 7));
+        let v = Value::patched(&[9; 50], 10, |_| {});
+        assert_eq!(v.len(), 50, "never shorter than the old value");
+        let addr = shared.as_ptr();
+        Value::recycle(Some(shared));
+        let y = Value::patched(&[3; 4], 40, |b| b[39] = 1);
+        assert_eq!(y.as_ptr(), addr, "an unshared buffer of the same length is reused");
+        assert_eq!(&y[..5], &[3, 3, 3, 3, 0], "padding past the old bytes is zeroed");
+        assert_eq!(y[39], 1);
+        assert!(y[5..39].iter().all(|&b| b == 0));
     }
 
     #[test]

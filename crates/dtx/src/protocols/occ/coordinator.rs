@@ -253,7 +253,11 @@ impl<'a> OccTxn<'a> {
         if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
             return Err(self.abort(&local_recs, &remote_writers, a));
         }
-        // Install here, tell the remote writers in the background.
+        // Install here, tell the remote writers in the background. The read set is done with:
+        // dropping its values first lets the install reuse the buffers of the values it replaces
+        // when nobody else holds them (`Value::recycle`).
+        self.reads.clear();
+        self.read_index.clear();
         wk.w.charge_ops(local_writes.len());
         for (rec, (_, v)) in local_recs.into_iter().zip(local_writes) {
             part::install_rec(rec, self.id, v);

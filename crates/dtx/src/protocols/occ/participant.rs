@@ -81,9 +81,12 @@ pub fn validate(store: &Storage<OccMeta>, txn: TxnId, mut reads: impl Iterator<I
 pub fn install_rec(rec: &Rec, txn: TxnId, value: Option<Value>) {
     let mut row = rec.lock();
     assert_eq!(row.meta.locked_by, txn, "installing a record without holding its lock");
-    row.value = value;
+    let old = std::mem::replace(&mut row.value, value);
     row.meta.tid += 1;
     row.meta.locked_by = 0;
+    // Outside the record's lock: freeing (or keeping) the old value is no part of installing.
+    drop(row);
+    Value::recycle(old);
 }
 
 pub fn unlock_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s Rec>) {

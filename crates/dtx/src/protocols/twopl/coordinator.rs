@@ -342,6 +342,10 @@ impl<'a> TplTxn<'a> {
             wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
         }
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        // The values read are done with: dropping them first lets the install reuse the buffers
+        // of the values it replaces when nobody else holds them (`Value::recycle`).
+        self.values.clear();
+        self.value_index.clear();
         for (k, v) in local_writes {
             part::apply_rec(self.local_rec(k), self.id, v);
         }
@@ -425,7 +429,7 @@ impl<'a> Access for TplTxn<'a> {
     }
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        let locked = self.values.iter().any(|(k, _, m)| *k == key && *m == Mode::Exclusive);
+        let locked = self.value_pos(key).is_some_and(|i| self.values[i].2 == Mode::Exclusive);
         if locked {
             self.buffer_write(key, value);
             return Step::Ready(Ok(()));

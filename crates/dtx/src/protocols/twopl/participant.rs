@@ -101,7 +101,10 @@ pub fn release_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s LockRecord>) 
 pub fn apply_rec(rec: &LockRecord, txn: TxnId, value: Option<Value>) {
     let mut row = rec.lock();
     assert!(row.meta.holds(txn, Mode::Exclusive), "writing a record without its exclusive lock");
-    row.value = value;
+    let old = std::mem::replace(&mut row.value, value);
+    // Outside the record's lock: freeing (or keeping) the old value is no part of installing.
+    drop(row);
+    Value::recycle(old);
 }
 
 /// Apply writes (the writer holds their exclusive locks), then release everything it holds.
