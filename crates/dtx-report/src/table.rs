@@ -141,7 +141,8 @@ fn top_aborts(r: &RunReport) -> String {
 /// listed, separated by `/`.
 pub(crate) fn context_line(runs: &[RunReport]) -> String {
     let c = Context::of(runs);
-    format!("workload: {}  runtime: {}  nodes: {}  duration: {}", c.workload, c.runtime, c.nodes, c.duration)
+    let workers = if c.workers == "-" { String::new() } else { format!("  workers/node: {}", c.workers) };
+    format!("workload: {}  runtime: {}  nodes: {}{workers}  duration: {}", c.workload, c.runtime, c.nodes, c.duration)
 }
 
 /// The run-wide context shared by the table header and the plot title.
@@ -149,6 +150,8 @@ pub(crate) struct Context {
     pub workload: String,
     pub runtime: String,
     pub nodes: String,
+    /// Worker threads per node (from the runs' `workers` parameter; `-` when not given).
+    pub workers: String,
     pub duration: String,
 }
 
@@ -166,6 +169,7 @@ impl Context {
             workload: distinct(runs.iter().map(|r| r.workload.clone())),
             runtime: distinct(runs.iter().map(|r| r.runtime.clone())),
             nodes: distinct(runs.iter().map(|r| r.nodes.to_string())),
+            workers: distinct(runs.iter().filter_map(|r| r.params.get("workers").map(|w| w.to_string()))),
             duration,
         }
     }

@@ -79,9 +79,10 @@ pub struct BenchArgs {
     runtime: String,
     #[arg(long, default_value_t = 2)]
     nodes: u16,
-    /// Worker threads per node.
-    #[arg(long, default_value_t = 1)]
-    workers: u16,
+    /// Worker threads per node. Default: the machine's cores shared among the nodes (at least
+    /// one each) with --runtime local or tcp; 1 in sim, so that a seed replays the same anywhere.
+    #[arg(long)]
+    workers: Option<u16>,
     /// Transactions in flight per worker (closed-loop clients). Default 64; for TPC-C, the
     /// specification's 10 terminals per warehouse (clause 4.2.2) of the worker's warehouses.
     #[arg(long)]
@@ -245,8 +246,18 @@ impl BenchArgs {
         if self.workload != "tpcc" {
             return 64;
         }
-        let workers = (self.nodes as u32 * self.workers as u32).max(1);
+        let workers = (self.nodes as u32 * self.workers() as u32).max(1);
         10 * self.warehouses.div_ceil(workers).max(1)
+    }
+
+    fn workers(&self) -> u16 {
+        self.workers.unwrap_or_else(|| {
+            if self.runtime == "sim" {
+                return 1;
+            }
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / self.nodes.max(1) as usize).clamp(1, 64) as u16
+        })
     }
 
     fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
@@ -256,7 +267,7 @@ impl BenchArgs {
             let mut args = self.clone();
             args.cluster = None;
             args.nodes = cfg.nodes.len() as u16;
-            args.workers = cfg.workers;
+            args.workers = Some(cfg.workers);
             args.partitions_per_node = cfg.partitions_per_node;
             return args.spec(protocol);
         }
@@ -345,7 +356,7 @@ impl BenchArgs {
             },
             runtime: self.runtime.clone(),
             nodes: self.nodes,
-            workers: self.workers,
+            workers: self.workers(),
             partitions_per_node: self.partitions_per_node,
             inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
             duration_us: secs_us(&self.duration, "duration")?,

@@ -277,7 +277,7 @@ impl<'a> OccTxn<'a> {
     /// with it); one that logs nothing here (read-only) waits for the log's tail, and a remote
     /// reader's validation vote does too (`participant`). A crash before the flush loses the
     /// commit with everything that saw it, none of it acknowledged.
-    async fn commit_here(&self, recs: Vec<&'a Rec>, writes: Writes) -> TxnResult<()> {
+    async fn commit_here(&mut self, recs: Vec<&'a Rec>, writes: Writes) -> TxnResult<()> {
         let wk = self.wk;
         let lsn = if writes.is_empty() {
             let me = wk.node.id;
@@ -289,6 +289,9 @@ impl<'a> OccTxn<'a> {
                 Err(a) => return Err(self.abort(&recs, &[], a)),
             }
         };
+        // The read set is done with (see `commit`: lets the install reuse buffers).
+        self.reads.clear();
+        self.read_index.clear();
         wk.w.charge_ops(writes.len());
         for (rec, (_, v)) in recs.into_iter().zip(writes) {
             part::install_rec(rec, self.id, v);

@@ -369,6 +369,9 @@ impl<'a> TplTxn<'a> {
             }
         };
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        // The values read are done with (see `commit`: lets the install reuse buffers).
+        self.values.clear();
+        self.value_index.clear();
         for (k, v) in local_writes {
             part::apply_rec(self.local_rec(k), self.id, v);
         }
