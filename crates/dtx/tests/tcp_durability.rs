@@ -1,8 +1,10 @@
 //! Durability of real `dtx server` processes: kill -9 the servers after a run (`--durability
 //! wal`), restart them over the same data folders, and find every acknowledged commit still
 //! there; kill one mid-run and find it back (`wal`: it recovers from its log; `replicated`: a
-//! follower of its log takes its node over); and a log corrupted in the middle is refused with a
-//! message naming the file and the offset.
+//! follower of its log takes its node over); cut the link between two servers mid-run, inside a
+//! network namespace the test makes (`ip netns`, iptables), and find the run serializable and
+//! whole once it heals; and a log corrupted in the middle is refused with a message naming the
+//! file and the offset.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -462,4 +464,135 @@ fn a_replicated_server_that_stalls_gives_its_node_up_to_the_new_leader() {
     std::thread::sleep(Duration::from_millis(700));
     signal(server, "-CONT");
     assert_node_1_moved(&cluster, bench, &h, "occ", &["gave node 1 up"]);
+}
+
+/// A network namespace of this test's own (its own loopback, ports and firewall), deleted when
+/// dropped with everything in it.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("dtx-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let made = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
+        assert!(made, "`ip netns add {name}` failed: this test needs root and iproute2 to make a network namespace");
+        let ns = Netns(name);
+        assert!(ns.run(&["ip", "link", "set", "lo", "up"]), "cannot bring up lo in {}", ns.0);
+        ns
+    }
+
+    /// `cmd` inside the namespace.
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0, program]);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> bool {
+        self.command(args[0]).args(&args[1..]).status().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Wait until `log` says its server listens (the servers live in a namespace the test's own
+/// sockets cannot reach, so the log, not a ping, tells).
+fn wait_listening(log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !read(log).contains("control on") {
+        assert!(Instant::now() < deadline, "{} never said it listens:\n{}", log.display(), read(log));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_link_cut_between_two_servers_heals_and_loses_no_acknowledged_commit() {
+    let ns = Netns::new("cut");
+    let dir = tempfile::tempdir().unwrap();
+    // A private loopback: fixed ports cannot collide with anything outside the namespace.
+    let (control, worker) = ([21_000u16, 21_003], [21_001u16, 21_004]);
+    let config = dir.path().join("cluster.toml");
+    let nodes: String = control.iter().map(|p| format!("[[node]]\naddr = \"127.0.0.1:{p}\"\n")).collect();
+    std::fs::write(&config, format!("workers = 1\n{nodes}")).unwrap();
+    let dtx_path = env!("CARGO_BIN_EXE_dtx");
+    // Reaped (killed) before the namespace goes, whatever the test did.
+    struct Reap(Vec<Child>);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut servers = Reap(Vec::new());
+    for n in 0..2 {
+        let log = dir.path().join(format!("server-{n}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = ns
+            .command(dtx_path)
+            .args(["server", "--config", config.to_str().unwrap(), "--node", &n.to_string()])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        servers.0.push(child);
+        wait_listening(&log);
+    }
+    for protocol in ["2pl-nowait", "occ"] {
+        cut_link_mid_run(&ns, &config, dir.path(), protocol, worker);
+    }
+}
+
+/// One bench run over the two servers of `config` in `ns`, with the link between their worker
+/// ports cut for 800 ms mid-run; it must pass `--verify` and show the dip.
+fn cut_link_mid_run(ns: &Netns, config: &Path, dir: &Path, protocol: &str, worker: [u16; 2]) {
+    let dtx_path = env!("CARGO_BIN_EXE_dtx");
+    let h = dir.join(format!("cut-{protocol}.jsonl"));
+    let results = dir.join(format!("results-{protocol}"));
+    let bench = ns
+        .command(dtx_path)
+        .args(["bench", "--runtime", "tcp", "--cluster", config.to_str().unwrap(), "--workload", "append"])
+        .args(["--protocol", protocol, "--durability", "wal", "--duration", "3", "--warmup", "0.2", "--inflight", "16"])
+        .args(["--verify", "--history", h.to_str().unwrap(), "--out", results.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-run: drop every packet to or from either worker port for 800 ms (both directions of
+    // the link between the two nodes; the bench's control connections stay up). Transactions
+    // across the cut time out and abort; decisions and votes caught in it are resent once it
+    // heals (TCP retransmits what the cut dropped).
+    let ports = format!("{},{}", worker[0], worker[1]);
+    let rule = ["INPUT", "-p", "tcp", "-m", "multiport", "--ports", &ports, "-j", "DROP"];
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(ns.run(&[&["iptables", "-A"][..], &rule[..]].concat()), "cannot add the firewall rule that cuts the link");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(ns.run(&[&["iptables", "-D"][..], &rule[..]].concat()), "cannot remove the firewall rule");
+    let out = bench.wait_with_output().unwrap();
+    let logs = (0..2).map(|n| read(&dir.join(format!("server-{n}.log")))).collect::<Vec<_>>().join("\n");
+    assert!(
+        out.status.success(),
+        "{protocol}: the run with a cut link failed: {}\nserver logs:\n{logs}",
+        describe(&out)
+    );
+    let (status, lists) = final_read(&h);
+    assert_eq!(status, "committed");
+    assert!(lists.values().any(|l| !l.is_empty()), "nothing was appended");
+    // The cut did bite: some second of the run committed far less than the best one.
+    let report: Value = serde_json::from_str(&read(&results.join("bench.json"))).unwrap();
+    let per_s: Vec<f64> = report["runs"][0]["throughput_per_s"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    let best = per_s.iter().cloned().fold(0.0, f64::max);
+    let worst = per_s.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert!(worst < best * 0.8, "no dip in the per-second throughput {per_s:?}: did the cut happen?");
+    eprintln!("{protocol}: cut link: per-second commits {per_s:?}, aborts {}", report["runs"][0]["aborts_by_reason"]);
 }
