@@ -2,6 +2,7 @@
 //! the commit: lock the write set everywhere, then validate the read set everywhere, then
 //! install (Silo's order, made distributed: every lock is held before any validation, which is
 //! what makes the combination serializable), with 2PC's decision table for the participants.
+//! With a single remote participant, the last lock and the validation there share a message.
 
 use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
@@ -211,40 +212,11 @@ impl<'a> OccTxn<'a> {
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Active);
         }
-        // Phase 1: lock every write set: the remote ones first, in parallel, then the local one
-        // inline, so that hot local records are not held across the lock round trip. (Any
-        // order is correct as long as every lock is held before any validation.)
-        let lock_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.writes.is_empty())
-            .map(|x| {
-                let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
-            return Err(self.abort(&[], &remote_writers, a));
-        }
-        wk.w.charge_ops(local_writes.len());
-        if !part::lock_recs(self.id, local_recs.iter().copied()) {
-            return Err(self.abort(&[], &remote_writers, Abort::WriteLocked));
-        }
-        // Phase 2: validate every read set.
-        if !self.validate_local() {
-            return Err(self.abort(&local_recs, &remote_writers, Abort::ReadValidation));
-        }
-        let validate_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.reads.is_empty())
-            .map(|x| {
-                let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
-            return Err(self.abort(&local_recs, &remote_writers, a));
+        // Lock everywhere, then validate everywhere; on failure the attempt is already aborted.
+        match nodes.as_slice() {
+            [] => self.lock_and_validate_here(&local_recs)?,
+            [only] => self.lock_here_then_there(only, &local_recs, &remote_writers).await?,
+            _ => self.lock_all_then_validate(&nodes, &local_recs, &remote_writers).await?,
         }
         if remote_writers.is_empty() {
             return self.commit_here(local_recs, local_writes).await;
@@ -265,6 +237,93 @@ impl<'a> OccTxn<'a> {
         if !remote_writers.is_empty() {
             wk.coord.set(self.id, TxnStatus::Committed);
             wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
+        }
+        Ok(())
+    }
+
+    /// Lock and validate a transaction with no remote participant.
+    fn lock_and_validate_here(&self, local_recs: &[&'a Rec]) -> TxnResult<()> {
+        self.wk.w.charge_ops(local_recs.len());
+        if !part::lock_recs(self.id, local_recs.iter().copied()) {
+            return Err(self.abort(&[], &[], Abort::WriteLocked));
+        }
+        if !self.validate_local() {
+            return Err(self.abort(local_recs, &[], Abort::ReadValidation));
+        }
+        Ok(())
+    }
+
+    /// One remote participant: lock here, then let it lock and validate in one round trip (its
+    /// locks are the last ones, so every lock is held before its validation), then validate
+    /// here. One round trip where `lock_all_then_validate` takes two, at the price of holding
+    /// the local locks across it (which that one does across its validation round trip anyway).
+    async fn lock_here_then_there(
+        &self,
+        there: &Part,
+        local_recs: &[&'a Rec],
+        remote_writers: &[NodeId],
+    ) -> TxnResult<()> {
+        let wk = self.wk;
+        wk.w.charge_ops(local_recs.len());
+        if !part::lock_recs(self.id, local_recs.iter().copied()) {
+            return Err(self.abort(&[], &[], Abort::WriteLocked));
+        }
+        let req = Request::LockValidate { txn: self.id, writes: there.writes.clone(), reads: there.reads.clone() };
+        match wk.ask(there.node, &req).await {
+            Ok(Reply::Vote(true)) => {}
+            // A refusal leaves nothing held there: no need to tell it the outcome.
+            Ok(Reply::Vote(false)) => return Err(self.abort(local_recs, &[], Abort::WriteLocked)),
+            Ok(Reply::Stale) => return Err(self.abort(local_recs, &[], Abort::ReadValidation)),
+            // Lost or garbled: it may hold locks.
+            Ok(_) | Err(_) => return Err(self.abort(local_recs, remote_writers, Abort::Timeout)),
+        }
+        if !self.validate_local() {
+            return Err(self.abort(local_recs, remote_writers, Abort::ReadValidation));
+        }
+        Ok(())
+    }
+
+    /// Several remote participants: lock every write set, the remote ones first, in parallel,
+    /// then the local one inline, so that hot local records are not held across the lock round
+    /// trip (any order is correct as long as every lock is held before any validation); then
+    /// validate every read set.
+    async fn lock_all_then_validate(
+        &self,
+        nodes: &[Part],
+        local_recs: &[&'a Rec],
+        remote_writers: &[NodeId],
+    ) -> TxnResult<()> {
+        let wk = self.wk;
+        let lock_calls: Vec<_> = nodes
+            .iter()
+            .filter(|x| !x.writes.is_empty())
+            .map(|x| {
+                let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
+                let n = x.node;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
+            return Err(self.abort(&[], remote_writers, a));
+        }
+        wk.w.charge_ops(local_recs.len());
+        if !part::lock_recs(self.id, local_recs.iter().copied()) {
+            return Err(self.abort(&[], remote_writers, Abort::WriteLocked));
+        }
+        if !self.validate_local() {
+            return Err(self.abort(local_recs, remote_writers, Abort::ReadValidation));
+        }
+        let validate_calls: Vec<_> = nodes
+            .iter()
+            .filter(|x| !x.reads.is_empty())
+            .map(|x| {
+                let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
+                let n = x.node;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
+            return Err(self.abort(local_recs, remote_writers, a));
         }
         Ok(())
     }

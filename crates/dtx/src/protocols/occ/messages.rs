@@ -1,6 +1,9 @@
 //! OCC's messages. Textbook count for a distributed transaction, per remote participant:
 //! reads (one round trip per participant in one-shot mode, per read otherwise), `Lock` (only
 //! where it writes), `Validate` (only where it read), then `Commit` + ack (only where it wrote); `Abort` + ack where it locked and then aborted.
+//! A transaction with a single remote participant sends it one `LockValidate` instead of `Lock`
+//! and `Validate`: once the coordinator's local locks are held, that participant's locks are the
+//! last ones, so it may validate right after taking them.
 
 use crate::protocols::common::{TxnId, TxnStatus};
 use crate::storage::{RowKey, Value};
@@ -17,6 +20,10 @@ pub enum Request {
     Lock { txn: TxnId, writes: Vec<(RowKey, Option<Value>)> },
     /// Check that what the transaction read is unchanged and unlocked by others.
     Validate { txn: TxnId, reads: Vec<(RowKey, u64)> },
+    /// `Lock`, then `Validate` once the locks are held: for the last participant to lock, every
+    /// other lock of the transaction being held already. A no vote (or `Stale`) leaves nothing
+    /// held here.
+    LockValidate { txn: TxnId, writes: Vec<(RowKey, Option<Value>)>, reads: Vec<(RowKey, u64)> },
     /// Install the writes and unlock.
     Commit { txn: TxnId },
     /// Release the locks a transaction took here and drop its writes.
@@ -30,6 +37,8 @@ pub enum Reply {
     Values(Vec<(Option<Value>, u64)>),
     Rows(Vec<(u64, Value, u64)>),
     Vote(bool),
+    /// `LockValidate`: the locks were free but a read is stale; the locks were released.
+    Stale,
     Ack,
     Status(TxnStatus),
 }

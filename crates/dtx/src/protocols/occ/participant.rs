@@ -124,36 +124,34 @@ impl OccWorker {
                 self.w.charge_ops(writes.len());
                 if !lock_writes(store, txn, &writes) {
                     Reply::Vote(false)
-                } else if self.node.log.enabled() {
-                    // A yes vote is a promise that survives a crash: log the writes first.
-                    let lsn = self.node.log.append_prepared(txn, &writes);
-                    match lsn {
-                        Ok(lsn) => {
-                            self.parts.txns.borrow_mut().insert(txn, (writes, now));
-                            return self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(true));
-                        }
-                        Err(_) => {
-                            unlock(store, txn, writes.iter().map(|w| w.0));
-                            Reply::Vote(false)
-                        }
-                    }
                 } else {
-                    self.parts.txns.borrow_mut().insert(txn, (writes, now));
-                    Reply::Vote(true)
+                    return self.prepare(from, rpc_id, txn, writes, now);
                 }
             }
             Request::Validate { txn, reads } => {
                 self.w.charge_ops(reads.len());
                 self.parts.touch(txn, now);
-                let valid = validate(store, txn, reads.into_iter());
-                if valid {
-                    // What it read may be the write of a local commit whose record is not
-                    // durable yet (early lock release, see the coordinator's `commit_here`):
-                    // the vote that lets it commit waits for the log's tail.
-                    let tail = self.node.log.undurable_tail();
-                    return self.reply_when_durable(from, rpc_id, tail, Reply::Vote(true));
+                if validate(store, txn, reads.into_iter()) {
+                    return self.vote_valid(from, rpc_id);
                 }
                 Reply::Vote(false)
+            }
+            Request::LockValidate { txn, writes, reads } => {
+                self.w.charge_ops(writes.len() + reads.len());
+                if !lock_writes(store, txn, &writes) {
+                    Reply::Vote(false)
+                } else if !validate(store, txn, reads.into_iter()) {
+                    // Nothing is kept for an invalid transaction: the coordinator aborts
+                    // without telling this node.
+                    unlock(store, txn, writes.iter().map(|w| w.0));
+                    Reply::Stale
+                } else if writes.is_empty() {
+                    return self.vote_valid(from, rpc_id);
+                } else {
+                    // The prepared record follows the log's tail, so that waiting for it also
+                    // covers what `vote_valid` waits for.
+                    return self.prepare(from, rpc_id, txn, writes, now);
+                }
             }
             Request::Commit { txn } => {
                 // The coordinator forgets the transaction once we acknowledge: our outcome
@@ -173,6 +171,26 @@ impl OccWorker {
 
     pub(super) fn serve_oneway(&self, from: Addr, _body: &[u8]) {
         log_warn(&format!("occ: unexpected one-way message from {from}"));
+    }
+
+    /// Keep the writes of a transaction whose locks are held here and vote yes; with a log, a
+    /// yes vote is a promise that survives a crash: the writes are logged first.
+    fn prepare(&self, from: Addr, rpc_id: u64, txn: TxnId, writes: Writes, now: u64) {
+        // Without a log there is nothing to append (`None`).
+        let Ok(lsn) = self.node.log.append_prepared(txn, &writes) else {
+            unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(false)));
+        };
+        self.parts.txns.borrow_mut().insert(txn, (writes, now));
+        self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(true));
+    }
+
+    /// Vote yes for a valid read set. What it read may be the write of a local commit whose
+    /// record is not durable yet (early lock release, see the coordinator's `commit_here`): the
+    /// vote that lets it commit waits for the log's tail.
+    fn vote_valid(&self, from: Addr, rpc_id: u64) {
+        let tail = self.node.log.undurable_tail();
+        self.reply_when_durable(from, rpc_id, tail, Reply::Vote(true));
     }
 
     /// Send `reply` once `lsn` is durable (at once without a log).
