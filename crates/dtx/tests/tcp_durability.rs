@@ -499,6 +499,33 @@ impl Drop for Netns {
     }
 }
 
+/// The output of `child`, killed (and the test failed) if it runs longer than `limit`: a hung
+/// run must not hang the suite.
+fn output_within(mut child: Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("still running after {limit:?}, killed: {}", describe(&out));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Server processes killed and reaped when dropped (before the namespaces they run in go).
+struct Reap(Vec<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Wait until `log` says its server listens (the servers live in a namespace the test's own
 /// sockets cannot reach, so the log, not a ping, tells).
 fn wait_listening(log: &Path) {
@@ -520,15 +547,6 @@ fn a_link_cut_between_two_servers_heals_and_loses_no_acknowledged_commit() {
     std::fs::write(&config, format!("workers = 1\n{nodes}")).unwrap();
     let dtx_path = env!("CARGO_BIN_EXE_dtx");
     // Reaped (killed) before the namespace goes, whatever the test did.
-    struct Reap(Vec<Child>);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
     let mut servers = Reap(Vec::new());
     for n in 0..2 {
         let log = dir.path().join(format!("server-{n}.log"));
@@ -575,7 +593,7 @@ fn cut_link_mid_run(ns: &Netns, config: &Path, dir: &Path, protocol: &str, worke
     assert!(ns.run(&[&["iptables", "-A"][..], &rule[..]].concat()), "cannot add the firewall rule that cuts the link");
     std::thread::sleep(Duration::from_millis(800));
     assert!(ns.run(&[&["iptables", "-D"][..], &rule[..]].concat()), "cannot remove the firewall rule");
-    let out = bench.wait_with_output().unwrap();
+    let out = output_within(bench, Duration::from_secs(90));
     let logs = (0..2).map(|n| read(&dir.join(format!("server-{n}.log")))).collect::<Vec<_>>().join("\n");
     assert!(
         out.status.success(),
@@ -595,4 +613,96 @@ fn cut_link_mid_run(ns: &Netns, config: &Path, dir: &Path, protocol: &str, worke
     let worst = per_s.iter().cloned().fold(f64::INFINITY, f64::min);
     assert!(worst < best * 0.8, "no dip in the per-second throughput {per_s:?}: did the cut happen?");
     eprintln!("{protocol}: cut link: per-second commits {per_s:?}, aborts {}", report["runs"][0]["aborts_by_reason"]);
+}
+
+/// Machines of their own on one box: a namespace per host, each with its own IP (10.231.0.i+1)
+/// on a bridge in a switch namespace. Deleted (with everything in them) when dropped.
+struct Lan {
+    _switch: Netns,
+    hosts: Vec<Netns>,
+}
+
+impl Lan {
+    fn new(n: usize) -> Lan {
+        let switch = Netns::new("sw");
+        assert!(
+            switch.run(&["ip", "link", "add", "br0", "type", "bridge"])
+                && switch.run(&["ip", "link", "set", "br0", "up"])
+        );
+        let mut hosts = Vec::new();
+        for i in 0..n {
+            let h = Netns::new(&format!("h{i}"));
+            let (inside, outside) = (format!("vh{i}"), format!("vs{i}"));
+            let ok = switch.run(&["ip", "link", "add", &inside, "type", "veth", "peer", "name", &outside])
+                && switch.run(&["ip", "link", "set", &inside, "netns", &h.0])
+                && switch.run(&["ip", "link", "set", &outside, "master", "br0"])
+                && switch.run(&["ip", "link", "set", &outside, "up"])
+                && h.run(&["ip", "addr", "add", &format!("{}/24", Lan::ip(i)), "dev", &inside])
+                && h.run(&["ip", "link", "set", &inside, "up"]);
+            assert!(ok, "cannot wire host {i} of the test network");
+            hosts.push(h);
+        }
+        Lan { _switch: switch, hosts }
+    }
+
+    fn ip(i: usize) -> String {
+        format!("10.231.0.{}", i + 1)
+    }
+}
+
+#[test]
+fn a_replicated_node_taken_over_on_another_machine_is_found_at_its_new_address() {
+    let lan = Lan::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cluster.toml");
+    let nodes: String = (0..3).map(|i| format!("[[node]]\naddr = \"{}:21000\"\n", Lan::ip(i))).collect();
+    std::fs::write(&config, format!("workers = 1\n{nodes}")).unwrap();
+    let dtx_path = env!("CARGO_BIN_EXE_dtx");
+    let log = |n: usize| dir.path().join(format!("server-{n}.log"));
+    let start = |n: usize| {
+        let out = OpenOptions::new().create(true).append(true).open(log(n)).unwrap();
+        let child = lan.hosts[n]
+            .command(dtx_path)
+            .args(["server", "--config", config.to_str().unwrap(), "--node", &n.to_string(), "--data-dir"])
+            .arg(dir.path().join(format!("data-{n}")))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        wait_listening(&log(n));
+        child
+    };
+    let mut servers = Reap(Vec::new());
+    for n in 0..3 {
+        servers.0.push(start(n));
+    }
+    let h = dir.path().join("moved.jsonl");
+    let bench = lan.hosts[0]
+        .command(dtx_path)
+        .args(["bench", "--runtime", "tcp", "--cluster", config.to_str().unwrap(), "--workload", "append"])
+        .args(["--protocol", "occ", "--durability", "replicated", "--replicas", "3", "--duration", "3"])
+        .args(["--warmup", "0.2", "--inflight", "16", "--verify", "--history", h.to_str().unwrap(), "--out"])
+        .arg(dir.path().join("results"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-run: kill node 1's server. Its IP stays on host 1, so whichever host takes node 1 over
+    // must listen on its own IP and tell the others where.
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = servers.0[1].kill();
+    let _ = servers.0[1].wait();
+    std::thread::sleep(Duration::from_millis(500));
+    servers.0[1] = start(1);
+    let out = output_within(bench, Duration::from_secs(90));
+    let logs = (0..3).map(|n| read(&log(n))).collect::<Vec<_>>().join("\n");
+    assert!(out.status.success(), "the run failed: {}\nserver logs:\n{logs}", describe(&out));
+    for e in ["took node 1 over", "node 1 listens at", "node 1 now listens at"] {
+        assert!(logs.contains(e), "no server log says `{e}`:\n{logs}");
+    }
+    let (status, lists) = final_read(&h);
+    assert_eq!(status, "committed");
+    assert!(lists.values().any(|l| !l.is_empty()), "nothing was appended");
 }

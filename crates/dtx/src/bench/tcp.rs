@@ -246,7 +246,7 @@ impl Server {
         let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
         let started = hosting
             .serve_node(self.node, node, Duration::ZERO)
-            .and_then(|()| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(log)));
+            .and_then(|_| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(log)));
         if let Err(e) = started {
             hosting.stop();
             return Err(e);

@@ -11,9 +11,12 @@
 //! frees the ports for the new leader's host: a process whose node was taken over while it
 //! still ran (a spurious election) gives the node up instead of serving two incarnations.
 //!
-//! A node's peers keep its address: a node that moves binds the same ports, so this works on one
-//! machine (the tests, `dtx bench --runtime tcp`). Across machines a node's address would have
-//! to float with it (a virtual IP, as keepalived moves); dtx does not move addresses.
+//! Where a moved node listens: on one machine it binds the node's own ports, so its peers reach it
+//! where they always did. On another machine the node's IP is not local: the new host binds its
+//! own IP on ports the system picks and announces the node's new addresses to every other host
+//! ([`RouteAnnouncement`], over the replication threads, repeated every half second while the
+//! run lasts); a host that hears it sends to the node there from then on (the announcement with
+//! the highest Raft term wins).
 
 use super::driver::{RunShared, Window};
 use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, OpenedLog, THREAD_WORKER};
@@ -76,6 +79,21 @@ pub struct Takeover {
     pub rebuild_ms: u64,
 }
 
+/// Where node `node`'s workers listen since a host took it over in Raft term `term`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RouteAnnouncement {
+    pub node: NodeId,
+    pub term: u64,
+    pub workers: Vec<SocketAddr>,
+}
+
+/// Nodes that moved away from their configured address: node -> (term, worker addresses).
+type Routes = Arc<parking_lot::RwLock<rustc_hash::FxHashMap<NodeId, (u64, Vec<SocketAddr>)>>>;
+
+/// Every how many watches a host announces the routes of the nodes it moved again (the first
+/// announcement may meet a cut link or a peer not yet listening).
+const REANNOUNCE_EVERY_WATCHES: u64 = 50;
+
 /// A run as one server process hosts it.
 pub struct Hosting {
     pub spec: BenchSpec,
@@ -88,6 +106,9 @@ pub struct Hosting {
     nodes: Mutex<Vec<HostedNode>>,
     replication: Mutex<Option<(Arc<TcpHandle>, JoinHandle<()>)>>,
     takeovers: Mutex<Vec<Takeover>>,
+    routes: Routes,
+    /// The routes this host announces (nodes it took over onto addresses of its own).
+    announced: Mutex<Vec<RouteAnnouncement>>,
     stopped: AtomicBool,
 }
 
@@ -119,22 +140,45 @@ impl Hosting {
             nodes: Mutex::new(Vec::new()),
             replication: Mutex::new(None),
             takeovers: Mutex::new(Vec::new()),
+            routes: Default::default(),
+            announced: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
         })
     }
 
     fn peers(&self) -> Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> {
-        let cfg = self.cfg.clone();
-        Arc::new(move |a: Addr| cfg.worker_addr(a.node, a.worker))
+        let (cfg, routes) = (self.cfg.clone(), self.routes.clone());
+        Arc::new(move |a: Addr| {
+            let moved = routes.read().get(&a.node).and_then(|(_, w)| w.get(a.worker as usize).copied());
+            moved.unwrap_or_else(|| cfg.worker_addr(a.node, a.worker))
+        })
     }
 
-    /// Bind the worker ports of `addr`, waiting up to `patience` for them to be free.
+    /// A route another host announced: newer terms replace older ones.
+    fn learn_route(&self, r: RouteAnnouncement) {
+        let mut routes = self.routes.write();
+        let newer = routes.get(&r.node).is_none_or(|(term, _)| *term < r.term);
+        if newer {
+            eprintln!(
+                "dtx server: host {}: node {} now listens at {:?} (term {})",
+                self.host, r.node, r.workers, r.term
+            );
+            routes.insert(r.node, (r.term, r.workers));
+        }
+    }
+
+    /// Bind the worker ports of `addr`, waiting up to `patience` for them to be free. A node
+    /// whose configured IP is not on this machine (taken over from another machine) listens on
+    /// this host's IP, on a port the system picks.
     fn bind(&self, addr: Addr, patience: Duration) -> anyhow::Result<TcpNet> {
         let t0 = Instant::now();
+        let mut listen = self.cfg.worker_addr(addr.node, addr.worker);
         loop {
-            let listen = self.cfg.worker_addr(addr.node, addr.worker);
             match TcpNet::bind(addr, listen, self.peers(), self.spec.latency.clone()) {
                 Ok(net) => return Ok(net),
+                Err(e) if is_foreign_address(&e) && listen.port() != 0 => {
+                    listen = SocketAddr::new(self.cfg.nodes[self.host as usize].addr.ip(), 0);
+                }
                 Err(e) if t0.elapsed() < patience && !self.stopped.load(Ordering::Acquire) => {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(20));
@@ -145,11 +189,13 @@ impl Hosting {
     }
 
     /// Serve node `id` from `setup` on fresh worker threads (its ports bound first, waiting up
-    /// to `patience`); start their clients if the run's window is set.
-    pub fn serve_node(&self, id: NodeId, setup: NodeSetup, patience: Duration) -> anyhow::Result<()> {
+    /// to `patience`); start their clients if the run's window is set. Returns where its
+    /// workers listen.
+    pub fn serve_node(&self, id: NodeId, setup: NodeSetup, patience: Duration) -> anyhow::Result<Vec<SocketAddr>> {
         let setup = Arc::new(setup);
         let nets: Vec<TcpNet> =
             (0..self.cfg.workers).map(|wi| self.bind(Addr::new(id, wi), patience)).collect::<anyhow::Result<_>>()?;
+        let listening = nets.iter().map(|n| n.local_addr()).collect::<std::io::Result<Vec<_>>>()?;
         let lost = Arc::new(AtomicBool::new(false));
         let mut node = HostedNode { id, setup: setup.clone(), handles: Vec::new(), threads: Vec::new(), lost };
         for (wi, net) in nets.into_iter().enumerate() {
@@ -179,7 +225,7 @@ impl Hosting {
             self.start_node_clients(&node, window);
         }
         nodes.push(node);
-        Ok(())
+        Ok(listening)
     }
 
     /// Start the clients of every node served now, measuring over `window`.
@@ -265,6 +311,14 @@ impl Hosting {
                 Ok(r) => {
                     r.borrow_mut().report_deposed(deposed.clone());
                     THREAD_REPLICATOR.with(|t| *t.borrow_mut() = Some(r.clone()));
+                    let hosting = me.clone();
+                    r.borrow_mut().set_route_handler(Rc::new(move |payload: &[u8]| {
+                        match (hosting.upgrade(), crate::net::decode::<RouteAnnouncement>(payload)) {
+                            (Some(h), Ok(route)) => h.learn_route(route),
+                            (_, Err(e)) => crate::rt::log_warn(&format!("host {host}: a bad route announcement: {e}")),
+                            _ => {}
+                        }
+                    }));
                     w.spawn(watch_leadership(w.clone(), r, adopt, deposed, me));
                 }
                 Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not start: {e}")),
@@ -274,6 +328,41 @@ impl Hosting {
         });
         *self.replication.lock() = Some((handle, thread.context("cannot start the replication thread")?));
         Ok(())
+    }
+
+    /// A node this host took over listens elsewhere than its configured address (another
+    /// machine's IP): use that route here and announce it to every other host.
+    fn announce_if_moved(&self, id: NodeId, term: u64, listening: Vec<SocketAddr>) {
+        let configured: Vec<SocketAddr> = (0..self.cfg.workers).map(|wi| self.cfg.worker_addr(id, wi)).collect();
+        if listening == configured {
+            return;
+        }
+        let route = RouteAnnouncement { node: id, term, workers: listening };
+        self.routes.write().insert(id, (term, route.workers.clone()));
+        eprintln!(
+            "dtx server: host {}: node {id} listens at {:?} now (its address is another machine's)",
+            self.host, route.workers
+        );
+        let (payload, nodes) = (crate::net::encode(&route), self.spec.nodes);
+        {
+            let mut announced = self.announced.lock();
+            announced.retain(|r| r.node != id);
+            announced.push(route);
+        }
+        self.push_to_replicator(Box::new(move |r| r.borrow().announce_route(&payload, nodes)));
+    }
+
+    /// Run `f` with the replicator, on the replication thread.
+    fn push_to_replicator(&self, f: Box<dyn FnOnce(&ReplicatorHandle) + Send>) {
+        if let Some((handle, _)) = self.replication.lock().as_ref() {
+            handle.push_command(Box::new(move || {
+                THREAD_REPLICATOR.with(|r| {
+                    if let Some(r) = r.borrow().as_ref() {
+                        f(r);
+                    }
+                })
+            }));
+        }
     }
 
     /// This host lost node `id`'s log: stop its incarnation here (its clients report what they
@@ -296,7 +385,7 @@ impl Hosting {
     /// Take node `id` over from `state` (what this host's replica of its log applied): rebuild
     /// it, serve it, and tell the replicator to propose its records. Runs on its own thread
     /// (binding may wait for the old incarnation's ports).
-    fn take_over(&self, id: NodeId, state: ReplayState) {
+    fn take_over(&self, id: NodeId, state: ReplayState, term: u64) {
         let t0 = Instant::now();
         let log = NodeLog::replicated();
         let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
@@ -306,10 +395,13 @@ impl Hosting {
                 self.serve_node(id, setup, PORT_PATIENCE)
             })
             .map_err(|e| format!("{e:#}"));
+        if let Ok(listening) = &served {
+            self.announce_if_moved(id, term, listening.clone());
+        }
         let replication = self.replication.lock();
         let Some((handle, _)) = replication.as_ref() else { return };
         match served {
-            Ok(()) => {
+            Ok(_) => {
                 let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
                 eprintln!(
                     "dtx server: host {}: took node {id} over (this host leads its log now): serving it after {} ms",
@@ -338,6 +430,13 @@ impl Hosting {
     }
 }
 
+/// Whether binding failed because the address is not on this machine.
+fn is_foreign_address(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|io| io.kind() == std::io::ErrorKind::AddrNotAvailable)
+}
+
 /// The replication thread's watch: give up the nodes whose log this host lost, and take over
 /// the ones whose log it now leads with a settled log.
 async fn watch_leadership(
@@ -347,11 +446,14 @@ async fn watch_leadership(
     deposed: Deposed,
     hosting: Weak<Hosting>,
 ) {
-    loop {
+    for watch in 1u64.. {
         w.sleep_us(WATCH_EVERY_US).await;
         let Some(hosting) = hosting.upgrade() else { return };
         if hosting.stopped.load(Ordering::Acquire) {
             return;
+        }
+        if watch % REANNOUNCE_EVERY_WATCHES == 0 {
+            announce_routes(&r, &hosting);
         }
         let lost: Vec<NodeId> = std::mem::take(&mut *deposed.borrow_mut());
         for id in lost {
@@ -362,11 +464,19 @@ async fn watch_leadership(
             let state = r.borrow().adoptable_state(id);
             match state {
                 Some(state) => {
-                    let h = hosting.clone();
-                    std::thread::spawn(move || h.take_over(id, state));
+                    let (h, term) = (hosting.clone(), r.borrow().takeover_term(id).unwrap_or(0));
+                    std::thread::spawn(move || h.take_over(id, state, term));
                 }
                 None => r.borrow_mut().adoption_refused(id),
             }
         }
+    }
+}
+
+/// Announce every route this host's hosting announces (on the replication thread).
+fn announce_routes(r: &ReplicatorHandle, hosting: &Hosting) {
+    let routes = hosting.announced.lock().clone();
+    for route in routes {
+        r.borrow().announce_route(&crate::net::encode(&route), hosting.spec.nodes);
     }
 }

@@ -34,6 +34,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
+/// The group id that marks a frame as a route announcement rather than a Raft message: where
+/// a node that moved to another host now listens (`bench::tcp_host`). No log has this id.
+pub const ROUTE_FRAME_GROUP: u32 = u32::MAX;
+
+/// Handles a route announcement's payload.
+pub type RouteHandler = Rc<dyn Fn(&[u8])>;
+
 /// How often the replicator ticks (heartbeats every 2 ticks, elections after 10 to 20).
 pub const TICK_US: u64 = 10_000;
 
@@ -160,6 +167,7 @@ pub struct Replicator {
     loop_waker: Option<Waker>,
     /// Senders whose frames were refused (reported once each).
     refused_from: FxHashSet<Addr>,
+    on_route: Option<RouteHandler>,
 }
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
@@ -194,6 +202,7 @@ pub fn start(
         alive: true,
         loop_waker: None,
         refused_from: Default::default(),
+        on_route: None,
     }));
     r.borrow_mut().pump();
     let handler_r = Rc::downgrade(&r);
@@ -204,6 +213,15 @@ pub fn start(
             return;
         }
         let cluster_id = me.state.borrow().cluster_id;
+        if check_cluster(tag, cluster_id).is_ok()
+            && super::raft_log::frame_group_id(frame).is_ok_and(|g| g == ROUTE_FRAME_GROUP)
+        {
+            if let Some(f) = me.on_route.clone() {
+                drop(me);
+                f(&frame[super::raft_log::FRAME_HEADER_BYTES.min(frame.len())..]);
+            }
+            return;
+        }
         let stepped = check_cluster(tag, cluster_id)
             .and_then(|()| me.state.borrow_mut().groups.step(replica_id(from.node), frame).map_err(|e| e.to_string()));
         if let Err(e) = stepped {
@@ -267,6 +285,31 @@ impl Replicator {
         if let Some(w) = self.loop_waker.take() {
             w.wake();
         }
+    }
+
+    /// Route announcements from other hosts go to `f` (their payload, past the frame header).
+    pub fn set_route_handler(&mut self, f: RouteHandler) {
+        self.on_route = Some(f);
+    }
+
+    /// Send a route announcement (`payload`) to every other host's replicas.
+    pub fn announce_route(&self, payload: &[u8], hosts: u16) {
+        let mut frame = Vec::with_capacity(super::raft_log::FRAME_HEADER_BYTES + payload.len());
+        frame.extend_from_slice(&ROUTE_FRAME_GROUP.to_le_bytes());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(payload);
+        let (me, cluster_id) = {
+            let st = self.state.borrow();
+            (st.host, st.cluster_id)
+        };
+        for h in (0..hosts).filter(|&h| h != me) {
+            self.w.send_service(Addr::new(h, self.w.addr.worker), cluster_id, &frame);
+        }
+    }
+
+    /// The term this host took `node`'s log over in (its `Takeover` record's), if it did.
+    pub fn takeover_term(&self, node: NodeId) -> Option<u64> {
+        self.takeover_term.get(&(node as u32)).copied()
     }
 
     /// Tell `queue` of every node this host stops serving because it lost the node's log.

@@ -94,6 +94,11 @@ impl TcpNet {
         Ok(TcpNet { poll, handle, listener, conns: Vec::new(), out_index: Default::default(), peers, latency, me })
     }
 
+    /// Where this worker listens (the port the system chose, when bound to port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
     pub fn handle(&self) -> Arc<TcpHandle> {
         self.handle.clone()
     }
