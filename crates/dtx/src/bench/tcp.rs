@@ -701,10 +701,15 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
-    for (n, _) in lost.iter().enumerate().filter(|(_, l)| l.is_some()) {
+    for (n, lost_unix_ms) in lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l))) {
         let moved = takeovers.iter().find(|t| t.node as usize == n);
         notes.push(match moved {
-            Some(t) => format!("faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's replica in {} ms", totals.failover_ms.first().copied().unwrap_or(f64::NAN), t.rebuild_ms),
+            Some(t) => format!(
+                "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's \
+                 replica in {} ms",
+                t.serving_unix_ms.saturating_sub(lost_unix_ms),
+                t.rebuild_ms
+            ),
             None => format!("faults: node {n}'s server died and was started again"),
         });
     }

@@ -395,36 +395,20 @@ impl Hosting {
                 self.serve_node(id, setup, PORT_PATIENCE)
             })
             .map_err(|e| format!("{e:#}"));
-        if let Ok(listening) = &served {
-            self.announce_if_moved(id, term, listening.clone());
-        }
-        let replication = self.replication.lock();
-        let Some((handle, _)) = replication.as_ref() else { return };
         match served {
-            Ok(_) => {
+            Ok(listening) => {
+                self.announce_if_moved(id, term, listening);
                 let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
                 eprintln!(
                     "dtx server: host {}: took node {id} over (this host leads its log now): serving it after {} ms",
                     self.host, t.rebuild_ms
                 );
                 self.takeovers.lock().push(t);
-                handle.push_command(Box::new(move || {
-                    THREAD_REPLICATOR.with(|r| {
-                        if let Some(r) = r.borrow().as_ref() {
-                            r.borrow_mut().serve(id, log);
-                        }
-                    })
-                }));
+                self.push_to_replicator(Box::new(move |r| r.borrow_mut().serve(id, log)));
             }
             Err(e) => {
                 crate::rt::log_warn(&format!("host {}: cannot take node {id} over: {e}", self.host));
-                handle.push_command(Box::new(move || {
-                    THREAD_REPLICATOR.with(|r| {
-                        if let Some(r) = r.borrow().as_ref() {
-                            r.borrow_mut().adoption_refused(id);
-                        }
-                    })
-                }));
+                self.push_to_replicator(Box::new(move |r| r.borrow_mut().adoption_refused(id)));
             }
         }
     }

@@ -271,6 +271,17 @@ impl TxnLog {
         (tail > l.durable_lsn()).then_some(tail)
     }
 
+    /// Wait until `lsn` is durable (nothing to do for `None`), counting the wait in `w`'s
+    /// log-wait statistics: what a commit that is acknowledged only then waits.
+    pub async fn durable_counted(&self, w: &crate::rt::Worker, lsn: Option<u64>) {
+        if lsn.is_none() || self.log.is_none() {
+            return;
+        }
+        let t0 = w.now_ns();
+        self.durable(lsn).await;
+        w.note_log_wait(w.now_ns() - t0);
+    }
+
     /// Wait until `lsn` (from [`TxnLog::append`]) is durable.
     pub async fn durable(&self, lsn: Option<u64>) {
         if let (Some(l), Some(lsn)) = (&self.log, lsn) {

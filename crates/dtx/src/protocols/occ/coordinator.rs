@@ -225,20 +225,23 @@ impl<'a> OccTxn<'a> {
         if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
             return Err(self.abort(&local_recs, &remote_writers, a));
         }
-        // Install here, tell the remote writers in the background. The read set is done with:
-        // dropping its values first lets the install reuse the buffers of the values it replaces
-        // when nobody else holds them (`Value::recycle`).
+        // Install here, tell the remote writers in the background.
+        self.install(local_recs, local_writes);
+        wk.coord.set(self.id, TxnStatus::Committed);
+        wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
+        Ok(())
+    }
+
+    /// Install this node's writes (unlocking their records). The read set is done with:
+    /// dropping its values first lets the install reuse the buffers of the values it replaces
+    /// when nobody else holds them (`Value::recycle`).
+    fn install(&mut self, recs: Vec<&'a Rec>, writes: Writes) {
         self.reads.clear();
         self.read_index.clear();
-        wk.w.charge_ops(local_writes.len());
-        for (rec, (_, v)) in local_recs.into_iter().zip(local_writes) {
+        self.wk.w.charge_ops(writes.len());
+        for (rec, (_, v)) in recs.into_iter().zip(writes) {
             part::install_rec(rec, self.id, v);
         }
-        if !remote_writers.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Committed);
-            wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
-        }
-        Ok(())
     }
 
     /// Lock and validate a transaction with no remote participant.
@@ -348,18 +351,8 @@ impl<'a> OccTxn<'a> {
                 Err(a) => return Err(self.abort(&recs, &[], a)),
             }
         };
-        // The read set is done with (see `commit`: lets the install reuse buffers).
-        self.reads.clear();
-        self.read_index.clear();
-        wk.w.charge_ops(writes.len());
-        for (rec, (_, v)) in recs.into_iter().zip(writes) {
-            part::install_rec(rec, self.id, v);
-        }
-        if lsn.is_some() {
-            let t0 = wk.w.now_ns();
-            wk.node.log.durable(lsn).await;
-            wk.w.note_log_wait(wk.w.now_ns() - t0);
-        }
+        self.install(recs, writes);
+        wk.node.log.durable_counted(&wk.w, lsn).await;
         Ok(())
     }
 

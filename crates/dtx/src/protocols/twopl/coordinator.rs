@@ -341,16 +341,21 @@ impl<'a> TplTxn<'a> {
             wk.coord.set(self.id, TxnStatus::Committed);
             wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
         }
-        wk.w.charge_ops(local_writes.len() + self.held_local.len());
-        // The values read are done with: dropping them first lets the install reuse the buffers
-        // of the values it replaces when nobody else holds them (`Value::recycle`).
+        self.install_and_release(local_writes);
+        Ok(())
+    }
+
+    /// Apply this node's writes and release every local lock. The values read are done with:
+    /// dropping them first lets the install reuse the buffers of the values it replaces when
+    /// nobody else holds them (`Value::recycle`).
+    fn install_and_release(&mut self, local_writes: Writes) {
+        self.wk.w.charge_ops(local_writes.len() + self.held_local.len());
         self.values.clear();
         self.value_index.clear();
         for (k, v) in local_writes {
             part::apply_rec(self.local_rec(k), self.id, v);
         }
         part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
-        Ok(())
     }
 
     /// Commit a transaction that touched no other node, with early lock release (as OCC's
@@ -368,19 +373,8 @@ impl<'a> TplTxn<'a> {
                 Err(a) => return Err(self.abort(a)),
             }
         };
-        wk.w.charge_ops(local_writes.len() + self.held_local.len());
-        // The values read are done with (see `commit`: lets the install reuse buffers).
-        self.values.clear();
-        self.value_index.clear();
-        for (k, v) in local_writes {
-            part::apply_rec(self.local_rec(k), self.id, v);
-        }
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
-        if lsn.is_some() {
-            let t0 = wk.w.now_ns();
-            wk.node.log.durable(lsn).await;
-            wk.w.note_log_wait(wk.w.now_ns() - t0);
-        }
+        self.install_and_release(local_writes);
+        wk.node.log.durable_counted(&wk.w, lsn).await;
         Ok(())
     }
 
@@ -397,10 +391,7 @@ impl<'a> TplTxn<'a> {
             // Read-only everywhere: what it read here may be a local commit whose record is not
             // durable yet (early lock release, `commit_here`).
             let tail = wk.node.log.undurable_tail().filter(|_| !self.held_local.is_empty());
-            if tail.is_some() {
-                wk.node.log.durable(tail).await;
-                wk.w.note_log_wait(wk.w.now_ns() - t0);
-            }
+            wk.node.log.durable_counted(&wk.w, tail).await;
             return Ok(());
         }
         if let Err(a) = wk.node.log.force_commit(self.id, local_writes, writers).await {
