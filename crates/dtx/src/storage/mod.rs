@@ -356,35 +356,116 @@ fn visit_in_order<'a>(nos: impl DoubleEndedIterator<Item = &'a u64>, descending:
     }
 }
 
-/// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, and the
-/// chunk numbers in order for range scans. A chunk is never freed or moved while the table lives.
-struct ChunkIndex<M> {
-    chunks: FxHashMap<u64, Box<Chunk<M>>>,
-    order: BTreeSet<u64>,
+/// Shards of a chunked or grouped index. Every NewOrder inserts into these tables from every
+/// worker: one lock per table made the workers' cores pass its cache line back and forth on each
+/// access, and park on each other's inserts. Shards by chunk or group number keep two workers
+/// on different districts (or customers) on different lock words.
+const INDEX_SHARDS: usize = 64;
+
+#[inline]
+fn index_shard(no: u64) -> usize {
+    shard_of(no)
 }
 
-/// A grouped ordered table: each group's keys sorted, the groups by number for point access and
-/// in order for scans over several groups.
+/// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, sharded by
+/// chunk number, and the chunk numbers in order for range scans (written only when a chunk is
+/// created). A chunk is never freed or moved while the table lives.
+struct ChunkIndex<M> {
+    shards: Box<[RwLock<FxHashMap<u64, Box<Chunk<M>>>>]>,
+    order: RwLock<BTreeSet<u64>>,
+}
+
+impl<M: Default> ChunkIndex<M> {
+    fn new() -> Self {
+        ChunkIndex {
+            shards: (0..INDEX_SHARDS).map(|_| RwLock::new(FxHashMap::default())).collect(),
+            order: RwLock::new(BTreeSet::new()),
+        }
+    }
+
+    /// The chunk numbered `no`, if it exists.
+    #[inline]
+    fn chunk(&self, no: u64) -> Option<NonNull<Chunk<M>>> {
+        self.shards[index_shard(no)].read().get(&no).map(|c| NonNull::from(&**c))
+    }
+
+    /// The chunk numbered `no`, created if need be.
+    fn chunk_or_create(&self, no: u64) -> NonNull<Chunk<M>> {
+        if let Some(c) = self.chunk(no) {
+            return c;
+        }
+        let mut shard = self.shards[index_shard(no)].write();
+        let chunk = shard.entry(no).or_insert_with(|| {
+            // Lock order: a shard, then `order`.
+            self.order.write().insert(no);
+            Chunk::new()
+        });
+        NonNull::from(&**chunk)
+    }
+}
+
+/// A grouped ordered table: each group's keys sorted, the groups by number for point access
+/// (sharded by group number, each shard with the arena its records come from), and the group
+/// numbers in order for scans over several groups (written only when a group is created).
 struct GroupIndex<M> {
     bits: u32,
+    shards: Box<[RwLock<GroupShard<M>>]>,
+    order: RwLock<BTreeSet<u64>>,
+}
+
+struct GroupShard<M> {
     groups: FxHashMap<u64, Vec<(u64, RecPtr<M>)>>,
-    order: BTreeSet<u64>,
     arena: Arena<M>,
 }
 
-impl<M> GroupIndex<M> {
+impl<M: Default> GroupIndex<M> {
+    fn new(bits: u32) -> Self {
+        let shard = || RwLock::new(GroupShard { groups: FxHashMap::default(), arena: Arena::new() });
+        GroupIndex { bits, shards: (0..INDEX_SHARDS).map(|_| shard()).collect(), order: RwLock::new(BTreeSet::new()) }
+    }
+
+    #[inline]
+    fn shard(&self, group: u64) -> &RwLock<GroupShard<M>> {
+        &self.shards[index_shard(group)]
+    }
+
     #[inline]
     fn find(&self, key: u64) -> Option<NonNull<Record<M>>> {
-        let g = self.groups.get(&(key >> self.bits))?;
+        let shard = self.shard(key >> self.bits).read();
+        let g = shard.groups.get(&(key >> self.bits))?;
         g.binary_search_by_key(&key, |e| e.0).ok().map(|i| g[i].1 .0)
+    }
+
+    fn get_or_create(&self, key: u64) -> NonNull<Record<M>> {
+        if let Some(p) = self.find(key) {
+            return p;
+        }
+        let group = key >> self.bits;
+        let mut shard = self.shard(group).write();
+        let GroupShard { groups, arena } = &mut *shard;
+        let g = groups.entry(group).or_insert_with(|| {
+            // Lock order: a shard, then `order`.
+            self.order.write().insert(group);
+            Vec::new()
+        });
+        // Usually past the group's last key; another thread may have created it.
+        let at = g.partition_point(|e| e.0 < key);
+        match g.get(at) {
+            Some(e) if e.0 == key => e.1 .0,
+            _ => {
+                let p = arena.alloc();
+                g.insert(at, (key, RecPtr(p)));
+                p
+            }
+        }
     }
 }
 
 enum Index<M> {
     Hash(Box<[RwLock<HashShard<M>>]>),
     Ordered(RwLock<OrderedIndex<M>>),
-    Chunked(RwLock<ChunkIndex<M>>),
-    Grouped(RwLock<GroupIndex<M>>),
+    Chunked(ChunkIndex<M>),
+    Grouped(GroupIndex<M>),
 }
 
 /// Records are allocated from arenas and never removed or moved while the table lives, so a
@@ -414,10 +495,9 @@ impl<M: Default + Send> Table<M> {
             .collect();
         let dense_rows: usize = def.dense.iter().map(|r| (r.end - r.start) as usize).sum();
         let index = if def.ordered && def.layout == Layout::Chunks {
-            Index::Chunked(RwLock::new(ChunkIndex { chunks: FxHashMap::default(), order: BTreeSet::new() }))
+            Index::Chunked(ChunkIndex::new())
         } else if let (true, Layout::Groups(bits)) = (def.ordered, def.layout) {
-            let (groups, order, arena) = (FxHashMap::default(), BTreeSet::new(), Arena::new());
-            Index::Grouped(RwLock::new(GroupIndex { bits, groups, order, arena }))
+            Index::Grouped(GroupIndex::new(bits))
         } else if def.ordered {
             Index::Ordered(RwLock::new(OrderedIndex { map: BTreeMap::new(), arena: Arena::new() }))
         } else {
@@ -446,14 +526,14 @@ impl<M: Default + Send> Table<M> {
             Index::Ordered(ord) => ord.read().map.get(&key)?.0,
             Index::Chunked(ch) => {
                 let slot = (key % CHUNK_KEYS) as usize;
-                let ch = ch.read();
-                let chunk: &Chunk<M> = ch.chunks.get(&(key / CHUNK_KEYS))?;
+                // SAFETY: chunks are never freed or moved while the table lives.
+                let chunk: &Chunk<M> = unsafe { ch.chunk(key / CHUNK_KEYS)?.as_ref() };
                 if !chunk.created(slot) {
                     return None;
                 }
                 NonNull::from(&chunk.recs[slot])
             }
-            Index::Grouped(gr) => gr.read().find(key)?,
+            Index::Grouped(gr) => gr.find(key)?,
         };
         // SAFETY: arena records and chunks are never freed or moved while `self` lives (see the
         // type's doc).
@@ -482,49 +562,17 @@ impl<M: Default + Send> Table<M> {
                 map.entry(key).or_insert_with(|| RecPtr(arena.alloc())).0
             }
             Index::Chunked(ch) => {
-                let (no, slot) = (key / CHUNK_KEYS, (key % CHUNK_KEYS) as usize);
-                let created = |chunk: &Chunk<M>| {
+                let slot = (key % CHUNK_KEYS) as usize;
+                // SAFETY: chunks are never freed or moved while the table lives.
+                let chunk: &Chunk<M> = unsafe { ch.chunk_or_create(key / CHUNK_KEYS).as_ref() };
+                // Test before setting: the chunk's first line is shared by every worker inserting
+                // into it, and most calls find the key created already.
+                if !chunk.created(slot) {
                     chunk.created[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel);
-                    NonNull::from(&chunk.recs[slot])
-                };
-                let found = ch.read().chunks.get(&no).map(|c| created(c));
-                match found {
-                    Some(p) => p,
-                    None => {
-                        let mut ch = ch.write();
-                        let ChunkIndex { chunks, order } = &mut *ch;
-                        let chunk = chunks.entry(no).or_insert_with(|| {
-                            order.insert(no);
-                            Chunk::new()
-                        });
-                        created(chunk)
-                    }
                 }
+                NonNull::from(&chunk.recs[slot])
             }
-            Index::Grouped(gr) => {
-                let found = gr.read().find(key);
-                match found {
-                    Some(p) => p,
-                    None => {
-                        let mut gr = gr.write();
-                        let GroupIndex { bits, groups, order, arena } = &mut *gr;
-                        let g = groups.entry(key >> *bits).or_insert_with(|| {
-                            order.insert(key >> *bits);
-                            Vec::new()
-                        });
-                        // Usually past the group's last key; another thread may have created it.
-                        let at = g.partition_point(|e| e.0 < key);
-                        match g.get(at) {
-                            Some(e) if e.0 == key => e.1 .0,
-                            _ => {
-                                let p = arena.alloc();
-                                g.insert(at, (key, RecPtr(p)));
-                                p
-                            }
-                        }
-                    }
-                }
-            }
+            Index::Grouped(gr) => gr.get_or_create(key),
         };
         // SAFETY: as in `get`.
         unsafe { ptr.as_ref() }
@@ -543,10 +591,10 @@ impl<M: Default + Send> Table<M> {
             return Vec::new();
         }
         if let Index::Chunked(ch) = &self.index {
-            return self.chunk_range(&ch.read(), lo, hi, limit, descending);
+            return self.chunk_range(ch, lo, hi, limit, descending);
         }
         if let Index::Grouped(gr) = &self.index {
-            return self.group_range(&gr.read(), lo, hi, limit, descending);
+            return self.group_range(gr, lo, hi, limit, descending);
         }
         let Index::Ordered(ord) = &self.index else {
             return Vec::new();
@@ -562,8 +610,7 @@ impl<M: Default + Send> Table<M> {
         }
     }
 
-    /// `range` over a chunked index (whose lock the caller holds): the records live as long as
-    /// the table, not the lock.
+    /// `range` over a chunked index: the records live as long as the table, not its locks.
     fn chunk_range(
         &self,
         ch: &ChunkIndex<M>,
@@ -574,7 +621,9 @@ impl<M: Default + Send> Table<M> {
     ) -> Vec<(u64, &Record<M>)> {
         let mut out = Vec::new();
         let visit = |no: u64| {
-            let chunk = &ch.chunks[&no];
+            // SAFETY: chunks are never freed or moved while the table lives; `order` names only
+            // chunks that exist.
+            let chunk: &Chunk<M> = unsafe { ch.chunk(no).expect("an ordered chunk exists").as_ref() };
             let first = no * CHUNK_KEYS;
             let (a, b) = (lo.max(first) - first, hi.min(first + CHUNK_KEYS - 1) - first);
             let mut take = |slot: u64| {
@@ -594,11 +643,12 @@ impl<M: Default + Send> Table<M> {
                 (a..=b).all(&mut take)
             }
         };
-        visit_in_order(ch.order.range(lo / CHUNK_KEYS..=hi / CHUNK_KEYS), descending, visit);
+        let nos: Vec<u64> = ch.order.read().range(lo / CHUNK_KEYS..=hi / CHUNK_KEYS).copied().collect();
+        visit_in_order(nos.iter(), descending, visit);
         out
     }
 
-    /// `range` over a grouped index (whose lock the caller holds).
+    /// `range` over a grouped index.
     fn group_range(
         &self,
         gr: &GroupIndex<M>,
@@ -609,7 +659,8 @@ impl<M: Default + Send> Table<M> {
     ) -> Vec<(u64, &Record<M>)> {
         let mut out = Vec::new();
         let mut visit = |no: u64| {
-            let g = &gr.groups[&no];
+            let shard = gr.shard(no).read();
+            let Some(g) = shard.groups.get(&no) else { return true };
             let (a, b) = (g.partition_point(|e| e.0 < lo), g.partition_point(|e| e.0 <= hi));
             // SAFETY: arena records are never freed or moved while the table lives.
             let pick = |e: &(u64, RecPtr<M>)| (e.0, unsafe { e.1 .0.as_ref() });
@@ -623,11 +674,10 @@ impl<M: Default + Send> Table<M> {
         };
         let (first, last) = (lo >> gr.bits, hi >> gr.bits);
         if first == last {
-            if gr.groups.contains_key(&first) {
-                visit(first);
-            }
+            visit(first);
         } else {
-            visit_in_order(gr.order.range(first..=last), descending, visit);
+            let nos: Vec<u64> = gr.order.read().range(first..=last).copied().collect();
+            visit_in_order(nos.iter(), descending, visit);
         }
         out
     }
@@ -647,13 +697,22 @@ impl<M: Default + Send> Table<M> {
             Index::Hash(shards) => shards.iter().map(|s| s.read().map.values().map(present).sum::<usize>()).sum(),
             Index::Ordered(ord) => ord.read().map.values().map(present).sum(),
             Index::Chunked(ch) => ch
-                .read()
-                .chunks
-                .values()
-                .flat_map(|c| (0..CHUNK_KEYS as usize).filter(|&s| c.created(s)).map(move |s| &c.recs[s]))
-                .map(|r| r.lock().value.is_some() as usize)
+                .shards
+                .iter()
+                .map(|shard| {
+                    shard
+                        .read()
+                        .values()
+                        .flat_map(|c| (0..CHUNK_KEYS as usize).filter(|&s| c.created(s)).map(move |s| &c.recs[s]))
+                        .map(|r| r.lock().value.is_some() as usize)
+                        .sum::<usize>()
+                })
                 .sum(),
-            Index::Grouped(gr) => gr.read().groups.values().flat_map(|g| g.iter().map(|e| present(&e.1))).sum(),
+            Index::Grouped(gr) => gr
+                .shards
+                .iter()
+                .map(|shard| shard.read().groups.values().flat_map(|g| g.iter().map(|e| present(&e.1))).sum::<usize>())
+                .sum(),
         };
         dense + indexed
     }
