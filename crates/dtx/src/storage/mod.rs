@@ -371,9 +371,12 @@ fn index_shard(no: u64) -> usize {
 /// chunk number, and the chunk numbers in order for range scans (written only when a chunk is
 /// created). A chunk is never freed or moved while the table lives.
 struct ChunkIndex<M> {
-    shards: Box<[RwLock<FxHashMap<u64, Box<Chunk<M>>>>]>,
+    shards: Box<[RwLock<ChunkShard<M>>]>,
     order: RwLock<BTreeSet<u64>>,
 }
+
+/// The chunks of one shard, by number.
+type ChunkShard<M> = FxHashMap<u64, Box<Chunk<M>>>;
 
 impl<M: Default> ChunkIndex<M> {
     fn new() -> Self {
