@@ -397,7 +397,7 @@ impl BenchArgs {
 
 /// The glibc tunable that makes `malloc` back its heaps with transparent huge pages.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const HUGE_HEAP_TUNABLE: &str = "glibc.malloc.hugetlb=1";
+const HUGE_HEAP_TUNABLE: &str = "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=4194304";
 
 /// Start this program again with glibc's heaps on transparent huge pages, unless they already
 /// are (or `DTX_SMALL_PAGES` is set). Inserting workloads (TPC-C's orders) grow the heap by
