@@ -36,6 +36,8 @@ pub(super) struct TplTxn<'a> {
     prio: Prio,
     /// Locks held (or waited for) on this node.
     held_local: Vec<(RowKey, &'a LockRecord)>,
+    /// The declared local records, resolved once by `prefetch`.
+    local_recs: FxHashMap<RowKey, &'a LockRecord>,
     /// Remote nodes holding locks for us (so they must hear the outcome).
     touched: Vec<NodeId>,
     /// Values of locked records, with the mode held.
@@ -61,6 +63,7 @@ impl<'a> TplTxn<'a> {
             id,
             prio: Prio(first_start_us, id),
             held_local: Vec::new(),
+            local_recs: FxHashMap::default(),
             touched: Vec::new(),
             values: Vec::new(),
             writes: Vec::new(),
@@ -140,11 +143,11 @@ impl<'a> TplTxn<'a> {
         }
     }
 
-    /// The local record of `key`: one this transaction locked already (an upgrade), else from
-    /// the index (created absent if need be: a lock is taken on it either way).
+    /// The local record of `key`: from the prefetched ones, else from the index (created absent
+    /// if need be: a lock is taken on it either way).
     fn local_rec(&self, key: RowKey) -> &'a LockRecord {
-        match self.held_local.iter().find(|(k, _)| *k == key) {
-            Some((_, r)) => r,
+        match self.local_recs.get(&key) {
+            Some(r) => r,
             None => self.wk.node.store.get_or_create(key),
         }
     }
@@ -215,22 +218,25 @@ impl<'a> TplTxn<'a> {
         let store = &self.wk.node.store;
         let me = self.wk.node.id;
         let declared = keys.reads.len() + keys.writes.len();
-        // This node's keys in declaration order, each once (a `KeySet` holds a key at most once
-        // per list, and a written key is not locked again for reading), their records resolved
-        // once. Every declared key gets locked, absent ones too.
-        let mut local: Vec<(RowKey, Mode, &'a LockRecord)> = Vec::with_capacity(declared);
+        self.local_recs.reserve(declared);
+        // This node's keys, each once, in declaration order.
+        let mut local: Vec<(RowKey, Mode)> = Vec::with_capacity(declared);
         for (k, m) in modes {
             let n = self.wk.node.node_of(k);
             if n == me {
-                // Start loading the record now so that the cache misses overlap.
-                let r = store.get_or_create(k);
-                r.prefetch();
-                local.push((k, m, r));
+                // Resolve the record once (every declared key gets locked, absent ones too), and
+                // start loading it now so that the cache misses overlap.
+                if let std::collections::hash_map::Entry::Vacant(e) = self.local_recs.entry(k) {
+                    let r = store.get_or_create(k);
+                    r.prefetch();
+                    e.insert(r);
+                    local.push((k, m));
+                }
             } else {
                 by_node.entry(n).or_default().push((k, m));
             }
         }
-        for (_, _, r) in &local {
+        for r in self.local_recs.values() {
             r.prefetch_value();
         }
         // Remote participants first, in parallel; then the local keys.
@@ -271,7 +277,8 @@ impl<'a> TplTxn<'a> {
         self.values.reserve(local.len());
         self.writes.reserve(keys.writes.len());
         wk.w.charge_ops(local.len());
-        for (k, m, rec) in local {
+        for (k, m) in local {
+            let rec = self.local_recs[&k];
             let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.policy)? {
                 LockStep::Done(v) => {
                     self.held_local.push((k, rec));
