@@ -472,7 +472,10 @@ struct Netns(String);
 
 impl Netns {
     fn new(tag: &str) -> Netns {
-        let name = format!("dtx-{tag}-{}", std::process::id());
+        // Unique per namespace made, not only per process: tests run in parallel threads.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let seq = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("dtx-{tag}-{}-{seq}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).status();
         let made = Command::new("ip").args(["netns", "add", &name]).status().is_ok_and(|s| s.success());
         assert!(made, "`ip netns add {name}` failed: this test needs root and iproute2 to make a network namespace");
@@ -652,6 +655,19 @@ impl Lan {
 
 #[test]
 fn a_replicated_node_taken_over_on_another_machine_is_found_at_its_new_address() {
+    take_node_1_over_on_a_lan(false);
+}
+
+#[test]
+fn a_machine_that_vanishes_is_taken_over_and_its_old_connections_are_dropped() {
+    take_node_1_over_on_a_lan(true);
+}
+
+/// Three machines on a LAN; node 1's server dies mid-run and another host takes node 1 over at
+/// its own IP. With `vanish`, host 1 first drops off the network (its link goes down, so nothing
+/// it had open is reset: a power loss), and comes back only after the takeover: the others must
+/// drop their connections to its old address by themselves, when they learn the new one.
+fn take_node_1_over_on_a_lan(vanish: bool) {
     let lan = Lan::new(3);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cluster.toml");
@@ -692,14 +708,21 @@ fn a_replicated_node_taken_over_on_another_machine_is_found_at_its_new_address()
     // Mid-run: kill node 1's server. Its IP stays on host 1, so whichever host takes node 1 over
     // must listen on its own IP and tell the others where.
     std::thread::sleep(Duration::from_millis(1500));
+    if vanish {
+        assert!(lan.hosts[1].run(&["ip", "link", "set", "vh1", "down"]), "cannot take host 1 off the network");
+    }
     let _ = servers.0[1].kill();
     let _ = servers.0[1].wait();
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(if vanish { 1500 } else { 500 }));
+    if vanish {
+        assert!(lan.hosts[1].run(&["ip", "link", "set", "vh1", "up"]), "cannot bring host 1 back");
+    }
     servers.0[1] = start(1);
     let out = output_within(bench, Duration::from_secs(90));
     let logs = (0..3).map(|n| read(&log(n))).collect::<Vec<_>>().join("\n");
     assert!(out.status.success(), "the run failed: {}\nserver logs:\n{logs}", describe(&out));
-    for e in ["took node 1 over", "node 1 listens at", "node 1 now listens at"] {
+    let moved = if vanish { &["moved from"][..] } else { &[][..] };
+    for e in ["took node 1 over", "node 1 listens at", "node 1 now listens at"].iter().chain(moved) {
         assert!(logs.contains(e), "no server log says `{e}`:\n{logs}");
     }
     let (status, lists) = final_read(&h);

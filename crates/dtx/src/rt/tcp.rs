@@ -28,6 +28,8 @@ const MAGIC: &[u8; 4] = b"DTX1";
 const HELLO_LEN: usize = 8;
 /// Bytes queued for one peer before we stop queueing (a peer that stopped reading).
 const MAX_PENDING_BYTES: usize = 256 << 20;
+/// How often a worker checks whether a peer it has a connection to now listens elsewhere.
+const MOVED_PEER_CHECK: Duration = Duration::from_millis(200);
 
 /// What the orchestrating thread shares with a tcp worker thread.
 pub struct TcpHandle {
@@ -56,6 +58,9 @@ struct InConn {
 
 struct OutConn {
     stream: TcpStream,
+    /// Where it was opened to: `peers` may later send the worker elsewhere (a node taken over
+    /// on another machine).
+    peer: SocketAddr,
     pending: Vec<u8>,
     writable: bool,
 }
@@ -173,6 +178,30 @@ impl TcpNet {
         self.flush(i);
     }
 
+    /// Close the connections to workers that now listen at another address (a node another
+    /// machine took over), so the next packet connects there. Without this, a connection to a
+    /// machine that vanished without resetting it (power loss, a cut cable) would keep taking
+    /// packets until the kernel gave up on it, minutes later. What was queued on it is dropped:
+    /// its requests time out and are retried, as for any lost message.
+    fn drop_moved_peers(&mut self) {
+        let moved: Vec<(usize, Addr, SocketAddr, SocketAddr)> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                Some(Conn::Out(dst, oc)) => {
+                    let now = (self.peers)(*dst);
+                    (now != oc.peer).then_some((i, *dst, oc.peer, now))
+                }
+                _ => None,
+            })
+            .collect();
+        for (i, dst, was, now) in moved {
+            super::log_warn(&format!("{}: {dst} moved from {was} to {now}; reconnecting", self.me));
+            self.close_quietly(i);
+        }
+    }
+
     fn connect(&mut self, dst: Addr) -> anyhow::Result<usize> {
         let addr = (self.peers)(dst);
         let stream = TcpStream::connect(addr)?;
@@ -181,7 +210,7 @@ impl TcpNet {
         pending.extend_from_slice(MAGIC);
         pending.extend_from_slice(&self.me.node.to_le_bytes());
         pending.extend_from_slice(&self.me.worker.to_le_bytes());
-        let i = self.slot(Conn::Out(dst, OutConn { stream, pending, writable: false }));
+        let i = self.slot(Conn::Out(dst, OutConn { stream, peer: addr, pending, writable: false }));
         if let Some(Conn::Out(_, c)) = &mut self.conns[i] {
             self.poll.registry().register(&mut c.stream, Token(i + 2), Interest::READABLE | Interest::WRITABLE)?;
         }
@@ -292,7 +321,12 @@ impl TcpNet {
         let delay = !self.latency.is_zero();
         let mut out = Vec::new();
         let mut received = Vec::new();
+        let mut next_moved_check = Instant::now() + MOVED_PEER_CHECK;
         while !self.handle.stop.load(Ordering::Acquire) {
+            if Instant::now() >= next_moved_check {
+                self.drop_moved_peers();
+                next_moved_check = Instant::now() + MOVED_PEER_CHECK;
+            }
             let commands: Vec<Command> = std::mem::take(&mut *self.handle.commands.lock());
             for c in commands {
                 c();
@@ -363,5 +397,49 @@ impl TcpNet {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener as StdListener;
+
+    /// Accept one connection within `limit`, or none.
+    fn accepts_within(l: &StdListener, limit: Duration) -> bool {
+        l.set_nonblocking(true).unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if l.accept().is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn a_peer_that_moves_is_reconnected_at_its_new_address() {
+        // Two "machines" for worker (1, 0): the old one keeps its connection open and silent (a
+        // vanished host resets nothing); the new one is where the routes now say it listens.
+        let (old, new) = (StdListener::bind("127.0.0.1:0").unwrap(), StdListener::bind("127.0.0.1:0").unwrap());
+        let at = Arc::new(Mutex::new(old.local_addr().unwrap()));
+        let route = at.clone();
+        let peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync> = Arc::new(move |_| *route.lock());
+        let me = Addr::new(0, 0);
+        let mut net = TcpNet::bind(me, "127.0.0.1:0".parse().unwrap(), peers, LatencyModel::default()).unwrap();
+        let dst = Addr::new(1, 0);
+        let packet = || Packet { src: me, dst, bytes: vec![1, 2, 3] };
+        net.send(packet());
+        assert!(accepts_within(&old, Duration::from_secs(5)), "the first packet connects to the old address");
+        net.drop_moved_peers();
+        assert!(net.out_index.contains_key(&dst), "nothing moved: the connection stays");
+        *at.lock() = new.local_addr().unwrap();
+        net.drop_moved_peers();
+        assert!(!net.out_index.contains_key(&dst), "the connection to the old address is closed");
+        net.send(packet());
+        assert!(accepts_within(&new, Duration::from_secs(5)), "the next packet connects to the new address");
+        let i = net.out_index[&dst];
+        assert!(matches!(&net.conns[i], Some(Conn::Out(_, c)) if c.peer == new.local_addr().unwrap()));
     }
 }
