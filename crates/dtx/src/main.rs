@@ -395,14 +395,15 @@ impl BenchArgs {
     }
 }
 
-/// The glibc tunable that makes `malloc` back its heaps with transparent huge pages.
+/// The glibc tunables that make `malloc` back its heaps with transparent huge pages, and grow the
+/// main heap 4 MiB at a time so that a growth fault can take a whole huge page.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const HUGE_HEAP_TUNABLE: &str = "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=4194304";
 
 /// Start this program again with glibc's heaps on transparent huge pages, unless they already
 /// are (or `DTX_SMALL_PAGES` is set). Inserting workloads (TPC-C's orders) grow the heap by
-/// hundreds of MB per second; on 4 KiB pages every page costs a fault and a zeroing, about 8-12%
-/// of one-node TPC-C on the reference machine. The tunable is read once, by the dynamic loader,
+/// hundreds of MB per second; on 4 KiB pages every page costs a fault and a zeroing, 5-10% of
+/// one-node TPC-C on the reference machine. The tunable is read once, by the dynamic loader,
 /// so it cannot be set from inside the process. Returns only if the re-exec failed, and then the
 /// program carries on as it is.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
