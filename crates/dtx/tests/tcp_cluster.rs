@@ -1,9 +1,11 @@
 //! The `tcp` runtime with real processes on 127.0.0.1: a cluster the bench starts itself, and a
 //! cluster started by hand with `dtx server`, which must survive garbage on its sockets.
 
+mod reap;
+use reap::Reap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn dtx() -> Command {
@@ -39,16 +41,6 @@ fn bench_spawns_a_tcp_cluster_and_verifies() {
         assert_eq!(r["runtime"], "tcp");
         assert!(r["committed"].as_u64().unwrap() > 100, "{r}");
         assert_eq!(r["verified"], true);
-    }
-}
-
-struct Servers(Vec<Child>);
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -91,7 +83,7 @@ fn hand_started_servers_survive_garbage_and_serve_a_bench() {
         format!("workers = 1\n[[node]]\naddr = \"127.0.0.1:{}\"\n[[node]]\naddr = \"127.0.0.1:{}\"\n", base, base + 3),
     )
     .unwrap();
-    let servers = Servers(
+    let servers = Reap(
         (0..2)
             .map(|n| {
                 dtx()

@@ -6,6 +6,8 @@
 //! whole once it heals; and a log corrupted in the middle is refused with a message naming the
 //! file and the offset.
 
+mod reap;
+use reap::Reap;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -515,18 +517,6 @@ fn output_within(mut child: Child, limit: Duration) -> Output {
         std::thread::sleep(Duration::from_millis(50));
     }
     child.wait_with_output().unwrap()
-}
-
-/// Server processes killed and reaped when dropped (before the namespaces they run in go).
-struct Reap(Vec<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Wait until `log` says its server listens (the servers live in a namespace the test's own

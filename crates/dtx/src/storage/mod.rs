@@ -356,20 +356,12 @@ fn visit_in_order<'a>(nos: impl DoubleEndedIterator<Item = &'a u64>, descending:
     }
 }
 
-/// Shards of a chunked or grouped index. Every NewOrder inserts into these tables from every
-/// worker: one lock per table made the workers' cores pass its cache line back and forth on each
-/// access, and park on each other's inserts. Shards by chunk or group number keep two workers
-/// on different districts (or customers) on different lock words.
-const INDEX_SHARDS: usize = 64;
-
-#[inline]
-fn index_shard(no: u64) -> usize {
-    shard_of(no)
-}
-
-/// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, sharded by
-/// chunk number, and the chunk numbers in order for range scans (written only when a chunk is
-/// created). A chunk is never freed or moved while the table lives.
+/// A chunked ordered table: chunks by number (`key / CHUNK_KEYS`) for point access, in
+/// [`SHARDS`] shards by chunk number (`shard_of`), and the chunk numbers in order for range scans (written only when a chunk is
+/// created). A chunk is never freed or moved while the table lives. Every New-Order inserts into
+/// these tables from every worker: with one lock per table, the workers' cores passed its line
+/// back and forth on each access and parked on each other's inserts; shards keep two workers on
+/// different districts (or, for groups, customers) on different lock words.
 struct ChunkIndex<M> {
     shards: Box<[RwLock<ChunkShard<M>>]>,
     order: RwLock<BTreeSet<u64>>,
@@ -381,7 +373,7 @@ type ChunkShard<M> = FxHashMap<u64, Box<Chunk<M>>>;
 impl<M: Default> ChunkIndex<M> {
     fn new() -> Self {
         ChunkIndex {
-            shards: (0..INDEX_SHARDS).map(|_| RwLock::new(FxHashMap::default())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(FxHashMap::default())).collect(),
             order: RwLock::new(BTreeSet::new()),
         }
     }
@@ -389,7 +381,7 @@ impl<M: Default> ChunkIndex<M> {
     /// The chunk numbered `no`, if it exists.
     #[inline]
     fn chunk(&self, no: u64) -> Option<NonNull<Chunk<M>>> {
-        self.shards[index_shard(no)].read().get(&no).map(|c| NonNull::from(&**c))
+        self.shards[shard_of(no)].read().get(&no).map(|c| NonNull::from(&**c))
     }
 
     /// The chunk numbered `no`, created if need be.
@@ -397,7 +389,7 @@ impl<M: Default> ChunkIndex<M> {
         if let Some(c) = self.chunk(no) {
             return c;
         }
-        let mut shard = self.shards[index_shard(no)].write();
+        let mut shard = self.shards[shard_of(no)].write();
         let chunk = shard.entry(no).or_insert_with(|| {
             // Lock order: a shard, then `order`.
             self.order.write().insert(no);
@@ -424,12 +416,12 @@ struct GroupShard<M> {
 impl<M: Default> GroupIndex<M> {
     fn new(bits: u32) -> Self {
         let shard = || RwLock::new(GroupShard { groups: FxHashMap::default(), arena: Arena::new() });
-        GroupIndex { bits, shards: (0..INDEX_SHARDS).map(|_| shard()).collect(), order: RwLock::new(BTreeSet::new()) }
+        GroupIndex { bits, shards: (0..SHARDS).map(|_| shard()).collect(), order: RwLock::new(BTreeSet::new()) }
     }
 
     #[inline]
     fn shard(&self, group: u64) -> &RwLock<GroupShard<M>> {
-        &self.shards[index_shard(group)]
+        &self.shards[shard_of(group)]
     }
 
     #[inline]
