@@ -606,6 +606,7 @@ fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
 
 /// Run every node as threads of this process.
 pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    crate::util::return_free_memory();
     let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
     let shared = Arc::new(RunShared::default());
     let mut nodes = Vec::new();
