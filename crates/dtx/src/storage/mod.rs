@@ -398,11 +398,15 @@ impl<M: Default> ChunkIndex<M> {
         if let Some(c) = self.chunk(no) {
             return c;
         }
+        // Built before the shard's write lock is taken: allocating and initializing a chunk's
+        // records (page faults included) under it parked every reader of the shard's other
+        // chunks. If another thread creates the chunk meanwhile, this one is dropped.
+        let fresh = Chunk::new();
         let mut shard = self.shards[shard_of(no)].write();
         let chunk = shard.entry(no).or_insert_with(|| {
             // Lock order: a shard, then `order`.
             self.order.write().insert(no);
-            Chunk::new()
+            fresh
         });
         NonNull::from(&**chunk)
     }
