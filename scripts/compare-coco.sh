@@ -60,9 +60,18 @@ runs = json.load(sys.stdin)["runs"]
 print(" ".join("%s=%.0f" % (r["protocol"], r["throughput_tps"]) for r in runs))
 '
 
+# The protocols in the order round $1 runs them: rotated each round, so that no protocol always
+# runs first (every run starts from a trimmed heap, but the machine's speed drifts within a round).
+protocols=(2pl-nowait 2pl-waitdie occ)
+dtx_order() {
+  local n=${#protocols[@]} out=() k
+  for ((k = 0; k < n; k++)); do out+=("${protocols[$(((k + $1 - 1) % n))]}"); done
+  (IFS=,; echo "${out[*]}")
+}
+
 dtx_run() {
   "$dtx" bench --workload tpcc --nodes 1 --warehouses 1 --mix neworder-payment \
-    --protocol 2pl-nowait,2pl-waitdie,occ --duration 3 --json-stdout 2>/dev/null |
+    --protocol "$(dtx_order "$1")" --duration 3 --json-stdout 2>/dev/null |
     python3 -c "$summarize"
 }
 
@@ -73,7 +82,7 @@ for ((i = 1; i <= rounds; i++)); do
   [[ -n $c ]] || { echo "error: COCO printed no 'total commit' line" >&2; exit 1; }
   coco+=("$c")
   echo "round $i: coco(silo, 1 worker)=$c"
-  d=$(dtx_run)
+  d=$(dtx_run "$i")
   echo "round $i: $d"
   for kv in $d; do
     dtx_sum[${kv%%=*}]=$(( ${dtx_sum[${kv%%=*}]:-0} + ${kv#*=} ))
@@ -85,7 +94,7 @@ coco_mean=$(printf '%s\n' "${coco[@]}" | awk '{s += $1} END {printf "%.0f", s / 
 echo
 printf '%-22s %12s %8s\n' system committed/s vs-coco
 printf '%-22s %12s %8s\n' "coco silo (1 worker)" "$coco_mean" "1.00x"
-for p in 2pl-nowait 2pl-waitdie occ; do
+for p in "${protocols[@]}"; do
   mean=$(( dtx_sum[$p] / dtx_n[$p] ))
   printf '%-22s %12s %8s\n' "dtx $p" "$mean" "$(awk -v a="$mean" -v b="$coco_mean" 'BEGIN {printf "%.2fx", a / b}')"
 done
