@@ -188,13 +188,27 @@ impl Hosting {
         }
     }
 
+    /// Whether every worker of the nodes configured on this host's IP (the servers of this machine,
+    /// as far as the cluster file tells) can have a core of its own: then an idle worker polls
+    /// before it sleeps ([`TcpNet::set_spin_poll`]); where they share cores it would take the core
+    /// from the worker that is to answer.
+    fn workers_have_own_cores(&self) -> bool {
+        let ip = self.cfg.nodes[self.host as usize].addr.ip();
+        let nodes_here = self.cfg.nodes.iter().filter(|n| n.addr.ip() == ip).count();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        nodes_here * self.cfg.workers as usize <= cores
+    }
+
     /// Serve node `id` from `setup` on fresh worker threads (its ports bound first, waiting up
     /// to `patience`); start their clients if the run's window is set. Returns where its
     /// workers listen.
     pub fn serve_node(&self, id: NodeId, setup: NodeSetup, patience: Duration) -> anyhow::Result<Vec<SocketAddr>> {
         let setup = Arc::new(setup);
-        let nets: Vec<TcpNet> =
+        let mut nets: Vec<TcpNet> =
             (0..self.cfg.workers).map(|wi| self.bind(Addr::new(id, wi), patience)).collect::<anyhow::Result<_>>()?;
+        if self.workers_have_own_cores() {
+            nets.iter_mut().for_each(|n| n.set_spin_poll(crate::rt::tcp::SPIN_POLL));
+        }
         let listening = nets.iter().map(|n| n.local_addr()).collect::<std::io::Result<Vec<_>>>()?;
         let lost = Arc::new(AtomicBool::new(false));
         let mut node = HostedNode { id, setup: setup.clone(), handles: Vec::new(), threads: Vec::new(), lost };

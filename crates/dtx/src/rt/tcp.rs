@@ -8,9 +8,11 @@
 //! [`MAX_FRAME_BYTES`], a bad hello or a malformed batch closes that connection (logged); the
 //! worker keeps serving every other one. Injected delay holds received packets until due.
 //!
-//! An idle worker polls its sockets without blocking for [`SPIN_POLL`] before it sleeps in the
-//! kernel: replies usually arrive within a round trip, and a sleep and wake-up per round trip cost
-//! a third of a worker's time at two nodes (TPC-C at two nodes: 45-52k → 70-74k txn/s).
+//! A worker that has a core of its own ([`TcpNet::set_spin_poll`]) polls its sockets without
+//! blocking for a while before it sleeps in the kernel: replies usually arrive within a round
+//! trip, and a sleep and wake-up per round trip cost a third of a worker's time at two nodes
+//! (TPC-C at two nodes on two cores: 45-52k → 70-74k txn/s). Where workers share cores, spinning
+//! takes the core from the worker that would answer (four nodes on two cores lost 20%).
 
 use super::local::{run_quantum, Command, DelayQueue};
 use super::{Clock, Executor, Worker, WorkerConfig};
@@ -35,8 +37,9 @@ const MAX_PENDING_BYTES: usize = 256 << 20;
 /// How often a worker checks whether a peer it has a connection to now listens elsewhere.
 const MOVED_PEER_CHECK: Duration = Duration::from_millis(200);
 
-/// How long an idle worker polls its sockets without blocking before it sleeps in the kernel.
-const SPIN_POLL: Duration = Duration::from_micros(50);
+/// How long an idle worker with a core of its own polls its sockets without blocking before it
+/// sleeps in the kernel.
+pub const SPIN_POLL: Duration = Duration::from_micros(50);
 
 /// What the orchestrating thread shares with a tcp worker thread.
 pub struct TcpHandle {
@@ -87,6 +90,8 @@ pub struct TcpNet {
     peers: Arc<dyn Fn(Addr) -> SocketAddr + Send + Sync>,
     latency: LatencyModel,
     me: Addr,
+    /// See [`TcpNet::set_spin_poll`].
+    spin_poll: Duration,
 }
 
 impl TcpNet {
@@ -103,7 +108,17 @@ impl TcpNet {
             TcpListener::bind(listen).with_context(|| format!("worker {me}: cannot listen on {listen}"))?;
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
         let handle = Arc::new(TcpHandle { waker, commands: Mutex::new(Vec::new()), stop: AtomicBool::new(false) });
-        Ok(TcpNet { poll, handle, listener, conns: Vec::new(), out_index: Default::default(), peers, latency, me })
+        Ok(TcpNet {
+            poll,
+            handle,
+            listener,
+            conns: Vec::new(),
+            out_index: Default::default(),
+            peers,
+            latency,
+            me,
+            spin_poll: Duration::ZERO,
+        })
     }
 
     /// Where this worker listens (the port the system chose, when bound to port 0).
@@ -321,13 +336,18 @@ impl TcpNet {
         Ok(open)
     }
 
-    /// Wait for socket events at most `timeout`: polled without blocking for up to
-    /// [`SPIN_POLL`] first, since a reply usually comes back within a round trip, and blocking
-    /// costs a sleep and a wake-up (two context switches, a third of the worker's time at two
-    /// nodes) per round trip.
+    /// Poll without blocking for up to `spin` before a wait would sleep in the kernel; zero (the
+    /// default) never spins. Give a worker [`SPIN_POLL`] only if it has a core of its own.
+    pub fn set_spin_poll(&mut self, spin: Duration) {
+        self.spin_poll = spin;
+    }
+
+    /// Wait for socket events at most `timeout`, polling without blocking for the first
+    /// `spin_poll` of it: a reply usually comes back within a round trip, and blocking costs a
+    /// sleep and a wake-up per round trip.
     fn poll_spinning(&mut self, events: &mut Events, timeout: Duration) -> std::io::Result<()> {
         let start = Instant::now();
-        let spin = SPIN_POLL.min(timeout);
+        let spin = self.spin_poll.min(timeout);
         while start.elapsed() < spin {
             self.poll.poll(events, Some(Duration::ZERO))?;
             if !events.is_empty() || !self.handle.commands.lock().is_empty() {
