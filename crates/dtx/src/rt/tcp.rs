@@ -11,7 +11,7 @@
 //! A worker that has a core of its own ([`TcpNet::set_spin_poll`]) polls its sockets without
 //! blocking for a while before it sleeps in the kernel: replies usually arrive within a round
 //! trip, and a sleep and wake-up per round trip cost a third of a worker's time at two nodes
-//! (TPC-C at two nodes on two cores: 45-52k → 70-74k txn/s). Where workers share cores, spinning
+//! (TPC-C at two nodes on two cores: 40-54k → 64-80k txn/s). Where workers share cores, spinning
 //! takes the core from the worker that would answer (four nodes on two cores lost 20%).
 
 use super::local::{run_quantum, Command, DelayQueue};
