@@ -344,13 +344,14 @@ impl TcpNet {
 
     /// Wait for socket events at most `timeout`, polling without blocking for the first
     /// `spin_poll` of it: a reply usually comes back within a round trip, and blocking costs a
-    /// sleep and a wake-up per round trip.
+    /// sleep and a wake-up per round trip. A command or a wake from another thread arrives as
+    /// the waker's event, so the events alone say when to stop.
     fn poll_spinning(&mut self, events: &mut Events, timeout: Duration) -> std::io::Result<()> {
         let start = Instant::now();
         let spin = self.spin_poll.min(timeout);
         while start.elapsed() < spin {
             self.poll.poll(events, Some(Duration::ZERO))?;
-            if !events.is_empty() || !self.handle.commands.lock().is_empty() {
+            if !events.is_empty() {
                 return Ok(());
             }
         }
