@@ -64,7 +64,7 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
         bail!("--cluster runs against running servers: add --runtime tcp");
     }
     // Validate every spec before running anything, so a bad flag fails at once.
-    let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(p.name)).collect::<anyhow::Result<_>>()?;
+    let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(&p.name)).collect::<anyhow::Result<_>>()?;
     let dir = results_dir(req);
     let mut runs: Vec<RunReport> = Vec::new();
     let mut all_ok = true;
@@ -141,6 +141,28 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) 
             Ok(false)
         }
     }
+}
+
+/// `dtx protocols --options NAME`: the protocol's options and the abort reasons it defines.
+pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
+    let v = protocols::Variant::parse(name)?;
+    let p = v.info;
+    println!("{}: {}", p.name, p.description);
+    if p.options.is_empty() {
+        println!("options: none");
+    } else {
+        println!("options (as --protocol '{}:KEY=VALUE'):", p.name);
+        for line in protocols::options::describe(p.options) {
+            println!("  {line}");
+        }
+    }
+    if !p.aborts.is_empty() {
+        println!("abort reasons of its own:");
+        for (reason, meaning) in p.aborts {
+            println!("  {reason:<20} {meaning}");
+        }
+    }
+    Ok(true)
 }
 
 /// `dtx check --history FILE`.

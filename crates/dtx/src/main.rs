@@ -23,8 +23,13 @@ struct Cli {
 enum Cmd {
     /// Run a benchmark: every protocol on the same cluster, workload and driver.
     Bench(Box<BenchArgs>),
-    /// List the protocols: name, status, description.
-    Protocols,
+    /// List the protocols: name, status, description; with --options NAME, a protocol's options.
+    Protocols {
+        /// List this protocol's options (give them as `NAME:KEY=VALUE` to --protocol) and the
+        /// abort reasons it defines.
+        #[arg(long, value_name = "NAME")]
+        options: Option<String>,
+    },
     /// Check a list-append history for serializability.
     Check {
         #[arg(long)]
@@ -47,7 +52,8 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 pub struct BenchArgs {
-    /// Protocols to compare: a comma-separated list, or `all`.
+    /// Protocols to compare: a comma-separated list of `NAME[:KEY=VALUE]...` (a protocol, or a
+    /// variant with options set: `occ,2pl-waitdie:lock_wait_us=200`), or `all`. Each is a run.
     #[arg(long, default_value = "all")]
     protocol: String,
     /// ycsb | append | tpcc | bank
@@ -366,7 +372,7 @@ impl BenchArgs {
             seed: self.seed,
             cost,
             rpc,
-            proto: ProtoOptions { one_shot: !self.interactive, ..Default::default() },
+            proto: ProtoOptions { one_shot: !self.interactive },
             record_history: append && (self.verify || self.history.is_some()),
             run_checks: self.verify && !append,
             max_retries: self.max_retries,
@@ -433,7 +439,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Bench(args) => dtx::cli::bench(&(*args).into()),
-        Cmd::Protocols => {
+        Cmd::Protocols { options: None } => {
             for p in protocols::REGISTRY {
                 println!("{:<12} {:<8} {}", p.name, p.status, p.description);
             }
@@ -442,6 +448,7 @@ fn main() -> ExitCode {
             }
             Ok(true)
         }
+        Cmd::Protocols { options: Some(name) } => dtx::cli::protocol_options(&name),
         Cmd::Check { history, json } => dtx::cli::check(&history, json),
         Cmd::Server { config, node, data_dir } => dtx::bench::tcp::serve(&config, node, data_dir).map(|_| true),
     };

@@ -187,7 +187,7 @@ pub fn build_node(
 ) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
     let workload = workload.clone();
-    let info = protocols::find(&spec.protocol).with_context(|| format!("unknown protocol {}", spec.protocol))?;
+    let variant = protocols::Variant::parse(&spec.protocol)?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let mut replicated = None;
     let node_log = log.as_ref().map(|o| o.log.clone());
@@ -201,7 +201,7 @@ pub fn build_node(
         env.checkpoint_every = spec.durability.checkpoint_every;
     }
     Ok(NodeSetup {
-        proto: (info.make)().build_node(env),
+        proto: variant.make().build_node(env),
         workload,
         topo,
         replicated,
@@ -230,7 +230,7 @@ pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyh
         Durability::Wal => {
             let opened = spec.durability.open_wal(dir.join(format!("node-{n}")), n)?;
             if let Some(c) = &opened.checkpoint {
-                if let Err(e) = crate::protocols::common::durable::ReplayState::decode(c) {
+                if let Err(e) = crate::protocols::twopc::durable::ReplayState::decode(c) {
                     bail!(
                         "node {n}: the checkpoint in {} passed its checksum but does not decode ({e}): it was \
                          written by another version of dtx; use that version, or another --data-dir",

@@ -22,7 +22,7 @@ use super::driver::{RunShared, Window};
 use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, OpenedLog, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::{Addr, NodeId};
-use crate::protocols::common::durable::ReplayState;
+use crate::protocols::twopc::durable::ReplayState;
 use crate::replication::service::{self, AdoptRequests, Deposed, Mode, ReplicatorHandle};
 use crate::rt::log::NodeLog;
 use crate::rt::tcp::{TcpHandle, TcpNet};

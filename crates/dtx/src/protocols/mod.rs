@@ -2,10 +2,15 @@
 //! `meta` (what a record carries), `coordinator` (the execution and commit of a transaction),
 //! `participant` (what a node does for remote transactions), `messages` (its wire types), and
 //! the background tasks in `mod.rs`. A new protocol is one folder plus a line in [`REGISTRY`].
+//! Protocols over two-phase commit share the skeleton in [`twopc`]; a protocol declares its
+//! options ([`options`]), and a user runs variants of it (`NAME[:KEY=VALUE]...`) side by side.
 
-pub mod common;
 pub mod occ;
+pub mod options;
+pub mod twopc;
 pub mod twopl;
+
+pub use options::{OptionKind, OptionSpec, OptionValue, Options};
 
 use crate::cluster::Topology;
 use crate::net::NodeId;
@@ -15,20 +20,18 @@ use crate::workloads::Workload;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// Options every protocol understands.
+/// How every protocol runs transactions, set by the bench's flags rather than per protocol
+/// (a protocol's own knobs are its [`Options`]).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ProtoOptions {
-    /// Use declared read/write sets to fetch (and lock) per participant in one message.
+    /// Use declared read/write sets to fetch (and lock) per participant in one message
+    /// (`--interactive` turns it off).
     pub one_shot: bool,
-    /// Longest a transaction waits for a lock (WAIT_DIE) before aborting.
-    pub lock_wait_us: u64,
-    /// A participant asks the coordinator about a transaction it has not heard of this long.
-    pub orphan_after_us: u64,
 }
 
 impl Default for ProtoOptions {
     fn default() -> Self {
-        ProtoOptions { one_shot: true, lock_wait_us: 500_000, orphan_after_us: 1_000_000 }
+        ProtoOptions { one_shot: true }
     }
 }
 
@@ -85,7 +88,12 @@ pub struct ProtocolInfo {
     pub name: &'static str,
     pub status: &'static str,
     pub description: &'static str,
-    pub make: fn() -> Arc<dyn Protocol>,
+    /// The options a variant of it may set (`dtx protocols --options NAME` lists them).
+    pub options: &'static [OptionSpec],
+    /// The abort reasons it defines beyond the shared ones in [`crate::txn::Abort`]: name, meaning.
+    pub aborts: &'static [(&'static str, &'static str)],
+    /// The protocol with its options set.
+    pub make: fn(&Options) -> Arc<dyn Protocol>,
 }
 
 /// Every protocol dtx knows. `status`: `ready` (implemented and checked), or `planned`.
@@ -94,21 +102,40 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         name: "2pl-nowait",
         status: "ready",
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
-        make: || Arc::new(twopl::TwoPl { policy: twopl::Policy::NoWait }),
+        options: &[twopc::ORPHAN_OPTION],
+        aborts: &[],
+        make: |o| two_pc(twopl::TwoPl { policy: twopl::Policy::NoWait, lock_wait_us: 0 }, o),
     },
     ProtocolInfo {
         name: "2pl-waitdie",
         status: "ready",
         description: "two-phase locking, WAIT_DIE (older waits, younger dies), with 2PC",
-        make: || Arc::new(twopl::TwoPl { policy: twopl::Policy::WaitDie }),
+        options: &[twopl::LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
+        aborts: &[],
+        make: |o| {
+            two_pc(
+                twopl::TwoPl { policy: twopl::Policy::WaitDie, lock_wait_us: o.u64(twopl::LOCK_WAIT_OPTION.name) },
+                o,
+            )
+        },
     },
     ProtocolInfo {
         name: "occ",
         status: "ready",
         description: "Silo-style OCC (lock writes, validate reads) with 2PC; the F1-like baseline",
-        make: || Arc::new(occ::Occ),
+        options: &[twopc::ORPHAN_OPTION],
+        aborts: &[],
+        make: |o| two_pc(occ::Occ, o),
     },
 ];
+
+/// A concurrency control over the 2PC skeleton, with the skeleton's options from `o`.
+fn two_pc<C: twopc::Cc>(cc: C, o: &Options) -> Arc<dyn Protocol>
+where
+    twopc::CcWorker<C>: crate::txn::recon::SnapshotReader,
+{
+    Arc::new(twopc::TwoPc { cc, config: twopc::TwoPcConfig { orphan_after_us: o.u64(twopc::ORPHAN_OPTION.name) } })
+}
 
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
@@ -129,19 +156,28 @@ pub const PLANNED: &[(&str, &str)] = &[
     ("tapir", "inconsistent replication + OCC (TAPIR)"),
 ];
 
-pub fn find(name: &str) -> Option<&'static ProtocolInfo> {
-    REGISTRY.iter().find(|p| p.name == name)
+/// A protocol with its options set: what one run of the bench runs. Its `name` is the full
+/// variant as the user wrote it (`2pl-waitdie:lock_wait_us=200`), which the table and the JSON
+/// call it.
+#[derive(Clone)]
+pub struct Variant {
+    pub name: String,
+    pub info: &'static ProtocolInfo,
+    pub options: Options,
 }
 
-/// Resolve `a,b|all` into protocol entries, with a clear error for unknown or planned names.
-pub fn resolve(list: &str) -> anyhow::Result<Vec<&'static ProtocolInfo>> {
-    if list.trim() == "all" {
-        return Ok(REGISTRY.iter().filter(|p| p.status == "ready").collect());
+impl std::fmt::Debug for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Variant").field("name", &self.name).field("options", &self.options).finish()
     }
-    let mut out = vec![];
-    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match find(name) {
-            Some(p) => out.push(p),
+}
+
+impl Variant {
+    /// Parse `NAME[:KEY=VALUE]...`, checking the name and every option.
+    pub fn parse(text: &str) -> anyhow::Result<Variant> {
+        let (name, overrides) = options::split_variant(text);
+        let info = match find(name) {
+            Some(p) => p,
             None if PLANNED.iter().any(|(n, _)| *n == name) => {
                 anyhow::bail!("protocol `{name}` is planned but not implemented yet (see `dtx protocols`)")
             }
@@ -149,8 +185,30 @@ pub fn resolve(list: &str) -> anyhow::Result<Vec<&'static ProtocolInfo>> {
                 "unknown protocol `{name}` (known: {}, or `all`)",
                 REGISTRY.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
             ),
-        }
+        };
+        let options = Options::parse(name, info.options, &overrides)?;
+        let full = std::iter::once(name).chain(overrides.iter().copied()).collect::<Vec<_>>().join(":");
+        Ok(Variant { name: full, info, options })
     }
+
+    /// The protocol, built with this variant's options.
+    pub fn make(&self) -> Arc<dyn Protocol> {
+        (self.info.make)(&self.options)
+    }
+}
+
+pub fn find(name: &str) -> Option<&'static ProtocolInfo> {
+    REGISTRY.iter().find(|p| p.name == name)
+}
+
+/// Resolve `a,b:k=v|all` into variants, with a clear error for unknown or planned names and
+/// for options the protocol does not have.
+pub fn resolve(list: &str) -> anyhow::Result<Vec<Variant>> {
+    if list.trim() == "all" {
+        return REGISTRY.iter().filter(|p| p.status == "ready").map(|p| Variant::parse(p.name)).collect();
+    }
+    let out: Vec<Variant> =
+        list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(Variant::parse).collect::<anyhow::Result<_>>()?;
     if out.is_empty() {
         anyhow::bail!("--protocol names no protocol");
     }

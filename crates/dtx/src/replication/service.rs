@@ -22,7 +22,7 @@
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
 use super::wal::Lsn;
 use crate::net::{Addr, NodeId};
-use crate::protocols::common::durable::ReplayState;
+use crate::protocols::twopc::durable::ReplayState;
 use crate::rt::log::NodeLog;
 use crate::rt::{log_warn, Worker};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -503,7 +503,7 @@ impl Replicator {
                 continue;
             }
             if self.takeover_term.get(&group) != Some(&g.term()) {
-                let marker = crate::net::encode(&crate::protocols::common::durable::LogRecord::Takeover { host });
+                let marker = crate::net::encode(&crate::protocols::twopc::durable::LogRecord::Takeover { host });
                 if g.propose(marker).is_ok() {
                     self.takeover_term.insert(group, g.term());
                 }

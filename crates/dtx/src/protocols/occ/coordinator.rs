@@ -8,7 +8,7 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::{decode, encode, NodeId};
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -34,7 +34,7 @@ struct Part {
 /// Read sets up to this size are searched linearly; larger ones through `read_index`.
 const LINEAR_MAX: usize = 32;
 
-pub(super) struct OccTxn<'a> {
+pub struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
     reads: Vec<ReadEntry<'a>>,
@@ -228,7 +228,7 @@ impl<'a> OccTxn<'a> {
         // Install here, tell the remote writers in the background.
         self.install(local_recs, local_writes);
         wk.coord.set(self.id, TxnStatus::Committed);
-        wk.tell_outcome(Request::Commit { txn: self.id }, remote_writers, Some(self.id));
+        wk.tell_outcome(encode(&Request::Commit { txn: self.id }), remote_writers, Some(self.id));
         Ok(())
     }
 
@@ -396,7 +396,7 @@ impl<'a> OccTxn<'a> {
         let wk = self.wk;
         part::unlock_recs(self.id, locked.iter().copied());
         wk.coord.set(self.id, TxnStatus::Aborted);
-        wk.tell_outcome(Request::Abort { txn: self.id }, remote_writers.to_vec(), None);
+        wk.tell_outcome(encode(&Request::Abort { txn: self.id }), remote_writers.to_vec(), None);
         reason
     }
 }
@@ -506,11 +506,17 @@ impl recon::SnapshotReader for OccWorker {
     }
 }
 
-impl OccWorker {
-    /// Send a decision to participants in the background ([`crate::protocols::common::tell_outcome`]).
-    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
-        if let Some(me) = self.me.upgrade() {
-            crate::protocols::common::tell_outcome(me, encode(&req), nodes, forget);
-        }
+impl<'a> CoordTxn for OccTxn<'a> {
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        OccTxn::prefetch(self, keys).await
+    }
+
+    async fn commit(&mut self) -> TxnResult<()> {
+        OccTxn::commit(self).await
+    }
+
+    /// Execution holds nothing anywhere (reads are optimistic, writes buffered): nothing to undo.
+    fn abandon(&mut self, reason: Abort) -> Abort {
+        reason
     }
 }

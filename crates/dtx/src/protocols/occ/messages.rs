@@ -5,7 +5,7 @@
 //! and `Validate`: once the coordinator's local locks are held, that participant's locks are the
 //! last ones, so it may validate right after taking them.
 
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::{TxnId, TxnStatus};
 use crate::storage::{RowKey, Value};
 use crate::txn::Scan;
 use serde::{Deserialize, Serialize};

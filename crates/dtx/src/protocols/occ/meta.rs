@@ -16,7 +16,7 @@ impl OccMeta {
     }
 }
 
-impl crate::protocols::common::TxnMeta for OccMeta {
+impl crate::protocols::twopc::TxnMeta for OccMeta {
     /// A replayed write is a committed write: it bumps the version as installing it did.
     fn on_replayed_write(&mut self) {
         self.tid += 1;

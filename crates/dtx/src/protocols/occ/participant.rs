@@ -6,8 +6,8 @@ use super::messages::{Reply, Request};
 use super::meta::OccMeta;
 use super::OccWorker;
 use crate::net::{decode, encode, Addr};
-use crate::protocols::common::durable::LogRecord;
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::durable::LogRecord;
+use crate::protocols::twopc::TxnId;
 use crate::rt::log_warn;
 use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
@@ -158,7 +158,7 @@ impl OccWorker {
                 // record (this one, or one the orphan sweeper wrote) must be durable first.
                 self.commit_here(txn);
                 let lsn = Some(self.last_outcome_lsn.get());
-                return self.reply_when_durable(from, rpc_id, lsn, Reply::Ack);
+                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Ack));
             }
             Request::Abort { txn } => {
                 self.abort_here(txn);
@@ -182,7 +182,7 @@ impl OccWorker {
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(false)));
         };
         self.parts.txns.borrow_mut().insert(txn, (writes, now));
-        self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(true));
+        self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(true)));
     }
 
     /// Vote yes for a valid read set. What it read may be the write of a local commit whose
@@ -190,14 +190,7 @@ impl OccWorker {
     /// vote that lets it commit waits for the log's tail.
     fn vote_valid(&self, from: Addr, rpc_id: u64) {
         let tail = self.node.log.undurable_tail();
-        self.reply_when_durable(from, rpc_id, tail, Reply::Vote(true));
-    }
-
-    /// Send `reply` once `lsn` is durable (at once without a log).
-    fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, reply: Reply) {
-        if let Some(me) = self.me.upgrade() {
-            crate::protocols::common::reply_when_durable(&me, to, rpc_id, lsn, encode(&reply));
-        }
+        self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(true)));
     }
 
     pub(super) fn abort_here(&self, txn: TxnId) {
@@ -210,7 +203,7 @@ impl OccWorker {
 
     /// Install a prepared transaction's writes and log the outcome (before the locks go, so
     /// that log order is install order).
-    fn commit_here(&self, txn: TxnId) {
+    pub(super) fn commit_here(&self, txn: TxnId) {
         if let Some(writes) = self.parts.remove(txn) {
             self.w.charge_ops(writes.len());
             let recs: Vec<&Rec> = writes.iter().map(|(k, _)| self.node.store.get_or_create(*k)).collect();
@@ -220,15 +213,6 @@ impl OccWorker {
             for (rec, (_, v)) in recs.into_iter().zip(writes) {
                 install_rec(rec, txn, v);
             }
-        }
-    }
-
-    /// Apply what the coordinator says about a transaction we hold state for.
-    pub(super) fn resolve_here(&self, txn: TxnId, status: TxnStatus) {
-        match status {
-            TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
-            TxnStatus::Aborted => self.abort_here(txn),
-            TxnStatus::Committed => self.commit_here(txn),
         }
     }
 }

@@ -8,7 +8,7 @@ use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, NodeId};
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -30,7 +30,7 @@ fn index_last<T>(index: &mut FxHashMap<RowKey, usize>, items: &[T], key_of: impl
     }
 }
 
-pub(super) struct TplTxn<'a> {
+pub struct TplTxn<'a> {
     wk: &'a TwoPlWorker,
     pub id: TxnId,
     prio: Prio,
@@ -163,12 +163,12 @@ impl<'a> TplTxn<'a> {
         let wk = self.wk;
         wk.w.charge_ops(1);
         let rec = self.local_rec(key);
-        let v = match part::try_lock_rec(rec, self.id, self.prio, mode, wk.policy)? {
+        let v = match part::try_lock_rec(rec, self.id, self.prio, mode, wk.cc.policy)? {
             LockStep::Done(v) => v,
             LockStep::Wait(rec, slot) => {
                 // A queued request is part of what we must release on abort.
                 self.hold(key, rec);
-                part::wait_lock(&wk.w, rec, slot, wk.node.opts.lock_wait_us).await?
+                part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
             }
         };
         self.hold(key, rec);
@@ -185,7 +185,7 @@ impl<'a> TplTxn<'a> {
             // Fast path: an uncontended local lock completes without a future.
             self.wk.w.charge_ops(1);
             let rec = self.local_rec(key);
-            match part::try_lock_rec(rec, self.id, self.prio, mode, self.wk.policy) {
+            match part::try_lock_rec(rec, self.id, self.prio, mode, self.wk.cc.policy) {
                 Err(a) => Step::Ready(Err(a)),
                 Ok(LockStep::Done(v)) => {
                     self.hold(key, rec);
@@ -194,7 +194,7 @@ impl<'a> TplTxn<'a> {
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
                     self.hold(key, rec);
-                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.node.opts.lock_wait_us).await?;
+                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
                 })),
@@ -279,7 +279,7 @@ impl<'a> TplTxn<'a> {
         wk.w.charge_ops(local.len());
         for (k, m) in local {
             let rec = self.local_recs[&k];
-            let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.policy)? {
+            let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.cc.policy)? {
                 LockStep::Done(v) => {
                     self.held_local.push((k, rec));
                     v
@@ -287,7 +287,7 @@ impl<'a> TplTxn<'a> {
                 LockStep::Wait(rec, slot) => {
                     // A queued request is part of what we must release on abort.
                     self.held_local.push((k, rec));
-                    part::wait_lock(&wk.w, rec, slot, wk.node.opts.lock_wait_us).await?
+                    part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
                 }
             };
             self.values.push((k, v, m));
@@ -339,7 +339,7 @@ impl<'a> TplTxn<'a> {
             wk.coord.forget(self.id);
         } else {
             wk.coord.set(self.id, TxnStatus::Committed);
-            wk.tell_outcome(Request::Commit { txn: self.id }, writers, Some(self.id));
+            wk.tell_outcome(encode(&Request::Commit { txn: self.id }), writers, Some(self.id));
         }
         self.install_and_release(local_writes);
         Ok(())
@@ -407,7 +407,7 @@ impl<'a> TplTxn<'a> {
         part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         if !self.touched.is_empty() {
             wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_outcome(Request::Abort { txn: self.id }, std::mem::take(&mut self.touched), None);
+            wk.tell_outcome(encode(&Request::Abort { txn: self.id }), std::mem::take(&mut self.touched), None);
         }
         reason
     }
@@ -497,7 +497,7 @@ impl recon::SnapshotReader for TwoPlWorker {
             let txn = self.coord.new_txn(self.w.addr);
             let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)] };
             let r = self.ask(n, &req).await;
-            self.tell_outcome(Request::Abort { txn }, vec![n], None);
+            self.tell_outcome(encode(&Request::Abort { txn }), vec![n], None);
             match r? {
                 Reply::Values(mut v) => Ok(v.pop().flatten()),
                 Reply::Aborted(a) => Err(a),
@@ -515,7 +515,7 @@ impl recon::SnapshotReader for TwoPlWorker {
             }
             let txn = self.coord.new_txn(self.w.addr);
             let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s }).await;
-            self.tell_outcome(Request::Abort { txn }, vec![n], None);
+            self.tell_outcome(encode(&Request::Abort { txn }), vec![n], None);
             match r? {
                 Reply::Rows(rows) => Ok(rows),
                 Reply::Aborted(a) => Err(a),
@@ -525,11 +525,16 @@ impl recon::SnapshotReader for TwoPlWorker {
     }
 }
 
-impl TwoPlWorker {
-    /// Send a decision to participants in the background ([`crate::protocols::common::tell_outcome`]).
-    fn tell_outcome(&self, req: Request, nodes: Vec<NodeId>, forget: Option<TxnId>) {
-        if let Some(me) = self.me.upgrade() {
-            crate::protocols::common::tell_outcome(me, encode(&req), nodes, forget);
-        }
+impl<'a> CoordTxn for TplTxn<'a> {
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        TplTxn::prefetch(self, keys).await
+    }
+
+    async fn commit(&mut self) -> TxnResult<()> {
+        TplTxn::commit(self).await
+    }
+
+    fn abandon(&mut self, reason: Abort) -> Abort {
+        self.abort(reason)
     }
 }

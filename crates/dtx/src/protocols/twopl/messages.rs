@@ -4,7 +4,7 @@
 //! locks at `Prepare` and leaves the commit phase).
 
 use super::meta::{Mode, Prio};
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::{TxnId, TxnStatus};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};

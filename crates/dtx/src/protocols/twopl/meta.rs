@@ -2,7 +2,7 @@
 //! NO_WAIT and WAIT_DIE. Waiting is a future: a waiter parks its waker in a slot that the
 //! releasing transaction fills, on whatever worker thread it runs.
 
-use crate::protocols::common::TxnId;
+use crate::protocols::twopc::TxnId;
 use crate::storage::{Record, Row};
 use crate::txn::Abort;
 use parking_lot::Mutex;
@@ -234,7 +234,7 @@ impl Future for Granted<'_> {
 pub type LockRecord = Record<LockMeta>;
 pub type LockRow = Row<LockMeta>;
 
-impl crate::protocols::common::TxnMeta for LockMeta {}
+impl crate::protocols::twopc::TxnMeta for LockMeta {}
 
 #[cfg(test)]
 mod tests {

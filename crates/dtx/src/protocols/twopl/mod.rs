@@ -3,131 +3,83 @@
 //! holder, a younger one dies). Strict: every lock is held until commit or abort.
 //!
 //! Roles: [`meta`] the record's lock; [`coordinator`] execution and commit; [`participant`]
-//! what a node does for remote transactions; [`messages`] the wire types; background: the
-//! orphan sweeper (2PC termination) started in [`WorkerProtocol::start`].
+//! what a node does for remote transactions; [`messages`] the wire types. The 2PC skeleton
+//! ([`crate::protocols::twopc`]) runs the rest: the decision table, the orphan sweeper, recovery.
 
 pub mod coordinator;
 pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::{Addr, NodeId};
-use crate::protocols::common::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId};
-use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
-use crate::rt::{Handler, LocalBoxFuture, Worker};
-use crate::txn::{recon, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
+use crate::net::{decode, encode, Addr};
+use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::{Cc, CcWorker, TxnId, TxnStatus};
+use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use coordinator::TplTxn;
 use meta::LockMeta;
 pub use meta::Policy;
 use participant::PartTxn;
-use std::cell::{Cell, RefCell};
-use std::rc::{Rc, Weak};
-use std::sync::Arc;
 
+/// 2PL's configuration.
+#[derive(Debug, Clone, Copy)]
 pub struct TwoPl {
     pub policy: Policy,
+    /// Longest a transaction waits for a lock (WAIT_DIE) before aborting.
+    pub lock_wait_us: u64,
 }
 
-impl Protocol for TwoPl {
-    fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        Arc::new(TwoPlNode { shared: Arc::new(NodeShared::load(env)), policy: self.policy })
+/// The option of `2pl-waitdie` beside the 2PC skeleton's.
+pub const LOCK_WAIT_OPTION: OptionSpec = OptionSpec {
+    name: "lock_wait_us",
+    kind: OptionKind::U64 { min: 1, max: 60_000_000 },
+    default: "500000",
+    help: "longest an older transaction waits for a lock before it aborts (lock-timeout)",
+};
+
+/// A worker running 2PL over the 2PC skeleton.
+pub type TwoPlWorker = CcWorker<TwoPl>;
+
+impl Cc for TwoPl {
+    type Meta = LockMeta;
+    type Part = PartTxn;
+    type Txn<'a> = TplTxn<'a>;
+
+    fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
+        TplTxn::new(wk, id, attempt.first_start_us)
     }
-}
 
-struct TwoPlNode {
-    shared: Arc<NodeShared<LockMeta>>,
-    policy: Policy,
-}
-
-impl NodeProtocol for TwoPlNode {
-    fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
-        let (in_doubt, unended) = self.shared.claim_recovered(w.addr);
-        let wk = Rc::new_cyclic(|me| TwoPlWorker {
-            me: me.clone(),
-            w: w.clone(),
-            node: self.shared.clone(),
-            policy: self.policy,
-            coord: CoordTable::new(self.shared.boot),
-            parts: PartTable::default(),
-            last_outcome_lsn: Cell::new(0),
-            unended: RefCell::new(unended),
-        });
-        wk.adopt_in_doubt(in_doubt);
-        let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
-        w.set_handler(handler);
-        wk
+    fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, body: &[u8]) {
+        wk.serve(from, rpc_id, body)
     }
-}
 
-pub struct TwoPlWorker {
-    me: Weak<TwoPlWorker>,
-    w: Rc<Worker>,
-    node: Arc<NodeShared<LockMeta>>,
-    policy: Policy,
-    coord: CoordTable,
-    parts: PartTable<PartTxn>,
-    /// The last `Outcome` record this worker logged: a commit is acknowledged after it.
-    last_outcome_lsn: Cell<u64>,
-    /// Commits this worker coordinated before a crash that not every participant acknowledged.
-    unended: RefCell<Vec<(TxnId, Vec<NodeId>)>>,
-}
+    fn serve_oneway(wk: &TwoPlWorker, from: Addr, body: &[u8]) {
+        wk.serve_oneway(from, body)
+    }
 
-impl TwoPlWorker {
-    async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
-        self.node.log.booted().await;
-        self.w.charge(self.w.cost.txn_ns);
-        let wl = self.node.workload.clone();
-        let mut txn = TplTxn::new(self, self.coord.new_txn(self.w.addr), attempt.first_start_us);
-        let result = if self.node.opts.one_shot {
-            let mut keys = KeySet::default();
-            if !wl.declare(req, &mut keys) {
-                keys = recon::discover(&*wl, req, self).await?;
-            }
-            match txn.prefetch(&keys).await {
-                Ok(()) => {
-                    let mut ctx = Ctx::with_declared(&mut txn, &keys);
-                    wl.run(req, &mut ctx).await
-                }
-                Err(a) => Err(a),
-            }
-        } else {
-            let mut ctx = Ctx::new(&mut txn);
-            wl.run(req, &mut ctx).await
-        };
-        match result {
-            Ok(out) => {
-                txn.commit().await?;
-                Ok(out)
-            }
-            Err(a) => Err(txn.abort(a)),
+    fn commit_here(wk: &TwoPlWorker, txn: TxnId) {
+        wk.commit_here(txn)
+    }
+
+    fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
+        wk.abort_here(txn)
+    }
+
+    fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt) {
+        wk.adopt_in_doubt(in_doubt)
+    }
+
+    fn status_request(txn: TxnId) -> Vec<u8> {
+        encode(&messages::Request::Status { txn })
+    }
+
+    fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
+        match decode(reply) {
+            Ok(messages::Reply::Status(s)) => Some(s),
+            _ => None,
         }
     }
-}
 
-impl WorkerProtocol for TwoPlWorker {
-    fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
-        Box::pin(self.run(req, attempt))
-    }
-
-    fn start(&self) {
-        if let Some(me) = self.me.upgrade() {
-            spawn_sweeper(&me, self.node.opts.orphan_after_us);
-            resend_unended(&me, self.unended.take(), encode_commit);
-        }
+    fn commit_request(txn: TxnId) -> Vec<u8> {
+        encode(&messages::Request::Commit { txn })
     }
 }
-
-impl Handler for TwoPlWorker {
-    fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
-        self.serve(from, rpc_id, body)
-    }
-    fn on_oneway(&self, from: Addr, body: &[u8]) {
-        self.serve_oneway(from, body)
-    }
-}
-
-fn encode_commit(txn: TxnId) -> Vec<u8> {
-    crate::net::encode(&messages::Request::Commit { txn })
-}
-
-crate::impl_two_pc_worker!(TwoPlWorker);

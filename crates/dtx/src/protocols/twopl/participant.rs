@@ -5,8 +5,8 @@ use super::messages::{Reply, Request, Vote};
 use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
 use crate::net::{decode, encode, Addr};
-use crate::protocols::common::durable::LogRecord;
-use crate::protocols::common::{TxnId, TxnStatus};
+use crate::protocols::twopc::durable::LogRecord;
+use crate::protocols::twopc::TxnId;
 use crate::rt::{log_warn, Worker};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
@@ -142,7 +142,7 @@ impl TwoPlWorker {
                         // It may have read a local commit whose record is not durable yet
                         // (early lock release): the vote that lets it commit waits for it.
                         let tail = self.node.log.undurable_tail();
-                        return self.reply_when_durable(from, rpc_id, tail, Reply::Vote(Vote::ReadOnly));
+                        return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
                     }
                     Some((p, t)) => {
                         *t = now;
@@ -151,7 +151,9 @@ impl TwoPlWorker {
                         p.writes = Some(writes);
                         drop(parts);
                         match lsn {
-                            Ok(lsn) => return self.reply_when_durable(from, rpc_id, lsn, Reply::Vote(Vote::Yes)),
+                            Ok(lsn) => {
+                                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes)))
+                            }
                             Err(a) => {
                                 self.abort_here(txn);
                                 Reply::Aborted(a)
@@ -165,7 +167,7 @@ impl TwoPlWorker {
                 // record (this one, or one the orphan sweeper wrote) must be durable first.
                 self.commit_here(txn);
                 let lsn = Some(self.last_outcome_lsn.get());
-                return self.reply_when_durable(from, rpc_id, lsn, Reply::Ack);
+                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Ack));
             }
             Request::Abort { txn } => {
                 self.abort_here(txn);
@@ -224,9 +226,9 @@ impl TwoPlWorker {
 
     /// Take a lock for a remote transaction, waiting if the policy says so.
     async fn lock(&self, key: RowKey, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<Option<Value>> {
-        match try_lock(&self.node.store, key, txn, prio, mode, self.policy)? {
+        match try_lock(&self.node.store, key, txn, prio, mode, self.cc.policy)? {
             LockStep::Done(v) => Ok(v),
-            LockStep::Wait(rec, slot) => wait_lock(&self.w, rec, slot, self.node.opts.lock_wait_us).await,
+            LockStep::Wait(rec, slot) => wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await,
         }
     }
 
@@ -256,13 +258,6 @@ impl TwoPlWorker {
         log_warn(&format!("2pl: unexpected one-way message from {from}"));
     }
 
-    /// Send `reply` once `lsn` is durable (at once without a log).
-    fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, reply: Reply) {
-        if let Some(me) = self.me.upgrade() {
-            crate::protocols::common::reply_when_durable(&me, to, rpc_id, lsn, encode(&reply));
-        }
-    }
-
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
             release(&self.node.store, txn, p.held.into_iter());
@@ -275,7 +270,7 @@ impl TwoPlWorker {
 
     /// Apply a prepared transaction's writes, log the outcome (before the locks go, so that
     /// log order is install order), release.
-    fn commit_here(&self, txn: TxnId) {
+    pub(super) fn commit_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
             self.w.charge_ops(writes.len() + p.held.len());
@@ -298,14 +293,6 @@ impl TwoPlWorker {
                 assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
             }
             self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some(writes) }, now));
-        }
-    }
-
-    pub(super) fn resolve_here(&self, txn: TxnId, status: TxnStatus) {
-        match status {
-            TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
-            TxnStatus::Aborted => self.abort_here(txn),
-            TxnStatus::Committed => self.commit_here(txn),
         }
     }
 }

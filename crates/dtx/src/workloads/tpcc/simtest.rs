@@ -94,13 +94,13 @@ pub fn run(spec: &BenchSpec) -> SimRun {
     // One workload instance per process, shared by its nodes, as the bench runtimes do.
     let topo = Arc::new(spec.topology());
     let wl = crate::workloads::build(&spec.workload, &topo).expect("the workload builds");
-    let info = protocols::find(&spec.protocol).expect("a known protocol");
+    let variant = protocols::Variant::parse(&spec.protocol).expect("a known protocol");
     // Workers hold their protocol only weakly: keep every instance alive to the end.
     let mut protos = Vec::new();
     let mut first = None;
     for n in 0..spec.nodes {
         let env = NodeEnv::volatile(n, topo.clone(), wl.clone(), spec.proto.clone());
-        let node = (info.make)().build_node(env);
+        let node = variant.make().build_node(env);
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);
             let w = Rc::new(Worker::new(addr, spec.workers, world.clock(), world.executor_for(addr), &cfg));

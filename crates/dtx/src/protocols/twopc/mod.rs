@@ -4,10 +4,12 @@
 //! records and recovery that make 2PC survive a crash.
 
 pub mod durable;
+pub mod skeleton;
+
+pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
-use crate::rt::Worker;
 use crate::storage::{RowKey, Storage, TableDef};
 use crate::workloads::Workload;
 use rustc_hash::FxHashMap;
@@ -236,113 +238,46 @@ impl<S> PartTable<S> {
     }
 }
 
-/// What a 2PC protocol's worker provides so that the shared 2PC plumbing can run on it.
-pub trait TwoPcWorker: 'static {
-    fn worker(&self) -> &Rc<Worker>;
-    fn coord(&self) -> &CoordTable;
-    /// The worker of `node` that serves this worker's transactions.
-    fn participant_addr(&self, node: NodeId) -> Addr;
-    /// Transactions this worker holds participant state for and has not heard of for `idle_ns`.
-    fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId>;
-    /// The protocol's encoding of "what became of `txn`?" and of its answer.
-    fn status_request(txn: TxnId) -> Vec<u8>;
-    fn parse_status(reply: &[u8]) -> Option<TxnStatus>;
-    /// Apply the coordinator's answer to this worker's participant state.
-    fn resolve(&self, txn: TxnId, status: TxnStatus);
-    /// The node's log (a no-op when the run is not durable).
-    fn txn_log(&self) -> &durable::TxnLog;
-}
-
-/// Implement [`TwoPcWorker`] for a protocol worker with the usual fields (`w`, `coord`, `node`,
-/// `parts`), a `resolve_here` method, and `messages::{Request::Status, Reply::Status}`.
-#[macro_export]
-macro_rules! impl_two_pc_worker {
-    ($worker:ty) => {
-        impl $crate::protocols::common::TwoPcWorker for $worker {
-            fn worker(&self) -> &std::rc::Rc<$crate::rt::Worker> {
-                &self.w
-            }
-            fn coord(&self) -> &$crate::protocols::common::CoordTable {
-                &self.coord
-            }
-            fn participant_addr(&self, node: $crate::net::NodeId) -> $crate::net::Addr {
-                self.node.participant(node, self.w.addr)
-            }
-            fn idle_txns(&self, now_ns: u64, idle_ns: u64) -> Vec<$crate::protocols::common::TxnId> {
-                self.parts.idle(now_ns, idle_ns)
-            }
-            fn status_request(txn: $crate::protocols::common::TxnId) -> Vec<u8> {
-                $crate::net::encode(&messages::Request::Status { txn })
-            }
-            fn parse_status(reply: &[u8]) -> Option<$crate::protocols::common::TxnStatus> {
-                match $crate::net::decode(reply) {
-                    Ok(messages::Reply::Status(s)) => Some(s),
-                    _ => None,
-                }
-            }
-            fn resolve(&self, txn: $crate::protocols::common::TxnId, status: $crate::protocols::common::TxnStatus) {
-                self.resolve_here(txn, status)
-            }
-            fn txn_log(&self) -> &$crate::protocols::common::durable::TxnLog {
-                &self.node.log
-            }
-        }
-    };
-}
-
 /// Send a decision (an encoded request) to the participants on `nodes` in the background; the
 /// RPC layer resends it on lossy links. Once all acknowledged, forget `forget` (a commit); until
 /// then a participant that lost the message can ask ([`spawn_sweeper`]).
-pub fn tell_outcome<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+pub fn tell_outcome<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId>, forget: Option<TxnId>) {
     if nodes.is_empty() {
         return;
     }
-    let w = me.worker().clone();
+    let w = me.w.clone();
     w.spawn(async move {
-        let calls: Vec<_> = nodes.iter().map(|&n| me.worker().call(me.participant_addr(n), body.clone())).collect();
+        let calls: Vec<_> = nodes.iter().map(|&n| me.w.call(me.participant_addr(n), body.clone())).collect();
         let acked = crate::rt::join_all(calls).await.iter().all(|r| r.is_ok());
         if let (true, Some(txn)) = (acked, forget) {
-            me.coord().forget(txn);
+            me.coord.forget(txn);
             // Not waited for: a lost `Ended` only makes a restarted coordinator ask again.
             let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
         }
     });
 }
 
-/// Answer a request once `lsn` is durable: at once without a log, else from a task that waits
-/// for the log (a yes vote or a commit acknowledgment is a promise that must survive a crash).
-pub fn reply_when_durable<W: TwoPcWorker>(me: &Rc<W>, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
-    if !me.txn_log().enabled() {
-        return me.worker().reply(to, rpc_id, &body);
-    }
-    let me = me.clone();
-    me.worker().clone().spawn(async move {
-        me.txn_log().durable(lsn).await;
-        me.worker().reply(to, rpc_id, &body);
-    });
-}
-
 /// After a restart: the commits this worker decided before the crash that some participant
 /// may not have heard are committed in the decision table again and resent until acknowledged.
-pub fn resend_unended<W: TwoPcWorker>(me: &Rc<W>, unended: Vec<(TxnId, Vec<NodeId>)>, commit: fn(TxnId) -> Vec<u8>) {
+pub fn resend_unended<C: Cc>(me: &Rc<CcWorker<C>>, unended: Vec<(TxnId, Vec<NodeId>)>) {
     for (txn, nodes) in unended {
-        me.coord().set(txn, TxnStatus::Committed);
-        resend_until_acked(me.clone(), commit(txn), nodes, txn);
+        me.coord.set(txn, TxnStatus::Committed);
+        resend_until_acked(me.clone(), C::commit_request(txn), nodes, txn);
     }
 }
 
 /// Like [`tell_outcome`] for a commit, but a timeout does not give up: a restarted coordinator
 /// must get its decision through (a participant may be down for a while).
-fn resend_until_acked<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeId>, txn: TxnId) {
-    let w = me.worker().clone();
+fn resend_until_acked<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId>, txn: TxnId) {
+    let w = me.w.clone();
     w.spawn(async move {
         let mut left = nodes;
         while !left.is_empty() {
-            let calls: Vec<_> = left.iter().map(|&n| me.worker().call(me.participant_addr(n), body.clone())).collect();
+            let calls: Vec<_> = left.iter().map(|&n| me.w.call(me.participant_addr(n), body.clone())).collect();
             let replies = crate::rt::join_all(calls).await;
             left = left.into_iter().zip(replies).filter(|(_, r)| r.is_err()).map(|(n, _)| n).collect();
         }
-        me.coord().forget(txn);
+        me.coord.forget(txn);
         let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
     });
 }
@@ -350,20 +285,20 @@ fn resend_until_acked<W: TwoPcWorker>(me: Rc<W>, body: Vec<u8>, nodes: Vec<NodeI
 /// Run the orphan sweeper on a worker: every `orphan_after / 2`, ask the coordinator of each
 /// transaction idle for `orphan_after` what became of it, and apply the answer. This is 2PC's
 /// termination protocol; it makes lost prepare, commit and abort messages harmless.
-pub fn spawn_sweeper<W: TwoPcWorker>(me: &Rc<W>, orphan_after_us: u64) {
+pub fn spawn_sweeper<C: Cc>(me: &Rc<CcWorker<C>>, orphan_after_us: u64) {
     let weak = Rc::downgrade(me);
-    let w = me.worker().clone();
+    let w = me.w.clone();
     w.spawn(async move {
         let period = (orphan_after_us / 2).max(1000);
         loop {
-            let Some(w) = weak.upgrade().map(|m| m.worker().clone()) else { return };
+            let Some(w) = weak.upgrade().map(|m| m.w.clone()) else { return };
             w.sleep_us(period).await;
             let Some(me) = weak.upgrade() else { return };
-            for txn in me.idle_txns(w.now_ns(), orphan_after_us * 1000) {
+            for txn in me.parts.idle(w.now_ns(), orphan_after_us * 1000) {
                 let me = me.clone();
                 w.spawn(async move {
-                    if let Ok(body) = me.worker().call(coordinator_of(txn), W::status_request(txn)).await {
-                        if let Some(s) = W::parse_status(&body) {
+                    if let Ok(body) = me.w.call(coordinator_of(txn), C::status_request(txn)).await {
+                        if let Some(s) = C::parse_status(&body) {
                             me.resolve(txn, s);
                         }
                     }

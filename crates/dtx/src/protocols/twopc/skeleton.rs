@@ -1,0 +1,239 @@
+//! The 2PC skeleton a concurrency control plugs into.
+//!
+//! Everything a protocol over two-phase commit does the same way lives here once: the node's
+//! shared state and its recovery, a worker's decision table and participant table, running a
+//! transaction (one-shot prefetch or interactive, reconnaissance for dependent keys, commit or
+//! abandon), the orphan sweeper, resending commits a crash left unacknowledged, and answering
+//! "what became of this transaction?". A concurrency control ([`Cc`]) brings what differs:
+//! its record metadata, its participant state per transaction, its coordinator's execution and
+//! commit ([`CoordTxn`]), how it serves remote requests, and how it installs or rolls back a
+//! prepared transaction. OCC and 2PL are the two today; Sundial, MaaT and TicToc plug in the same
+//! way.
+
+use super::durable::{InDoubt, TxnLog};
+use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
+use crate::net::{Addr, NodeId};
+use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
+use crate::rt::{Handler, LocalBoxFuture, Worker};
+use crate::txn::{recon, Abort, Access, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+
+/// Options of the 2PC termination protocol, shared by every protocol over the skeleton.
+#[derive(Debug, Clone, Copy)]
+pub struct TwoPcConfig {
+    /// A participant asks the coordinator about a transaction it has not heard of this long.
+    pub orphan_after_us: u64,
+}
+
+/// The option every protocol over 2PC has (`orphan_after_us`), for its registry entry.
+pub const ORPHAN_OPTION: crate::protocols::OptionSpec = crate::protocols::OptionSpec {
+    name: "orphan_after_us",
+    kind: crate::protocols::OptionKind::U64 { min: 1_000, max: 60_000_000 },
+    default: "1000000",
+    help: "a participant asks the coordinator about a transaction it has not heard of this long",
+};
+
+/// A transaction attempt as its coordinator runs it: the execution phase ([`Access`]), then
+/// commit, or abandon when execution failed.
+#[allow(async_fn_in_trait)] // Used only through generics on one thread: no `Send` bound wanted.
+pub trait CoordTxn: Access {
+    /// Fetch (and, for a locking protocol, lock) a declared key set, one message per participant.
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()>;
+    /// Two-phase commit of what execution did.
+    async fn commit(&mut self) -> TxnResult<()>;
+    /// Execution failed with `reason`: release whatever is held and tell the participants.
+    fn abandon(&mut self, reason: Abort) -> Abort;
+}
+
+/// A concurrency control over two-phase commit. `Self` is its configuration (2PL's policy and
+/// lock wait), kept by every worker.
+pub trait Cc: Clone + Send + Sync + Sized + 'static {
+    /// What a record carries.
+    type Meta: TxnMeta + Sync;
+    /// A remote transaction's state on a participant.
+    type Part;
+    /// A transaction attempt on its coordinator.
+    type Txn<'a>: CoordTxn
+    where
+        Self: 'a;
+
+    /// Start an attempt of transaction `id`.
+    fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
+    /// A request from a coordinator (or a status question), to be answered with `wk.w.reply`.
+    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, body: &[u8]);
+    /// A one-way message.
+    fn serve_oneway(wk: &CcWorker<Self>, from: Addr, body: &[u8]);
+    /// Install a prepared transaction's writes (the coordinator decided commit).
+    fn commit_here(wk: &CcWorker<Self>, txn: TxnId);
+    /// Roll back whatever this participant holds for `txn`.
+    fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
+    /// Lock again, after a restart, the writes of transactions prepared here before it.
+    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt);
+    /// The protocol's wire forms of "what became of `txn`?", its answer, and "commit `txn`".
+    fn status_request(txn: TxnId) -> Vec<u8>;
+    fn parse_status(reply: &[u8]) -> Option<TxnStatus>;
+    fn commit_request(txn: TxnId) -> Vec<u8>;
+}
+
+/// A protocol made of a concurrency control over the 2PC skeleton.
+pub struct TwoPc<C: Cc> {
+    pub cc: C,
+    pub config: TwoPcConfig,
+}
+
+impl<C: Cc> Protocol for TwoPc<C>
+where
+    CcWorker<C>: recon::SnapshotReader,
+{
+    fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
+        Arc::new(CcNode { shared: Arc::new(NodeShared::load(env)), cc: self.cc.clone(), config: self.config })
+    }
+}
+
+struct CcNode<C: Cc> {
+    shared: Arc<NodeShared<C::Meta>>,
+    cc: C,
+    config: TwoPcConfig,
+}
+
+impl<C: Cc> NodeProtocol for CcNode<C>
+where
+    CcWorker<C>: recon::SnapshotReader,
+{
+    fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+        let (in_doubt, unended) = self.shared.claim_recovered(w.addr);
+        let wk = Rc::new_cyclic(|me| CcWorker {
+            me: me.clone(),
+            w: w.clone(),
+            coord: CoordTable::new(self.shared.boot),
+            node: self.shared.clone(),
+            cc: self.cc.clone(),
+            config: self.config,
+            parts: PartTable::default(),
+            last_outcome_lsn: Cell::new(0),
+            unended: RefCell::new(unended),
+        });
+        C::adopt_in_doubt(&wk, in_doubt);
+        let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
+        w.set_handler(handler);
+        wk
+    }
+}
+
+/// One worker of a protocol over 2PC: a coordinator of its clients' transactions and the
+/// participant of remote coordinators' transactions that map to it.
+pub struct CcWorker<C: Cc> {
+    pub me: Weak<CcWorker<C>>,
+    pub w: Rc<Worker>,
+    pub node: Arc<NodeShared<C::Meta>>,
+    /// The concurrency control's configuration.
+    pub cc: C,
+    pub config: TwoPcConfig,
+    pub coord: CoordTable,
+    pub parts: PartTable<C::Part>,
+    /// The last `Outcome` record this worker logged: a commit is acknowledged after it.
+    pub last_outcome_lsn: Cell<u64>,
+    /// Commits this worker coordinated before a crash that not every participant acknowledged.
+    unended: RefCell<Vec<(TxnId, Vec<NodeId>)>>,
+}
+
+impl<C: Cc> CcWorker<C>
+where
+    CcWorker<C>: recon::SnapshotReader,
+{
+    /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit.
+    async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
+        self.node.log.booted().await;
+        self.w.charge(self.w.cost.txn_ns);
+        let wl = self.node.workload.clone();
+        let mut txn = C::begin(self, self.coord.new_txn(self.w.addr), attempt);
+        let result = if self.node.opts.one_shot {
+            let mut keys = KeySet::default();
+            let declared = wl.declare(req, &mut keys);
+            let discovered = if declared { Ok(()) } else { recon::discover(&*wl, req, self).await.map(|k| keys = k) };
+            match discovered {
+                Ok(()) => match txn.prefetch(&keys).await {
+                    Ok(()) => wl.run(req, &mut Ctx::with_declared(&mut txn, &keys)).await,
+                    Err(a) => Err(a),
+                },
+                Err(a) => Err(a),
+            }
+        } else {
+            wl.run(req, &mut Ctx::new(&mut txn)).await
+        };
+        match result {
+            Ok(out) => {
+                txn.commit().await?;
+                Ok(out)
+            }
+            Err(a) => Err(txn.abandon(a)),
+        }
+    }
+}
+
+impl<C: Cc> CcWorker<C> {
+    /// The worker of `node` that serves this worker's transactions.
+    pub fn participant_addr(&self, node: NodeId) -> Addr {
+        self.node.participant(node, self.w.addr)
+    }
+
+    /// The node's log (a no-op when the run is not durable).
+    pub fn txn_log(&self) -> &TxnLog {
+        &self.node.log
+    }
+
+    /// Send `body` once `lsn` is durable (at once without a log).
+    pub fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
+        if !self.node.log.enabled() {
+            return self.w.reply(to, rpc_id, &body);
+        }
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            me.node.log.durable(lsn).await;
+            me.w.reply(to, rpc_id, &body);
+        });
+    }
+
+    /// Apply the coordinator's answer about a transaction this worker holds state for.
+    pub fn resolve(&self, txn: TxnId, status: TxnStatus) {
+        match status {
+            TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
+            TxnStatus::Aborted => C::abort_here(self, txn),
+            TxnStatus::Committed => C::commit_here(self, txn),
+        }
+    }
+
+    /// Send a decision to the participants on `nodes` in the background (see [`super::tell_outcome`]).
+    pub fn tell_outcome(&self, body: Vec<u8>, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+        if let Some(me) = self.me.upgrade() {
+            super::tell_outcome(me, body, nodes, forget);
+        }
+    }
+}
+
+impl<C: Cc> WorkerProtocol for CcWorker<C>
+where
+    CcWorker<C>: recon::SnapshotReader,
+{
+    fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
+        Box::pin(self.run(req, attempt))
+    }
+
+    fn start(&self) {
+        if let Some(me) = self.me.upgrade() {
+            spawn_sweeper(&me, self.config.orphan_after_us);
+            resend_unended(&me, self.unended.take());
+        }
+    }
+}
+
+impl<C: Cc> Handler for CcWorker<C> {
+    fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
+        C::serve(self, from, rpc_id, body)
+    }
+    fn on_oneway(&self, from: Addr, body: &[u8]) {
+        C::serve_oneway(self, from, body)
+    }
+}
