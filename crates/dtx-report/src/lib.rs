@@ -58,6 +58,10 @@ pub struct RunReport {
     /// free-form extra counters (workload-specific, e.g. new_order_tps)
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, f64>,
+    /// the protocol's own counters over the measured period (lease renewals, repairs, orphan
+    /// queries...), totals over every worker; the table shows them per committed transaction
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// The whole file written by `--json`.
@@ -129,6 +133,7 @@ pub(crate) mod test_support {
                 .map(|s| tps * (0.9 + 0.02 * s as f64).min(1.02 - 0.01 * (s % 3) as f64))
                 .collect(),
             extra: BTreeMap::new(),
+            counters: BTreeMap::new(),
         }
     }
 

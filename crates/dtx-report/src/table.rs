@@ -116,6 +116,21 @@ pub fn render_table(runs: &[RunReport]) -> String {
     for i in 0..runs.len() {
         out += &row(&mut columns.iter().map(|c| (c.cells[i].as_str(), c.align)));
     }
+    out += &counter_lines(runs, widths[0]);
+    out
+}
+
+/// The protocols' own counters, per committed transaction, one line per run that has any.
+fn counter_lines(runs: &[RunReport], name_width: usize) -> String {
+    if runs.iter().all(|r| r.counters.is_empty()) {
+        return String::new();
+    }
+    let mut out = String::from("protocol counters, per committed transaction:\n");
+    for r in runs.iter().filter(|r| !r.counters.is_empty()) {
+        let per = |n: u64| if r.committed > 0 { n as f64 / r.committed as f64 } else { 0.0 };
+        let cells: Vec<String> = r.counters.iter().map(|(k, n)| format!("{k} {:.3}", per(*n))).collect();
+        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
+    }
     out
 }
 

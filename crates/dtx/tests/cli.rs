@@ -36,6 +36,13 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--workload", "tpcc", "--neworder-remote", "1.5"], "--neworder-remote 1.5"),
         (&["bench", "--workload", "tpcc", "--payment-remote", "-0.1"], "--payment-remote -0.1"),
         (&["bench", "--workload", "ycsb", "--verify"], "no checker for ycsb"),
+        (
+            &["bench", "--protocol", "occ:lock_wait_us=5"],
+            "protocol `occ` has no option `lock_wait_us` (its options: orphan_after_us)",
+        ),
+        (&["bench", "--protocol", "2pl-waitdie:lock_wait_us=soon"], "not a whole number"),
+        (&["bench", "--protocol", "2pl-waitdie:lock_wait_us"], "not KEY=VALUE"),
+        (&["protocols", "--options", "nope"], "unknown protocol `nope`"),
     ];
     for (args, want) in cases {
         let (code, _out, err) = dtx(args);
@@ -148,4 +155,45 @@ fn a_short_sim_bench_writes_json_and_a_plot() {
     }
     let svg = std::fs::read_to_string(dir.path().join("bench.svg")).unwrap();
     assert!(svg.starts_with("<svg") || svg.contains("<svg"));
+}
+
+#[test]
+fn a_protocols_options_are_listed_with_type_default_and_help() {
+    let (code, out, err) = dtx(&["protocols", "--options", "2pl-waitdie"]);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().find(|l| l.trim_start().starts_with("lock_wait_us")).expect("lock_wait_us listed");
+    assert!(line.contains("default 500000") && line.contains("1..=60000000") && line.contains("lock"), "{line}");
+    assert!(out.contains("orphan_after_us"), "{out}");
+}
+
+#[test]
+fn a_variant_runs_beside_its_base_under_its_full_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = dtx(&[
+        "bench",
+        "--runtime",
+        "sim",
+        "--protocol",
+        "2pl-waitdie,2pl-waitdie:lock_wait_us=50",
+        "--theta",
+        "0.99",
+        "--keys",
+        "1000",
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let names: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["protocol"].as_str().unwrap()).collect();
+    assert_eq!(names, ["2pl-waitdie", "2pl-waitdie:lock_wait_us=50"]);
+    assert!(out.lines().any(|l| l.starts_with("2pl-waitdie:lock_wait_us=50 ")), "the table names the variant: {out}");
+    // The variant's short wait shows as lock timeouts, which the base (0.5 s) does not have.
+    let timeouts = |i: usize| v["runs"][i]["aborts_by_reason"]["lock-timeout"].as_u64().unwrap_or(0);
+    assert!(timeouts(1) > 0 && timeouts(0) == 0, "{}", v["runs"]);
+    assert!(v["runs"][0]["counters"]["lock-waits"].as_u64().unwrap_or(0) > 0, "2PL counts its lock waits");
 }

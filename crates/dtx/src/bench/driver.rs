@@ -97,11 +97,15 @@ pub fn start(
         w.spawn(async move {
             let now = w2.now_ns();
             w2.sleep_us(win.start_ns.saturating_sub(now) / 1000).await;
-            let s0 = *w2.stats.borrow();
+            let (s0, c0) = (*w2.stats.borrow(), w2.counters());
             let now = w2.now_ns();
             w2.sleep_us(win.end_ns.saturating_sub(now) / 1000).await;
             let s1 = *w2.stats.borrow();
             let mut m = m2.borrow_mut();
+            for (name, n1) in w2.counters() {
+                let n0 = c0.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
+                m.counters.insert(name, n1 - n0);
+            }
             m.msgs = s1.msgs_sent - s0.msgs_sent;
             m.bytes = s1.bytes_sent - s0.bytes_sent;
             m.log_waits = s1.log_waits - s0.log_waits;

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub history: Vec<HistLine>,
     /// Commits in the window per kind of transaction (procedure).
     pub by_kind: BTreeMap<&'static str, u64>,
+    /// The protocol's own counters over the window (`rt::Worker::count`).
+    pub counters: BTreeMap<&'static str, u64>,
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -57,6 +59,7 @@ impl Metrics {
             log_wait_ns: 0,
             history: Vec::new(),
             by_kind: BTreeMap::new(),
+            counters: BTreeMap::new(),
         }
     }
 
@@ -113,6 +116,9 @@ pub struct Totals {
     pub failovers: u64,
     #[serde(default)]
     pub failover_ms: Vec<f64>,
+    /// The protocol's own counters, summed over workers.
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
 }
 
 impl Totals {
@@ -138,6 +144,9 @@ impl Totals {
         for (k, c) in &m.by_kind {
             *self.by_kind.entry(k.to_string()).or_default() += c;
         }
+        for (k, c) in &m.counters {
+            *self.counters.entry(k.to_string()).or_default() += c;
+        }
     }
 
     pub fn add(&mut self, o: &Totals) {
@@ -160,6 +169,9 @@ impl Totals {
         self.log_wait_ns += o.log_wait_ns;
         for (k, c) in &o.by_kind {
             *self.by_kind.entry(k.clone()).or_default() += c;
+        }
+        for (k, c) in &o.counters {
+            *self.counters.entry(k.clone()).or_default() += c;
         }
         self.findings.extend_from_slice(&o.findings);
     }

@@ -837,5 +837,6 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
         throughput_per_s: t.per_sec.iter().map(|c| *c as f64).collect(),
         extra,
+        counters: t.counters.clone(),
     }
 }

@@ -188,12 +188,19 @@ pub struct Worker {
     service: RefCell<Option<ServiceHandler>>,
     pub rng: RefCell<Rng>,
     pub stats: RefCell<NetStats>,
+    /// Counters a protocol reports (`count`): the driver takes their change over the measured
+    /// window into the run's report, so a protocol's own numbers (lease renewals, repairs,
+    /// deadlocks found) need no plumbing of their own.
+    counters: RefCell<Vec<(&'static str, u64)>>,
     charged_ns: Cell<u64>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
     /// Run when the simulator crashes this worker's node (its memory is about to be lost).
     crash_hooks: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
+
+/// The most counters a worker keeps (a protocol has a handful; more is a bug in it).
+pub const MAX_COUNTERS: usize = 64;
 
 impl Worker {
     pub fn new(addr: Addr, workers_per_node: u16, clock: Clock, exec: Executor, cfg: &WorkerConfig) -> Self {
@@ -216,6 +223,7 @@ impl Worker {
             service: RefCell::new(None),
             rng: RefCell::new(crate::util::rng_from_seed(seed)),
             stats: RefCell::new(NetStats::default()),
+            counters: RefCell::new(Vec::new()),
             charged_ns: Cell::new(0),
             cost: cfg.cost,
             rpc: cfg.rpc,
@@ -280,6 +288,24 @@ impl Worker {
     #[inline]
     pub fn charge_ops(&self, n: usize) {
         self.charge(self.cost.op_ns * n as u64);
+    }
+
+    /// Add `n` to the protocol counter `name` (kebab-case, reported per committed transaction).
+    /// A protocol has a handful of counters, so a short list searched linearly is cheapest.
+    pub fn count(&self, name: &'static str, n: u64) {
+        let mut cs = self.counters.borrow_mut();
+        match cs.iter_mut().find(|c| c.0 == name) {
+            Some(c) => c.1 += n,
+            None => {
+                debug_assert!(cs.len() < MAX_COUNTERS, "a protocol reports at most {MAX_COUNTERS} counters");
+                cs.push((name, n))
+            }
+        }
+    }
+
+    /// Every protocol counter's value so far.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.counters.borrow().clone()
     }
 
     /// A commit waited `ns` for its log record to become durable.

@@ -42,6 +42,60 @@ pub enum Abort {
     ParticipantLost,
     /// The log refused the transaction's record (larger than its record limit).
     LogRefused,
+    /// A reason a protocol defines for itself (its registry entry lists it with its meaning);
+    /// retried like the shared ones.
+    Protocol(Reason),
+}
+
+/// An abort reason a protocol defines: its name as reports show it (kebab-case). Names cross
+/// the network as strings and are interned on arrival, so a protocol adds a reason without
+/// touching this enum.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reason(&'static str);
+
+/// The most distinct protocol-defined reasons a process interns from the network; beyond it
+/// (a peer sending garbage names), names read as [`Reason::UNKNOWN`].
+const MAX_REASONS: usize = 256;
+
+impl Reason {
+    pub const UNKNOWN: Reason = Reason("unknown-protocol-reason");
+
+    pub const fn new(name: &'static str) -> Self {
+        Reason(name)
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.0
+    }
+
+    /// The reason named `name`, as a `'static` name: known names are found, new ones leaked
+    /// once (bounded by [`MAX_REASONS`]).
+    fn intern(name: &str) -> Reason {
+        static NAMES: parking_lot::Mutex<Vec<&'static str>> = parking_lot::Mutex::new(Vec::new());
+        let mut names = NAMES.lock();
+        if let Some(n) = names.iter().find(|n| **n == name) {
+            return Reason(n);
+        }
+        if names.len() >= MAX_REASONS {
+            return Reason::UNKNOWN;
+        }
+        let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+        names.push(leaked);
+        Reason(leaked)
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Reason::intern(&name))
+    }
 }
 
 impl Abort {
@@ -57,6 +111,7 @@ impl Abort {
             Abort::User => "user",
             Abort::ParticipantLost => "participant-lost",
             Abort::LogRefused => "log-refused",
+            Abort::Protocol(r) => r.name(),
         }
     }
 
@@ -368,3 +423,21 @@ pub struct TxnOutput {
 
 /// The shape every workload's procedure entry point has.
 pub type ProcFuture<'a> = LocalBoxFuture<'a, TxnResult<TxnOutput>>;
+
+#[cfg(test)]
+mod reason_tests {
+    use super::{Abort, Reason};
+
+    #[test]
+    fn a_protocol_reason_crosses_the_wire_by_name() {
+        let sent = Abort::Protocol(Reason::new("lease-expired"));
+        let got: Abort = crate::net::decode(&crate::net::encode(&sent)).unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(got.name(), "lease-expired");
+        assert!(got.retryable());
+        // Interned: the same name decodes to the same `'static` string every time.
+        let again: Abort = crate::net::decode(&crate::net::encode(&sent)).unwrap();
+        let (Abort::Protocol(a), Abort::Protocol(b)) = (got, again) else { unreachable!() };
+        assert!(std::ptr::eq(a.name(), b.name()));
+    }
+}

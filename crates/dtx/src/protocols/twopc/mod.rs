@@ -295,6 +295,7 @@ pub fn spawn_sweeper<C: Cc>(me: &Rc<CcWorker<C>>, orphan_after_us: u64) {
             w.sleep_us(period).await;
             let Some(me) = weak.upgrade() else { return };
             for txn in me.parts.idle(w.now_ns(), orphan_after_us * 1000) {
+                w.count("orphan-queries", 1);
                 let me = me.clone();
                 w.spawn(async move {
                     if let Ok(body) = me.w.call(coordinator_of(txn), C::status_request(txn)).await {

@@ -62,6 +62,7 @@ pub async fn wait_lock(
     slot: Arc<WaitSlot>,
     wait_us: u64,
 ) -> TxnResult<Option<Value>> {
+    w.count("lock-waits", 1);
     let mut sleep = w.sleep_us(wait_us);
     let mut granted = Granted { slot: &slot };
     let got = std::future::poll_fn(|cx| {
