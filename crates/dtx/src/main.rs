@@ -111,6 +111,11 @@ pub struct BenchArgs {
     /// Region of each node, comma-separated (with --latency-matrix); default round-robin.
     #[arg(long)]
     regions: Option<String>,
+    /// Each node's roles, comma-separated by node, `+` within a node (roles: data, client,
+    /// sequencer, scheduler, orderer, replicator, timestamp-server, storage). Default: every
+    /// node `data+client`. Partitions go to data nodes; clients run on client nodes.
+    #[arg(long)]
+    roles: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, `crash` kills
@@ -394,6 +399,10 @@ impl BenchArgs {
                 replicas: self.replicas,
                 checkpoint_every: self.checkpoint_every,
                 ..DurabilityConfig::default()
+            },
+            node_roles: match &self.roles {
+                Some(r) => dtx::cluster::roles::parse_node_roles(r, self.nodes)?,
+                None => Vec::new(),
             },
         };
         spec.validate()?;

@@ -48,6 +48,10 @@ pub struct BenchSpec {
     pub max_retries: u32,
     #[serde(default)]
     pub durability: DurabilityConfig,
+    /// Each node's roles (`--roles`, or the cluster file); empty: every node holds data and
+    /// runs clients.
+    #[serde(default)]
+    pub node_roles: Vec<crate::cluster::Roles>,
 }
 
 impl BenchSpec {
@@ -74,6 +78,7 @@ impl BenchSpec {
             run_checks: false,
             max_retries: 1000,
             durability: DurabilityConfig::default(),
+            node_roles: Vec::new(),
         }
     }
 
@@ -89,12 +94,20 @@ impl BenchSpec {
         self
     }
 
+    /// The run's topology; `validate` has checked the roles it gives.
     pub fn topology(&self) -> Topology {
+        self.try_topology().unwrap_or_else(|e| panic!("an unvalidated spec: {e:#}"))
+    }
+
+    fn try_topology(&self) -> anyhow::Result<Topology> {
         let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
         if !self.latency.node_region.is_empty() {
             t.node_region = self.latency.node_region.clone();
         }
-        t
+        if !self.node_roles.is_empty() {
+            t = t.with_roles(self.node_roles.clone())?;
+        }
+        Ok(t)
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -113,8 +126,10 @@ impl BenchSpec {
         if !(0.0..=1.0).contains(&self.faults.loss) {
             bail!("loss probability {} must be within 0..1", self.faults.loss);
         }
-        protocols::resolve(&self.protocol)?;
-        workloads::build(&self.workload, &self.topology())?;
+        let topo = self.try_topology()?;
+        let variant = protocols::Variant::parse(&self.protocol)?;
+        variant.make().check_topology(&topo)?;
+        workloads::build(&self.workload, &topo)?;
         self.durability.validate(self.nodes, self.faults.crashes)?;
         if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
             bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
@@ -243,10 +258,16 @@ pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyh
     }
 }
 
-/// The partitions a worker's clients are homed at: the node's, rotated by worker index.
+/// The partitions a worker's clients are homed at: the node's, rotated by worker index; on a
+/// node that holds no data, every partition, rotated by the worker's place in the cluster.
 pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
     let mut h = topo.partitions_of(a.node);
-    let r = a.worker as usize % h.len().max(1);
+    let mut r = a.worker as usize;
+    if h.is_empty() {
+        h = (0..topo.partitions()).collect();
+        r += a.node as usize * topo.workers_per_node as usize;
+    }
+    let r = r % h.len().max(1);
     h.rotate_left(r);
     h
 }
@@ -272,7 +293,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
     }
 }
 
-/// Start a worker's clients.
+/// Start a worker's clients, if its protocol gives it the client role.
 pub fn start_clients(
     spec: &BenchSpec,
     node: &NodeSetup,
@@ -281,6 +302,11 @@ pub fn start_clients(
     window: Window,
     shared: &Arc<RunShared>,
 ) {
+    if !node.proto.worker_roles(&node.topo, w.addr).contains(crate::cluster::Role::Client) {
+        // Counted as a finished client set, so the run does not wait for it.
+        shared.running.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
     let homes = homes(&node.topo, w.addr);
     driver::start(w, proto.clone(), node.workload.clone(), homes, spec.driver_config(window), shared.clone());
 }

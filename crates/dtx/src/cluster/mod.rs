@@ -4,8 +4,11 @@
 //! Keys map to partitions through the workload (it knows how its keys encode a warehouse or a
 //! key range); partitions map to nodes here.
 
+pub mod roles;
+
 use crate::net::NodeId;
 use anyhow::{bail, Context};
+pub use roles::{Role, Roles};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -20,6 +23,9 @@ pub struct NodeSpec {
     pub addr: SocketAddr,
     #[serde(default)]
     pub region: u16,
+    /// What the node does (`["data", "client"]` unless given): see [`roles::Role`].
+    #[serde(default)]
+    pub roles: Roles,
 }
 
 /// The cluster file `dtx server --config` reads.
@@ -101,7 +107,14 @@ impl ClusterConfig {
                 }
             }
         }
+        Topology::new(self.nodes.len() as u16, self.workers, self.partitions_per_node)
+            .with_roles(self.nodes.iter().map(|n| n.roles).collect())?;
         Ok(())
+    }
+
+    /// The nodes' roles, in node order.
+    pub fn node_roles(&self) -> Vec<Roles> {
+        self.nodes.iter().map(|n| n.roles).collect()
     }
 
     /// A loopback cluster of `nodes` nodes starting at `base_port`.
@@ -112,7 +125,11 @@ impl ClusterConfig {
             partitions_per_node: 1,
             regions: vec![],
             nodes: (0..nodes)
-                .map(|i| NodeSpec { addr: SocketAddr::from(([127, 0, 0, 1], base_port + i * stride)), region: 0 })
+                .map(|i| NodeSpec {
+                    addr: SocketAddr::from(([127, 0, 0, 1], base_port + i * stride)),
+                    region: 0,
+                    roles: Roles::DEFAULT,
+                })
                 .collect(),
         }
     }
@@ -133,23 +150,59 @@ impl ClusterConfig {
 pub struct Topology {
     pub nodes: u16,
     pub workers_per_node: u16,
+    /// Partitions each data node owns.
     pub partitions_per_node: u32,
     pub node_region: Vec<u16>,
+    /// What each node does (see [`Role`]); set through [`Topology::with_roles`].
+    node_roles: Vec<Roles>,
+    /// The nodes with the `data` role, in order: partitions are dealt to them alone.
+    data_nodes: Vec<NodeId>,
 }
 
 impl Topology {
+    /// `nodes` nodes that each hold data and run clients.
     pub fn new(nodes: u16, workers_per_node: u16, partitions_per_node: u32) -> Self {
-        Topology { nodes, workers_per_node, partitions_per_node, node_region: vec![0; nodes as usize] }
+        Topology {
+            nodes,
+            workers_per_node,
+            partitions_per_node,
+            node_region: vec![0; nodes as usize],
+            node_roles: vec![Roles::DEFAULT; nodes as usize],
+            data_nodes: (0..nodes).collect(),
+        }
+    }
+
+    /// Give every node its roles (one set per node): at least one node must hold data and one
+    /// must run clients.
+    pub fn with_roles(mut self, roles: Vec<Roles>) -> anyhow::Result<Self> {
+        if roles.len() != self.nodes as usize {
+            bail!("roles are given for {} nodes, but the cluster has {}", roles.len(), self.nodes);
+        }
+        let data: Vec<NodeId> = (0..self.nodes).filter(|n| roles[*n as usize].contains(Role::Data)).collect();
+        if data.is_empty() {
+            bail!("no node has the `data` role: the data must live somewhere");
+        }
+        if !roles.iter().any(|r| r.contains(Role::Client)) {
+            bail!("no node has the `client` role: nothing would run transactions");
+        }
+        self.node_roles = roles;
+        self.data_nodes = data;
+        Ok(self)
+    }
+
+    pub fn roles_of(&self, node: NodeId) -> Roles {
+        self.node_roles.get(node as usize).copied().unwrap_or(Roles::DEFAULT)
     }
 
     pub fn partitions(&self) -> u32 {
-        self.nodes as u32 * self.partitions_per_node
+        self.data_nodes.len() as u32 * self.partitions_per_node
     }
 
-    /// Partitions are dealt round-robin: partition p lives on node p % nodes.
+    /// Partitions are dealt round-robin over the data nodes: with every node holding data,
+    /// partition p lives on node p % nodes.
     #[inline]
     pub fn node_of(&self, p: PartitionId) -> NodeId {
-        (p % self.nodes as u32) as NodeId
+        self.data_nodes[(p % self.data_nodes.len() as u32) as usize]
     }
 
     pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
@@ -185,6 +238,29 @@ mod tests {
             let err = format!("{:#}", ClusterConfig::parse(text, "c.toml").unwrap_err());
             assert!(err.contains(want), "{text:?}: error `{err}` lacks `{want}`");
         }
+    }
+
+    #[test]
+    fn partitions_go_to_data_nodes_only() {
+        let roles = vec![Roles::of(&[Role::Client, Role::TimestampServer]), Roles::DEFAULT, Roles::of(&[Role::Data])];
+        let t = Topology::new(3, 1, 2).with_roles(roles).unwrap();
+        assert_eq!(t.partitions(), 4);
+        assert_eq!(t.partitions_of(0), Vec::<u32>::new());
+        assert_eq!(t.partitions_of(1), vec![0, 2]);
+        assert_eq!(t.partitions_of(2), vec![1, 3]);
+        let no_data = vec![Roles::of(&[Role::Client]); 2];
+        assert!(Topology::new(2, 1, 1).with_roles(no_data).unwrap_err().to_string().contains("`data` role"));
+    }
+
+    #[test]
+    fn a_cluster_file_gives_roles() {
+        let text = "[[node]]\naddr = \"127.0.0.1:7000\"\nroles = [\"client\", \"sequencer\"]\n\
+                    [[node]]\naddr = \"127.0.0.1:7010\"\n";
+        let c = ClusterConfig::parse(text, "c.toml").unwrap();
+        assert_eq!(c.node_roles(), vec![Roles::of(&[Role::Client, Role::Sequencer]), Roles::DEFAULT]);
+        let bad = "[[node]]\naddr = \"127.0.0.1:7000\"\nroles = [\"sequenser\"]\n";
+        let e = format!("{:#}", ClusterConfig::parse(bad, "c.toml").unwrap_err());
+        assert!(e.contains("unknown role `sequenser`"), "{e}");
     }
 
     #[test]

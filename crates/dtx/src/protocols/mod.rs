@@ -69,12 +69,23 @@ pub struct Attempt {
 /// A protocol: builds the per-node state (storage with its record metadata, loaded).
 pub trait Protocol: Send + Sync + 'static {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol>;
+    /// Refuse a topology the protocol cannot run on (a missing timestamp server, a sequencer
+    /// node without data), with a one-line reason. Every topology with a data node and a
+    /// client node will do for a protocol that does not say otherwise.
+    fn check_topology(&self, _topo: &Topology) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// A node's protocol state, shared by its workers.
 pub trait NodeProtocol: Send + Sync {
     /// The protocol instance for one worker thread of this node.
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol>;
+    /// What worker `w` does: the runtimes start the driver's clients only on workers with the
+    /// `client` role. By default a worker does what its node does.
+    fn worker_roles(&self, topo: &Topology, w: crate::net::Addr) -> crate::cluster::Roles {
+        topo.roles_of(w.node)
+    }
 }
 
 /// A worker's protocol instance: it coordinates transactions and serves remote requests.
