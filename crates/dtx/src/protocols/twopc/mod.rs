@@ -10,7 +10,7 @@ pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
-use crate::storage::{RowKey, Storage, TableDef};
+use crate::storage::{RowKey, Storage};
 use crate::workloads::Workload;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -69,12 +69,7 @@ pub struct NodeShared<M> {
 impl<M: TxnMeta> NodeShared<M> {
     /// Build the node's storage, load the partitions it owns, and replay its log, if any.
     pub fn load(env: super::NodeEnv) -> Self {
-        let partitions = env.topo.partitions_of(env.node);
-        let defs: Vec<TableDef> = env.workload.tables(&partitions);
-        let store: Storage<M> = Storage::new(&defs);
-        for p in partitions {
-            env.workload.load_partition(p, &mut |k, v| store.load(k, v));
-        }
+        let store: Storage<M> = super::load_storage(&env);
         // `bench::open_node_log` refused a checkpoint that does not decode, with a message.
         let from = env.checkpoint.as_deref().and_then(|b| durable::ReplayState::decode(b).ok()).unwrap_or_default();
         let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes| {
@@ -149,6 +144,10 @@ pub enum TxnStatus {
     Aborted,
 }
 
+/// More entries than a decision or participant table can hold for the transactions in flight
+/// (`--inflight` is at most 100,000 per worker): more means a leak.
+pub const MAX_TABLE_ENTRIES: usize = 1 << 22;
+
 /// Per-worker coordinator bookkeeping: id allocation and the decision table.
 pub struct CoordTable {
     boot: u32,
@@ -174,12 +173,28 @@ impl CoordTable {
         txn_id(addr, self.boot, s)
     }
 
-    /// Mark a transaction that is about to leave state at other nodes.
+    /// Mark a transaction that is about to leave state at other nodes (`Active`), and its
+    /// decision. The decision table's transitions: absent -> Active -> Committed -> forgotten,
+    /// or Active -> Aborted (forgotten at once: presumed abort). A decision never changes.
+    ///
+    /// Bounded by the transactions in flight: an entry is a transaction one of this worker's
+    /// clients has in flight, or a commit being resent until acknowledged, which a client
+    /// waited for; [`MAX_TABLE_ENTRIES`] is an assertion of that, not a policy.
     pub fn set(&self, txn: TxnId, s: TxnStatus) {
+        let mut status = self.status.borrow_mut();
+        let before = status.get(&txn).copied();
+        match s {
+            TxnStatus::Active => assert!(before.is_none(), "txn {txn:x} became active twice ({before:?})"),
+            TxnStatus::Committed => {
+                assert!(before == Some(TxnStatus::Active) || before.is_none(), "txn {txn:x}: {before:?} -> committed")
+            }
+            TxnStatus::Aborted => assert!(before != Some(TxnStatus::Committed), "txn {txn:x}: committed -> aborted"),
+        }
         if s == TxnStatus::Aborted {
-            self.status.borrow_mut().remove(&txn);
+            status.remove(&txn);
         } else {
-            self.status.borrow_mut().insert(txn, s);
+            status.insert(txn, s);
+            debug_assert!(status.len() <= MAX_TABLE_ENTRIES, "the decision table outgrew the transactions in flight");
         }
     }
 
@@ -214,7 +229,10 @@ impl<S> Default for PartTable<S> {
 
 impl<S> PartTable<S> {
     /// Transactions not heard of for `idle_ns` (their coordinator may have failed to reach us).
+    /// The table holds one entry per remote transaction in flight here (bounded by the
+    /// coordinators' transactions in flight; checked here, on the sweeper's every round).
     pub fn idle(&self, now_ns: u64, idle_ns: u64) -> Vec<TxnId> {
+        debug_assert!(self.txns.borrow().len() <= MAX_TABLE_ENTRIES, "the participant table leaks");
         self.txns
             .borrow()
             .iter()
