@@ -50,7 +50,7 @@ pub struct DurabilityConfig {
     pub group_commit_bytes: usize,
     /// fdatasync each group (false only to measure what fsync costs).
     pub fsync: bool,
-    /// What one flush costs in the simulator (MACHINE.md: fdatasync after a 4 KiB append,
+    /// What one flush costs in the simulator (docs/machine.md: fdatasync after a 4 KiB append,
     /// p50 198 µs on this machine).
     pub sim_fsync_us: u64,
     /// Where the nodes of this process keep their logs (local and tcp runtimes); `None` = a

@@ -99,7 +99,7 @@ pub enum Clock {
 /// into time). Calibrated on this project's 2-core machine (docs/architecture.md): `dtx bench
 /// --runtime local --nodes 1 --protocol occ,2pl-nowait` with `--ops 1` and `--ops 10` gives
 /// ~1 µs per transaction plus 0.33-0.45 µs per record access; a batch costs a system call at
-/// each end (~5.5 µs per `write()`, MACHINE.md) and each message its encoding and dispatch.
+/// each end (~5.5 µs per `write()`, docs/machine.md) and each message its encoding and dispatch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct CpuCost {
     /// Per record-level step: a read, a lock, a validation and an install each count one, so a
