@@ -82,7 +82,8 @@ pub fn install_rec(rec: &Rec, txn: TxnId, value: Option<Value>) {
     let mut row = rec.lock();
     assert_eq!(row.meta.locked_by, txn, "installing a record without holding its lock");
     let old = std::mem::replace(&mut row.value, value);
-    row.meta.tid += 1;
+    // Versions only grow: a validation that saw `tid` must fail after this install.
+    row.meta.tid = row.meta.tid.checked_add(1).expect("a record's version wrapped");
     row.meta.locked_by = 0;
     // Outside the record's lock: freeing (or keeping) the old value is no part of installing.
     drop(row);

@@ -81,6 +81,19 @@ impl LockMeta {
         self.waiters.iter().flat_map(|w| w.iter())
     }
 
+    /// The lock's rule: an exclusive holder holds alone, the inline slot is filled before the
+    /// overflow list, and no transaction holds twice.
+    fn well_formed(&self) -> bool {
+        let more = self.more_shared.as_ref().map_or(0, |m| m.len());
+        let alone = !self.first_exclusive || more == 0;
+        let inline_first = self.first.1 != NONE || more == 0;
+        let mut ids: Vec<TxnId> = self.holders().map(|(p, _)| p.1).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        alone && inline_first && ids.len() == n
+    }
+
     pub fn holds(&self, txn: TxnId, mode: Mode) -> bool {
         self.holders().any(|(p, m)| p.1 == txn && (mode == Mode::Shared || m == Mode::Exclusive))
     }
@@ -150,6 +163,7 @@ impl LockMeta {
         }
         if !blocked {
             self.grant(prio, mode);
+            debug_assert!(self.well_formed(), "a grant broke the lock's rule");
             return Acquire::Granted;
         }
         match policy {
@@ -192,6 +206,8 @@ impl LockMeta {
             }
         }
         self.waiters = Some(waiters);
+        debug_assert!(self.well_formed(), "a release broke the lock's rule");
+        debug_assert!(!self.holds(txn, Mode::Shared), "a released transaction still holds");
     }
 
     /// Give up waiting: true if the lock was granted meanwhile (the caller then holds it).
