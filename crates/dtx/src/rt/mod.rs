@@ -33,6 +33,10 @@ pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// Something that wakes the thread an executor runs on (a no-op in the simulator).
 pub type Unpark = Arc<dyn Fn() + Send + Sync>;
 
+/// More ready tasks than a worker's closed loop can produce (`--inflight` at most 100,000, a few
+/// tasks each): more means a task leak.
+pub const MAX_READY_TASKS: usize = 1 << 22;
+
 /// A single-threaded executor. Tasks are `!Send` and always run on the thread that spawned them;
 /// wakers may be called from other threads (a lock released by another worker of the same node),
 /// which is why the ready queue is behind a mutex and waking calls `unpark`.
@@ -53,6 +57,9 @@ impl Executor {
             let was_empty = {
                 let mut q = ready.lock();
                 q.push_back(r);
+                // A task is queued at most once until it runs, and tasks are bounded by the
+                // transactions in flight and the messages they wait for (a closed loop).
+                debug_assert!(q.len() <= MAX_READY_TASKS, "the ready queue outgrew the tasks a worker can have");
                 q.len() == 1
             };
             // Only the push that makes the queue non-empty must wake the thread: the worker
