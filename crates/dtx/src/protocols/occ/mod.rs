@@ -12,7 +12,7 @@ pub mod participant;
 
 use crate::net::{decode, encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{Cc, CcWorker, TxnId, TxnStatus};
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use coordinator::OccTxn;
 use meta::OccMeta;
@@ -29,7 +29,10 @@ impl Cc for Occ {
     type Meta = OccMeta;
     /// A remote transaction's locked writes, installed at commit.
     type Part = Writes;
+    type NodeState = ();
     type Txn<'a> = OccTxn<'a>;
+
+    fn node_state(&self, _node: &NodeShared<OccMeta>) {}
 
     fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
         OccTxn::new(wk, id)

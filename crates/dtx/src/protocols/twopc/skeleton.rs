@@ -58,6 +58,12 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
     type Txn<'a>: CoordTxn
     where
         Self: 'a;
+    /// What one node keeps beside its storage, shared by its workers (Sundial's cache of remote
+    /// records and table leases, MaaT's timetable of ranges); `()` for OCC and 2PL.
+    type NodeState: Send + Sync + 'static;
+
+    /// The node state of a node being built (after its storage is loaded and recovered).
+    fn node_state(&self, node: &NodeShared<Self::Meta>) -> Self::NodeState;
 
     /// Start an attempt of transaction `id`.
     fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
@@ -88,12 +94,15 @@ where
     CcWorker<C>: recon::SnapshotReader,
 {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        Arc::new(CcNode { shared: Arc::new(NodeShared::load(env)), cc: self.cc.clone(), config: self.config })
+        let shared = NodeShared::load(env);
+        let state = Arc::new(self.cc.node_state(&shared));
+        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config })
     }
 }
 
 struct CcNode<C: Cc> {
     shared: Arc<NodeShared<C::Meta>>,
+    state: Arc<C::NodeState>,
     cc: C,
     config: TwoPcConfig,
 }
@@ -109,6 +118,7 @@ where
             w: w.clone(),
             coord: CoordTable::new(self.shared.boot),
             node: self.shared.clone(),
+            state: self.state.clone(),
             cc: self.cc.clone(),
             config: self.config,
             parts: PartTable::default(),
@@ -128,6 +138,8 @@ pub struct CcWorker<C: Cc> {
     pub me: Weak<CcWorker<C>>,
     pub w: Rc<Worker>,
     pub node: Arc<NodeShared<C::Meta>>,
+    /// The concurrency control's own node-level state.
+    pub state: Arc<C::NodeState>,
     /// The concurrency control's configuration.
     pub cc: C,
     pub config: TwoPcConfig,

@@ -13,7 +13,7 @@ pub mod participant;
 
 use crate::net::{decode, encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{Cc, CcWorker, TxnId, TxnStatus};
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId, TxnStatus};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use coordinator::TplTxn;
 use meta::LockMeta;
@@ -42,7 +42,10 @@ pub type TwoPlWorker = CcWorker<TwoPl>;
 impl Cc for TwoPl {
     type Meta = LockMeta;
     type Part = PartTxn;
+    type NodeState = ();
     type Txn<'a> = TplTxn<'a>;
+
+    fn node_state(&self, _node: &NodeShared<LockMeta>) {}
 
     fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
         TplTxn::new(wk, id, attempt.first_start_us)

@@ -1,0 +1,31 @@
+//! Calvin's wire types: a client submits a request to the sequencer, the sequencer sends each
+//! batch to every data node's scheduler, participants exchange their local reads, and one of them
+//! tells the client the outcome. Requests travel as bytes (`Procedures::encode_request`): they
+//! are data, decoded and re-run at every participant.
+
+use crate::net::{Addr, NodeId};
+use crate::storage::{RowKey, Value};
+use crate::txn::Abort;
+use serde::{Deserialize, Serialize};
+
+/// One sequenced transaction: who waits for it and what it is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entry {
+    pub client: Addr,
+    /// The client's number for it (a worker numbers its submissions).
+    pub id: u64,
+    /// The request, encoded by the workload.
+    pub req: Vec<u8>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Msg {
+    /// Client -> sequencer.
+    Submit(Entry),
+    /// Sequencer -> every data node's scheduler, in epoch order (gaps are waited for).
+    Batch { epoch: u64, entries: Vec<Entry> },
+    /// Participant -> the other participants of transaction `index` of `epoch`: its local reads.
+    Reads { epoch: u64, index: u32, from: NodeId, values: Vec<(RowKey, Option<Value>)> },
+    /// One participant -> the client: the outcome, the output as JSON (what the driver records).
+    Done { id: u64, outcome: Result<Vec<u8>, Abort> },
+}
