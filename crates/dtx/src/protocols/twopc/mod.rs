@@ -332,6 +332,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_decision_table_follows_presumed_abort() {
+        let t = CoordTable::new(1);
+        let a = t.new_txn(Addr::new(0, 0));
+        assert_eq!(t.get(a), TxnStatus::Aborted, "unknown reads as aborted");
+        t.set(a, TxnStatus::Active);
+        assert_eq!(t.get(a), TxnStatus::Active);
+        t.set(a, TxnStatus::Committed);
+        assert_eq!(t.get(a), TxnStatus::Committed, "kept until every participant acknowledged");
+        t.forget(a);
+        assert_eq!((t.get(a), t.len()), (TxnStatus::Aborted, 0));
+        let b = t.new_txn(Addr::new(0, 0));
+        t.set(b, TxnStatus::Active);
+        t.set(b, TxnStatus::Aborted);
+        assert!(t.is_empty(), "an abort is forgotten at once");
+    }
+
+    #[test]
+    #[should_panic(expected = "committed -> aborted")]
+    fn a_commit_decision_never_changes() {
+        let t = CoordTable::new(1);
+        let a = t.new_txn(Addr::new(0, 0));
+        t.set(a, TxnStatus::Active);
+        t.set(a, TxnStatus::Committed);
+        t.set(a, TxnStatus::Aborted);
+    }
+
+    #[test]
     fn txn_ids_name_their_coordinator() {
         let a = Addr::new(513, 7);
         let id = txn_id(a, 3, 123_456);
