@@ -15,8 +15,8 @@ pub use options::{OptionKind, OptionSpec, OptionValue, Options};
 use crate::cluster::Topology;
 use crate::net::NodeId;
 use crate::rt::{Handler, LocalBoxFuture, Worker};
+use crate::txn::Procedures;
 use crate::txn::{TxnOutput, TxnRequest, TxnResult};
-use crate::workloads::Workload;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ impl Default for ProtoOptions {
 pub struct NodeEnv {
     pub node: NodeId,
     pub topo: Arc<Topology>,
-    pub workload: Arc<dyn Workload>,
+    pub workload: Arc<dyn Procedures>,
     pub opts: ProtoOptions,
     /// The node's log when the run is durable (`--durability wal`).
     pub log: Option<Arc<crate::rt::log::NodeLog>>,
@@ -53,7 +53,7 @@ pub struct NodeEnv {
 
 impl NodeEnv {
     /// A node without a log.
-    pub fn volatile(node: NodeId, topo: Arc<Topology>, workload: Arc<dyn Workload>, opts: ProtoOptions) -> Self {
+    pub fn volatile(node: NodeId, topo: Arc<Topology>, workload: Arc<dyn Procedures>, opts: ProtoOptions) -> Self {
         NodeEnv { node, topo, workload, opts, log: None, recovered: Vec::new(), checkpoint: None, checkpoint_every: 0 }
     }
 }

@@ -14,10 +14,12 @@
 
 pub mod recon;
 
+use crate::cluster::PartitionId;
 use crate::rt::LocalBoxFuture;
-use crate::storage::{RowKey, TableId, Value};
+use crate::storage::{RowKey, TableDef, TableId, Value};
 use serde::{Deserialize, Serialize};
 use std::any::Any;
+use std::sync::Arc;
 
 /// Why an attempt aborted. Each reason is counted separately in every report.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -361,18 +363,119 @@ mod tests {
     }
 }
 
-/// A request to run one stored procedure.
+/// A request to run one stored procedure: the procedure's name, the partition whose client
+/// issued it, and its arguments. Requests are data: a clone shares the arguments, and
+/// [`Procedures::encode_request`] turns one into bytes (a procedure id and the arguments) that can
+/// be logged, shipped to another node and decoded there to run again.
+#[derive(Clone)]
 pub struct TxnRequest {
     /// The registered procedure name.
     pub proc: &'static str,
     /// The partition whose client issued it.
     pub home: u32,
-    pub args: Box<dyn Any + Send>,
+    pub args: Args,
 }
 
+/// A request's arguments, typed by its workload and shared by its clones.
+pub type Args = Arc<dyn Any + Send + Sync>;
+
 impl TxnRequest {
+    pub fn new<T: Any + Send + Sync>(proc: &'static str, home: u32, args: T) -> Self {
+        TxnRequest { proc, home, args: Arc::new(args) }
+    }
+
     pub fn args<T: 'static>(&self) -> &T {
         self.args.downcast_ref::<T>().unwrap_or_else(|| panic!("procedure {} got arguments of another type", self.proc))
+    }
+
+    /// The arguments to change before a retry, copied first if a clone shares them (so a
+    /// protocol that kept the request never sees them change under it); `None` if they are
+    /// of another type.
+    pub fn args_mut<T: Any + Send + Sync + Clone>(&mut self) -> Option<&mut T> {
+        let own = self.args.downcast_ref::<T>()?;
+        if Arc::strong_count(&self.args) > 1 {
+            self.args = Arc::new(own.clone());
+        }
+        Arc::get_mut(&mut self.args).and_then(|a| a.downcast_mut::<T>())
+    }
+}
+
+impl std::fmt::Debug for TxnRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnRequest").field("proc", &self.proc).field("home", &self.home).finish_non_exhaustive()
+    }
+}
+
+/// Why bytes did not decode as a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("a request of {0} bytes is shorter than its 6-byte header")]
+    Truncated(usize),
+    #[error("procedure id {id} is not one of this workload's {known} procedures")]
+    UnknownProcedure { id: u16, known: usize },
+    #[error("the arguments of `{proc}` do not decode: {why}")]
+    BadArguments { proc: &'static str, why: String },
+}
+
+/// What a node needs of a workload to run its transactions: the tables and their population,
+/// where a key lives, and the stored procedures (their keys, their code, their arguments'
+/// encoding). Protocols see a workload only through this; generating transactions and checking
+/// a run's invariants are the workload's other half, above the protocols.
+pub trait Procedures: Send + Sync + 'static {
+    /// The tables as the node holding `partitions` needs them.
+    fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef>;
+    /// The registered stored procedures, by name (a request's procedure id is its index here).
+    fn procedures(&self) -> &'static [&'static str];
+    /// Which partition a key lives in.
+    fn partition_of(&self, key: RowKey) -> PartitionId;
+    /// Populate one partition.
+    fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value));
+    /// Declare the read and write sets; false when some keys depend on what is read (OLLP).
+    fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool;
+    /// Run the procedure the request names.
+    fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a>;
+    /// The arguments of `req` as bytes (postcard, through [`encode_args`]).
+    fn encode_args(&self, req: &TxnRequest) -> Vec<u8>;
+    /// Arguments of procedure `proc` from [`Procedures::encode_args`]'s bytes.
+    fn decode_args(&self, proc: &'static str, bytes: &[u8]) -> Result<Args, RequestError>;
+
+    /// A request as bytes: its procedure id (u16), its home partition (u32), its arguments.
+    fn encode_request(&self, req: &TxnRequest) -> Vec<u8> {
+        let id = self.procedures().iter().position(|p| *p == req.proc);
+        let id = id.unwrap_or_else(|| panic!("procedure `{}` is not registered", req.proc)) as u16;
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&req.home.to_le_bytes());
+        out.extend_from_slice(&self.encode_args(req));
+        out
+    }
+
+    /// A request from [`Procedures::encode_request`]'s bytes; garbage is an error, never a panic.
+    fn decode_request(&self, bytes: &[u8]) -> Result<TxnRequest, RequestError> {
+        if bytes.len() < 6 {
+            return Err(RequestError::Truncated(bytes.len()));
+        }
+        let id = u16::from_le_bytes([bytes[0], bytes[1]]);
+        let home = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
+        let procs = self.procedures();
+        let proc = *procs.get(id as usize).ok_or(RequestError::UnknownProcedure { id, known: procs.len() })?;
+        Ok(TxnRequest { proc, home, args: self.decode_args(proc, &bytes[6..])? })
+    }
+}
+
+/// Encode a request's arguments of type `T` (what a workload's `encode_args` does per procedure).
+pub fn encode_args<T: Serialize + 'static>(req: &TxnRequest) -> Vec<u8> {
+    postcard::to_allocvec(req.args::<T>()).expect("arguments encode into memory")
+}
+
+/// Decode arguments of type `T` for procedure `proc`.
+pub fn decode_args<T: serde::de::DeserializeOwned + Any + Send + Sync>(
+    proc: &'static str,
+    bytes: &[u8],
+) -> Result<Args, RequestError> {
+    match postcard::from_bytes::<T>(bytes) {
+        Ok(a) => Ok(Arc::new(a)),
+        Err(e) => Err(RequestError::BadArguments { proc, why: e.to_string() }),
     }
 }
 
@@ -415,10 +518,14 @@ impl<'de> Deserialize<'de> for HistOp {
 }
 
 /// What a committed procedure returns to the driver.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct TxnOutput {
     /// List-append operations with what was read, for the history.
     pub history: Vec<HistOp>,
+    /// Numbers a procedure reports to its workload's checks (the bank audit's total): part of
+    /// the output, not of the request, so that a procedure run on another node reports them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reported: Vec<i64>,
 }
 
 /// The shape every workload's procedure entry point has.

@@ -1,10 +1,9 @@
 //! Reconnaissance (OLLP): run a procedure once against a snapshot, without concurrency control,
 //! to learn the keys it will touch; the real one-shot run is then checked against that set.
 
-use super::{Access, Ctx, KeySet, Scan, Step, TxnRequest, TxnResult};
+use super::{Access, Ctx, KeySet, Procedures, Scan, Step, TxnRequest, TxnResult};
 use crate::rt::LocalBoxFuture;
 use crate::storage::{RowKey, Value};
-use crate::workloads::Workload;
 use rustc_hash::FxHashMap;
 
 /// Snapshot reads for reconnaissance, supplied by the protocol (local or remote, no locks).
@@ -50,7 +49,7 @@ impl<'r> Access for ReconAccess<'r> {
 
 /// Discover the key set of `req` by running it against snapshot reads. Rows a scan returns are
 /// added as reads by the procedure's own `read` calls, which is how our procedures use scans.
-pub async fn discover(workload: &dyn Workload, req: &TxnRequest, reader: &dyn SnapshotReader) -> TxnResult<KeySet> {
+pub async fn discover(workload: &dyn Procedures, req: &TxnRequest, reader: &dyn SnapshotReader) -> TxnResult<KeySet> {
     let mut acc = ReconAccess { reader, keys: KeySet::default(), written: FxHashMap::default() };
     {
         let mut ctx = Ctx::new(&mut acc);
@@ -65,7 +64,6 @@ mod tests {
     use crate::cluster::PartitionId;
     use crate::storage::TableDef;
     use crate::txn::{Abort, KeySet, ProcFuture, TxnOutput};
-    use crate::util::Rng;
     use std::cell::RefCell;
 
     /// Reads a pointer, then writes the record it points to: the write key depends on a read.
@@ -75,10 +73,7 @@ mod tests {
         v.as_deref().map(|b| b[0] as u64).unwrap_or(0)
     }
 
-    impl Workload for Chase {
-        fn name(&self) -> &'static str {
-            "chase"
-        }
+    impl Procedures for Chase {
         fn tables(&self, _p: &[PartitionId]) -> Vec<TableDef> {
             vec![]
         }
@@ -89,8 +84,15 @@ mod tests {
             0
         }
         fn load_partition(&self, _p: PartitionId, _sink: &mut dyn FnMut(RowKey, Value)) {}
-        fn next(&self, _rng: &mut Rng, home: PartitionId) -> TxnRequest {
-            TxnRequest { proc: "chase", home, args: Box::new(()) }
+        fn encode_args(&self, _req: &TxnRequest) -> Vec<u8> {
+            Vec::new()
+        }
+        fn decode_args(
+            &self,
+            _proc: &'static str,
+            _bytes: &[u8],
+        ) -> Result<crate::txn::Args, crate::txn::RequestError> {
+            Ok(std::sync::Arc::new(()))
         }
         fn declare(&self, _req: &TxnRequest, keys: &mut KeySet) -> bool {
             keys.read(RowKey::new(0, 0));
@@ -151,7 +153,7 @@ mod tests {
     fn reconnaissance_finds_dependent_keys_and_a_changed_pointer_aborts() {
         let snap = Snapshot(RefCell::new(Default::default()));
         snap.0.borrow_mut().insert(RowKey::new(0, 0), Value::copy_from(&[7]));
-        let req = Chase.next(&mut crate::util::rng_from_seed(1), 0);
+        let req = TxnRequest::new("chase", 0, ());
         let mut declared = KeySet::default();
         assert!(!Chase.declare(&req, &mut declared), "the write key depends on a read");
         let keys = block_on(discover(&Chase, &req, &snap)).unwrap();

@@ -3,10 +3,12 @@
 //! history of such a run lets the checker infer each key's version order from the reads
 //! themselves and prove the run serializable, or name the anomaly.
 
-use super::{Workload, WorkloadParams};
+use super::{Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
 use crate::storage::{RowKey, TableDef, Value};
-use crate::txn::{Ctx, HistOp, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::txn::{
+    decode_args, encode_args, Args, Ctx, HistOp, KeySet, ProcFuture, RequestError, TxnOutput, TxnRequest,
+};
 use crate::util::Rng;
 use anyhow::bail;
 use rand::Rng as _;
@@ -24,13 +26,13 @@ pub struct Append {
     counter: AtomicU64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum AppendOp {
     Read(u64),
     Append(u64, u64),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct AppendArgs {
     pub ops: Vec<AppendOp>,
 }
@@ -72,9 +74,13 @@ impl Append {
     }
 }
 
-impl Workload for Append {
-    fn name(&self) -> &'static str {
-        "append"
+impl Procedures for Append {
+    fn encode_args(&self, req: &TxnRequest) -> Vec<u8> {
+        encode_args::<AppendArgs>(req)
+    }
+
+    fn decode_args(&self, proc: &'static str, bytes: &[u8]) -> Result<Args, RequestError> {
+        decode_args::<AppendArgs>(proc, bytes)
     }
 
     fn tables(&self, _partitions: &[PartitionId]) -> Vec<TableDef> {
@@ -98,32 +104,6 @@ impl Workload for Append {
     fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value)) {
         for k in (0..self.keys).filter(|k| k % self.partitions as u64 == p as u64) {
             sink(RowKey::new(TABLE, k), Value::default());
-        }
-    }
-
-    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
-        let n = rng.gen_range(1..=self.max_ops);
-        let ops = (0..n)
-            .map(|_| {
-                let k = rng.gen_range(0..self.keys);
-                if rng.gen_bool(self.read_ratio) {
-                    AppendOp::Read(k)
-                } else {
-                    AppendOp::Append(k, self.fresh_value(home))
-                }
-            })
-            .collect();
-        TxnRequest { proc: "append-txn", home, args: Box::new(AppendArgs { ops }) }
-    }
-
-    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
-        let home = req.home;
-        if let Some(a) = req.args.downcast_mut::<AppendArgs>() {
-            for op in &mut a.ops {
-                if let AppendOp::Append(_, v) = op {
-                    *v = self.fresh_value(home);
-                }
-            }
         }
     }
 
@@ -156,13 +136,45 @@ impl Workload for Append {
                     }
                 }
             }
-            Ok(TxnOutput { history })
+            Ok(TxnOutput { history, ..Default::default() })
         })
+    }
+}
+
+impl Workload for Append {
+    fn name(&self) -> &'static str {
+        "append"
+    }
+
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let n = rng.gen_range(1..=self.max_ops);
+        let ops = (0..n)
+            .map(|_| {
+                let k = rng.gen_range(0..self.keys);
+                if rng.gen_bool(self.read_ratio) {
+                    AppendOp::Read(k)
+                } else {
+                    AppendOp::Append(k, self.fresh_value(home))
+                }
+            })
+            .collect();
+        TxnRequest::new("append-txn", home, AppendArgs { ops })
+    }
+
+    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
+        let home = req.home;
+        if let Some(a) = req.args_mut::<AppendArgs>() {
+            for op in &mut a.ops {
+                if let AppendOp::Append(_, v) = op {
+                    *v = self.fresh_value(home);
+                }
+            }
+        }
     }
 
     fn final_read(&self) -> Option<TxnRequest> {
         let ops = (0..self.keys).map(AppendOp::Read).collect();
-        Some(TxnRequest { proc: "read-all", home: 0, args: Box::new(AppendArgs { ops }) })
+        Some(TxnRequest::new("read-all", 0, AppendArgs { ops }))
     }
 }
 

@@ -16,22 +16,20 @@
 //!   `process_findings` reports, on every node's process, whether every audit saw the invariant
 //!   total. The final audit of `final_checks` checks the state the run left (`check_output`).
 
-use super::{remote_partition, zipf::Zipf, Workload, WorkloadParams};
+use super::{remote_partition, zipf::Zipf, Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
 use crate::storage::{RowKey, TableDef, Value};
-use crate::txn::{Abort, Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::txn::{decode_args, encode_args, Abort, Args, Ctx, KeySet, ProcFuture, RequestError, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
 use parking_lot::Mutex;
 use rand::Rng as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const TABLE: u16 = 0;
 pub const INITIAL_BALANCE: i64 = 1000;
 pub const TRANSFER_PROC: &str = "transfer";
 pub const AUDIT_PROC: &str = "audit";
-/// Marks an audit slot that holds no total yet.
-const NONE: i64 = i64::MIN;
 
 pub struct Bank {
     accounts: u64,
@@ -47,19 +45,17 @@ pub struct Bank {
     audits_issued: AtomicU64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TransferArgs {
     pub from: u64,
     pub to: u64,
     pub amount: i64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct AuditArgs {
     /// The final audit of `final_checks` (reported on its own).
     pub last: bool,
-    /// The total the latest attempt to run saw (`NONE` until one finished).
-    seen: AtomicI64,
 }
 
 impl Bank {
@@ -124,7 +120,7 @@ impl Bank {
     }
 
     fn audit_request(&self, home: PartitionId, last: bool) -> TxnRequest {
-        TxnRequest { proc: AUDIT_PROC, home, args: Box::new(AuditArgs { last, seen: AtomicI64::new(NONE) }) }
+        TxnRequest::new(AUDIT_PROC, home, AuditArgs { last })
     }
 }
 
@@ -136,9 +132,19 @@ fn value(b: i64) -> Value {
     Value::copy_from(&b.to_le_bytes())
 }
 
-impl Workload for Bank {
-    fn name(&self) -> &'static str {
-        "bank"
+impl Procedures for Bank {
+    fn encode_args(&self, req: &TxnRequest) -> Vec<u8> {
+        match req.proc {
+            TRANSFER_PROC => encode_args::<TransferArgs>(req),
+            _ => encode_args::<AuditArgs>(req),
+        }
+    }
+
+    fn decode_args(&self, proc: &'static str, bytes: &[u8]) -> Result<Args, RequestError> {
+        match proc {
+            TRANSFER_PROC => decode_args::<TransferArgs>(proc, bytes),
+            _ => decode_args::<AuditArgs>(proc, bytes),
+        }
     }
 
     fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef> {
@@ -163,25 +169,6 @@ impl Workload for Bank {
         for r in 0..self.count(p) {
             sink(RowKey::new(TABLE, p as u64 * self.stride + r), v.clone());
         }
-    }
-
-    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
-        if rng.gen_bool(self.audit_ratio) {
-            self.audits_issued.fetch_add(1, Ordering::Relaxed);
-            return self.audit_request(home, false);
-        }
-        let from = self.pick(rng, home);
-        let other = if self.topo.nodes > 1 && rng.gen_bool(self.distributed) {
-            remote_partition(rng, &self.topo, home)
-        } else {
-            home
-        };
-        let mut to = self.pick(rng, other);
-        while to == from {
-            to = self.key(rng.gen_range(0..self.accounts)).key;
-        }
-        let args = TransferArgs { from, to, amount: rng.gen_range(1..=10) };
-        TxnRequest { proc: TRANSFER_PROC, home, args: Box::new(args) }
     }
 
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
@@ -209,26 +196,43 @@ impl Workload for Bank {
                 ctx.write(to, value(b + t.amount)).await?;
                 return Ok(TxnOutput::default());
             }
-            let audit = req.args::<AuditArgs>();
             let mut total = 0i64;
             for k in self.all_keys() {
                 total += ctx.read(k).await?.as_deref().map_or(0, balance);
             }
-            audit.seen.store(total, Ordering::Relaxed);
-            Ok(TxnOutput::default())
+            // The total this attempt saw: the workload counts it only once the audit committed.
+            Ok(TxnOutput { reported: vec![total], ..Default::default() })
         })
     }
+}
 
-    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
-        if let Some(a) = req.args.downcast_ref::<AuditArgs>() {
-            a.seen.store(NONE, Ordering::Relaxed);
-        }
+impl Workload for Bank {
+    fn name(&self) -> &'static str {
+        "bank"
     }
 
-    fn on_commit(&self, req: &TxnRequest, _out: &TxnOutput) {
-        if let Some(a) = req.args.downcast_ref::<AuditArgs>() {
-            let seen = a.seen.swap(NONE, Ordering::Relaxed);
-            if seen != NONE && !a.last {
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        if rng.gen_bool(self.audit_ratio) {
+            self.audits_issued.fetch_add(1, Ordering::Relaxed);
+            return self.audit_request(home, false);
+        }
+        let from = self.pick(rng, home);
+        let other = if self.topo.nodes > 1 && rng.gen_bool(self.distributed) {
+            remote_partition(rng, &self.topo, home)
+        } else {
+            home
+        };
+        let mut to = self.pick(rng, other);
+        while to == from {
+            to = self.key(rng.gen_range(0..self.accounts)).key;
+        }
+        let args = TransferArgs { from, to, amount: rng.gen_range(1..=10) };
+        TxnRequest::new(TRANSFER_PROC, home, args)
+    }
+
+    fn on_commit(&self, req: &TxnRequest, out: &TxnOutput) {
+        if let (Some(a), Some(&seen)) = (req.args.downcast_ref::<AuditArgs>(), out.reported.first()) {
+            if !a.last {
                 self.audits.lock().push(seen);
             }
         }
@@ -239,11 +243,10 @@ impl Workload for Bank {
     }
 
     /// The final audit (once it committed): whether it saw the invariant total.
-    fn check_output(&self, req: &TxnRequest, _out: &TxnOutput) -> Vec<(String, bool, String)> {
+    fn check_output(&self, req: &TxnRequest, out: &TxnOutput) -> Vec<(String, bool, String)> {
         let want = self.expected_total();
-        match req.args.downcast_ref::<AuditArgs>() {
-            Some(a) if a.last && a.seen.load(Ordering::Relaxed) != NONE => {
-                let seen = a.seen.load(Ordering::Relaxed);
+        match (req.args.downcast_ref::<AuditArgs>(), out.reported.first()) {
+            (Some(a), Some(&seen)) if a.last => {
                 let rel = if seen == want { "=" } else { "≠" };
                 let detail = format!("{seen} {rel} {} accounts x {INITIAL_BALANCE}", self.accounts);
                 vec![("bank total (final audit)".to_string(), seen == want, detail)]
@@ -362,8 +365,11 @@ mod tests {
         }
         // An overdraft rolls back.
         let (from, to) = (b.key(0).key, b.key(1).key);
-        let req =
-            TxnRequest { proc: TRANSFER_PROC, home: 0, args: Box::new(TransferArgs { from, to, amount: 1 << 40 }) };
+        let req = TxnRequest {
+            proc: TRANSFER_PROC,
+            home: 0,
+            args: std::sync::Arc::new(TransferArgs { from, to, amount: 1 << 40 }),
+        };
         assert_eq!(run_direct(&b, &store, &req).err(), Some(Abort::User));
         let fin = b.final_checks().pop().unwrap();
         let out = run_direct(&b, &store, &fin).unwrap();

@@ -8,30 +8,21 @@ pub mod ycsb;
 pub mod zipf;
 
 use crate::cluster::{PartitionId, Topology};
-use crate::storage::{RowKey, TableDef, Value};
-use crate::txn::{Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
+pub use crate::txn::Procedures;
+use crate::txn::{TxnOutput, TxnRequest};
 use crate::util::Rng;
 use std::sync::Arc;
 
-pub trait Workload: Send + Sync + 'static {
+/// A workload: its procedures and data ([`Procedures`], what the nodes run), and what the
+/// bench does with it above the protocols: generate transactions, refresh them for a retry,
+/// and check the run's invariants.
+pub trait Workload: Procedures {
     fn name(&self) -> &'static str;
-    /// The tables as the node holding `partitions` needs them.
-    fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef>;
-    /// The registered stored procedures, by name.
-    fn procedures(&self) -> &'static [&'static str];
-    /// Which partition a key lives in.
-    fn partition_of(&self, key: RowKey) -> PartitionId;
-    /// Populate one partition.
-    fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value));
     /// The next transaction a client homed at partition `home` issues.
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest;
     /// Called before a retry: workloads whose values must be unique per attempt (list-append)
     /// refresh them here.
     fn before_retry(&self, _req: &mut TxnRequest, _rng: &mut Rng) {}
-    /// Declare the read and write sets; false when some keys depend on what is read (OLLP).
-    fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool;
-    /// Run the procedure the request names.
-    fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a>;
     /// A read-only transaction over the whole key space, run once after the measured period
     /// (list-append ends with one, so the checker can see every acknowledged append).
     fn final_read(&self) -> Option<TxnRequest> {
@@ -149,5 +140,75 @@ pub fn remote_partition(rng: &mut Rng, topo: &Topology, home: PartitionId) -> Pa
         if topo.node_of(p) != home_node {
             return p;
         }
+    }
+}
+
+#[cfg(test)]
+mod request_tests {
+    use super::*;
+    use crate::txn::{KeySet, RequestError};
+
+    fn every_workload() -> Vec<Arc<dyn Workload>> {
+        let topo = Topology::new(2, 1, 2);
+        let mut out = Vec::new();
+        for name in WORKLOADS {
+            let p = WorkloadParams { name: name.to_string(), keys: 1000, warehouses: 4, ..Default::default() };
+            out.push(build(&p, &topo).expect("the workload builds"));
+        }
+        out
+    }
+
+    fn keys_of(wl: &dyn Workload, req: &TxnRequest) -> (bool, KeySet) {
+        let mut keys = KeySet::default();
+        let declared = wl.declare(req, &mut keys);
+        (declared, keys)
+    }
+
+    #[test]
+    fn every_request_survives_encoding_and_declares_the_same_keys() {
+        for wl in every_workload() {
+            let mut rng = crate::util::rng_from_seed(7);
+            let mut reqs: Vec<TxnRequest> = (0..300).map(|i| wl.next(&mut rng, i % 4)).collect();
+            reqs.extend(wl.final_read());
+            reqs.extend(wl.final_checks());
+            for req in &reqs {
+                let bytes = wl.encode_request(req);
+                let back = wl.decode_request(&bytes).unwrap_or_else(|e| panic!("{}: {}: {e}", wl.name(), req.proc));
+                assert_eq!((back.proc, back.home), (req.proc, req.home), "{}", wl.name());
+                assert_eq!(keys_of(&*wl, &back), keys_of(&*wl, req), "{}: {} declares other keys", wl.name(), req.proc);
+                assert_eq!(wl.encode_request(&back), bytes, "{}: {} encodes the same again", wl.name(), req.proc);
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_naming_what_is_wrong() {
+        for wl in every_workload() {
+            assert_eq!(wl.decode_request(&[1, 0]).err(), Some(RequestError::Truncated(2)));
+            let unknown = wl.decode_request(&[200, 0, 0, 0, 0, 0]).map(|_| ()).expect_err("an unknown id");
+            assert!(unknown.to_string().contains("procedure id 200"), "{unknown}");
+            // Every prefix of a real request and random bytes after a valid header: an error or a
+            // request, never a panic.
+            let req = wl.next(&mut crate::util::rng_from_seed(3), 0);
+            let bytes = wl.encode_request(&req);
+            for cut in 0..bytes.len() {
+                let _ = wl.decode_request(&bytes[..cut]);
+            }
+            let mut noise = bytes[..6].to_vec();
+            noise.extend((0..64u8).map(|i| i.wrapping_mul(37)));
+            let _ = wl.decode_request(&noise);
+        }
+    }
+
+    #[test]
+    fn a_retry_does_not_change_a_request_a_protocol_kept() {
+        let p = WorkloadParams { name: "append".into(), keys: 8, ..Default::default() };
+        let wl = build(&p, &Topology::new(1, 1, 1)).unwrap();
+        let mut rng = crate::util::rng_from_seed(1);
+        let mut req = wl.next(&mut rng, 0);
+        let kept = req.clone();
+        wl.before_retry(&mut req, &mut rng);
+        assert_ne!(wl.encode_request(&req), wl.encode_request(&kept), "the retry appends fresh values");
+        assert_eq!(kept.args::<append::AppendArgs>().ops.len(), req.args::<append::AppendArgs>().ops.len());
     }
 }

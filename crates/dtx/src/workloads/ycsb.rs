@@ -4,10 +4,10 @@
 //! partitions on other nodes: each of its operations picks a random partition, and at least one
 //! is on another node.
 
-use super::{remote_partition, Workload, WorkloadParams};
+use super::{remote_partition, Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
 use crate::storage::{RowKey, TableDef, Value};
-use crate::txn::{Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::txn::{decode_args, encode_args, Args, Ctx, KeySet, ProcFuture, RequestError, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
 use rand::Rng as _;
@@ -20,7 +20,7 @@ pub struct Ycsb {
     zipf: super::zipf::Zipf,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct YcsbArgs {
     /// (key, is_write)
     pub ops: Vec<(u64, bool)>,
@@ -52,9 +52,13 @@ impl Ycsb {
     }
 }
 
-impl Workload for Ycsb {
-    fn name(&self) -> &'static str {
-        "ycsb"
+impl Procedures for Ycsb {
+    fn encode_args(&self, req: &TxnRequest) -> Vec<u8> {
+        encode_args::<YcsbArgs>(req)
+    }
+
+    fn decode_args(&self, proc: &'static str, bytes: &[u8]) -> Result<Args, RequestError> {
+        decode_args::<YcsbArgs>(proc, bytes)
     }
 
     fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef> {
@@ -75,32 +79,6 @@ impl Workload for Ycsb {
         for i in 0..self.p.keys {
             sink(RowKey::new(TABLE, p as u64 * self.p.keys + i), value.clone());
         }
-    }
-
-    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
-        let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
-        let n = self.p.ops as usize;
-        let mut ops: Vec<(u64, bool)> = Vec::with_capacity(n);
-        let forced_remote = rng.gen_range(0..n);
-        for i in 0..n {
-            let part = if !distributed {
-                home
-            } else if i == forced_remote {
-                remote_partition(rng, &self.topo, home)
-            } else {
-                rng.gen_range(0..self.topo.partitions())
-            };
-            let write = !rng.gen_bool(self.p.read_ratio);
-            // Distinct keys within a transaction, as YCSB-style OLTP benchmarks generate them.
-            let mut key = self.key_in(rng, part);
-            let mut tries = 0;
-            while ops.iter().any(|(k, _)| *k == key) && tries < 1000 {
-                key = self.key_in(rng, part);
-                tries += 1;
-            }
-            ops.push((key, write));
-        }
-        TxnRequest { proc: "ycsb", home, args: Box::new(YcsbArgs { ops }) }
     }
 
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
@@ -130,6 +108,38 @@ impl Workload for Ycsb {
             }
             Ok(TxnOutput::default())
         })
+    }
+}
+
+impl Workload for Ycsb {
+    fn name(&self) -> &'static str {
+        "ycsb"
+    }
+
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
+        let n = self.p.ops as usize;
+        let mut ops: Vec<(u64, bool)> = Vec::with_capacity(n);
+        let forced_remote = rng.gen_range(0..n);
+        for i in 0..n {
+            let part = if !distributed {
+                home
+            } else if i == forced_remote {
+                remote_partition(rng, &self.topo, home)
+            } else {
+                rng.gen_range(0..self.topo.partitions())
+            };
+            let write = !rng.gen_bool(self.p.read_ratio);
+            // Distinct keys within a transaction, as YCSB-style OLTP benchmarks generate them.
+            let mut key = self.key_in(rng, part);
+            let mut tries = 0;
+            while ops.iter().any(|(k, _)| *k == key) && tries < 1000 {
+                key = self.key_in(rng, part);
+                tries += 1;
+            }
+            ops.push((key, write));
+        }
+        TxnRequest::new("ycsb", home, YcsbArgs { ops })
     }
 }
 

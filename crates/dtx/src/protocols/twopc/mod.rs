@@ -11,7 +11,7 @@ pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
 use crate::storage::{RowKey, Storage};
-use crate::workloads::Workload;
+use crate::txn::Procedures;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
@@ -55,7 +55,7 @@ pub trait TxnMeta: Default + Send {
 pub struct NodeShared<M> {
     pub id: NodeId,
     pub topo: Arc<Topology>,
-    pub workload: Arc<dyn Workload>,
+    pub workload: Arc<dyn Procedures>,
     pub store: Storage<M>,
     pub opts: ProtoOptions,
     /// The node's log (a no-op when the run is not durable).

@@ -36,17 +36,21 @@ pub const COND_2: &str = "3.3.2.2 D_NEXT_O_ID - 1 = max(O_ID) = max(NO_O_ID)";
 pub const COND_3: &str = "3.3.2.3 max(NO_O_ID) - min(NO_O_ID) + 1 = rows in NEW-ORDER";
 pub const COND_4: &str = "3.3.2.4 sum(O_OL_CNT) = rows in ORDER-LINE";
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub enum What {
     Header,
     Chunk { d: u32, k: u32, of: u32 },
 }
 
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct CheckArgs {
     pub w: u32,
     pub what: What,
     /// The last check request of the run: verdicts for every warehouse seen are given then.
     pub last: bool,
+    /// What the committed attempt found, for `output` in the process that ran it. Not part of
+    /// the request as data: a check runs where its client is (`final_checks` run on node 0).
+    #[serde(skip)]
     found: Mutex<Option<Found>>,
 }
 
@@ -129,11 +133,7 @@ pub fn requests(t: &Tpcc) -> Vec<TxnRequest> {
     let mut out = Vec::with_capacity(t.warehouses as usize * (1 + 10 * of as usize));
     for w in 1..=t.warehouses {
         let home = (w - 1) % t.partitions;
-        let mk = |what| TxnRequest {
-            proc: CHECK_PROC,
-            home,
-            args: Box::new(CheckArgs { w, what, last: false, found: Mutex::new(None) }),
-        };
+        let mk = |what| TxnRequest::new(CHECK_PROC, home, CheckArgs { w, what, last: false, found: Mutex::new(None) });
         out.push(mk(What::Header));
         for d in 1..=DISTRICTS {
             for k in 0..of {
@@ -142,9 +142,10 @@ pub fn requests(t: &Tpcc) -> Vec<TxnRequest> {
         }
     }
     if let Some(last) = out.last_mut() {
-        if let Some(a) = last.args.downcast_mut::<CheckArgs>() {
-            a.last = true;
-        }
+        let a = last.args::<CheckArgs>();
+        // Just built, so not shared: replaced rather than changed in place.
+        let args = CheckArgs { w: a.w, what: a.what, last: true, found: Mutex::new(None) };
+        *last = TxnRequest::new(CHECK_PROC, last.home, args);
     }
     out
 }

@@ -27,10 +27,10 @@ pub mod schema;
 #[cfg(test)]
 pub(crate) mod simtest;
 
-use super::{Workload, WorkloadParams};
+use super::{Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
 use crate::storage::{Layout, RowKey, TableDef, Value};
-use crate::txn::{Abort, Ctx, KeySet, ProcFuture, TxnOutput, TxnRequest};
+use crate::txn::{decode_args, encode_args, Abort, Args, Ctx, KeySet, ProcFuture, RequestError, TxnOutput, TxnRequest};
 use crate::util::Rng;
 use anyhow::bail;
 use load::{nurand, C_ID, C_LAST_RUN, C_OL_I_ID};
@@ -39,6 +39,7 @@ use rand::Rng as _;
 use schema::*;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// The standard mix (clause 5.2.3): New-Order, Payment, Order-Status, Delivery, Stock-Level.
 pub const STANDARD_MIX: [u32; 5] = [45, 43, 4, 4, 4];
@@ -240,9 +241,27 @@ impl Tpcc {
     }
 }
 
-impl Workload for Tpcc {
-    fn name(&self) -> &'static str {
-        "tpcc"
+impl Procedures for Tpcc {
+    fn encode_args(&self, req: &TxnRequest) -> Vec<u8> {
+        match req.proc {
+            NEW_ORDER_PROC => encode_args::<NewOrderArgs>(req),
+            PAYMENT_PROC => encode_args::<PaymentArgs>(req),
+            ORDER_STATUS_PROC => encode_args::<OrderStatusArgs>(req),
+            DELIVERY_PROC => encode_args::<DeliveryArgs>(req),
+            STOCK_LEVEL_PROC => encode_args::<StockLevelArgs>(req),
+            _ => encode_args::<check::CheckArgs>(req),
+        }
+    }
+
+    fn decode_args(&self, proc: &'static str, bytes: &[u8]) -> Result<Args, RequestError> {
+        match proc {
+            NEW_ORDER_PROC => decode_args::<NewOrderArgs>(proc, bytes),
+            PAYMENT_PROC => decode_args::<PaymentArgs>(proc, bytes),
+            ORDER_STATUS_PROC => decode_args::<OrderStatusArgs>(proc, bytes),
+            DELIVERY_PROC => decode_args::<DeliveryArgs>(proc, bytes),
+            STOCK_LEVEL_PROC => decode_args::<StockLevelArgs>(proc, bytes),
+            _ => decode_args::<check::CheckArgs>(proc, bytes),
+        }
     }
 
     fn tables(&self, partitions: &[PartitionId]) -> Vec<TableDef> {
@@ -298,33 +317,6 @@ impl Workload for Tpcc {
         load::load_items(p, self.partitions, self.item_replicated, sink);
         for w in self.warehouses_of(p) {
             load::load_warehouse(w, sink);
-        }
-    }
-
-    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
-        let w = self.home_warehouse(rng, home);
-        let x = rng.gen_range(0..100);
-        let (proc, args): (&'static str, Box<dyn std::any::Any + Send>) = if x < self.mix_cum[0] {
-            (NEW_ORDER_PROC, Box::new(self.gen_new_order(rng, w)))
-        } else if x < self.mix_cum[1] {
-            (PAYMENT_PROC, Box::new(self.gen_payment(rng, w, home)))
-        } else if x < self.mix_cum[2] {
-            let d = rng.gen_range(1..=DISTRICTS);
-            (ORDER_STATUS_PROC, Box::new(OrderStatusArgs { w, d, cust: self.customer_sel(rng) }))
-        } else if x < self.mix_cum[3] {
-            (DELIVERY_PROC, Box::new(DeliveryArgs { w, carrier: rng.gen_range(1..=10) }))
-        } else {
-            let (d, threshold) = (rng.gen_range(1..=DISTRICTS), rng.gen_range(10..=20));
-            (STOCK_LEVEL_PROC, Box::new(StockLevelArgs { w, d, threshold }))
-        };
-        TxnRequest { proc, home, args }
-    }
-
-    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
-        if let Some(a) = req.args.downcast_mut::<NewOrderArgs>() {
-            a.o_hint = self.o_hint(a.w, a.d).load(Ordering::Relaxed);
-        } else if let Some(a) = req.args.downcast_mut::<PaymentArgs>() {
-            a.c_hint = self.c_hint(a);
         }
     }
 
@@ -410,6 +402,39 @@ impl Workload for Tpcc {
                 _ => Err(Abort::User),
             }
         })
+    }
+}
+
+impl Workload for Tpcc {
+    fn name(&self) -> &'static str {
+        "tpcc"
+    }
+
+    fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let w = self.home_warehouse(rng, home);
+        let x = rng.gen_range(0..100);
+        let (proc, args): (&'static str, Args) = if x < self.mix_cum[0] {
+            (NEW_ORDER_PROC, Arc::new(self.gen_new_order(rng, w)))
+        } else if x < self.mix_cum[1] {
+            (PAYMENT_PROC, Arc::new(self.gen_payment(rng, w, home)))
+        } else if x < self.mix_cum[2] {
+            let d = rng.gen_range(1..=DISTRICTS);
+            (ORDER_STATUS_PROC, Arc::new(OrderStatusArgs { w, d, cust: self.customer_sel(rng) }))
+        } else if x < self.mix_cum[3] {
+            (DELIVERY_PROC, Arc::new(DeliveryArgs { w, carrier: rng.gen_range(1..=10) }))
+        } else {
+            let (d, threshold) = (rng.gen_range(1..=DISTRICTS), rng.gen_range(10..=20));
+            (STOCK_LEVEL_PROC, Arc::new(StockLevelArgs { w, d, threshold }))
+        };
+        TxnRequest { proc, home, args }
+    }
+
+    fn before_retry(&self, req: &mut TxnRequest, _rng: &mut Rng) {
+        if let Some(a) = req.args_mut::<NewOrderArgs>() {
+            a.o_hint = self.o_hint(a.w, a.d).load(Ordering::Relaxed);
+        } else if let Some(a) = req.args_mut::<PaymentArgs>() {
+            a.c_hint = self.c_hint(a);
+        }
     }
 
     fn final_checks(&self) -> Vec<TxnRequest> {

@@ -27,6 +27,7 @@ use super::schema::*;
 use crate::cluster::PartitionId;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Ctx, Scan, TxnOutput, TxnResult};
+use serde::{Deserialize, Serialize};
 use std::io::Write as _;
 
 pub const NEW_ORDER_PROC: &str = "new-order";
@@ -36,14 +37,14 @@ pub const DELIVERY_PROC: &str = "delivery";
 pub const STOCK_LEVEL_PROC: &str = "stock-level";
 
 /// One line of a New-Order: item, supplying warehouse, quantity.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Line {
     pub i: u32,
     pub supply_w: u32,
     pub qty: u32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NewOrderArgs {
     pub w: u32,
     pub d: u32,
@@ -59,13 +60,13 @@ pub struct NewOrderArgs {
 }
 
 /// How a customer is selected: by id, or by the number (0..=999) of its last name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CustomerSel {
     Id(u32),
     Last(u32),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PaymentArgs {
     pub w: u32,
     pub d: u32,
@@ -81,20 +82,20 @@ pub struct PaymentArgs {
     pub c_hint: u32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OrderStatusArgs {
     pub w: u32,
     pub d: u32,
     pub cust: CustomerSel,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeliveryArgs {
     pub w: u32,
     pub carrier: u32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StockLevelArgs {
     pub w: u32,
     pub d: u32,

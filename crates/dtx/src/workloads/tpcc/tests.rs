@@ -309,7 +309,7 @@ fn procedures_do_what_the_spec_says() {
     }
     let stock_before = u32_at(&get(stock_key(1, 100)), stock::QUANTITY);
     let no = NewOrderArgs { w: 1, d: 4, c: 77, n: 5, lines, all_local: true, o_hint: 3001 };
-    let req = TxnRequest { proc: NEW_ORDER_PROC, home: 0, args: Box::new(no.clone()) };
+    let req = TxnRequest { proc: NEW_ORDER_PROC, home: 0, args: std::sync::Arc::new(no.clone()) };
     run_direct(&wl, &store, &req).unwrap();
     assert_eq!(u32_at(&get(district_key(1, 4, D_NEXT_PART)), next_o::O_ID), 3002);
     let o = get(order_key(1, 4, 3001));
@@ -326,14 +326,14 @@ fn procedures_do_what_the_spec_says() {
     // Rolled back: nothing changes.
     let mut bad = no.clone();
     bad.lines[4].i = UNUSED_ITEM;
-    let req = TxnRequest { proc: NEW_ORDER_PROC, home: 0, args: Box::new(bad) };
+    let req = TxnRequest { proc: NEW_ORDER_PROC, home: 0, args: std::sync::Arc::new(bad) };
     assert_eq!(run_direct(&wl, &store, &req).err(), Some(Abort::User));
     assert_eq!(u32_at(&get(district_key(1, 4, D_NEXT_PART)), next_o::O_ID), 3002);
     // Order-Status finds that order as customer 77's newest.
     let req = TxnRequest {
         proc: ORDER_STATUS_PROC,
         home: 0,
-        args: Box::new(OrderStatusArgs { w: 1, d: 4, cust: CustomerSel::Id(77) }),
+        args: std::sync::Arc::new(OrderStatusArgs { w: 1, d: 4, cust: CustomerSel::Id(77) }),
     };
     let mut keys = KeySet::default();
     assert!(!wl.declare(&req, &mut keys));
@@ -362,7 +362,7 @@ fn procedures_do_what_the_spec_says() {
         h_key: history_key(1, 1, 0),
         c_hint: 0,
     };
-    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: Box::new(pay) };
+    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: std::sync::Arc::new(pay) };
     run_direct(&wl, &store, &req).unwrap();
     let after = get(customer_key(1, 2, want, C_MUTABLE));
     assert_eq!(i64_at(&after, cust_mut::BALANCE), i64_at(&before, cust_mut::BALANCE) - 12_345);
@@ -374,7 +374,7 @@ fn procedures_do_what_the_spec_says() {
     // Delivery: the oldest undelivered order of each district, 2101 (and 3001 stays in d=4).
     let c2101 = u32_at(&get(order_key(1, 1, 2101)), order::C_ID);
     let bal = i64_at(&get(customer_key(1, 1, c2101, C_MUTABLE)), cust_mut::BALANCE);
-    let req = TxnRequest { proc: DELIVERY_PROC, home: 0, args: Box::new(DeliveryArgs { w: 1, carrier: 7 }) };
+    let req = TxnRequest { proc: DELIVERY_PROC, home: 0, args: std::sync::Arc::new(DeliveryArgs { w: 1, carrier: 7 }) };
     run_direct(&wl, &store, &req).unwrap();
     assert!(store.get(new_order_key(1, 1, 2101)).unwrap().lock().value.is_none());
     assert!(store.get(new_order_key(1, 1, 2102)).unwrap().lock().value.is_some());
@@ -412,7 +412,7 @@ fn a_wrong_estimate_strays_then_the_retry_carries_the_right_one() {
     let mut req = TxnRequest {
         proc: NEW_ORDER_PROC,
         home: 0,
-        args: Box::new(NewOrderArgs { w: 1, d: 1, c: 1, n: 5, lines, all_local: true, o_hint: 3000 }),
+        args: std::sync::Arc::new(NewOrderArgs { w: 1, d: 1, c: 1, n: 5, lines, all_local: true, o_hint: 3000 }),
     };
     assert_eq!(one_shot(&req).err(), Some(Abort::ReconMismatch));
     let mut rng = crate::util::rng_from_seed(1);
@@ -432,16 +432,16 @@ fn a_wrong_estimate_strays_then_the_retry_carries_the_right_one() {
         h_key: history_key(1, 1, 9),
         c_hint,
     };
-    let mut req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: Box::new(pay(0)) };
+    let mut req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: std::sync::Arc::new(pay(0)) };
     assert!(!wl.declare(&req, &mut KeySet::default()));
     run_direct(&wl, &store, &req).unwrap();
     wl.before_retry(&mut req, &mut rng);
     let learned = req.args::<PaymentArgs>().c_hint;
     assert_ne!(learned, 0);
     let wrong = if learned == 1 { 2 } else { 1 };
-    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: Box::new(pay(wrong)) };
+    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: std::sync::Arc::new(pay(wrong)) };
     assert_eq!(one_shot(&req).err(), Some(Abort::ReconMismatch));
-    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: Box::new(pay(learned)) };
+    let req = TxnRequest { proc: PAYMENT_PROC, home: 0, args: std::sync::Arc::new(pay(learned)) };
     one_shot(&req).unwrap();
 }
 
