@@ -145,7 +145,7 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) 
 
 /// `dtx protocols --options NAME`: the protocol's options and the abort reasons it defines.
 pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
-    let v = protocols::Variant::parse(name)?;
+    let v = protocols::Variant::parse_including_planned(name)?;
     let p = v.info;
     println!("{}: {}", p.name, p.description);
     if p.options.is_empty() {

@@ -7,7 +7,7 @@
 //! `DTX_SEEDS=100 cargo test --release --test sim_durability` runs the deep sweep.
 
 use dtx::bench::{self, BenchSpec};
-use dtx::protocols::REGISTRY;
+use dtx::protocols::ready;
 use dtx::replication::Durability;
 use dtx::txn::HistOp;
 use std::collections::BTreeMap;
@@ -35,7 +35,7 @@ fn check(spec: &BenchSpec, tag: &str) -> (u64, u64) {
 
 #[test]
 fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
-    for p in REGISTRY {
+    for p in ready() {
         let (mut restarts, mut log_waits) = (0, 0);
         for seed in 1..=seeds() {
             let mut spec = durable_spec(p.name, 2000 + seed, "sim").with_faults(true, true, 0.02);
@@ -56,7 +56,7 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
 /// the crash then lost).
 #[test]
 fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
-    for p in REGISTRY {
+    for p in ready() {
         let mut restarts = 0;
         for seed in 1..=seeds().div_ceil(3) {
             let mut spec = durable_spec(p.name, 2500 + seed, "sim").with_faults(true, false, 0.0);
@@ -70,7 +70,7 @@ fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
 
 #[test]
 fn a_durable_run_without_faults_is_serializable() {
-    for p in REGISTRY {
+    for p in ready() {
         for seed in 1..=seeds().div_ceil(3) {
             let (_, log_waits) = check(&durable_spec(p.name, 3000 + seed, "sim"), "clean");
             assert!(log_waits > 0, "{} seed {}: no commit waited for the log", p.name, 3000 + seed);
@@ -122,7 +122,7 @@ fn a_restarted_local_cluster_recovers_from_checkpoints_and_the_log_after_them() 
 fn restart_and_compare(tag: &str, tune: impl Fn(&mut BenchSpec)) -> (usize, usize) {
     let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}-{tag}", std::process::id()));
     let mut seen = (0, 0);
-    for p in REGISTRY {
+    for p in ready() {
         let mut spec = durable_spec(p.name, 5, "local");
         spec.nodes = 2;
         spec.workers = 1;
@@ -130,7 +130,8 @@ fn restart_and_compare(tag: &str, tune: impl Fn(&mut BenchSpec)) -> (usize, usiz
         spec.latency.jitter_us = 0;
         spec.duration_us = 300_000;
         spec.durability.data_dir = Some(data.clone());
-        spec.durability.cluster_id = 0xd7_0000 + REGISTRY.iter().position(|q| q.name == p.name).unwrap_or(0) as u64;
+        spec.durability.cluster_id =
+            0xd7_0000 + dtx::protocols::REGISTRY.iter().position(|q| q.name == p.name).unwrap_or(0) as u64;
         tune(&mut spec);
         let first = bench::run_local(&spec).expect("first run");
         seen = log_files(&data.join(format!("{:016x}", spec.durability.cluster_id)));
@@ -180,7 +181,7 @@ fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
 /// node must be taken over by a replica of its log, and nothing acknowledged may be lost.
 #[test]
 fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_commit() {
-    for p in REGISTRY {
+    for p in ready() {
         let (mut killed, mut failovers, mut log_waits) = (0, 0, 0);
         for seed in 1..=seeds() {
             let mut spec = replicated_spec(p.name, 6000 + seed).with_faults(true, true, 0.02);
@@ -207,7 +208,7 @@ fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_c
 /// that won its log's election), and serve from there.
 #[test]
 fn a_node_whose_host_stays_down_is_served_by_another_host() {
-    for p in REGISTRY {
+    for p in ready() {
         let mut spec = replicated_spec(p.name, 6100).with_faults(true, false, 0.0);
         // One host down at a time, each for longer than an election (100-200 ms of silence,
         // then a vote and the takeover record's commit).
@@ -239,7 +240,7 @@ fn a_failover_run_replays_exactly_from_its_seed() {
 
 #[test]
 fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
-    for p in REGISTRY {
+    for p in ready() {
         for seed in 1..=seeds().div_ceil(2) {
             let spec = replicated_spec(p.name, 4000 + seed).with_faults(false, true, 0.02);
             let (_, log_waits) = check(&spec, "replicated");

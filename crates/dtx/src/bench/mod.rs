@@ -202,7 +202,7 @@ pub fn build_node(
 ) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
     let workload = workload.clone();
-    let variant = protocols::Variant::parse(&spec.protocol)?;
+    let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let mut replicated = None;
     let node_log = log.as_ref().map(|o| o.log.clone());

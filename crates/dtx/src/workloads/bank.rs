@@ -382,7 +382,7 @@ mod tests {
 
     #[test]
     fn every_protocol_keeps_the_bank_total_in_simulation() {
-        for p in crate::protocols::REGISTRY {
+        for p in crate::protocols::ready() {
             for (one_shot, seed) in [(true, 1), (false, 2)] {
                 let wl = WorkloadParams {
                     name: "bank".into(),

@@ -31,6 +31,7 @@ use crate::txn::{Abort, KeySet, Reason, TxnOutput, TxnRequest, TxnResult};
 use messages::{Entry, Msg};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
+use std::future::Future as _;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
@@ -163,14 +164,22 @@ pub struct CalvinWorker {
 }
 
 impl CalvinWorker {
-    /// Hand `msg` to the worker at `dst`: a message, or a direct call when it is this worker
-    /// (a worker never messages itself).
+    /// Hand `msg` to the worker at `dst`: a direct call when it is this worker (a worker never
+    /// messages itself), else a request the receiver acknowledges, which the RPC layer resends
+    /// on lossy links and de-duplicates. Batches, reads and outcomes must arrive, so they are
+    /// sent again until acknowledged (a receiver ignores copies it has already used); a
+    /// submission is not (its client's wait times out instead, see the calvin issue's list).
     pub fn deliver(&self, dst: Addr, msg: Msg) {
         if dst == self.w.addr {
-            self.handle(dst, msg);
-        } else {
-            self.w.send(dst, &encode(&msg));
+            return self.handle(dst, msg);
         }
+        let must_arrive = !matches!(msg, Msg::Submit(_));
+        let (w, body) = (self.w.clone(), encode(&msg));
+        self.w.spawn(async move {
+            while w.call(dst, body.clone()).await.is_err() && must_arrive {
+                w.count("resends", 1);
+            }
+        });
     }
 
     fn handle(&self, from: Addr, msg: Msg) {
@@ -252,14 +261,20 @@ impl WorkerProtocol for CalvinWorker {
 }
 
 impl Handler for CalvinWorker {
-    fn on_request(&self, from: Addr, _rpc_id: u64, _body: &[u8]) {
-        log_warn(&format!("calvin: unexpected request from {from}"));
-    }
-
-    fn on_oneway(&self, from: Addr, body: &[u8]) {
+    fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         match decode::<Msg>(body) {
-            Ok(msg) => self.handle(from, msg),
+            Ok(msg) => {
+                self.handle(from, msg);
+                self.w.reply(from, rpc_id, &[]);
+            }
             Err(e) => log_warn(&format!("calvin: malformed message from {from}: {e}")),
         }
     }
+
+    fn on_oneway(&self, from: Addr, _body: &[u8]) {
+        log_warn(&format!("calvin: unexpected one-way message from {from}"));
+    }
 }
+
+#[cfg(test)]
+mod tests;

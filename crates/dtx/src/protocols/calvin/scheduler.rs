@@ -10,7 +10,7 @@ use super::messages::{Entry, Msg};
 use super::{CalvinWorker, SCAN_UNSUPPORTED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -23,22 +23,31 @@ const MAX_EARLY_READS: usize = 1 << 20;
 /// Batches received ahead of the next epoch to run.
 const MAX_EARLY_BATCHES: usize = 1 << 16;
 
+/// A transaction's place in the log: (epoch, index in its batch).
+type Slot = (u64, u32);
+/// Keys with the values a participant read.
+type ReadSet = Vec<(RowKey, Option<Value>)>;
+
 #[derive(Default)]
 pub struct Scheduler {
     /// Batches not run yet, by epoch.
     batches: RefCell<BTreeMap<u64, Vec<Entry>>>,
     /// The next epoch to run (epochs start at 1).
     next_epoch: Cell<u64>,
-    /// Other participants' reads, by (epoch, index in batch).
-    reads: RefCell<FxHashMap<(u64, u32), Vec<(RowKey, Option<Value>)>>>,
-    /// How many participants' reads arrived, by (epoch, index).
-    arrived: RefCell<FxHashMap<(u64, u32), usize>>,
+    /// Other participants' reads, by transaction and by the node that sent them (a resent copy
+    /// replaces the first).
+    reads: RefCell<FxHashMap<Slot, FxHashMap<NodeId, ReadSet>>>,
+    /// The transaction running now: reads for earlier ones are late copies.
+    running: Cell<Slot>,
     /// The executor task, asleep until a batch or reads arrive.
     waker: RefCell<Option<Waker>>,
 }
 
 impl Scheduler {
     pub fn batch(&self, epoch: u64, entries: Vec<Entry>) {
+        if epoch < self.next_epoch.get().max(1) {
+            return; // A resent copy of a batch already run.
+        }
         let mut batches = self.batches.borrow_mut();
         assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of epoch {}", self.next_epoch.get());
         batches.insert(epoch, entries);
@@ -46,13 +55,20 @@ impl Scheduler {
         self.wake();
     }
 
-    pub fn reads(&self, epoch: u64, index: u32, _from: NodeId, values: Vec<(RowKey, Option<Value>)>) {
+    pub fn reads(&self, epoch: u64, index: u32, from: NodeId, values: ReadSet) {
+        if (epoch, index) < self.running.get() {
+            return; // A resent copy for a transaction already run.
+        }
         let mut reads = self.reads.borrow_mut();
         assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of epoch {}", self.next_epoch.get());
-        reads.entry((epoch, index)).or_default().extend(values);
-        *self.arrived.borrow_mut().entry((epoch, index)).or_default() += 1;
+        reads.entry((epoch, index)).or_default().insert(from, values);
         drop(reads);
         self.wake();
+    }
+
+    /// How many other participants' reads arrived for `slot`.
+    fn arrived(&self, slot: Slot) -> usize {
+        self.reads.borrow().get(&slot).map_or(0, |r| r.len())
     }
 
     fn wake(&self) {
@@ -97,6 +113,8 @@ pub fn spawn_executor(me: &Rc<CalvinWorker>) {
 
 /// Run one sequenced transaction here, if it touches this node.
 async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry: Entry) {
+    debug_assert!((epoch, index) >= s.running.get(), "the log runs forward");
+    s.running.set((epoch, index));
     let node = &me.node;
     let here = me.w.addr.node;
     let procs = &node.env.workload;
@@ -129,9 +147,9 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
     if !others.is_empty() {
         me.w.count("multi-node-txns", 1);
         let want = others.len();
-        s.until(|s| s.arrived.borrow().get(&(epoch, index)).copied().unwrap_or(0) >= want).await;
-        s.arrived.borrow_mut().remove(&(epoch, index));
-        values.extend(s.reads.borrow_mut().remove(&(epoch, index)).unwrap_or_default());
+        s.until(|s| s.arrived((epoch, index)) >= want).await;
+        let theirs = s.reads.borrow_mut().remove(&(epoch, index)).unwrap_or_default();
+        values.extend(theirs.into_values().flatten());
     }
     let mut access = Deterministic { values, writes: Vec::new() };
     let result = procs.run(&req, &mut Ctx::with_declared(&mut access, &keys)).await;
@@ -180,6 +198,3 @@ impl Access for Deterministic {
         Step::Ready(Err(Abort::Protocol(SCAN_UNSUPPORTED)))
     }
 }
-
-/// The outcome type the client decodes (kept here so both ends agree on it).
-pub type Outcome = TxnResult<Vec<u8>>;

@@ -94,7 +94,7 @@ pub fn run(spec: &BenchSpec) -> SimRun {
     // One workload instance per process, shared by its nodes, as the bench runtimes do.
     let topo = Arc::new(spec.topology());
     let wl = crate::workloads::build(&spec.workload, &topo).expect("the workload builds");
-    let variant = protocols::Variant::parse(&spec.protocol).expect("a known protocol");
+    let variant = protocols::Variant::parse_including_planned(&spec.protocol).expect("a known protocol");
     // Workers hold their protocol only weakly: keep every instance alive to the end.
     let mut protos = Vec::new();
     let mut first = None;

@@ -488,7 +488,7 @@ fn sim_spec(protocol: &str, mix: &str, seed: u64) -> crate::bench::BenchSpec {
 }
 
 fn consistent_in_simulation(one_shot: bool, seed: u64) {
-    for p in crate::protocols::REGISTRY {
+    for p in crate::protocols::ready() {
         let mut spec = sim_spec(p.name, "standard", seed);
         spec.proto.one_shot = one_shot;
         let run = super::simtest::run(&spec);

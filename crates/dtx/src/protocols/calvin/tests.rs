@@ -1,0 +1,69 @@
+//! Calvin's core, run end to end in the simulator: each abort path it claims, its counters, and
+//! its histories checked. (The shared sweeps in `tests/` run it with every other protocol.)
+
+use crate::bench::{self, BenchSpec};
+use crate::workloads::WorkloadParams;
+
+fn spec(variant: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
+    let mut s = BenchSpec::new(variant, workload, "sim");
+    s.nodes = 3;
+    s.workers = 2;
+    s.inflight = 8;
+    s.duration_us = 300_000;
+    s.warmup_us = 0;
+    s.latency.delay_us = 200;
+    s.seed = seed;
+    s
+}
+
+fn append() -> WorkloadParams {
+    WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }
+}
+
+fn checked(spec: &BenchSpec) -> bench::Outcome {
+    let out = bench::run_sim(spec).expect("the simulation runs");
+    let path = std::env::temp_dir().join(format!("dtx-calvin-{}-{}.jsonl", std::process::id(), spec.seed));
+    let (report, problem) = bench::verify(&out, &path).expect("the history checks");
+    assert!(problem.is_none(), "{} seed {}: {problem:?} {:?}", spec.protocol, spec.seed, report.anomalies.first());
+    let _ = std::fs::remove_file(&path);
+    out
+}
+
+#[test]
+fn batches_run_in_one_order_and_multi_node_transactions_exchange_reads() {
+    for seed in 1..=4 {
+        let out = checked(&spec("calvin:batch_us=1000", append(), seed));
+        let c = &out.totals.counters;
+        assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+        assert!(c.get("batches").copied().unwrap_or(0) > 50, "seed {seed}: {c:?}");
+        assert!(c.get("multi-node-txns").copied().unwrap_or(0) > 0, "seed {seed}: {c:?}");
+        assert!(out.totals.aborts.is_empty(), "deterministic execution never aborts here: {:?}", out.totals.aborts);
+    }
+}
+
+#[test]
+fn a_full_sequencer_refuses_and_its_clients_retry() {
+    let out = checked(&spec("calvin:max_pending=2", append(), 7));
+    assert!(out.totals.aborts.get("sequencer-full").copied().unwrap_or(0) > 0, "{:?}", out.totals.aborts);
+    assert!(out.totals.counters.get("sequencer-refusals").copied().unwrap_or(0) > 0);
+    assert!(out.totals.committed > 0);
+}
+
+#[test]
+fn procedures_that_do_not_declare_their_keys_are_refused() {
+    // Order-Status finds a customer's newest order through an index: its keys depend on reads.
+    let wl = WorkloadParams { name: "tpcc".into(), warehouses: 3, mix: "0,0,100,0,0".into(), ..Default::default() };
+    let mut s = spec("calvin", wl, 1);
+    s.max_retries = 2;
+    let out = bench::run_sim(&s).expect("the simulation runs");
+    assert!(out.totals.aborts.get("not-one-shot").copied().unwrap_or(0) > 0, "{:?}", out.totals.aborts);
+    assert_eq!(out.totals.committed, 0);
+}
+
+#[test]
+fn lost_messages_are_sent_again_and_histories_stay_serializable() {
+    for seed in 1..=3 {
+        let out = checked(&spec("calvin:batch_us=1000", append(), 100 + seed).with_faults(false, false, 0.02));
+        assert!(out.totals.committed > 0, "seed {seed}");
+    }
+}
