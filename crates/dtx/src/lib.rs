@@ -11,4 +11,5 @@ pub mod rt;
 pub mod storage;
 pub mod txn;
 pub mod util;
+pub mod wal;
 pub mod workloads;

@@ -1,14 +1,15 @@
 //! Durability and replication, shared by every protocol: a write-ahead log with group commit
-//! ([`wal`]) and consensus-replicated logs ([`raft_log`]). Nothing here touches a protocol; the
+//! ([`crate::wal`]) and consensus-replicated logs ([`raft_log`]). Nothing here touches a protocol; the
 //! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
 pub mod epoch;
 pub mod raft_log;
 pub mod service;
-pub mod wal;
+
 pub mod watermark;
 
 use crate::rt::log::NodeLog;
+use crate::wal;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;

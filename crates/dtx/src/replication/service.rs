@@ -20,11 +20,11 @@
 //!   next leader's.
 
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
-use super::wal::Lsn;
 use crate::net::{Addr, NodeId};
 use crate::protocols::twopc::durable::ReplayState;
 use crate::rt::log::NodeLog;
 use crate::rt::{log_warn, Worker};
+use crate::wal::Lsn;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
 use std::collections::VecDeque;

@@ -1,6 +1,6 @@
 //! A node's log as protocol code sees it: append a record (its LSN comes back at once), then
 //! await its durability. Which device is underneath is the runtime's choice:
-//! - `local` and `tcp`: a real write-ahead log on disk ([`crate::replication::wal::Wal`]), whose
+//! - `local` and `tcp`: a real write-ahead log on disk ([`crate::wal::Wal`]), whose
 //!   flusher thread group-commits with fsync and wakes the waiters;
 //! - `sim`: a simulated disk whose flushes the simulator schedules in virtual time (group-commit
 //!   delay plus an fsync cost), and whose unflushed tail a crash loses.
@@ -9,7 +9,7 @@
 //! keep), so it is `Send + Sync`; waiting is a future woken through the task's waker, which
 //! works across threads, so protocol code never blocks a worker on I/O.
 
-use crate::replication::wal::{Lsn, Wal};
+use crate::wal::{Lsn, Wal};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
