@@ -82,7 +82,6 @@ fn test_only_files(files: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 #[test]
-#[ignore = "enabled when the fixes of protocols -> workloads, txn/recon -> workloads, rt/log -> replication and replication -> protocols land"]
 fn no_module_imports_from_a_layer_above_it() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();

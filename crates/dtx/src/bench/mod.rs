@@ -151,6 +151,13 @@ impl BenchSpec {
     }
 }
 
+/// The run's protocol's log state machines, for the replicas of replicated logs.
+pub fn machine_factory(spec: &BenchSpec) -> anyhow::Result<crate::replication::service::MachineFactory> {
+    let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+    protocol.log_machine(None)?;
+    Ok(Arc::new(move || protocol.log_machine(None).expect("a fresh log machine was made before")))
+}
+
 /// A node's protocol state (storage loaded) and the workload it runs.
 pub struct NodeSetup {
     pub proto: Arc<dyn NodeProtocol>,
@@ -163,6 +170,8 @@ pub struct NodeSetup {
     pub log: Option<Arc<NodeLog>>,
     /// The run's cluster id: logs and replication frames of another cluster are refused.
     pub cluster_id: u64,
+    /// The protocol's log state machines, for the replicas its node's host keeps.
+    pub machine: crate::replication::service::MachineFactory,
 }
 
 impl NodeSetup {
@@ -222,6 +231,7 @@ pub fn build_node(
         replicated,
         log: node_log,
         cluster_id: spec.durability.cluster_id,
+        machine: machine_factory(spec)?,
     })
 }
 
@@ -245,10 +255,11 @@ pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyh
         Durability::Wal => {
             let opened = spec.durability.open_wal(dir.join(format!("node-{n}")), n)?;
             if let Some(c) = &opened.checkpoint {
-                if let Err(e) = crate::protocols::twopc::durable::ReplayState::decode(c) {
+                let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+                if let Err(e) = protocol.log_machine(Some(c)) {
                     bail!(
-                        "node {n}: the checkpoint in {} passed its checksum but does not decode ({e}): it was \
-                         written by another version of dtx; use that version, or another --data-dir",
+                        "node {n}: the checkpoint in {} passed its checksum but {e:#}: it was written by \
+                         another version of dtx or another protocol; use that one, or another --data-dir",
                         dir.join(format!("node-{n}")).display()
                     );
                 }
@@ -286,7 +297,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
     let seed = w.rng.borrow_mut().gen::<u64>();
     use crate::replication::service;
     let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
-    let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed)
+    let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed, node.machine.clone())
         .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
     if let Err(e) = started {
         crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
@@ -525,7 +536,16 @@ impl SimFailover {
         let spec = &me.rebuild.spec;
         let seed = spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
         let d = &spec.durability;
-        let state = service::ReplicaState::new(n, d.cluster_id, spec.nodes, d.replicas, service::Mode::Failover, seed)?;
+        let machine = machine_factory(spec)?;
+        let state = service::ReplicaState::new(
+            n,
+            d.cluster_id,
+            spec.nodes,
+            d.replicas,
+            service::Mode::Failover,
+            seed,
+            machine,
+        )?;
         let state = Rc::new(std::cell::RefCell::new(state));
         me.states.push(state.clone());
         let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
@@ -564,7 +584,7 @@ impl crate::rt::sim::Failover for SimFailover {
             return false;
         };
         let log = NodeLog::replicated();
-        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
+        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
         me.rebuild.rebuild(node, opened, workers);
         for (other, r2) in me.replicators.iter().enumerate() {
             if let (Some(r2), false) = (r2, other == host as usize) {

@@ -22,7 +22,6 @@ use super::driver::{RunShared, Window};
 use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, OpenedLog, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::{Addr, NodeId};
-use crate::protocols::twopc::durable::ReplayState;
 use crate::replication::service::{self, AdoptRequests, Deposed, Mode, ReplicatorHandle};
 use crate::rt::log::NodeLog;
 use crate::rt::tcp::{TcpHandle, TcpNet};
@@ -317,9 +316,20 @@ impl Hosting {
             let d = &spec.durability;
             let seed = w.rng.borrow_mut().gen::<u64>();
             let (adopt, deposed) = (AdoptRequests::default(), Deposed::default());
-            let started = service::ReplicaState::new(host, d.cluster_id, spec.nodes, d.replicas, Mode::Failover, seed)
+            let started = super::machine_factory(&spec)
+                .and_then(|machine| {
+                    Ok(service::ReplicaState::new(
+                        host,
+                        d.cluster_id,
+                        spec.nodes,
+                        d.replicas,
+                        Mode::Failover,
+                        seed,
+                        machine,
+                    )?)
+                })
                 .and_then(|state| {
-                    service::start(&w, Rc::new(std::cell::RefCell::new(state)), Some(own_log), Some(adopt.clone()))
+                    Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), Some(own_log), Some(adopt.clone()))?)
                 });
             match started {
                 Ok(r) => {
@@ -399,10 +409,10 @@ impl Hosting {
     /// Take node `id` over from `state` (what this host's replica of its log applied): rebuild
     /// it, serve it, and tell the replicator to propose its records. Runs on its own thread
     /// (binding may wait for the old incarnation's ports).
-    fn take_over(&self, id: NodeId, state: ReplayState, term: u64) {
+    fn take_over(&self, id: NodeId, state: Vec<u8>, term: u64) {
         let t0 = Instant::now();
         let log = NodeLog::replicated();
-        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state.encode()), records: Vec::new() };
+        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
         let served = build_node(&self.spec, id, &self.workload, Some(opened))
             .and_then(|mut setup| {
                 setup.replicated = None;

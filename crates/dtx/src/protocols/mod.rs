@@ -87,6 +87,13 @@ pub trait Protocol: Send + Sync + 'static {
     fn check_topology(&self, _topo: &Topology) -> anyhow::Result<()> {
         Ok(())
     }
+    /// The protocol's log state machine ([`crate::rt::log::LogMachine`]), fresh or from a
+    /// checkpoint's bytes: the checkpointer, replicated logs and failover drive it, knowing
+    /// nothing of the protocol's records. A protocol that recovers nothing from a log keeps the
+    /// default.
+    fn log_machine(&self, _checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
+        Ok(Box::new(crate::rt::log::NoLog))
+    }
 }
 
 /// A node's protocol state, shared by its workers.

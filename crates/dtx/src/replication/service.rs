@@ -10,7 +10,8 @@
 //! - [`Mode::OwnerLeads`] (the `local` runtime, where nothing can crash): only a log's owner
 //!   ticks and leads its group; the followers hold the log. Nothing fails over.
 //! - [`Mode::Failover`] (the simulator and `tcp`): every replica ticks every group it holds and applies
-//!   its committed records to the state recovery builds ([`ReplayState`]). When a node's host
+//!   its committed records to the protocol's log state machine ([`LogMachine`], made by the
+//!   factory the replicator is given: replication never looks inside a record). When a node's host
 //!   fails, the followers elect a new leader; once the new leader's log is settled (an entry of
 //!   its own term committed, so every record a former leader committed is in it), it asks for
 //!   the node to be rebuilt from that state and served by its host ([`AdoptRequests`]): the
@@ -18,11 +19,14 @@
 //!   log. A replica that loses the leadership stops proposing for the node at once; its
 //!   incarnation of the node can no longer make anything durable and is replaced by the
 //!   next leader's.
+//!
+//! Entries are framed by this layer: a tag byte, then either one of the node's records (given
+//! to the machine) or a replication marker of its own (the `Takeover` that proves a new
+//! leader's term, which no machine sees).
 
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
 use crate::net::{Addr, NodeId};
-use crate::protocols::twopc::durable::ReplayState;
-use crate::rt::log::NodeLog;
+use crate::rt::log::{LogMachine, NodeLog};
 use crate::rt::{log_warn, Worker};
 use crate::wal::Lsn;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -78,6 +82,22 @@ pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
 /// runtime stops this host's incarnation of each.
 pub type Deposed = Rc<RefCell<Vec<NodeId>>>;
 
+/// Makes a protocol's log state machine, fresh.
+pub type MachineFactory = std::sync::Arc<dyn Fn() -> Box<dyn LogMachine> + Send + Sync>;
+
+/// An entry that carries one of the node's records.
+const TAG_RECORD: u8 = 0;
+/// An entry that carries a new leader's `Takeover` marker (its host id): committing it proves
+/// the leadership current. No protocol sees it.
+const TAG_TAKEOVER: u8 = 1;
+
+fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + payload.len());
+    out.push(tag);
+    out.extend_from_slice(payload);
+    out
+}
+
 /// What a host's replicas keep across a crash of the host: Raft's hard state and log (which a
 /// deployment keeps on disk; the simulator keeps them in memory and charges no fsync for them,
 /// see docs/architecture.md) and, in failover mode, what each group's committed records amount
@@ -90,7 +110,10 @@ pub struct ReplicaState {
     cluster_id: u64,
     mode: Mode,
     groups: RaftGroups,
-    applied: FxHashMap<u32, ReplayState>,
+    /// Per group, the protocol's state machine over its committed records (failover mode).
+    applied: FxHashMap<u32, Box<dyn LogMachine>>,
+    /// Makes a fresh machine for a group (the protocol's `log_machine(None)`).
+    new_machine: MachineFactory,
     /// Per group, the index its log was last compacted to (owner-led mode).
     compacted: FxHashMap<u32, u64>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
@@ -106,6 +129,7 @@ impl ReplicaState {
         replicas: u16,
         mode: Mode,
         seed: u64,
+        new_machine: MachineFactory,
     ) -> Result<Self, RaftLogError> {
         // Owner-led: only the owner ticks, so it must not step down when it loses touch with a
         // majority (check-quorum): nobody else would take over, and followers that do not tick
@@ -124,6 +148,7 @@ impl ReplicaState {
             mode,
             groups,
             applied: Default::default(),
+            new_machine,
             compacted: Default::default(),
             started: false,
         })
@@ -339,7 +364,7 @@ impl Replicator {
 
     /// What `node` recovers from, if this host may take it over now: it is alive, leads the
     /// node's log with a settled log, and has applied every committed record.
-    pub fn adoptable_state(&self, node: NodeId) -> Option<ReplayState> {
+    pub fn adoptable_state(&self, node: NodeId) -> Option<Vec<u8>> {
         let st = self.state.borrow();
         let g = st.groups.get(node as u32)?;
         let ready = self.alive
@@ -348,7 +373,10 @@ impl Replicator {
             && self.takeover_term.get(&(node as u32)) == Some(&g.term())
             && g.leads_with_settled_log()
             && g.applied_index() >= g.commit_index();
-        ready.then(|| st.applied.get(&(node as u32)).cloned().unwrap_or_default())
+        ready.then(|| match st.applied.get(&(node as u32)) {
+            Some(m) => m.snapshot(),
+            None => (st.new_machine)().snapshot(),
+        })
     }
 
     /// Take what the served logs appended since the last look; `waker` hears of the next.
@@ -385,7 +413,7 @@ impl Replicator {
             let Some(g) = st.groups.get_mut(group) else { continue };
             let mut lsn = s.taken - s.backlog.len() as Lsn;
             while let Some(rec) = s.backlog.front() {
-                match g.propose(rec.clone()) {
+                match g.propose(frame(TAG_RECORD, rec)) {
                     Ok(()) => {
                         lsn += 1;
                         s.inflight.push_back((g.last_index(), g.term(), lsn));
@@ -434,9 +462,15 @@ impl Replicator {
         }
         let mut st = self.state.borrow_mut();
         if st.mode == Mode::Failover {
-            let applied = st.applied.entry(group).or_default();
+            let st = &mut *st;
+            let applied = st.applied.entry(group).or_insert_with(|| (st.new_machine)());
             for e in entries {
-                applied.apply(&e.data);
+                match e.data.split_first() {
+                    Some((&TAG_RECORD, record)) => applied.apply(record),
+                    Some((&TAG_TAKEOVER, _)) => {}
+                    // Raft's own empty entries (a new leader's first), and nothing else.
+                    _ => debug_assert!(e.data.is_empty(), "an entry of group {group} with an unknown tag"),
+                }
             }
             self.w.charge_ops(entries.len());
         }
@@ -503,7 +537,7 @@ impl Replicator {
                 continue;
             }
             if self.takeover_term.get(&group) != Some(&g.term()) {
-                let marker = crate::net::encode(&crate::protocols::twopc::durable::LogRecord::Takeover { host });
+                let marker = frame(TAG_TAKEOVER, &host.to_le_bytes());
                 if g.propose(marker).is_ok() {
                     self.takeover_term.insert(group, g.term());
                 }

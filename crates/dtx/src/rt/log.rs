@@ -43,36 +43,51 @@ enum Device {
     Replicated(Mutex<ReplQueue>),
 }
 
-/// Something that digests a node's log records as they are appended and can write out what they
-/// amount to (the 2PC protocols' replay state), so that the log can be checkpointed and cut.
-pub trait LogCompactor: Send {
-    fn absorb(&mut self, record: &[u8]);
+/// A protocol's log state machine: what a node's log records amount to. The protocol owns it
+/// (`Protocol::log_machine`); the checkpointer, the replicas of a replicated log and failover
+/// drive it with the protocol's records as bytes and never look inside them.
+///
+/// Contract: records are applied in log order, each once; `snapshot` is what recovery starts
+/// from (the protocol's `log_machine(Some(snapshot))`), and applying the records after it must
+/// give the state that applying every record from the start gives.
+pub trait LogMachine: Send {
+    fn apply(&mut self, record: &[u8]);
     fn snapshot(&self) -> Vec<u8>;
+}
+
+/// The log machine of a protocol that logs nothing it recovers from.
+pub struct NoLog;
+
+impl LogMachine for NoLog {
+    fn apply(&mut self, _record: &[u8]) {}
+    fn snapshot(&self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 /// Records queued for the checkpointer thread; appenders wait when it falls this far behind.
 const CHECKPOINT_QUEUE: usize = 1 << 16;
 
-/// Feeds a [`LogCompactor`] on its own thread and checkpoints the WAL every `every` records.
+/// Feeds a [`LogMachine`] on its own thread and checkpoints the WAL every `every` records.
 struct Checkpointer {
     tx: std::sync::mpsc::SyncSender<(Lsn, Vec<u8>)>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Checkpointer {
-    fn start(wal: Arc<Wal>, mut compactor: Box<dyn LogCompactor>, every: u64) -> Checkpointer {
+    fn start(wal: Arc<Wal>, mut machine: Box<dyn LogMachine>, every: u64) -> Checkpointer {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(Lsn, Vec<u8>)>(CHECKPOINT_QUEUE);
         let spawned = std::thread::Builder::new().name("dtx-checkpointer".into()).spawn(move || {
             let mut since = 0;
             for (lsn, rec) in rx {
-                compactor.absorb(&rec);
+                machine.apply(&rec);
                 since += 1;
                 if since < every {
                     continue;
                 }
                 since = 0;
                 // The checkpoint may only cover durable records; the WAL waits for that.
-                if let Err(e) = wal.checkpoint(lsn, &compactor.snapshot()) {
+                if let Err(e) = wal.checkpoint(lsn, &machine.snapshot()) {
                     super::log_warn(&format!("checkpoint at LSN {lsn} failed: {e}"));
                 }
             }
@@ -185,9 +200,9 @@ impl NodeLog {
 
     /// Checkpoint this log every `every` records from now on (a real WAL only; the simulator's
     /// disk and replicated logs are not checkpointed).
-    pub fn set_compactor(&self, compactor: Box<dyn LogCompactor>, every: u64) {
+    pub fn set_checkpointer(&self, machine: Box<dyn LogMachine>, every: u64) {
         if let (Device::Wal(wal), true) = (&self.device, every > 0) {
-            let started = Mutex::new(Some(Checkpointer::start(wal.clone(), compactor, every)));
+            let started = Mutex::new(Some(Checkpointer::start(wal.clone(), machine, every)));
             if self.checkpointer.set(started).is_err() {
                 super::log_warn("a node log's checkpointer was set twice; the second is ignored");
             }

@@ -46,10 +46,6 @@ pub enum LogRecord {
     Outcome { txn: TxnId, committed: bool },
     /// Every participant acknowledged the commit of `txn`.
     Ended { txn: TxnId },
-    /// A replica of a replicated log became its leader and will rebuild the node from the
-    /// records before this one (`replication::service`): committing it proves the leadership
-    /// current. It changes nothing on replay.
-    Takeover { host: NodeId },
 }
 
 /// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
@@ -153,7 +149,6 @@ impl ReplayState {
             LogRecord::Ended { txn } => {
                 self.unended.remove(&txn);
             }
-            LogRecord::Takeover { .. } => {}
         }
     }
 
@@ -193,18 +188,27 @@ pub fn replay_keeping(
     (state.recover(apply), state)
 }
 
-/// Keeps a [`ReplayState`] up to date from the records a node appends, so that its log can be
-/// checkpointed without stopping the node (`rt::log::NodeLog` feeds it on its own thread).
-pub struct Compactor(pub ReplayState);
-
-impl crate::rt::log::LogCompactor for Compactor {
-    fn absorb(&mut self, record: &[u8]) {
-        self.0.apply(record);
+/// 2PC's log state machine is its replay state: the checkpointer keeps one beside the running
+/// node, replicas of a replicated log keep one per log, and a node is rebuilt from its snapshot.
+impl crate::rt::log::LogMachine for ReplayState {
+    fn apply(&mut self, record: &[u8]) {
+        ReplayState::apply(self, record);
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        self.0.encode()
+        self.encode()
     }
+}
+
+/// The log machine of every protocol over the 2PC skeleton: fresh, or from a checkpoint (an
+/// undecodable one is an error naming the cause).
+pub fn machine(checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
+    let state = match checkpoint {
+        Some(bytes) => ReplayState::decode(bytes)
+            .map_err(|e| anyhow::anyhow!("the checkpoint does not decode as 2PC's replay state ({e})"))?,
+        None => ReplayState::default(),
+    };
+    Ok(Box::new(state))
 }
 
 /// A node's durable log as the 2PC protocols use it: `None` when the run is not durable.

@@ -96,7 +96,7 @@ impl<M: TxnMeta> NodeShared<M> {
             log: {
                 if let (Some(log), true) = (&env.log, env.checkpoint_every > 0) {
                     // Before the boot record, so that the checkpointer sees every record.
-                    log.set_compactor(Box::new(durable::Compactor(state)), env.checkpoint_every);
+                    log.set_checkpointer(Box::new(state), env.checkpoint_every);
                 }
                 durable::TxnLog::start(env.log, boot)
             },

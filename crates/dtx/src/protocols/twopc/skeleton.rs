@@ -98,6 +98,10 @@ where
         let state = Arc::new(self.cc.node_state(&shared));
         Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config })
     }
+
+    fn log_machine(&self, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
+        super::durable::machine(checkpoint)
+    }
 }
 
 struct CcNode<C: Cc> {
