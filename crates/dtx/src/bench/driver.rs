@@ -6,7 +6,7 @@ use super::metrics::{HistLine, Metrics};
 use crate::protocols::{Attempt, WorkerProtocol};
 use crate::rt::Worker;
 use crate::txn::{Abort, TxnRequest};
-use crate::workloads::{append, Workload};
+use crate::workloads::Workload;
 use parking_lot::Mutex;
 use rand::Rng as _;
 use std::cell::RefCell;
@@ -14,12 +14,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The measured window, in the worker's clock (ns).
-#[derive(Debug, Clone, Copy)]
-pub struct Window {
-    pub start_ns: u64,
-    pub end_ns: u64,
-}
+pub use super::metrics::Window;
 
 /// What the workers of one process report into, read by whoever orchestrates the run.
 #[derive(Default)]
@@ -179,7 +174,7 @@ struct Client<'a> {
 impl Client<'_> {
     async fn run(&self, attempts: &Attempts, i: usize) {
         client(self.w, self.proto, self.wl, self.m, self.home, self.cfg, self.shared, &mut |req, start| {
-            attempts.borrow_mut()[i] = start.map(|ns| (append::aborted_ops(req), ns));
+            attempts.borrow_mut()[i] = start.map(|ns| (self.wl.attempted_ops(req), ns));
         })
         .await
     }
@@ -209,7 +204,7 @@ async fn client(
                 track(&req, Some(start_ns));
                 id = history_id(m, shared);
                 if shared.history_file.is_some() {
-                    let ops = append::aborted_ops(&req);
+                    let ops = wl.attempted_ops(&req);
                     let us = start_ns / 1000;
                     persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
                 }
@@ -218,7 +213,7 @@ async fn client(
             let end_ns = w.now_ns();
             if cfg.record_history {
                 track(&req, None);
-                record(m, shared, id, &req, &result, start_ns, end_ns);
+                record(m, shared, id, (wl, &req), &result, start_ns, end_ns);
             }
             match result {
                 Ok(out) => {
@@ -263,14 +258,14 @@ fn record(
     m: &RefCell<Metrics>,
     shared: &RunShared,
     id: u64,
-    req: &TxnRequest,
+    (wl, req): (&dyn Workload, &TxnRequest),
     result: &Result<crate::txn::TxnOutput, Abort>,
     start_ns: u64,
     end_ns: u64,
 ) {
     let (status, ops) = match result {
         Ok(out) => ("committed", out.history.clone()),
-        Err(_) => ("aborted", append::aborted_ops(req)),
+        Err(_) => ("aborted", wl.attempted_ops(req)),
     };
     let line = HistLine { id, status: status.into(), ops, start_us: start_ns / 1000, end_us: end_ns / 1000 };
     persist(shared, &line);

@@ -1,10 +1,16 @@
 //! Per-worker measurements and their merge into a run report.
 
-use super::driver::Window;
 use crate::txn::{Abort, HistOp};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// The measured window, in the worker's clock (ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
 
 /// One line of a `--history` file.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -172,6 +172,10 @@ impl Workload for Append {
         }
     }
 
+    fn attempted_ops(&self, req: &TxnRequest) -> Vec<HistOp> {
+        aborted_ops(req)
+    }
+
     fn final_read(&self) -> Option<TxnRequest> {
         let ops = (0..self.keys).map(AppendOp::Read).collect();
         Some(TxnRequest::new("read-all", 0, AppendArgs { ops }))

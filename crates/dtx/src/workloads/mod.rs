@@ -28,6 +28,12 @@ pub trait Workload: Procedures {
     fn final_read(&self) -> Option<TxnRequest> {
         None
     }
+    /// The history operations an attempt of `req` performs as far as the request says, for the
+    /// history line of an attempt that aborted or whose outcome is unknown (list-append: its
+    /// appends, and its reads without values). Empty for workloads without a history.
+    fn attempted_ops(&self, _req: &TxnRequest) -> Vec<crate::txn::HistOp> {
+        Vec::new()
+    }
     /// What kind of transaction a request is, for per-kind commit counts (TPC-C reports
     /// New-Order throughput beside the total). Every workload's procedure names are distinct.
     fn txn_kind(&self, req: &TxnRequest) -> &'static str {
