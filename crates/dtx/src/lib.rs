@@ -9,6 +9,8 @@ pub mod protocols;
 pub mod replication;
 pub mod rt;
 pub mod storage;
+#[cfg(test)]
+mod testkit;
 pub mod txn;
 pub mod util;
 pub mod wal;

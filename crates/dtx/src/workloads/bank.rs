@@ -283,8 +283,7 @@ impl Workload for Bank {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workloads::tpcc::simtest;
-    use crate::workloads::tpcc::tests::{loaded, run_direct};
+    use crate::testkit::{self, loaded, run_direct};
 
     fn bank(accounts: u64, nodes: u16, parts: u32) -> Bank {
         let p = WorkloadParams { name: "bank".into(), accounts, distributed: 0.3, ..Default::default() };
@@ -401,7 +400,7 @@ mod tests {
                 spec.latency.jitter_us = 50;
                 spec.seed = seed;
                 spec.proto.one_shot = one_shot;
-                let run = simtest::run(&spec);
+                let run = testkit::run(&spec);
                 let what = format!("{} one_shot={one_shot}", p.name);
                 run.assert_checks_pass(&what);
                 assert!(run.committed.get(TRANSFER_PROC).copied().unwrap_or(0) > 100, "{what}: {run:?}");

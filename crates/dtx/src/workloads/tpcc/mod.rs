@@ -24,8 +24,6 @@ pub mod check;
 pub mod load;
 pub mod procs;
 pub mod schema;
-#[cfg(test)]
-pub(crate) mod simtest;
 
 use super::{Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};

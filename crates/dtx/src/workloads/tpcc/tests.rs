@@ -3,94 +3,7 @@
 
 use super::*;
 use crate::storage::Storage;
-use crate::txn::{Access, Scan, Step, TxnResult};
-use std::future::Future;
-
-/// Runs procedures straight against one storage: reads see committed values and this
-/// transaction's own writes, writes are applied at the end. Records the keys it touched.
-pub(crate) struct Direct<'s> {
-    pub store: &'s Storage<()>,
-    pub keys: KeySet,
-    writes: Vec<(RowKey, Option<Value>)>,
-}
-
-impl<'s> Direct<'s> {
-    pub fn new(store: &'s Storage<()>) -> Self {
-        Direct { store, keys: KeySet::default(), writes: Vec::new() }
-    }
-
-    fn value(&self, key: RowKey) -> Option<Value> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return v.clone();
-        }
-        self.store.get(key).and_then(|r| r.lock().value.clone())
-    }
-
-    pub fn commit(self) {
-        for (k, v) in self.writes {
-            self.store.get_or_create(k).lock().value = v;
-        }
-    }
-}
-
-impl Access for Direct<'_> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        self.keys.read(key);
-        Step::Ready(Ok(self.value(key)))
-    }
-
-    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        self.keys.write(key);
-        Step::Ready(Ok(self.value(key)))
-    }
-
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        self.keys.write(key);
-        self.writes.push((key, value));
-        Step::Ready(Ok(()))
-    }
-
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let rows = self.store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
-        let keys: Vec<u64> = rows.into_iter().map(|(k, _)| k).collect();
-        Step::Ready(Ok(keys.into_iter().filter_map(|k| self.value(RowKey::new(s.table, k)).map(|v| (k, v))).collect()))
-    }
-}
-
-/// Poll a future that never waits (every access above is ready at once).
-pub(crate) fn now<F: Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => panic!("a direct run waited"),
-    }
-}
-
-/// Run one request the way a one-shot protocol does: the declared key set, or one found by a
-/// reconnaissance run, then the real run confined to it (it must not stray), then commit.
-pub(crate) fn run_direct(wl: &dyn Workload, store: &Storage<()>, req: &TxnRequest) -> TxnResult<TxnOutput> {
-    let mut keys = KeySet::default();
-    if !wl.declare(req, &mut keys) {
-        let mut recon = Direct::new(store);
-        now(wl.run(req, &mut Ctx::new(&mut recon)))?;
-        keys = recon.keys;
-    }
-    let mut real = Direct::new(store);
-    let out = now(wl.run(req, &mut Ctx::with_declared(&mut real, &keys)));
-    assert_ne!(out.as_ref().err(), Some(&Abort::ReconMismatch), "{} strayed from its key set", req.proc);
-    let out = out?;
-    real.commit();
-    Ok(out)
-}
-
-pub(crate) fn loaded(wl: &dyn Workload, partitions: &[PartitionId]) -> Storage<()> {
-    let store = Storage::new(&wl.tables(partitions));
-    for &p in partitions {
-        wl.load_partition(p, &mut |k, v| store.load(k, v));
-    }
-    store
-}
+use crate::testkit::{loaded, now, run_direct, Direct};
 
 fn tpcc(warehouses: u32, nodes: u16, mix: &str) -> (Tpcc, Topology) {
     let topo = Topology::new(nodes, 1, 1);
@@ -491,7 +404,7 @@ fn consistent_in_simulation(one_shot: bool, seed: u64) {
     for p in crate::protocols::ready() {
         let mut spec = sim_spec(p.name, "standard", seed);
         spec.proto.one_shot = one_shot;
-        let run = super::simtest::run(&spec);
+        let run = crate::testkit::run(&spec);
         let what = format!("{} one_shot={one_shot}", p.name);
         run.assert_checks_pass(&what);
         assert_eq!(run.checks.len(), 8, "{what}: 4 conditions x 2 warehouses: {:#?}", run.checks);

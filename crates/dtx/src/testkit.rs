@@ -1,18 +1,25 @@
-//! Test harness for workloads with final checks (TPC-C, bank): a simulated run with its own
-//! closed-loop clients (the driver's loop, with its `on_commit` and `before_retry` calls), then
-//! the workload's `final_checks` executed on node 0's first worker, each until it commits, with
-//! `check_output` called after each, then `process_findings`. One workload instance serves every
-//! node, as in the bench runtimes.
+//! The test kit every workload's and protocol's unit tests share (test builds only):
+//! - direct runs: a procedure run straight against one storage, no concurrency control, the way
+//!   a one-shot protocol runs it (declared keys, or reconnaissance first), to test workloads;
+//! - simulated runs: any protocol on any workload in the simulator with closed-loop clients
+//!   (the driver's loop, with its `on_commit` and `before_retry` calls), then the workload's
+//!   `final_checks` executed on node 0's first worker, each until it commits, with
+//!   `check_output` called after each, then `process_findings`. One workload instance serves
+//!   every node, as in the bench runtimes.
 
 use crate::bench::BenchSpec;
+use crate::cluster::PartitionId;
 use crate::net::Addr;
 use crate::protocols::{self, Attempt, NodeEnv, WorkerProtocol};
 use crate::rt::{sim::SimWorld, Worker, WorkerConfig};
+use crate::storage::{RowKey, Storage, Value};
 use crate::txn::Abort;
+use crate::txn::{Access, Ctx, KeySet, Scan, Step, TxnOutput, TxnRequest, TxnResult};
 use crate::workloads::Workload;
 use rand::Rng as _;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -177,4 +184,92 @@ pub fn run(spec: &BenchSpec) -> SimRun {
     drop(protos);
     let out = std::mem::take(&mut *stats.borrow_mut());
     out
+}
+
+// ---- direct runs ----
+
+/// Runs procedures straight against one storage: reads see committed values and this
+/// transaction's own writes, writes are applied at the end. Records the keys it touched.
+pub(crate) struct Direct<'s> {
+    pub store: &'s Storage<()>,
+    pub keys: KeySet,
+    writes: Vec<(RowKey, Option<Value>)>,
+}
+
+impl<'s> Direct<'s> {
+    pub fn new(store: &'s Storage<()>) -> Self {
+        Direct { store, keys: KeySet::default(), writes: Vec::new() }
+    }
+
+    fn value(&self, key: RowKey) -> Option<Value> {
+        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
+            return v.clone();
+        }
+        self.store.get(key).and_then(|r| r.lock().value.clone())
+    }
+
+    pub fn commit(self) {
+        for (k, v) in self.writes {
+            self.store.get_or_create(k).lock().value = v;
+        }
+    }
+}
+
+impl Access for Direct<'_> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.keys.read(key);
+        Step::Ready(Ok(self.value(key)))
+    }
+
+    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.keys.write(key);
+        Step::Ready(Ok(self.value(key)))
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        self.keys.write(key);
+        self.writes.push((key, value));
+        Step::Ready(Ok(()))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let rows = self.store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
+        let keys: Vec<u64> = rows.into_iter().map(|(k, _)| k).collect();
+        Step::Ready(Ok(keys.into_iter().filter_map(|k| self.value(RowKey::new(s.table, k)).map(|v| (k, v))).collect()))
+    }
+}
+
+/// Poll a future that never waits (every access above is ready at once).
+pub(crate) fn now<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("a direct run waited"),
+    }
+}
+
+/// Run one request the way a one-shot protocol does: the declared key set, or one found by a
+/// reconnaissance run, then the real run confined to it (it must not stray), then commit.
+pub(crate) fn run_direct(wl: &dyn Workload, store: &Storage<()>, req: &TxnRequest) -> TxnResult<TxnOutput> {
+    let mut keys = KeySet::default();
+    if !wl.declare(req, &mut keys) {
+        let mut recon = Direct::new(store);
+        now(wl.run(req, &mut Ctx::new(&mut recon)))?;
+        keys = recon.keys;
+    }
+    let mut real = Direct::new(store);
+    let out = now(wl.run(req, &mut Ctx::with_declared(&mut real, &keys)));
+    assert_ne!(out.as_ref().err(), Some(&Abort::ReconMismatch), "{} strayed from its key set", req.proc);
+    let out = out?;
+    real.commit();
+    Ok(out)
+}
+
+pub(crate) fn loaded(wl: &dyn Workload, partitions: &[PartitionId]) -> Storage<()> {
+    let store = Storage::new(&wl.tables(partitions));
+    for &p in partitions {
+        wl.load_partition(p, &mut |k, v| store.load(k, v));
+    }
+    store
 }
