@@ -153,7 +153,7 @@ fn on_crash_report(
         for (ops, start_ns) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
             let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
             let start_us = start_ns / 1000;
-            m.history.push(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
+            m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
         }
         shared.reports.lock().push(m);
         shared.running.fetch_sub(1, Ordering::AcqRel);
@@ -269,7 +269,7 @@ fn record(
     };
     let line = HistLine { id, status: status.into(), ops, start_us: start_ns / 1000, end_us: end_ns / 1000 };
     persist(shared, &line);
-    m.borrow_mut().history.push(line);
+    m.borrow_mut().record_history(line);
 }
 
 /// Run the workload's final checks on this worker, one after another, each until it commits,

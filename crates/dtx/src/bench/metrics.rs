@@ -5,6 +5,22 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The most history lines one worker keeps in memory (a line is ~100-200 bytes, so ~0.5 GiB).
+/// Past it, attempts are counted, not recorded, and `--verify` reports the run as unverifiable
+/// rather than checking a history with holes in it.
+pub const MAX_HISTORY_LINES: usize = 4_000_000;
+
+impl Metrics {
+    /// Keep one history line, unless the history is full.
+    pub fn record_history(&mut self, line: HistLine) {
+        if self.history.len() < MAX_HISTORY_LINES {
+            self.history.push(line);
+        } else {
+            self.history_dropped += 1;
+        }
+    }
+}
+
 /// The measured window, in the worker's clock (ns).
 #[derive(Debug, Clone, Copy)]
 pub struct Window {
@@ -37,7 +53,10 @@ pub struct Metrics {
     /// Commits that waited for the log in the window, and how long in all.
     pub log_waits: u64,
     pub log_wait_ns: u64,
+    /// The attempts recorded for the checker (at most [`MAX_HISTORY_LINES`] per worker).
     pub history: Vec<HistLine>,
+    /// Attempts not recorded because the history was full: the run cannot be verified.
+    pub history_dropped: u64,
     /// Commits in the window per kind of transaction (procedure).
     pub by_kind: BTreeMap<&'static str, u64>,
     /// The protocol's own counters over the window (`rt::Worker::count`).
@@ -64,6 +83,7 @@ impl Metrics {
             log_waits: 0,
             log_wait_ns: 0,
             history: Vec::new(),
+            history_dropped: 0,
             by_kind: BTreeMap::new(),
             counters: BTreeMap::new(),
         }
@@ -125,6 +145,9 @@ pub struct Totals {
     /// The protocol's own counters, summed over workers.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// History lines not recorded because a worker's history was full.
+    #[serde(default)]
+    pub history_dropped: u64,
 }
 
 impl Totals {
@@ -153,6 +176,7 @@ impl Totals {
         for (k, c) in &m.counters {
             *self.counters.entry(k.to_string()).or_default() += c;
         }
+        self.history_dropped += m.history_dropped;
     }
 
     pub fn add(&mut self, o: &Totals) {
@@ -179,6 +203,7 @@ impl Totals {
         for (k, c) in &o.counters {
             *self.counters.entry(k.clone()).or_default() += c;
         }
+        self.history_dropped += o.history_dropped;
         self.findings.extend_from_slice(&o.findings);
     }
 
@@ -192,5 +217,24 @@ impl Totals {
             let _ = h.record_n(v.max(1), c);
         }
         h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_history_counts_what_it_drops_and_the_totals_say_so() {
+        let mut m = Metrics::new(Window { start_ns: 0, end_ns: 1 });
+        let line = || HistLine { id: 0, status: String::new(), ops: Vec::new(), start_us: 0, end_us: 0 };
+        m.history.resize_with(MAX_HISTORY_LINES - 1, line);
+        m.record_history(line());
+        m.record_history(line());
+        m.record_history(line());
+        assert_eq!((m.history.len(), m.history_dropped), (MAX_HISTORY_LINES, 2));
+        let mut t = Totals::default();
+        t.add_metrics(&m);
+        assert_eq!(t.history_dropped, 2);
     }
 }

@@ -799,6 +799,12 @@ pub fn verify(o: &Outcome, path: &std::path::Path) -> anyhow::Result<(dtx_check:
     write_history(o, path)?;
     let report = dtx_check::check_file(path)?;
     let problem = match &o.final_read {
+        _ if o.totals.history_dropped > 0 => Some(format!(
+            "the history is incomplete: {} attempts were not recorded (a worker keeps at most {} lines); \
+             verify a shorter run or one with fewer transactions in flight",
+            o.totals.history_dropped,
+            metrics::MAX_HISTORY_LINES
+        )),
         Some(Ok(_)) if report.valid => None,
         Some(Ok(_)) => Some(report.summary()),
         Some(Err(e)) => Some(e.clone()),
