@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cli;
 pub mod cluster;
+pub mod host;
 pub mod net;
 pub mod protocols;
 pub mod replication;

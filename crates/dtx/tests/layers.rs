@@ -8,8 +8,21 @@
 use std::path::{Path, PathBuf};
 
 /// Bottom to top. A module may use its own layer and those below it.
-const LAYERS: &[&str] =
-    &["util", "storage", "wal", "net", "cluster", "rt", "replication", "txn", "protocols", "workloads", "bench", "cli"];
+const LAYERS: &[&str] = &[
+    "util",
+    "storage",
+    "wal",
+    "net",
+    "cluster",
+    "rt",
+    "replication",
+    "txn",
+    "protocols",
+    "workloads",
+    "host",
+    "bench",
+    "cli",
+];
 
 /// The crate's roots sit above every layer.
 const ROOTS: &[&str] = &["lib", "main"];

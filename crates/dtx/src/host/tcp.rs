@@ -609,6 +609,11 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     spec.nodes = cfg.nodes.len() as u16;
     spec.workers = cfg.workers;
     spec.partitions_per_node = cfg.partitions_per_node;
+    if cluster.is_some() {
+        // The cluster file says what each node does (every node `data` and `client` unless it
+        // gives `roles`); its validation checked the roles make a topology.
+        spec.node_roles = cfg.node_roles();
+    }
     let mut ctl: Vec<Control> = cfg
         .nodes
         .iter()

@@ -19,7 +19,7 @@
 //! the highest Raft term wins).
 
 use super::driver::{RunShared, Window};
-use super::{attach_worker, build_node, start_clients, BenchSpec, NodeSetup, OpenedLog, THREAD_WORKER};
+use super::{attach_worker, start_clients, BenchSpec, NodeSetup, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::{Addr, NodeId};
 use crate::replication::service::{self, AdoptRequests, Deposed, Mode, ReplicatorHandle};
@@ -411,16 +411,11 @@ impl Hosting {
     /// (binding may wait for the old incarnation's ports).
     fn take_over(&self, id: NodeId, state: Vec<u8>, term: u64) {
         let t0 = Instant::now();
-        let log = NodeLog::replicated();
-        let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
-        let served = build_node(&self.spec, id, &self.workload, Some(opened))
-            .and_then(|mut setup| {
-                setup.replicated = None;
-                self.serve_node(id, setup, PORT_PATIENCE)
-            })
+        let served = super::adopt_node(&self.spec, id, &self.workload, state)
+            .and_then(|(setup, log)| Ok((self.serve_node(id, setup, PORT_PATIENCE)?, log)))
             .map_err(|e| format!("{e:#}"));
         match served {
-            Ok(listening) => {
+            Ok((listening, log)) => {
                 self.announce_if_moved(id, term, listening);
                 let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
                 eprintln!(

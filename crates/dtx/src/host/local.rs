@@ -1,0 +1,113 @@
+//! The `local` runtime: every node of the cluster as threads of this process.
+
+use super::*;
+use crate::rt::local;
+
+/// Run every node as threads of this process.
+pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    crate::util::return_free_memory();
+    let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
+    let shared = Arc::new(RunShared::default());
+    let mut nodes = Vec::new();
+    let workload = build_workload(spec)?;
+    let (dir, _tmp) = data_dir(spec)?;
+    for n in 0..spec.nodes {
+        let log = open_node_log(spec, &dir, n)?;
+        nodes.push(Arc::new(build_node(spec, n, &workload, log)?));
+    }
+    let warm = Duration::from_micros(spec.warmup_us);
+    let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
+    let start_ns = net.epoch.elapsed().as_nanos() as u64 + 20_000_000;
+    let window = Window { start_ns: start_ns + warm.as_nanos() as u64, end_ns: start_ns + total.as_nanos() as u64 };
+    let (proto_tx, proto_rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    for n in 0..spec.nodes {
+        for wi in 0..spec.workers {
+            let (net, shared, node, spec2, tx) =
+                (net.clone(), shared.clone(), nodes[n as usize].clone(), spec.clone(), proto_tx.clone());
+            shared.running.fetch_add(1, Ordering::AcqRel);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("n{n}w{wi}"))
+                    .spawn(move || {
+                        let addr = Addr::new(n, wi);
+                        let w = local::make_worker(&net, addr, &spec2.worker_config());
+                        let proto = start_worker(&spec2, &node, &w, window, &shared);
+                        if wi == 0 {
+                            start_owner_led_replicator(&node, &w);
+                        }
+                        THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
+                        let _ = tx.send(());
+                        local::run_worker(&net, &w);
+                        THREAD_WORKER.with(|t| t.borrow_mut().take());
+                    })
+                    .context("cannot start a worker thread")?,
+            );
+        }
+    }
+    for _ in 0..threads.len() {
+        let _ = proto_rx.recv_timeout(Duration::from_secs(10));
+    }
+    let pb = progress(&format!("{} local", spec.protocol), total.as_millis() as u64 + 20);
+    let t0 = Instant::now();
+    let mut cpu_at_start = None;
+    let mut cpu_at_end = None;
+    while shared.running.load(Ordering::Acquire) > 0 {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = net.epoch.elapsed().as_nanos() as u64;
+        if cpu_at_start.is_none() && now >= window.start_ns {
+            cpu_at_start = Some(crate::util::process_cpu_us());
+        }
+        if cpu_at_end.is_none() && now >= window.end_ns {
+            cpu_at_end = Some(crate::util::process_cpu_us());
+        }
+        pb.set_position(t0.elapsed().as_millis() as u64);
+        if t0.elapsed() > total + Duration::from_secs(120) {
+            break;
+        }
+    }
+    pb.finish_and_clear();
+    let mut notes = Vec::new();
+    if shared.running.load(Ordering::Acquire) > 0 {
+        notes.push("some clients were still running 120 s after the window closed".into());
+    }
+    let mut final_read = None;
+    if spec.record_history && notes.is_empty() {
+        let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
+        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
+        final_read = shared.final_read.lock().take();
+    }
+    let mut findings = Vec::new();
+    if spec.run_checks && notes.is_empty() {
+        let cmd = driver::after_run_command(driver::final_checks, workload.clone(), shared.clone());
+        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
+        findings = finish_checks(&shared, &*workload);
+    }
+    net.stop();
+    for t in threads {
+        let _ = t.join();
+    }
+    for n in &nodes {
+        n.shutdown();
+    }
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    collect(&shared, &mut totals, &mut history);
+    totals.cpu_us = match (cpu_at_start, cpu_at_end) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    totals.findings = findings;
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0 })
+}
+
+/// A worker and the protocol instance running on it.
+pub type WorkerPair = (Rc<Worker>, Rc<dyn WorkerProtocol>);
+
+thread_local! {
+    /// The worker running on this thread and its protocol instance, so that commands sent to
+    /// the thread from outside (the final read) can reach them.
+    pub static THREAD_WORKER: std::cell::RefCell<Option<WorkerPair>> = const { std::cell::RefCell::new(None) };
+}

@@ -1,0 +1,407 @@
+//! Running a cluster: the specification of one protocol's run, building its nodes from the
+//! protocol (storage loaded, log recovered), starting their workers and the driver's clients,
+//! and adopting a node whose host failed, on each runtime: [`sim`] (deterministic simulation),
+//! [`local`] (threads of one process), [`tcp`] (one `dtx server` process per node, the servers'
+//! side in [`tcp_host`]). The bench above it chooses what to run and reports it.
+
+pub mod driver;
+pub mod local;
+pub mod metrics;
+pub mod sim;
+pub mod tcp;
+pub mod tcp_host;
+
+pub use local::{run_local, WorkerPair, THREAD_WORKER};
+pub use sim::run_sim;
+
+use crate::cluster::Topology;
+use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
+use crate::protocols::{self, NodeEnv, NodeProtocol, ProtoOptions, WorkerProtocol};
+use crate::replication::{Durability, DurabilityConfig};
+use crate::rt::log::NodeLog;
+use crate::rt::{sim::SimWorld, CpuCost, RpcConfig, Worker, WorkerConfig};
+use crate::workloads::{self, Workload, WorkloadParams};
+use anyhow::{bail, Context};
+use driver::{DriverConfig, RunShared, Window};
+use metrics::{HistLine, Totals};
+use rand::Rng as _;
+use serde::{Deserialize, Serialize};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything that defines one protocol's run. It crosses process boundaries (tcp runtime).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchSpec {
+    pub protocol: String,
+    pub workload: WorkloadParams,
+    pub runtime: String,
+    pub nodes: u16,
+    pub workers: u16,
+    pub partitions_per_node: u32,
+    pub inflight: u32,
+    pub duration_us: u64,
+    pub warmup_us: u64,
+    pub latency: LatencyModel,
+    pub faults: FaultPlan,
+    pub seed: u64,
+    pub cost: CpuCost,
+    pub rpc: RpcConfig,
+    pub proto: ProtoOptions,
+    pub record_history: bool,
+    /// Run the workload's final checks (TPC-C consistency, bank total) after the run.
+    #[serde(default)]
+    pub run_checks: bool,
+    pub max_retries: u32,
+    #[serde(default)]
+    pub durability: DurabilityConfig,
+    /// Each node's roles (`--roles`, or the cluster file); empty: every node holds data and
+    /// runs clients.
+    #[serde(default)]
+    pub node_roles: Vec<crate::cluster::Roles>,
+}
+
+impl BenchSpec {
+    /// A spec with the defaults `dtx bench` uses, for one protocol and workload.
+    pub fn new(protocol: &str, workload: WorkloadParams, runtime: &str) -> Self {
+        let record_history = workload.name == "append";
+        BenchSpec {
+            protocol: protocol.to_string(),
+            workload,
+            runtime: runtime.to_string(),
+            nodes: 2,
+            workers: 1,
+            partitions_per_node: 1,
+            inflight: 64,
+            duration_us: 1_000_000,
+            warmup_us: 100_000,
+            latency: LatencyModel::default(),
+            faults: FaultPlan { fault_interval_us: 200_000, fault_duration_us: 100_000, ..Default::default() },
+            seed: 1,
+            cost: CpuCost::default(),
+            rpc: RpcConfig::default(),
+            proto: ProtoOptions::default(),
+            record_history,
+            run_checks: false,
+            max_retries: 1000,
+            durability: DurabilityConfig::default(),
+            node_roles: Vec::new(),
+        }
+    }
+
+    /// Inject faults (simulator only); lossy links turn on RPC retransmission.
+    pub fn with_faults(mut self, crashes: bool, partitions: bool, loss: f64) -> Self {
+        self.faults.crashes = crashes;
+        self.faults.partitions = partitions;
+        self.faults.loss = loss;
+        if self.faults.any() {
+            self.rpc.retransmit_us = (self.latency.delay_us * 4).max(2_000);
+            self.rpc.timeout_us = self.rpc.timeout_us.min(500_000);
+        }
+        self
+    }
+
+    /// The run's topology; `validate` has checked the roles it gives.
+    pub fn topology(&self) -> Topology {
+        self.try_topology().unwrap_or_else(|e| panic!("an unvalidated spec: {e:#}"))
+    }
+
+    fn try_topology(&self) -> anyhow::Result<Topology> {
+        let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
+        if !self.latency.node_region.is_empty() {
+            t.node_region = self.latency.node_region.clone();
+        }
+        if !self.node_roles.is_empty() {
+            t = t.with_roles(self.node_roles.clone())?;
+        }
+        Ok(t)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes == 0 || self.nodes > 256 {
+            bail!("--nodes {} must be between 1 and 256", self.nodes);
+        }
+        if self.workers == 0 || self.workers > 64 {
+            bail!("--workers {} must be between 1 and 64", self.workers);
+        }
+        if self.inflight == 0 || self.inflight > 100_000 {
+            bail!("--inflight {} must be between 1 and 100000", self.inflight);
+        }
+        if self.duration_us == 0 {
+            bail!("--duration must be positive");
+        }
+        if !(0.0..=1.0).contains(&self.faults.loss) {
+            bail!("loss probability {} must be within 0..1", self.faults.loss);
+        }
+        let topo = self.try_topology()?;
+        let variant = protocols::Variant::parse(&self.protocol)?;
+        variant.make().check_topology(&topo)?;
+        workloads::build(&self.workload, &topo)?;
+        self.durability.validate(self.nodes, self.faults.crashes)?;
+        if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
+            bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
+        }
+        Ok(())
+    }
+
+    fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc }
+    }
+
+    fn driver_config(&self, window: Window) -> DriverConfig {
+        DriverConfig {
+            inflight: self.inflight,
+            max_retries: self.max_retries,
+            record_history: self.record_history,
+            window,
+        }
+    }
+}
+
+/// The run's protocol's log state machines, for the replicas of replicated logs.
+pub fn machine_factory(spec: &BenchSpec) -> anyhow::Result<crate::replication::service::MachineFactory> {
+    let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+    protocol.log_machine(None)?;
+    Ok(Arc::new(move || protocol.log_machine(None).expect("a fresh log machine was made before")))
+}
+
+/// A node's protocol state (storage loaded) and the workload it runs.
+pub struct NodeSetup {
+    pub proto: Arc<dyn NodeProtocol>,
+    pub workload: Arc<dyn Workload>,
+    pub topo: Arc<Topology>,
+    /// With `--durability replicated`: the node's log and its replica count, for the replicator
+    /// that worker 0 runs.
+    pub replicated: Option<(Arc<NodeLog>, u16)>,
+    /// The node's log, if the run is durable (shut down when the run ends).
+    pub log: Option<Arc<NodeLog>>,
+    /// The run's cluster id: logs and replication frames of another cluster are refused.
+    pub cluster_id: u64,
+    /// The protocol's log state machines, for the replicas its node's host keeps.
+    pub machine: crate::replication::service::MachineFactory,
+}
+
+impl NodeSetup {
+    /// The run is over: close the node's log (tasks left waiting at the end must not keep it,
+    /// and its directory lock, open).
+    pub fn shutdown(&self) {
+        if let Some(l) = &self.log {
+            l.shutdown();
+        }
+    }
+}
+
+/// The workload of a run: one instance per process, shared by the nodes it hosts, so that what a
+/// workload records during the run (the bank's audits) meets in one place.
+pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
+    workloads::build(&spec.workload, &spec.topology())
+}
+
+/// A node's log as opened: its newest checkpoint and the records after it (oldest first).
+pub type OpenedLog = crate::replication::OpenedWal;
+
+fn fresh_log(log: Arc<NodeLog>) -> OpenedLog {
+    OpenedLog { log, checkpoint: None, records: Vec::new() }
+}
+
+/// The protocol instance and workload of every simulated worker, by worker index; a node that
+/// restarts replaces its own.
+type Protos = Rc<std::cell::RefCell<Vec<(Rc<dyn WorkerProtocol>, Arc<dyn Workload>)>>>;
+
+/// Build a node: its protocol state over its storage, loaded, and (with a log) recovered from
+/// the records the log holds.
+pub fn build_node(
+    spec: &BenchSpec,
+    node: NodeId,
+    workload: &Arc<dyn Workload>,
+    log: Option<OpenedLog>,
+) -> anyhow::Result<NodeSetup> {
+    let topo = Arc::new(spec.topology());
+    let workload = workload.clone();
+    let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
+    let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
+    let mut replicated = None;
+    let node_log = log.as_ref().map(|o| o.log.clone());
+    if let Some(opened) = log {
+        if spec.durability.mode == Durability::Replicated {
+            replicated = Some((opened.log.clone(), spec.durability.replicas));
+        }
+        env.log = Some(opened.log);
+        env.recovered = opened.records;
+        env.checkpoint = opened.checkpoint;
+        env.checkpoint_every = spec.durability.checkpoint_every;
+    }
+    Ok(NodeSetup {
+        proto: variant.make().build_node(env),
+        workload,
+        topo,
+        replicated,
+        log: node_log,
+        cluster_id: spec.durability.cluster_id,
+        machine: machine_factory(spec)?,
+    })
+}
+
+/// Adopt node `id` after its host failed, on the host whose replica of its log now leads:
+/// rebuild it from `state` (that replica's snapshot of the protocol's log machine) through the
+/// same recovery a restart from a WAL takes, with a fresh replicated log for the adopting
+/// host's replicator to serve. Every runtime that fails over does this and only this: the
+/// simulator's failover, and a `dtx server` taking a node over.
+pub fn adopt_node(
+    spec: &BenchSpec,
+    id: NodeId,
+    workload: &Arc<dyn Workload>,
+    state: Vec<u8>,
+) -> anyhow::Result<(NodeSetup, Arc<NodeLog>)> {
+    let log = NodeLog::replicated();
+    let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
+    let mut setup = build_node(spec, id, workload, Some(opened))?;
+    // Its log's replicas are the adopting host's running replicator's, not a new one.
+    setup.replicated = None;
+    Ok((setup, log))
+}
+
+/// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
+/// one removed when the returned guard drops.
+pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<crate::util::TempDir>)> {
+    match &spec.durability.data_dir {
+        Some(d) => Ok((d.join(format!("{:016x}", spec.durability.cluster_id)), None)),
+        None => {
+            let t = crate::util::TempDir::new("wal").context("cannot create a temporary folder for the logs")?;
+            Ok((t.0.clone(), Some(t)))
+        }
+    }
+}
+
+/// Open node `n`'s log for a real-time run (none when the run is not durable).
+pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Option<OpenedLog>> {
+    match spec.durability.mode {
+        Durability::None => Ok(None),
+        Durability::Replicated => Ok(Some(fresh_log(NodeLog::replicated()))),
+        Durability::Wal => {
+            let opened = spec.durability.open_wal(dir.join(format!("node-{n}")), n)?;
+            if let Some(c) = &opened.checkpoint {
+                let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+                if let Err(e) = protocol.log_machine(Some(c)) {
+                    bail!(
+                        "node {n}: the checkpoint in {} passed its checksum but {e:#}: it was written by \
+                         another version of dtx or another protocol; use that one, or another --data-dir",
+                        dir.join(format!("node-{n}")).display()
+                    );
+                }
+            }
+            Ok(Some(opened))
+        }
+    }
+}
+
+/// The partitions a worker's clients are homed at: the node's, rotated by worker index; on a
+/// node that holds no data, every partition, rotated by the worker's place in the cluster.
+pub fn homes(topo: &Topology, a: Addr) -> Vec<u32> {
+    let mut h = topo.partitions_of(a.node);
+    let mut r = a.worker as usize;
+    if h.is_empty() {
+        h = (0..topo.partitions()).collect();
+        r += a.node as usize * topo.workers_per_node as usize;
+    }
+    let r = r % h.len().max(1);
+    h.rotate_left(r);
+    h
+}
+
+/// Attach a worker to its node's protocol: from now on it serves requests.
+pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+    let proto = node.proto.worker(w.clone());
+    proto.start();
+    proto
+}
+
+/// The `local` runtime's log replication: the node's worker 0 leads its log's group and
+/// follows its peers' (nothing crashes there, so nothing fails over).
+fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
+    let Some((log, replicas)) = &node.replicated else { return };
+    let seed = w.rng.borrow_mut().gen::<u64>();
+    use crate::replication::service;
+    let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
+    let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed, node.machine.clone())
+        .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
+    if let Err(e) = started {
+        crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
+    }
+}
+
+/// Start a worker's clients, if its protocol gives it the client role.
+pub fn start_clients(
+    spec: &BenchSpec,
+    node: &NodeSetup,
+    w: &Rc<Worker>,
+    proto: &Rc<dyn WorkerProtocol>,
+    window: Window,
+    shared: &Arc<RunShared>,
+) {
+    if !node.proto.worker_roles(&node.topo, w.addr).contains(crate::cluster::Role::Client) {
+        // Counted as a finished client set, so the run does not wait for it.
+        shared.running.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let homes = homes(&node.topo, w.addr);
+    driver::start(w, proto.clone(), node.workload.clone(), homes, spec.driver_config(window), shared.clone());
+}
+
+/// Attach a worker to its node's protocol and start its clients.
+pub fn start_worker(
+    spec: &BenchSpec,
+    node: &NodeSetup,
+    w: &Rc<Worker>,
+    window: Window,
+    shared: &Arc<RunShared>,
+) -> Rc<dyn WorkerProtocol> {
+    let proto = attach_worker(node, w);
+    start_clients(spec, node, w, &proto, window, shared);
+    proto
+}
+
+/// What a run produced, before it becomes a report.
+pub struct Outcome {
+    pub totals: Totals,
+    pub history: Vec<HistLine>,
+    pub final_read: Option<Result<HistLine, String>>,
+    /// Committed transactions that gave up after the retry limit, stuck clients, etc.
+    pub notes: Vec<String>,
+    /// Crashes that lost a node's memory, each followed by recovery from its log (sim).
+    pub restarts: u64,
+    /// Nodes taken over by another host while their own was down (sim, replicated).
+    pub moved: u64,
+}
+
+fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {
+    for m in shared.reports.lock().drain(..) {
+        totals.add_metrics(&m);
+        history.extend(m.history);
+    }
+}
+
+/// A progress bar over `total` (seconds of run), hidden when stderr is not a terminal.
+pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::with_draw_target(Some(total_ms), indicatif::ProgressDrawTarget::stderr());
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} ms {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+/// The final checks' findings (or a failure saying they did not finish), and what this process
+/// recorded during the run.
+pub fn finish_checks(shared: &RunShared, workload: &dyn Workload) -> Vec<(String, bool, String)> {
+    let mut f = shared
+        .checks
+        .lock()
+        .take()
+        .unwrap_or_else(|| vec![("final checks".to_string(), false, "did not finish".to_string())]);
+    f.extend(workload.process_findings());
+    f
+}

@@ -1,0 +1,292 @@
+//! The simulator's runtime: every node of the cluster on one thread in virtual time, crashes
+//! that lose memory rebuilt from the node's disk, and failover of replicated nodes.
+
+use super::*;
+
+/// Run in deterministic simulation.
+pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
+    let shared = Arc::new(RunShared::default());
+    let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
+    let protos: Protos = Default::default();
+    let workload = build_workload(spec)?;
+    let rebuild = SimRebuild::new(spec, &workload, &shared, window, &protos);
+    if spec.durability.mode == Durability::Wal && spec.faults.crashes {
+        world.set_restart(sim_restart(rebuild.clone()), spec.worker_config());
+    }
+    let failover = (spec.durability.mode == Durability::Replicated).then(|| SimFailover::new(rebuild.clone()));
+    if let Some(f) = &failover {
+        world.set_failover(Box::new(f.clone()), spec.worker_config());
+    }
+    for n in 0..spec.nodes {
+        let log = match spec.durability.mode {
+            Durability::None => None,
+            Durability::Replicated => Some(fresh_log(NodeLog::replicated())),
+            Durability::Wal => {
+                let log = NodeLog::simulated(Vec::new());
+                world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+                Some(fresh_log(log))
+            }
+        };
+        let mut node = build_node(spec, n, &workload, log)?;
+        // With failover the replicator runs on the host's replication worker, not worker 0.
+        let own_log = node.replicated.take().map(|(log, _)| log);
+        let add_worker = |world: &mut SimWorld, addr: Addr| {
+            let w = Rc::new(Worker::new(
+                addr,
+                spec.workers,
+                world.clock(),
+                world.executor_for(addr),
+                &spec.worker_config(),
+            ));
+            world.add_worker(w.clone());
+            w
+        };
+        for wi in 0..spec.workers {
+            let w = add_worker(&mut world, Addr::new(n, wi));
+            shared.running.fetch_add(1, Ordering::AcqRel);
+            protos.borrow_mut().push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
+        }
+        if let Some(f) = &failover {
+            let addr = world.replication_addr(n);
+            let w = add_worker(&mut world, addr);
+            f.start_host(n, &w, own_log)?;
+        }
+    }
+    let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
+    let mut busy_at_start = None;
+    while world.now_ns() < window.end_ns {
+        // Stop exactly at the window's start once, to read the CPU charged before it.
+        let target = if busy_at_start.is_none() { window.start_ns } else { window.end_ns };
+        let step = (world.now_ns() + 10_000_000).min(target);
+        world.run_until(step, || false);
+        if busy_at_start.is_none() && world.now_ns() >= window.start_ns {
+            busy_at_start = Some(world.busy_ns);
+        }
+        pb.set_position(world.now_ns() / 1_000_000);
+    }
+    let busy_in_window_ns = world.busy_ns - busy_at_start.unwrap_or(0);
+    pb.finish_and_clear();
+    // Let in-flight transactions finish (bounded by the RPC timeout and retries).
+    world.heal_all();
+    let drain_limit = window.end_ns + 120_000_000_000;
+    let mut notes = Vec::new();
+    if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
+        notes.push("some clients were still running 120 s (virtual) after the window closed".into());
+    }
+    if failover.is_some() {
+        // The final read and checks need every node served again: wait for the takeovers.
+        let limit = world.now_ns() + 60_000_000_000;
+        while !world.all_nodes_up() && world.now_ns() < limit {
+            let step = world.now_ns() + 10_000_000;
+            world.run_until(step, || false);
+        }
+        if !world.all_nodes_up() {
+            notes.push("a node was still not served by any host 60 s (virtual) after the faults healed".into());
+        }
+    }
+    if spec.faults.any() {
+        notes.push(format!(
+            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory; {} \
+             nodes were taken over by a replica of their log",
+            world.packets_dropped,
+            world.packets_dropped + world.packets_delivered,
+            world.restarts,
+            world.failovers
+        ));
+    }
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    collect(&shared, &mut totals, &mut history);
+    let mut final_read = None;
+    if spec.record_history {
+        let done = || shared.final_read.lock().is_some();
+        run_after(&mut world, &protos, 120_000_000_000, &done, &|w, p, wl| {
+            driver::final_read(w, p, wl, shared.clone())
+        });
+        final_read = shared.final_read.lock().take();
+    }
+    if spec.run_checks {
+        let done = || shared.checks.lock().is_some();
+        run_after(&mut world, &protos, 600_000_000_000, &done, &|w, p, wl| {
+            driver::final_checks(w, p, wl, shared.clone())
+        });
+        totals.findings = finish_checks(&shared, &*workload);
+    }
+    // Simulated CPU: the work charged to all workers during the window.
+    totals.cpu_us = busy_in_window_ns / 1000;
+    totals.failovers = world.failovers;
+    totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
+    Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts, moved: world.moved })
+}
+
+/// A job started on a worker after the run, as `driver::final_read` is.
+type AfterRunJob<'a> = dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workload>) + 'a;
+
+/// Run an after-run job (the final read, the final checks) on worker 0 of node 0 until `done`
+/// or `limit_ns` more of virtual time. With failover, node 0 may be taken over meanwhile (a
+/// leadership change after the faults healed), which ends the job with its incarnation: it is
+/// started again on the new one.
+fn run_after(world: &mut SimWorld, protos: &Protos, limit_ns: u64, done: &dyn Fn() -> bool, job: &AfterRunJob<'_>) {
+    let limit = world.now_ns() + limit_ns;
+    let mut running_on: Option<Rc<Worker>> = None;
+    while !done() && world.now_ns() < limit {
+        let w0 = world.worker(Addr::new(0, 0)).clone();
+        if !running_on.as_ref().is_some_and(|w| Rc::ptr_eq(w, &w0)) {
+            let (p, wl) = protos.borrow()[0].clone();
+            job(&w0, p, wl);
+            running_on = Some(w0);
+        }
+        let step = (world.now_ns() + 10_000_000).min(limit);
+        world.run_until(step, done);
+    }
+}
+
+/// Failover of replicated nodes in the simulator (see `rt::sim::Failover`): the hosts' replica
+/// states (kept across crashes), their running replicators, and how a node is rebuilt from the
+/// replica of its log that a new leader holds.
+#[derive(Clone)]
+struct SimFailover(Rc<std::cell::RefCell<FailoverState>>);
+
+struct FailoverState {
+    rebuild: SimRebuild,
+    states: Vec<Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>>,
+    replicators: Vec<Option<crate::replication::service::ReplicatorHandle>>,
+    requests: crate::replication::service::AdoptRequests,
+}
+
+impl SimFailover {
+    fn new(rebuild: SimRebuild) -> Self {
+        SimFailover(Rc::new(std::cell::RefCell::new(FailoverState {
+            rebuild,
+            states: Vec::new(),
+            replicators: Vec::new(),
+            requests: Default::default(),
+        })))
+    }
+
+    /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.
+    fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_log: Option<Arc<NodeLog>>) -> anyhow::Result<()> {
+        use crate::replication::service;
+        let mut me = self.0.borrow_mut();
+        let spec = &me.rebuild.spec;
+        let seed = spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
+        let d = &spec.durability;
+        let machine = machine_factory(spec)?;
+        let state = service::ReplicaState::new(
+            n,
+            d.cluster_id,
+            spec.nodes,
+            d.replicas,
+            service::Mode::Failover,
+            seed,
+            machine,
+        )?;
+        let state = Rc::new(std::cell::RefCell::new(state));
+        me.states.push(state.clone());
+        let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
+        me.replicators.push(Some(r));
+        Ok(())
+    }
+}
+
+impl crate::rt::sim::Failover for SimFailover {
+    fn host_crashed(&mut self, host: u16) {
+        if let Some(r) = self.0.borrow_mut().replicators[host as usize].take() {
+            r.borrow_mut().stop();
+        }
+    }
+
+    fn host_restarted(&mut self, host: u16, w: &Rc<Worker>) {
+        let mut me = self.0.borrow_mut();
+        let state = me.states[host as usize].clone();
+        match crate::replication::service::start(w, state, None, Some(me.requests.clone())) {
+            Ok(r) => me.replicators[host as usize] = Some(r),
+            Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not restart: {e}")),
+        }
+    }
+
+    fn take_requests(&mut self) -> Vec<(u16, u16)> {
+        let q = self.0.borrow().requests.clone();
+        let taken = std::mem::take(&mut *q.borrow_mut());
+        taken
+    }
+
+    fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool {
+        let me = self.0.borrow();
+        let Some(r) = me.replicators[host as usize].clone() else { return false };
+        let Some(state) = r.borrow().adoptable_state(node) else {
+            r.borrow_mut().adoption_refused(node);
+            return false;
+        };
+        let (setup, log) = adopt_node(&me.rebuild.spec, node, &me.rebuild.workload, state)
+            .expect("a node that built once builds again from its log's replica");
+        me.rebuild.start(node, setup, workers);
+        for (other, r2) in me.replicators.iter().enumerate() {
+            if let (Some(r2), false) = (r2, other == host as usize) {
+                r2.borrow_mut().forget(node);
+            }
+        }
+        r.borrow_mut().serve(node, log);
+        true
+    }
+}
+
+/// What the simulator needs to rebuild a node on fresh workers: after a crash that lost its
+/// memory (from its disk, `--durability wal`) or at a failover (from a replica of its log).
+#[derive(Clone)]
+struct SimRebuild {
+    spec: BenchSpec,
+    workload: Arc<dyn Workload>,
+    shared: Arc<RunShared>,
+    window: Window,
+    protos: Protos,
+}
+
+impl SimRebuild {
+    fn new(
+        spec: &BenchSpec,
+        workload: &Arc<dyn Workload>,
+        shared: &Arc<RunShared>,
+        window: Window,
+        protos: &Protos,
+    ) -> Self {
+        SimRebuild {
+            spec: spec.clone(),
+            workload: workload.clone(),
+            shared: shared.clone(),
+            window,
+            protos: protos.clone(),
+        }
+    }
+
+    /// Recover node `n` from `opened` on `workers`, start their clients, and put their protocol
+    /// instances where the after-run jobs find them. In the simulator a log's replicator runs on
+    /// its host's replication worker, never on the node's worker 0.
+    fn rebuild(&self, n: NodeId, opened: OpenedLog, workers: &[Rc<Worker>]) {
+        let mut node =
+            build_node(&self.spec, n, &self.workload, Some(opened)).expect("a node that built once builds again");
+        node.replicated = None;
+        self.start(n, node, workers);
+    }
+
+    /// Start a rebuilt node's workers and their clients.
+    fn start(&self, n: NodeId, node: NodeSetup, workers: &[Rc<Worker>]) {
+        for w in workers {
+            self.shared.running.fetch_add(1, Ordering::AcqRel);
+            let proto = start_worker(&self.spec, &node, w, self.window, &self.shared);
+            let i = n as usize * self.spec.workers as usize + w.addr.worker as usize;
+            self.protos.borrow_mut()[i] = (proto, node.workload.clone());
+        }
+    }
+}
+
+/// How the simulator rebuilds a node whose crash lost its memory: recover it from what its
+/// disk kept, on fresh workers, and start their clients again.
+fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
+    Box::new(move |n, kept, workers| {
+        let log = NodeLog::simulated(kept.clone());
+        rebuild.rebuild(n, OpenedLog { log: log.clone(), checkpoint: None, records: kept }, workers);
+        log
+    })
+}
