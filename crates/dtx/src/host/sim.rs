@@ -3,7 +3,8 @@
 
 use super::*;
 
-/// Run in deterministic simulation.
+/// Run in deterministic simulation: build the cluster, run the measured window, let what is in
+/// flight finish, then the after-run jobs (the final read, the final checks).
 pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     let shared = Arc::new(RunShared::default());
@@ -19,82 +20,10 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         world.set_failover(Box::new(f.clone()), spec.worker_config());
     }
     for n in 0..spec.nodes {
-        let log = match spec.durability.mode {
-            Durability::None => None,
-            Durability::Replicated => Some(fresh_log(NodeLog::replicated())),
-            Durability::Wal => {
-                let log = NodeLog::simulated(Vec::new());
-                world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
-                Some(fresh_log(log))
-            }
-        };
-        let mut node = build_node(spec, n, &workload, log)?;
-        // With failover the replicator runs on the host's replication worker, not worker 0.
-        let own_log = node.replicated.take().map(|(log, _)| log);
-        let add_worker = |world: &mut SimWorld, addr: Addr| {
-            let w = Rc::new(Worker::new(
-                addr,
-                spec.workers,
-                world.clock(),
-                world.executor_for(addr),
-                &spec.worker_config(),
-            ));
-            world.add_worker(w.clone());
-            w
-        };
-        for wi in 0..spec.workers {
-            let w = add_worker(&mut world, Addr::new(n, wi));
-            shared.running.fetch_add(1, Ordering::AcqRel);
-            protos.borrow_mut().push((start_worker(spec, &node, &w, window, &shared), node.workload.clone()));
-        }
-        if let Some(f) = &failover {
-            let addr = world.replication_addr(n);
-            let w = add_worker(&mut world, addr);
-            f.start_host(n, &w, own_log)?;
-        }
+        build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
     }
-    let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
-    let mut busy_at_start = None;
-    while world.now_ns() < window.end_ns {
-        // Stop exactly at the window's start once, to read the CPU charged before it.
-        let target = if busy_at_start.is_none() { window.start_ns } else { window.end_ns };
-        let step = (world.now_ns() + 10_000_000).min(target);
-        world.run_until(step, || false);
-        if busy_at_start.is_none() && world.now_ns() >= window.start_ns {
-            busy_at_start = Some(world.busy_ns);
-        }
-        pb.set_position(world.now_ns() / 1_000_000);
-    }
-    let busy_in_window_ns = world.busy_ns - busy_at_start.unwrap_or(0);
-    pb.finish_and_clear();
-    // Let in-flight transactions finish (bounded by the RPC timeout and retries).
-    world.heal_all();
-    let drain_limit = window.end_ns + 120_000_000_000;
-    let mut notes = Vec::new();
-    if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
-        notes.push("some clients were still running 120 s (virtual) after the window closed".into());
-    }
-    if failover.is_some() {
-        // The final read and checks need every node served again: wait for the takeovers.
-        let limit = world.now_ns() + 60_000_000_000;
-        while !world.all_nodes_up() && world.now_ns() < limit {
-            let step = world.now_ns() + 10_000_000;
-            world.run_until(step, || false);
-        }
-        if !world.all_nodes_up() {
-            notes.push("a node was still not served by any host 60 s (virtual) after the faults healed".into());
-        }
-    }
-    if spec.faults.any() {
-        notes.push(format!(
-            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory; {} \
-             nodes were taken over by a replica of their log",
-            world.packets_dropped,
-            world.packets_dropped + world.packets_delivered,
-            world.restarts,
-            world.failovers
-        ));
-    }
+    let busy_in_window_ns = run_window(&mut world, spec, window);
+    let notes = drain(&mut world, spec, &shared, window, failover.is_some());
     let mut totals = Totals::default();
     let mut history = Vec::new();
     collect(&shared, &mut totals, &mut history);
@@ -118,6 +47,99 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.failovers = world.failovers;
     totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
     Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts, moved: world.moved })
+}
+
+/// Build node `n` with its log, start its workers and their clients, and (with failover) its
+/// host's replicator on the host's replication worker.
+fn build_sim_node(
+    world: &mut SimWorld,
+    spec: &BenchSpec,
+    n: NodeId,
+    workload: &Arc<dyn Workload>,
+    failover: Option<&SimFailover>,
+    rebuild: &SimRebuild,
+) -> anyhow::Result<()> {
+    let log = match spec.durability.mode {
+        Durability::None => None,
+        Durability::Replicated => Some(fresh_log(NodeLog::replicated())),
+        Durability::Wal => {
+            let log = NodeLog::simulated(Vec::new());
+            world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+            Some(fresh_log(log))
+        }
+    };
+    let mut node = build_node(spec, n, workload, log)?;
+    // With failover the replicator runs on the host's replication worker, not worker 0.
+    let own_log = node.replicated.take().map(|(log, _)| log);
+    let add_worker = |world: &mut SimWorld, addr: Addr| {
+        let w =
+            Rc::new(Worker::new(addr, spec.workers, world.clock(), world.executor_for(addr), &spec.worker_config()));
+        world.add_worker(w.clone());
+        w
+    };
+    for wi in 0..spec.workers {
+        let w = add_worker(world, Addr::new(n, wi));
+        rebuild.shared.running.fetch_add(1, Ordering::AcqRel);
+        let proto = start_worker(spec, &node, &w, rebuild.window, &rebuild.shared);
+        rebuild.protos.borrow_mut().push((proto, node.workload.clone()));
+    }
+    if let Some(f) = failover {
+        let addr = world.replication_addr(n);
+        let w = add_worker(world, addr);
+        f.start_host(n, &w, own_log)?;
+    }
+    Ok(())
+}
+
+/// Run to the window's end with a progress bar; returns the CPU charged inside the window.
+fn run_window(world: &mut SimWorld, spec: &BenchSpec, window: Window) -> u64 {
+    let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
+    let mut busy_at_start = None;
+    while world.now_ns() < window.end_ns {
+        // Stop exactly at the window's start once, to read the CPU charged before it.
+        let target = if busy_at_start.is_none() { window.start_ns } else { window.end_ns };
+        let step = (world.now_ns() + 10_000_000).min(target);
+        world.run_until(step, || false);
+        if busy_at_start.is_none() && world.now_ns() >= window.start_ns {
+            busy_at_start = Some(world.busy_ns);
+        }
+        pb.set_position(world.now_ns() / 1_000_000);
+    }
+    pb.finish_and_clear();
+    world.busy_ns - busy_at_start.unwrap_or(0)
+}
+
+/// Heal every fault and let in-flight transactions finish (bounded by the RPC timeout and
+/// retries), and with failover wait until every node is served again; returns what to note.
+fn drain(world: &mut SimWorld, spec: &BenchSpec, shared: &RunShared, window: Window, failover: bool) -> Vec<String> {
+    world.heal_all();
+    let drain_limit = window.end_ns + 120_000_000_000;
+    let mut notes = Vec::new();
+    if !world.run_until(drain_limit, || shared.running.load(Ordering::Acquire) == 0) {
+        notes.push("some clients were still running 120 s (virtual) after the window closed".into());
+    }
+    if failover {
+        // The final read and checks need every node served again: wait for the takeovers.
+        let limit = world.now_ns() + 60_000_000_000;
+        while !world.all_nodes_up() && world.now_ns() < limit {
+            let step = world.now_ns() + 10_000_000;
+            world.run_until(step, || false);
+        }
+        if !world.all_nodes_up() {
+            notes.push("a node was still not served by any host 60 s (virtual) after the faults healed".into());
+        }
+    }
+    if spec.faults.any() {
+        notes.push(format!(
+            "faults: {} of {} packets dropped (loss, partitions, stopped nodes); {} crashes lost a node's memory; {} \
+             nodes were taken over by a replica of their log",
+            world.packets_dropped,
+            world.packets_dropped + world.packets_delivered,
+            world.restarts,
+            world.failovers
+        ));
+    }
+    notes
 }
 
 /// A job started on a worker after the run, as `driver::final_read` is.
