@@ -419,7 +419,10 @@ const RESTART_PATIENCE: Duration = Duration::from_secs(60);
 /// on the same address with its `--data-dir`, it takes the run up again from its log and its
 /// history file: reconnect and ask again. Also returns when the bench lost the server (ms since
 /// the Unix epoch), to time a takeover of its node.
-fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<(Control, Value, Option<u64>)> {
+/// A server's control connection, its final report, and when it was lost (Unix ms), if it was.
+type Waited = (Control, Value, Option<u64>);
+
+fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<Waited> {
     let mut lost_unix_ms = None;
     loop {
         match c.call(&json!({"cmd": "wait"})) {
@@ -650,49 +653,9 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         pb.set_position((t0.elapsed().as_millis() as u64).min(total_ms));
     }
     pb.finish_and_clear();
-    let mut totals = Totals::default();
-    let mut history = Vec::new();
-    let mut notes = Vec::new();
-    let mut ctl = Vec::new();
-    let mut serving = Vec::new();
-    let mut lost = vec![None; addrs.len()];
-    let mut takeovers = Vec::new();
-    for w in waits {
-        let (c, v, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
-        let t: Totals = serde_json::from_value(v["totals"].clone())?;
-        totals.add(&t);
-        let h: Vec<HistLine> = serde_json::from_value(v["history"].clone())?;
-        history.extend(h);
-        if v["stuck_workers"].as_u64().unwrap_or(0) > 0 {
-            notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
-        }
-        let t: Vec<Takeover> = serde_json::from_value(v["takeovers"].clone()).unwrap_or_default();
-        takeovers.extend(t);
-        lost[c.node] = lost_unix_ms;
-        serving.push(v["serves"].as_bool().unwrap_or(true));
-        ctl.push(c);
-    }
+    let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers } = gather(waits, addrs.len())?;
     time_takeovers(&takeovers, &lost, &mut totals);
-    // The after-run jobs run on a server that serves a node (one killed and restarted in a
-    // replicated run serves none: its node was taken over).
-    let Some(runner) = serving.iter().position(|&s| s) else { bail!("no server serves a node at the end of the run") };
-    let mut final_read = None;
-    if spec.record_history {
-        final_read = Some(match ctl[runner].call(&json!({"cmd": "final_read"})) {
-            Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
-            Err(e) => Err(format!("{e:#}")),
-        });
-    }
-    if spec.run_checks {
-        let v = ctl[runner].call(&json!({"cmd": "final_checks"}))?;
-        let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
-        totals.findings.extend(f);
-        for (c, _) in ctl.iter_mut().zip(&serving).filter(|(_, &s)| s) {
-            let v = c.call(&json!({"cmd": "findings"}))?;
-            let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
-            totals.findings.extend(f);
-        }
-    }
+    let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
     let spawned = match killer {
         Some(Err(k)) => Some(k.join().map_err(|_| anyhow::anyhow!("the fault thread panicked"))?),
         Some(Ok(s)) => Some(s),
@@ -706,17 +669,92 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
-    for (n, lost_unix_ms) in lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l))) {
-        let moved = takeovers.iter().find(|t| t.node as usize == n);
-        notes.push(match moved {
-            Some(t) => format!(
-                "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's \
-                 replica in {} ms",
-                t.serving_unix_ms.saturating_sub(lost_unix_ms),
-                t.rebuild_ms
-            ),
-            None => format!("faults: node {n}'s server died and was started again"),
+    notes.extend(fault_notes(&lost, &takeovers));
+    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0 })
+}
+
+/// What the servers reported at the end of a run, gathered.
+struct Gathered {
+    totals: Totals,
+    history: Vec<HistLine>,
+    notes: Vec<String>,
+    ctl: Vec<Control>,
+    /// Per server: whether it serves a node now.
+    serving: Vec<bool>,
+    /// Per node: when its server was lost (Unix ms), if it was.
+    lost: Vec<Option<u64>>,
+    takeovers: Vec<Takeover>,
+}
+
+/// Join every server's wait and add up what each reported.
+fn gather(waits: Vec<std::thread::JoinHandle<anyhow::Result<Waited>>>, nodes: usize) -> anyhow::Result<Gathered> {
+    let mut g = Gathered {
+        totals: Totals::default(),
+        history: Vec::new(),
+        notes: Vec::new(),
+        ctl: Vec::new(),
+        serving: Vec::new(),
+        lost: vec![None; nodes],
+        takeovers: Vec::new(),
+    };
+    for w in waits {
+        let (c, v, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
+        let t: Totals = serde_json::from_value(v["totals"].clone())?;
+        g.totals.add(&t);
+        let h: Vec<HistLine> = serde_json::from_value(v["history"].clone())?;
+        g.history.extend(h);
+        if v["stuck_workers"].as_u64().unwrap_or(0) > 0 {
+            g.notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
+        }
+        let t: Vec<Takeover> = serde_json::from_value(v["takeovers"].clone()).unwrap_or_default();
+        g.takeovers.extend(t);
+        g.lost[c.node] = lost_unix_ms;
+        g.serving.push(v["serves"].as_bool().unwrap_or(true));
+        g.ctl.push(c);
+    }
+    Ok(g)
+}
+
+/// The final read and the final checks, on a server that serves a node (one killed and
+/// restarted in a replicated run serves none: its node was taken over).
+fn after_run_jobs(
+    spec: &BenchSpec,
+    ctl: &mut [Control],
+    serving: &[bool],
+    totals: &mut Totals,
+) -> anyhow::Result<Option<Result<HistLine, String>>> {
+    let Some(runner) = serving.iter().position(|&s| s) else { bail!("no server serves a node at the end of the run") };
+    let mut final_read = None;
+    if spec.record_history {
+        final_read = Some(match ctl[runner].call(&json!({"cmd": "final_read"})) {
+            Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("{e:#}")),
         });
     }
-    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0 })
+    if spec.run_checks {
+        let v = ctl[runner].call(&json!({"cmd": "final_checks"}))?;
+        let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
+        totals.findings.extend(f);
+        for (c, _) in ctl.iter_mut().zip(serving).filter(|(_, &s)| s) {
+            let v = c.call(&json!({"cmd": "findings"}))?;
+            let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
+            totals.findings.extend(f);
+        }
+    }
+    Ok(final_read)
+}
+
+/// A note per server that died: taken over (how soon, how long the rebuild took) or restarted.
+fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover]) -> Vec<String> {
+    let died = lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l)));
+    died.map(|(n, lost_unix_ms)| match takeovers.iter().find(|t| t.node as usize == n) {
+        Some(t) => format!(
+            "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's \
+             replica in {} ms",
+            t.serving_unix_ms.saturating_sub(lost_unix_ms),
+            t.rebuild_ms
+        ),
+        None => format!("faults: node {n}'s server died and was started again"),
+    })
+    .collect()
 }
