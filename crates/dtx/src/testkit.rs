@@ -193,7 +193,7 @@ pub fn run(spec: &BenchSpec) -> SimRun {
 pub(crate) struct Direct<'s> {
     pub store: &'s Storage<()>,
     pub keys: KeySet,
-    writes: Vec<(RowKey, Option<Value>)>,
+    pub writes: Vec<(RowKey, Option<Value>)>,
 }
 
 impl<'s> Direct<'s> {

@@ -3,7 +3,7 @@
 //! whatever the runtime: the history written and checked, the report the JSON contract names.
 
 pub use crate::host::{
-    build_node, build_workload, data_dir, driver, finish_checks, homes, machine_factory, metrics, open_node_log,
+    build_node, build_workload, data_dir, driver, finish_checks, homes, machine_factory, metrics, open_node_logs,
     progress, run_local, run_sim, tcp, tcp_host, BenchSpec, NodeSetup, OpenedLog, Outcome,
 };
 

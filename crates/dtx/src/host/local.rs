@@ -12,8 +12,8 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let workload = build_workload(spec)?;
     let (dir, _tmp) = data_dir(spec)?;
     for n in 0..spec.nodes {
-        let log = open_node_log(spec, &dir, n)?;
-        nodes.push(Arc::new(build_node(spec, n, &workload, log)?));
+        let logs = open_node_logs(spec, &dir, n)?;
+        nodes.push(Arc::new(build_node(spec, n, &workload, logs)?));
     }
     let warm = Duration::from_micros(spec.warmup_us);
     let total = Duration::from_micros(spec.warmup_us + spec.duration_us);

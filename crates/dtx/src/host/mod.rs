@@ -136,7 +136,16 @@ impl BenchSpec {
         }
         let topo = self.try_topology()?;
         let variant = protocols::Variant::parse(&self.protocol)?;
-        variant.make().check_topology(&topo)?;
+        let protocol = variant.make();
+        protocol.check_topology(&topo)?;
+        let logs = protocol.logs(&topo);
+        if self.durability.mode == Durability::Replicated && logs > 1 {
+            bail!(
+                "protocol `{}` keeps {logs} logs per node; --durability replicated replicates one log per node so far: \
+                 use --durability wal",
+                self.protocol
+            );
+        }
         workloads::build(&self.workload, &topo)?;
         self.durability.validate(self.nodes, self.faults.crashes)?;
         if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
@@ -174,8 +183,8 @@ pub struct NodeSetup {
     /// With `--durability replicated`: the node's log and its replica count, for the replicator
     /// that worker 0 runs.
     pub replicated: Option<(Arc<NodeLog>, u16)>,
-    /// The node's log, if the run is durable (shut down when the run ends).
-    pub log: Option<Arc<NodeLog>>,
+    /// The node's logs, if the run is durable (shut down when the run ends).
+    pub logs: Vec<Arc<NodeLog>>,
     /// The run's cluster id: logs and replication frames of another cluster are refused.
     pub cluster_id: u64,
     /// The protocol's log state machines, for the replicas its node's host keeps.
@@ -186,7 +195,7 @@ impl NodeSetup {
     /// The run is over: close the node's log (tasks left waiting at the end must not keep it,
     /// and its directory lock, open).
     pub fn shutdown(&self) {
-        if let Some(l) = &self.log {
+        for l in &self.logs {
             l.shutdown();
         }
     }
@@ -215,15 +224,16 @@ pub fn build_node(
     spec: &BenchSpec,
     node: NodeId,
     workload: &Arc<dyn Workload>,
-    log: Option<OpenedLog>,
+    logs: Vec<OpenedLog>,
 ) -> anyhow::Result<NodeSetup> {
     let topo = Arc::new(spec.topology());
     let workload = workload.clone();
     let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let mut replicated = None;
-    let node_log = log.as_ref().map(|o| o.log.clone());
-    if let Some(opened) = log {
+    let node_logs: Vec<Arc<NodeLog>> = logs.iter().map(|o| o.log.clone()).collect();
+    let mut logs = logs.into_iter();
+    if let Some(opened) = logs.next() {
         if spec.durability.mode == Durability::Replicated {
             replicated = Some((opened.log.clone(), spec.durability.replicas));
         }
@@ -232,12 +242,14 @@ pub fn build_node(
         env.checkpoint = opened.checkpoint;
         env.checkpoint_every = spec.durability.checkpoint_every;
     }
+    env.more_logs =
+        logs.map(|o| protocols::RecoveredLog { log: o.log, checkpoint: o.checkpoint, records: o.records }).collect();
     Ok(NodeSetup {
         proto: variant.make().build_node(env),
         workload,
         topo,
         replicated,
-        log: node_log,
+        logs: node_logs,
         cluster_id: spec.durability.cluster_id,
         machine: machine_factory(spec)?,
     })
@@ -256,7 +268,7 @@ pub fn adopt_node(
 ) -> anyhow::Result<(NodeSetup, Arc<NodeLog>)> {
     let log = NodeLog::replicated();
     let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
-    let mut setup = build_node(spec, id, workload, Some(opened))?;
+    let mut setup = build_node(spec, id, workload, vec![opened])?;
     // Its log's replicas are the adopting host's running replicator's, not a new one.
     setup.replicated = None;
     Ok((setup, log))
@@ -274,13 +286,38 @@ pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<
     }
 }
 
-/// Open node `n`'s log for a real-time run (none when the run is not durable).
-pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Option<OpenedLog>> {
+/// How many logs each node of the run keeps (0 when the run is not durable).
+pub fn logs_per_node(spec: &BenchSpec) -> anyhow::Result<u16> {
+    if spec.durability.mode == Durability::None {
+        return Ok(0);
+    }
+    Ok(protocols::Variant::parse_including_planned(&spec.protocol)?.make().logs(&spec.topology()))
+}
+
+/// Where log `i` of node `n` lives: `node-<n>` for the first (the layout of one log per node),
+/// `node-<n>-log-<i>` for the others.
+fn log_dir(dir: &std::path::Path, n: NodeId, i: u16) -> std::path::PathBuf {
+    match i {
+        0 => dir.join(format!("node-{n}")),
+        i => dir.join(format!("node-{n}-log-{i}")),
+    }
+}
+
+/// Open node `n`'s logs for a real-time run (none when the run is not durable).
+pub fn open_node_logs(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Vec<OpenedLog>> {
+    (0..logs_per_node(spec)?).map(|i| open_node_log(spec, dir, n, i)).collect()
+}
+
+/// Open log `i` of node `n`; the first's checkpoint is checked by the protocol's log machine.
+fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
     match spec.durability.mode {
-        Durability::None => Ok(None),
-        Durability::Replicated => Ok(Some(fresh_log(NodeLog::replicated()))),
+        Durability::None => bail!("a run without durability opens no log"),
+        Durability::Replicated => Ok(fresh_log(NodeLog::replicated())),
         Durability::Wal => {
-            let opened = spec.durability.open_wal(dir.join(format!("node-{n}")), n)?;
+            let opened = spec.durability.open_wal(log_dir(dir, n, i), n)?;
+            if i > 0 {
+                return Ok(opened);
+            }
             if let Some(c) = &opened.checkpoint {
                 let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
                 if let Err(e) = protocol.log_machine(Some(c)) {
@@ -291,7 +328,7 @@ pub fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyh
                     );
                 }
             }
-            Ok(Some(opened))
+            Ok(opened)
         }
     }
 }

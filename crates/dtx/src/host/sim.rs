@@ -59,16 +59,16 @@ fn build_sim_node(
     failover: Option<&SimFailover>,
     rebuild: &SimRebuild,
 ) -> anyhow::Result<()> {
-    let log = match spec.durability.mode {
-        Durability::None => None,
-        Durability::Replicated => Some(fresh_log(NodeLog::replicated())),
+    let logs = match spec.durability.mode {
+        Durability::None => Vec::new(),
+        Durability::Replicated => vec![fresh_log(NodeLog::replicated())],
         Durability::Wal => {
-            let log = NodeLog::simulated(Vec::new());
-            world.set_log(n, log.clone(), spec.durability.group_commit_us, spec.durability.sim_fsync_us);
-            Some(fresh_log(log))
+            let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?).map(|_| NodeLog::simulated(Vec::new())).collect();
+            world.set_logs(n, &logs, spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+            logs.into_iter().map(fresh_log).collect()
         }
     };
-    let mut node = build_node(spec, n, workload, log)?;
+    let mut node = build_node(spec, n, workload, logs)?;
     // With failover the replicator runs on the host's replication worker, not worker 0.
     let own_log = node.replicated.take().map(|(log, _)| log);
     let add_worker = |world: &mut SimWorld, addr: Addr| {
@@ -285,9 +285,8 @@ impl SimRebuild {
     /// Recover node `n` from `opened` on `workers`, start their clients, and put their protocol
     /// instances where the after-run jobs find them. In the simulator a log's replicator runs on
     /// its host's replication worker, never on the node's worker 0.
-    fn rebuild(&self, n: NodeId, opened: OpenedLog, workers: &[Rc<Worker>]) {
-        let mut node =
-            build_node(&self.spec, n, &self.workload, Some(opened)).expect("a node that built once builds again");
+    fn rebuild(&self, n: NodeId, opened: Vec<OpenedLog>, workers: &[Rc<Worker>]) {
+        let mut node = build_node(&self.spec, n, &self.workload, opened).expect("a node that built once builds again");
         node.replicated = None;
         self.start(n, node, workers);
     }
@@ -307,8 +306,13 @@ impl SimRebuild {
 /// disk kept, on fresh workers, and start their clients again.
 fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
     Box::new(move |n, kept, workers| {
-        let log = NodeLog::simulated(kept.clone());
-        rebuild.rebuild(n, OpenedLog { log: log.clone(), checkpoint: None, records: kept }, workers);
-        log
+        let logs: Vec<Arc<NodeLog>> = kept.iter().map(|k| NodeLog::simulated(k.clone())).collect();
+        let opened = logs
+            .iter()
+            .zip(kept)
+            .map(|(log, records)| OpenedLog { log: log.clone(), checkpoint: None, records })
+            .collect();
+        rebuild.rebuild(n, opened, workers);
+        logs
     })
 }

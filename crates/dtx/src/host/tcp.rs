@@ -240,8 +240,8 @@ impl Server {
         let mut process_spec = spec.clone();
         process_spec.workload.process = self.node;
         let workload = build_workload(&process_spec)?;
-        let log = super::open_node_log(spec, dir, self.node)?;
-        let mut node = build_node(spec, self.node, &workload, log)?;
+        let logs = super::open_node_logs(spec, dir, self.node)?;
+        let mut node = build_node(spec, self.node, &workload, logs)?;
         let own_replicated = node.replicated.take();
         let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
         let started = hosting

@@ -6,6 +6,8 @@
 //! options ([`options`]), and a user runs variants of it (`NAME[:KEY=VALUE]...`) side by side.
 
 pub mod calvin;
+#[cfg(test)]
+pub mod multilog;
 pub mod occ;
 pub mod options;
 pub mod twopc;
@@ -50,12 +52,33 @@ pub struct NodeEnv {
     pub checkpoint: Option<Vec<u8>>,
     /// Checkpoint the log every this many records (0 = never).
     pub checkpoint_every: u64,
+    /// The node's other logs, when the protocol keeps more than one ([`Protocol::logs`]): logs
+    /// 1, 2, ... in order, each with what it held when the node started.
+    pub more_logs: Vec<RecoveredLog>,
+}
+
+/// One of a node's logs as the protocol gets it at start: the log, and what it held (its
+/// newest checkpoint and the records after it, oldest first).
+pub struct RecoveredLog {
+    pub log: Arc<crate::rt::log::NodeLog>,
+    pub checkpoint: Option<Vec<u8>>,
+    pub records: Vec<Vec<u8>>,
 }
 
 impl NodeEnv {
     /// A node without a log.
     pub fn volatile(node: NodeId, topo: Arc<Topology>, workload: Arc<dyn Procedures>, opts: ProtoOptions) -> Self {
-        NodeEnv { node, topo, workload, opts, log: None, recovered: Vec::new(), checkpoint: None, checkpoint_every: 0 }
+        NodeEnv {
+            node,
+            topo,
+            workload,
+            opts,
+            log: None,
+            recovered: Vec::new(),
+            checkpoint: None,
+            checkpoint_every: 0,
+            more_logs: Vec::new(),
+        }
     }
 }
 
@@ -93,6 +116,14 @@ pub trait Protocol: Send + Sync + 'static {
     /// default.
     fn log_machine(&self, _checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
         Ok(Box::new(crate::rt::log::NoLog))
+    }
+    /// How many logs each node keeps when the run is durable: one (the node's log, as the 2PC
+    /// protocols keep) unless the protocol keeps one per worker (Silo, Rolis), per partition
+    /// (Primo) or per region (Calvin, SLOG, Detock). Log 0 is the one [`Protocol::log_machine`]
+    /// describes and `--durability replicated` replicates; every log is a WAL of its own with
+    /// `--durability wal`, in every runtime, and a crash keeps what each one flushed.
+    fn logs(&self, _topo: &Topology) -> u16 {
+        1
     }
 }
 
@@ -251,7 +282,18 @@ pub fn ready() -> impl Iterator<Item = &'static ProtocolInfo> {
 }
 
 pub fn find(name: &str) -> Option<&'static ProtocolInfo> {
-    REGISTRY.iter().find(|p| p.name == name)
+    REGISTRY.iter().find(|p| p.name == name).or_else(|| test_only(name))
+}
+
+/// Protocols that exist only in test builds, to test the engine with (never listed).
+#[cfg(test)]
+fn test_only(name: &str) -> Option<&'static ProtocolInfo> {
+    [&multilog::INFO].into_iter().find(|p| p.name == name)
+}
+
+#[cfg(not(test))]
+fn test_only(_name: &str) -> Option<&'static ProtocolInfo> {
+    None
 }
 
 /// Resolve `a,b:k=v|all` into variants, with a clear error for unknown or planned names and

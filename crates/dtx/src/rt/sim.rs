@@ -29,10 +29,11 @@ enum Ev {
     Wake(usize),
     Fault,
     Heal(FaultKind),
-    /// A node's group-commit timer fired: start a flush of what its log buffered.
-    FlushStart(u16, u64),
+    /// A node's group-commit timer fired: start a flush of what its log (node, log, generation)
+    /// buffered.
+    FlushStart(u16, usize, u64),
     /// The flush (its fsync) finished: what it covered is durable.
-    FlushDone(u16, u64),
+    FlushDone(u16, usize, u64),
 }
 
 /// A node's simulated disk and its group commit.
@@ -44,9 +45,10 @@ struct SimLog {
     busy: bool,
 }
 
-/// Rebuilds a crashed node: given the records its disk kept and fresh workers (same
-/// addresses), recover the node's state on them, start its clients, and return its new log.
-pub type Restart = Box<dyn FnMut(u16, Vec<Vec<u8>>, &[Rc<Worker>]) -> Arc<NodeLog>>;
+/// Rebuilds a crashed node: given the records each of its logs' disks kept and fresh workers
+/// (same addresses), recover the node's state on them, start its clients, and return its new
+/// logs (in the same order).
+pub type Restart = Box<dyn FnMut(u16, Vec<Vec<Vec<u8>>>, &[Rc<Worker>]) -> Vec<Arc<NodeLog>>>;
 
 /// Failover of replicated nodes (`--durability replicated`), the runtime's side of
 /// `replication::service`'s failover mode. Hosts and nodes come apart: host h runs its log
@@ -112,14 +114,14 @@ pub struct SimWorld {
     /// Takeovers by another host while the node's previous host was down.
     pub moved: u64,
     down_since: Vec<u64>,
-    logs: Vec<Option<SimLog>>,
+    logs: Vec<Vec<SimLog>>,
     /// Bumped at each crash of a node, so that a flush of the lost incarnation's log that
     /// completes later is ignored.
     log_generation: Vec<u64>,
     /// With a restart hook, a crash loses the node's memory and the node restarts from its log.
     restart: Option<Restart>,
     /// What each crashed node's disk kept, until it restarts.
-    survived: Vec<Option<Vec<Vec<u8>>>>,
+    survived: Vec<Option<Vec<Vec<Vec<u8>>>>>,
     worker_cfg: super::WorkerConfig,
     /// Crashes that lost a node's memory (each followed by a recovery).
     pub restarts: u64,
@@ -156,7 +158,7 @@ impl SimWorld {
             failover_ns: Vec::new(),
             moved: 0,
             down_since: vec![0; nodes as usize],
-            logs: (0..nodes).map(|_| None).collect(),
+            logs: (0..nodes).map(|_| Vec::new()).collect(),
             log_generation: vec![0; nodes as usize],
             restart: None,
             survived: vec![None; nodes as usize],
@@ -232,44 +234,58 @@ impl SimWorld {
 
     /// Give node `n` a simulated disk: the simulator flushes `log` `group_commit_us` after it
     /// first holds unflushed records, and each flush takes `fsync_us`.
-    pub fn set_log(&mut self, n: u16, log: Arc<NodeLog>, group_commit_us: u64, fsync_us: u64) {
-        self.logs[n as usize] =
-            Some(SimLog { log, group_commit_ns: group_commit_us * 1000, fsync_ns: fsync_us * 1000, busy: false });
+    /// Give node `n` its logs, each on a simulated disk of its own: the simulator flushes a
+    /// log `group_commit_us` after it first holds unflushed records, and each flush takes
+    /// `fsync_us`.
+    pub fn set_logs(&mut self, n: u16, logs: &[Arc<NodeLog>], group_commit_us: u64, fsync_us: u64) {
+        self.logs[n as usize] = logs
+            .iter()
+            .map(|log| SimLog {
+                log: log.clone(),
+                group_commit_ns: group_commit_us * 1000,
+                fsync_ns: fsync_us * 1000,
+                busy: false,
+            })
+            .collect();
     }
 
-    /// Schedule a flush of node `n`'s log if it holds unflushed records and none is under way.
+    /// Schedule a flush of each of node `n`'s logs that holds unflushed records and has none
+    /// under way.
     fn maybe_flush(&mut self, n: u16) {
         let now = self.now.get();
-        let Some(l) = self.logs[n as usize].as_mut() else { return };
-        if l.busy || !l.log.sim_has_unflushed() {
-            return;
-        }
-        l.busy = true;
-        let at = now + l.group_commit_ns;
         let generation = self.log_generation[n as usize];
-        self.push(at, Ev::FlushStart(n, generation));
+        let mut due = Vec::new();
+        for (i, l) in self.logs[n as usize].iter_mut().enumerate() {
+            if !l.busy && l.log.sim_has_unflushed() {
+                l.busy = true;
+                due.push((now + l.group_commit_ns, i));
+            }
+        }
+        for (at, i) in due {
+            self.push(at, Ev::FlushStart(n, i, generation));
+        }
     }
 
-    fn flush_start(&mut self, n: u16, generation: u64) {
+    fn flush_start(&mut self, n: u16, i: usize, generation: u64) {
         let now = self.now.get();
         if generation != self.log_generation[n as usize] {
             return;
         }
-        let Some(l) = self.logs[n as usize].as_mut() else { return };
+        let Some(l) = self.logs[n as usize].get_mut(i) else { return };
         match l.log.sim_begin_flush() {
             Some(_) => {
                 let at = now + l.fsync_ns;
-                self.push(at, Ev::FlushDone(n, generation));
+                self.push(at, Ev::FlushDone(n, i, generation));
             }
             None => l.busy = false,
         }
     }
 
-    fn flush_done(&mut self, n: u16, generation: u64) {
+    fn flush_done(&mut self, n: u16, i: usize, generation: u64) {
         if generation != self.log_generation[n as usize] {
             return;
         }
-        let Some(l) = self.logs[n as usize].as_mut() else { return };
+        let Some(l) = self.logs[n as usize].get_mut(i) else { return };
         l.log.sim_finish_flush();
         l.busy = false;
         self.maybe_flush(n);
@@ -350,8 +366,8 @@ impl SimWorld {
                 }
                 Ev::Fault => self.inject_fault(),
                 Ev::Heal(k) => self.heal(k),
-                Ev::FlushStart(n, g) => self.flush_start(n, g),
-                Ev::FlushDone(n, g) => self.flush_done(n, g),
+                Ev::FlushStart(n, i, g) => self.flush_start(n, i, g),
+                Ev::FlushDone(n, i, g) => self.flush_done(n, i, g),
             }
             self.collect_woken();
             self.run_adoptions();
@@ -581,9 +597,9 @@ impl SimWorld {
         for s in self.slots.iter().filter(|s| s.w.addr.node as usize == n) {
             s.w.crash();
         }
-        let kept = self.logs[n].as_ref().map(|l| l.log.sim_crash()).unwrap_or_default();
+        let kept: Vec<Vec<Vec<u8>>> = self.logs[n].iter().map(|l| l.log.sim_crash()).collect();
         self.log_generation[n] += 1;
-        if let Some(l) = self.logs[n].as_mut() {
+        for l in self.logs[n].iter_mut() {
             l.busy = false;
         }
         self.survived[n] = Some(kept);
@@ -608,8 +624,9 @@ impl SimWorld {
             self.restarts += 1;
             let workers = self.fresh_workers((0..self.workers_per_node).map(|wi| Addr::new(n, wi)));
             let restart = self.restart.as_mut().expect("checked");
-            let log = restart(n, kept, &workers);
-            if let Some(l) = self.logs[n as usize].as_mut() {
+            let logs = restart(n, kept, &workers);
+            assert_eq!(logs.len(), self.logs[n as usize].len(), "a restarted node keeps as many logs");
+            for (l, log) in self.logs[n as usize].iter_mut().zip(logs) {
                 l.log = log;
             }
             self.install_workers(workers);
