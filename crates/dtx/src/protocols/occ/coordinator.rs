@@ -7,7 +7,7 @@
 use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
-use crate::net::{decode, encode, NodeId};
+use crate::net::NodeId;
 use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -44,15 +44,6 @@ pub struct OccTxn<'a> {
     /// The declared local records, resolved once by `prefetch`, so that the reads, locks,
     /// validation and install that follow do not search the storage index again.
     local_recs: FxHashMap<RowKey, &'a Rec>,
-}
-
-impl OccWorker {
-    /// One request to a participant, decoded; a timeout or garbage reply aborts the attempt.
-    pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
-        let to = self.node.participant(node, self.w.addr);
-        let body = self.w.call(to, encode(req)).await.map_err(|_| Abort::Timeout)?;
-        decode(&body).map_err(|_| Abort::Timeout)
-    }
 }
 
 impl<'a> OccTxn<'a> {
@@ -228,7 +219,7 @@ impl<'a> OccTxn<'a> {
         // Install here, tell the remote writers in the background.
         self.install(local_recs, local_writes);
         wk.coord.set(self.id, TxnStatus::Committed);
-        wk.tell_outcome(encode(&Request::Commit { txn: self.id }), remote_writers, Some(self.id));
+        wk.tell_commit(self.id, remote_writers);
         Ok(())
     }
 
@@ -396,7 +387,7 @@ impl<'a> OccTxn<'a> {
         let wk = self.wk;
         part::unlock_recs(self.id, locked.iter().copied());
         wk.coord.set(self.id, TxnStatus::Aborted);
-        wk.tell_outcome(encode(&Request::Abort { txn: self.id }), remote_writers.to_vec(), None);
+        wk.tell_abort(self.id, remote_writers.to_vec());
         reason
     }
 }

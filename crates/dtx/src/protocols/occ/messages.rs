@@ -1,11 +1,12 @@
 //! OCC's messages. Textbook count for a distributed transaction, per remote participant:
 //! reads (one round trip per participant in one-shot mode, per read otherwise), `Lock` (only
-//! where it writes), `Validate` (only where it read), then `Commit` + ack (only where it wrote); `Abort` + ack where it locked and then aborted.
+//! where it writes), `Validate` (only where it read), then the 2PC skeleton's `Commit` + ack (only
+//! where it wrote) or `Abort` + ack where it locked and then aborted ([`crate::protocols::twopc::Termination`]).
 //! A transaction with a single remote participant sends it one `LockValidate` instead of `Lock`
 //! and `Validate`: once the coordinator's local locks are held, that participant's locks are the
 //! last ones, so it may validate right after taking them.
 
-use crate::protocols::twopc::{TxnId, TxnStatus};
+use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Value};
 use crate::txn::Scan;
 use serde::{Deserialize, Serialize};
@@ -24,12 +25,6 @@ pub enum Request {
     /// other lock of the transaction being held already. A no vote (or `Stale`) leaves nothing
     /// held here.
     LockValidate { txn: TxnId, writes: Vec<(RowKey, Option<Value>)>, reads: Vec<(RowKey, u64)> },
-    /// Install the writes and unlock.
-    Commit { txn: TxnId },
-    /// Release the locks a transaction took here and drop its writes.
-    Abort { txn: TxnId },
-    /// A participant asks the coordinator what became of a transaction.
-    Status { txn: TxnId },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -39,6 +34,4 @@ pub enum Reply {
     Vote(bool),
     /// `LockValidate`: the locks were free but a read is stale; the locks were released.
     Stale,
-    Ack,
-    Status(TxnStatus),
 }

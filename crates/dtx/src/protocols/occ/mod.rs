@@ -10,9 +10,9 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::{decode, encode, Addr};
+use crate::net::Addr;
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId, TxnStatus};
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
 use coordinator::OccTxn;
 use meta::OccMeta;
@@ -29,6 +29,9 @@ impl Cc for Occ {
     type Meta = OccMeta;
     /// A remote transaction's locked writes, installed at commit.
     type Part = Writes;
+    const NAME: &'static str = "occ";
+    type Request = messages::Request;
+    type Reply = messages::Reply;
     type NodeState = ();
     type Txn<'a> = OccTxn<'a>;
 
@@ -38,12 +41,8 @@ impl Cc for Occ {
         OccTxn::new(wk, id)
     }
 
-    fn serve(wk: &OccWorker, from: Addr, rpc_id: u64, body: &[u8]) {
-        wk.serve(from, rpc_id, body)
-    }
-
-    fn serve_oneway(wk: &OccWorker, from: Addr, body: &[u8]) {
-        wk.serve_oneway(from, body)
+    fn serve(wk: &OccWorker, from: Addr, rpc_id: u64, req: messages::Request) {
+        wk.serve(from, rpc_id, req)
     }
 
     fn commit_here(wk: &OccWorker, txn: TxnId) {
@@ -64,20 +63,5 @@ impl Cc for Occ {
             assert!(locked, "a recovered node has no other lock holders");
             wk.parts.txns.borrow_mut().insert(txn, (writes, now));
         }
-    }
-
-    fn status_request(txn: TxnId) -> Vec<u8> {
-        encode(&messages::Request::Status { txn })
-    }
-
-    fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
-        match decode(reply) {
-            Ok(messages::Reply::Status(s)) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn commit_request(txn: TxnId) -> Vec<u8> {
-        encode(&messages::Request::Commit { txn })
     }
 }

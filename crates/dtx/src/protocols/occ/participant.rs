@@ -5,10 +5,9 @@
 use super::messages::{Reply, Request};
 use super::meta::OccMeta;
 use super::OccWorker;
-use crate::net::{decode, encode, Addr};
+use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
-use crate::rt::log_warn;
 use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
 
@@ -104,11 +103,7 @@ pub fn unlock(store: &Storage<OccMeta>, txn: TxnId, keys: impl Iterator<Item = R
 }
 
 impl OccWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, body: &[u8]) {
-        let req: Request = match decode(body) {
-            Ok(r) => r,
-            Err(e) => return log_warn(&format!("occ: malformed request from {from}: {e}")),
-        };
+    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
         let store = &self.node.store;
         let now = self.w.now_ns();
         let reply = match req {
@@ -154,24 +149,8 @@ impl OccWorker {
                     return self.prepare(from, rpc_id, txn, writes, now);
                 }
             }
-            Request::Commit { txn } => {
-                // The coordinator forgets the transaction once we acknowledge: our outcome
-                // record (this one, or one the orphan sweeper wrote) must be durable first.
-                self.commit_here(txn);
-                let lsn = Some(self.last_outcome_lsn.get());
-                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Ack));
-            }
-            Request::Abort { txn } => {
-                self.abort_here(txn);
-                Reply::Ack
-            }
-            Request::Status { txn } => Reply::Status(self.coord.get(txn)),
         };
         self.w.reply(from, rpc_id, &encode(&reply));
-    }
-
-    pub(super) fn serve_oneway(&self, from: Addr, _body: &[u8]) {
-        log_warn(&format!("occ: unexpected one-way message from {from}"));
     }
 
     /// Keep the writes of a transaction whose locks are held here and vote yes; with a log, a

@@ -280,7 +280,7 @@ pub fn tell_outcome<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId
 pub fn resend_unended<C: Cc>(me: &Rc<CcWorker<C>>, unended: Vec<(TxnId, Vec<NodeId>)>) {
     for (txn, nodes) in unended {
         me.coord.set(txn, TxnStatus::Committed);
-        resend_until_acked(me.clone(), C::commit_request(txn), nodes, txn);
+        resend_until_acked(me.clone(), skeleton::termination(&skeleton::Termination::Commit { txn }), nodes, txn);
     }
 }
 
@@ -316,8 +316,9 @@ pub fn spawn_sweeper<C: Cc>(me: &Rc<CcWorker<C>>, orphan_after_us: u64) {
                 w.count("orphan-queries", 1);
                 let me = me.clone();
                 w.spawn(async move {
-                    if let Ok(body) = me.w.call(coordinator_of(txn), C::status_request(txn)).await {
-                        if let Some(s) = C::parse_status(&body) {
+                    let question = skeleton::termination(&skeleton::Termination::Status { txn });
+                    if let Ok(body) = me.w.call(coordinator_of(txn), question).await {
+                        if let Some(s) = skeleton::parse_status(&body) {
                             me.resolve(txn, s);
                         }
                     }

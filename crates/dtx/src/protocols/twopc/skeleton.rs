@@ -12,10 +12,12 @@
 
 use super::durable::{InDoubt, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
-use crate::net::{Addr, NodeId};
+use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
-use crate::rt::{Handler, LocalBoxFuture, Worker};
+use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
 use crate::txn::{recon, Abort, Access, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
@@ -47,9 +49,57 @@ pub trait CoordTxn: Access {
     fn abandon(&mut self, reason: Abort) -> Abort;
 }
 
+/// A message to a worker of a protocol over the skeleton is the concurrency control's own
+/// request or one of the skeleton's termination protocol, told apart by its first byte.
+const TAG_CC: u8 = 0;
+const TAG_TERMINATION: u8 = 1;
+
+/// The termination protocol every concurrency control over the skeleton shares: a decision sent
+/// to a participant, and a participant's question to a coordinator.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Termination {
+    /// Install the transaction's writes here and release what it holds.
+    Commit { txn: TxnId },
+    /// Release what the transaction holds here and drop its writes.
+    Abort { txn: TxnId },
+    /// What became of the transaction? (asked by a participant of its coordinator)
+    Status { txn: TxnId },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum TerminationReply {
+    Ack,
+    Status(TxnStatus),
+}
+
+/// `value` encoded behind a one-byte tag.
+pub(super) fn framed(tag: u8, value: &impl Serialize) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend_from_slice(&crate::net::encode(value));
+    out
+}
+
+/// A termination message, as the skeleton sends it.
+pub(super) fn termination(t: &Termination) -> Vec<u8> {
+    framed(TAG_TERMINATION, t)
+}
+
+/// The status in a coordinator's answer to [`Termination::Status`], if it is one.
+pub(super) fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
+    match decode(reply) {
+        Ok(TerminationReply::Status(s)) => Some(s),
+        _ => None,
+    }
+}
+
 /// A concurrency control over two-phase commit. `Self` is its configuration (2PL's policy and
 /// lock wait), kept by every worker.
 pub trait Cc: Clone + Send + Sync + Sized + 'static {
+    /// The name in log lines (`occ`, `2pl`).
+    const NAME: &'static str;
+    /// What its coordinators ask its participants, and what they answer.
+    type Request: Serialize + DeserializeOwned;
+    type Reply: DeserializeOwned;
     /// What a record carries.
     type Meta: TxnMeta + Sync;
     /// A remote transaction's state on a participant.
@@ -67,20 +117,14 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
 
     /// Start an attempt of transaction `id`.
     fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
-    /// A request from a coordinator (or a status question), to be answered with `wk.w.reply`.
-    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, body: &[u8]);
-    /// A one-way message.
-    fn serve_oneway(wk: &CcWorker<Self>, from: Addr, body: &[u8]);
+    /// A request from a coordinator, to be answered with `wk.w.reply` (now or later).
+    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request);
     /// Install a prepared transaction's writes (the coordinator decided commit).
     fn commit_here(wk: &CcWorker<Self>, txn: TxnId);
     /// Roll back whatever this participant holds for `txn`.
     fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
     /// Lock again, after a restart, the writes of transactions prepared here before it.
     fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt);
-    /// The protocol's wire forms of "what became of `txn`?", its answer, and "commit `txn`".
-    fn status_request(txn: TxnId) -> Vec<u8>;
-    fn parse_status(reply: &[u8]) -> Option<TxnStatus>;
-    fn commit_request(txn: TxnId) -> Vec<u8>;
 }
 
 /// A protocol made of a concurrency control over the 2PC skeleton.
@@ -221,11 +265,45 @@ impl<C: Cc> CcWorker<C> {
         }
     }
 
-    /// Send a decision to the participants on `nodes` in the background (see [`super::tell_outcome`]).
-    pub fn tell_outcome(&self, body: Vec<u8>, nodes: Vec<NodeId>, forget: Option<TxnId>) {
+    /// One request to the participant on `node`, decoded; a timeout or a garbled reply aborts
+    /// the attempt.
+    pub async fn ask(&self, node: NodeId, req: &C::Request) -> TxnResult<C::Reply> {
+        let body = self.w.call(self.participant_addr(node), framed(TAG_CC, req)).await.map_err(|_| Abort::Timeout)?;
+        decode(&body).map_err(|_| Abort::Timeout)
+    }
+
+    /// Tell the participants on `nodes` that `txn` committed, in the background, until each
+    /// acknowledges; then forget it (see [`super::tell_outcome`]).
+    pub fn tell_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
         if let Some(me) = self.me.upgrade() {
-            super::tell_outcome(me, body, nodes, forget);
+            super::tell_outcome(me, termination(&Termination::Commit { txn }), nodes, Some(txn));
         }
+    }
+
+    /// Tell the participants on `nodes` that `txn` aborted, in the background.
+    pub fn tell_abort(&self, txn: TxnId, nodes: Vec<NodeId>) {
+        if let Some(me) = self.me.upgrade() {
+            super::tell_outcome(me, termination(&Termination::Abort { txn }), nodes, None);
+        }
+    }
+
+    /// The skeleton's side of the termination protocol, at a participant and a coordinator.
+    fn serve_termination(&self, from: Addr, rpc_id: u64, t: Termination) {
+        let reply = match t {
+            Termination::Commit { txn } => {
+                // The coordinator forgets the transaction once we acknowledge: our outcome
+                // record (this one, or one the orphan sweeper wrote) must be durable first.
+                C::commit_here(self, txn);
+                let lsn = Some(self.last_outcome_lsn.get());
+                return self.reply_when_durable(from, rpc_id, lsn, crate::net::encode(&TerminationReply::Ack));
+            }
+            Termination::Abort { txn } => {
+                C::abort_here(self, txn);
+                TerminationReply::Ack
+            }
+            Termination::Status { txn } => TerminationReply::Status(self.coord.get(txn)),
+        };
+        self.w.reply(from, rpc_id, &crate::net::encode(&reply));
     }
 }
 
@@ -247,9 +325,17 @@ where
 
 impl<C: Cc> Handler for CcWorker<C> {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
-        C::serve(self, from, rpc_id, body)
+        let decoded = match body.split_first() {
+            Some((&TAG_CC, rest)) => decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r)),
+            Some((&TAG_TERMINATION, rest)) => decode(rest).map(|t| self.serve_termination(from, rpc_id, t)),
+            _ => return log_warn(&format!("{}: a request from {from} without a known tag", C::NAME)),
+        };
+        if let Err(e) = decoded {
+            log_warn(&format!("{}: malformed request from {from}: {e}", C::NAME));
+        }
     }
-    fn on_oneway(&self, from: Addr, body: &[u8]) {
-        C::serve_oneway(self, from, body)
+
+    fn on_oneway(&self, from: Addr, _body: &[u8]) {
+        log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME));
     }
 }

@@ -7,7 +7,7 @@ use super::meta::LockRecord;
 use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
-use crate::net::{decode, encode, NodeId};
+use crate::net::NodeId;
 use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -46,14 +46,6 @@ pub struct TplTxn<'a> {
     /// key -> position in `values` / `writes`, kept once they outgrow a linear search.
     value_index: FxHashMap<RowKey, usize>,
     write_index: FxHashMap<RowKey, usize>,
-}
-
-impl TwoPlWorker {
-    pub(super) async fn ask(&self, node: NodeId, req: &Request) -> TxnResult<Reply> {
-        let to = self.node.participant(node, self.w.addr);
-        let body = self.w.call(to, encode(req)).await.map_err(|_| Abort::Timeout)?;
-        decode(&body).map_err(|_| Abort::Timeout)
-    }
 }
 
 impl<'a> TplTxn<'a> {
@@ -339,7 +331,7 @@ impl<'a> TplTxn<'a> {
             wk.coord.forget(self.id);
         } else {
             wk.coord.set(self.id, TxnStatus::Committed);
-            wk.tell_outcome(encode(&Request::Commit { txn: self.id }), writers, Some(self.id));
+            wk.tell_commit(self.id, writers);
         }
         self.install_and_release(local_writes);
         Ok(())
@@ -407,7 +399,7 @@ impl<'a> TplTxn<'a> {
         part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         if !self.touched.is_empty() {
             wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_outcome(encode(&Request::Abort { txn: self.id }), std::mem::take(&mut self.touched), None);
+            wk.tell_abort(self.id, std::mem::take(&mut self.touched));
         }
         reason
     }
@@ -497,7 +489,7 @@ impl recon::SnapshotReader for TwoPlWorker {
             let txn = self.coord.new_txn(self.w.addr);
             let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)] };
             let r = self.ask(n, &req).await;
-            self.tell_outcome(encode(&Request::Abort { txn }), vec![n], None);
+            self.tell_abort(txn, vec![n]);
             match r? {
                 Reply::Values(mut v) => Ok(v.pop().flatten()),
                 Reply::Aborted(a) => Err(a),
@@ -515,7 +507,7 @@ impl recon::SnapshotReader for TwoPlWorker {
             }
             let txn = self.coord.new_txn(self.w.addr);
             let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s }).await;
-            self.tell_outcome(encode(&Request::Abort { txn }), vec![n], None);
+            self.tell_abort(txn, vec![n]);
             match r? {
                 Reply::Rows(rows) => Ok(rows),
                 Reply::Aborted(a) => Err(a),

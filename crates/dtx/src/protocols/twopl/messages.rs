@@ -4,7 +4,7 @@
 //! locks at `Prepare` and leaves the commit phase).
 
 use super::meta::{Mode, Prio};
-use crate::protocols::twopc::{TxnId, TxnStatus};
+use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
@@ -12,33 +12,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Lock records (waiting or not per the policy) and return their values.
-    Lock {
-        txn: TxnId,
-        prio: Prio,
-        keys: Vec<(RowKey, Mode)>,
-    },
+    Lock { txn: TxnId, prio: Prio, keys: Vec<(RowKey, Mode)> },
     /// Lock the existing rows of a range in shared mode and return them.
-    Scan {
-        txn: TxnId,
-        prio: Prio,
-        scan: Scan,
-    },
+    Scan { txn: TxnId, prio: Prio, scan: Scan },
     /// Phase one of 2PC: keep these writes; a participant without writes releases and leaves.
-    Prepare {
-        txn: TxnId,
-        writes: Vec<(RowKey, Option<Value>)>,
-    },
-    /// Phase two: apply the writes and release every lock.
-    Commit {
-        txn: TxnId,
-    },
-    /// Release every lock the transaction holds or waits for here.
-    Abort {
-        txn: TxnId,
-    },
-    Status {
-        txn: TxnId,
-    },
+    Prepare { txn: TxnId, writes: Vec<(RowKey, Option<Value>)> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +34,4 @@ pub enum Reply {
     Rows(Vec<(u64, Value)>),
     Aborted(Abort),
     Vote(Vote),
-    Ack,
-    Status(TxnStatus),
 }

@@ -11,9 +11,9 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::{decode, encode, Addr};
+use crate::net::Addr;
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId, TxnStatus};
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use coordinator::TplTxn;
 use meta::LockMeta;
@@ -42,6 +42,9 @@ pub type TwoPlWorker = CcWorker<TwoPl>;
 impl Cc for TwoPl {
     type Meta = LockMeta;
     type Part = PartTxn;
+    const NAME: &'static str = "2pl";
+    type Request = messages::Request;
+    type Reply = messages::Reply;
     type NodeState = ();
     type Txn<'a> = TplTxn<'a>;
 
@@ -51,12 +54,8 @@ impl Cc for TwoPl {
         TplTxn::new(wk, id, attempt.first_start_us)
     }
 
-    fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, body: &[u8]) {
-        wk.serve(from, rpc_id, body)
-    }
-
-    fn serve_oneway(wk: &TwoPlWorker, from: Addr, body: &[u8]) {
-        wk.serve_oneway(from, body)
+    fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, req: messages::Request) {
+        wk.serve(from, rpc_id, req)
     }
 
     fn commit_here(wk: &TwoPlWorker, txn: TxnId) {
@@ -69,20 +68,5 @@ impl Cc for TwoPl {
 
     fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt) {
         wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn status_request(txn: TxnId) -> Vec<u8> {
-        encode(&messages::Request::Status { txn })
-    }
-
-    fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
-        match decode(reply) {
-            Ok(messages::Reply::Status(s)) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn commit_request(txn: TxnId) -> Vec<u8> {
-        encode(&messages::Request::Commit { txn })
     }
 }

@@ -4,10 +4,10 @@
 use super::messages::{Reply, Request, Vote};
 use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
-use crate::net::{decode, encode, Addr};
+use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
-use crate::rt::{log_warn, Worker};
+use crate::rt::Worker;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
 use std::future::Future;
@@ -120,11 +120,7 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
 }
 
 impl TwoPlWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, body: &[u8]) {
-        let req: Request = match decode(body) {
-            Ok(r) => r,
-            Err(e) => return log_warn(&format!("2pl: malformed request from {from}: {e}")),
-        };
+    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
         let now = self.w.now_ns();
         let store = &self.node.store;
         let reply = match req {
@@ -163,18 +159,6 @@ impl TwoPlWorker {
                     }
                 }
             }
-            Request::Commit { txn } => {
-                // The coordinator forgets the transaction once we acknowledge: our outcome
-                // record (this one, or one the orphan sweeper wrote) must be durable first.
-                self.commit_here(txn);
-                let lsn = Some(self.last_outcome_lsn.get());
-                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Ack));
-            }
-            Request::Abort { txn } => {
-                self.abort_here(txn);
-                Reply::Ack
-            }
-            Request::Status { txn } => Reply::Status(self.coord.get(txn)),
         };
         self.w.reply(from, rpc_id, &encode(&reply));
     }
@@ -253,10 +237,6 @@ impl TwoPlWorker {
             };
             me.w.reply(from, rpc_id, &encode(&reply));
         });
-    }
-
-    pub(super) fn serve_oneway(&self, from: Addr, _body: &[u8]) {
-        log_warn(&format!("2pl: unexpected one-way message from {from}"));
     }
 
     pub(super) fn abort_here(&self, txn: TxnId) {
