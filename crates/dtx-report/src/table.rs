@@ -120,6 +120,16 @@ pub fn render_table(runs: &[RunReport]) -> String {
     out
 }
 
+/// A per-transaction rate with three significant digits, however small (a rare event is
+/// 0.000312, not 0.000).
+fn per_txn(v: f64) -> String {
+    if v == 0.0 || v >= 1.0 {
+        return format!("{v:.2}");
+    }
+    let decimals = (2 - v.log10().floor() as i32).clamp(2, 9) as usize;
+    format!("{v:.decimals$}")
+}
+
 /// The protocols' own counters, per committed transaction, one line per run that has any.
 fn counter_lines(runs: &[RunReport], name_width: usize) -> String {
     if runs.iter().all(|r| r.counters.is_empty()) {
@@ -128,7 +138,7 @@ fn counter_lines(runs: &[RunReport], name_width: usize) -> String {
     let mut out = String::from("protocol counters, per committed transaction:\n");
     for r in runs.iter().filter(|r| !r.counters.is_empty()) {
         let per = |n: u64| if r.committed > 0 { n as f64 / r.committed as f64 } else { 0.0 };
-        let cells: Vec<String> = r.counters.iter().map(|(k, n)| format!("{k} {:.3}", per(*n))).collect();
+        let cells: Vec<String> = r.counters.iter().map(|(k, n)| format!("{k} {}", per_txn(per(*n)))).collect();
         out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
     }
     out
@@ -210,6 +220,14 @@ fn distinct(values: impl Iterator<Item = String>) -> String {
 mod tests {
     use super::*;
     use crate::test_support::fake_runs;
+
+    #[test]
+    fn small_counter_rates_keep_their_digits() {
+        assert_eq!(super::per_txn(0.0), "0.00");
+        assert_eq!(super::per_txn(0.165), "0.165");
+        assert_eq!(super::per_txn(0.000312), "0.000312");
+        assert_eq!(super::per_txn(2.5), "2.50");
+    }
 
     #[test]
     fn table_has_every_protocol_and_ratio() {
