@@ -367,7 +367,7 @@ impl BenchArgs {
             },
             runtime: self.runtime.clone(),
             nodes: self.nodes,
-            workers: self.workers(),
+            workers: self.workers() + dtx::host::service_workers(protocol),
             partitions_per_node: self.partitions_per_node,
             inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
             duration_us: secs_us(&self.duration, "duration")?,

@@ -85,27 +85,9 @@ pub fn start(
     let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
     metrics.borrow_mut().node = w.addr.node;
     let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
-    // Snapshot the message counters at the window's edges.
     {
-        let (w2, m2) = (w.clone(), metrics.clone());
-        let win = cfg.window;
-        w.spawn(async move {
-            let now = w2.now_ns();
-            w2.sleep_us(win.start_ns.saturating_sub(now) / 1000).await;
-            let (s0, c0) = (*w2.stats.borrow(), w2.counters());
-            let now = w2.now_ns();
-            w2.sleep_us(win.end_ns.saturating_sub(now) / 1000).await;
-            let s1 = *w2.stats.borrow();
-            let mut m = m2.borrow_mut();
-            for (name, n1) in w2.counters() {
-                let n0 = c0.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
-                m.counters.insert(name, n1 - n0);
-            }
-            m.msgs = s1.msgs_sent - s0.msgs_sent;
-            m.bytes = s1.bytes_sent - s0.bytes_sent;
-            m.log_waits = s1.log_waits - s0.log_waits;
-            m.log_wait_ns = s1.log_wait_ns - s0.log_wait_ns;
-        });
+        let (w2, m2, win) = (w.clone(), metrics.clone(), cfg.window);
+        w.spawn(async move { measure_window(&w2, &m2, win).await });
     }
     let cfg = Rc::new(cfg);
     let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
@@ -134,6 +116,50 @@ type Attempts = Rc<RefCell<Vec<Option<(Vec<crate::txn::HistOp>, u64)>>>>;
 /// If the worker's node crashes, its clients die mid-transaction: report what they committed so
 /// far, and each attempt in flight as of unknown outcome (it may have committed before the
 /// crash), so that the history stays complete.
+/// Take the worker's message and protocol counters at the window's edges into `m`.
+async fn measure_window(w: &Rc<Worker>, m: &RefCell<Metrics>, win: Window) {
+    let now = w.now_ns();
+    w.sleep_us(win.start_ns.saturating_sub(now) / 1000).await;
+    let (s0, c0) = (*w.stats.borrow(), w.counters());
+    let now = w.now_ns();
+    w.sleep_us(win.end_ns.saturating_sub(now) / 1000).await;
+    let s1 = *w.stats.borrow();
+    let mut m = m.borrow_mut();
+    for (name, n1) in w.counters() {
+        let n0 = c0.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
+        m.counters.insert(name, n1 - n0);
+    }
+    m.msgs = s1.msgs_sent - s0.msgs_sent;
+    m.bytes = s1.bytes_sent - s0.bytes_sent;
+    m.log_waits = s1.log_waits - s0.log_waits;
+    m.log_wait_ns = s1.log_wait_ns - s0.log_wait_ns;
+}
+
+/// A worker that runs no clients (a protocol's own: a sequencer, a scheduler) still reports
+/// what it sent and counted over the window, so messages per transaction and the protocol's
+/// counters include its work. Like a worker's clients, it reports once, at the window's end or
+/// at a crash of its node, and `shared.running` drops by one then.
+pub fn observe(w: &Rc<Worker>, window: Window, shared: Arc<RunShared>) {
+    let metrics = Rc::new(RefCell::new(Metrics::new(window)));
+    metrics.borrow_mut().node = w.addr.node;
+    let reported = Rc::new(std::cell::Cell::new(false));
+    let report = {
+        let (m, reported, shared) = (metrics.clone(), reported.clone(), shared.clone());
+        move || {
+            if !reported.replace(true) {
+                shared.reports.lock().push(std::mem::replace(&mut *m.borrow_mut(), Metrics::new(window)));
+                shared.running.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    };
+    w.on_crash(Box::new(report.clone()));
+    let w2 = w.clone();
+    w.spawn(async move {
+        measure_window(&w2, &metrics, window).await;
+        report();
+    });
+}
+
 fn on_crash_report(
     w: &Rc<Worker>,
     metrics: &Rc<RefCell<Metrics>>,

@@ -614,8 +614,11 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     spec.partitions_per_node = cfg.partitions_per_node;
     if cluster.is_some() {
         // The cluster file says what each node does (every node `data` and `client` unless it
-        // gives `roles`); its validation checked the roles make a topology.
+        // gives `roles`) and how many workers it runs in all.
         spec.node_roles = cfg.node_roles();
+        let protocol = crate::protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+        let path = cluster.map(|p| p.display().to_string()).unwrap_or_default();
+        protocol.check_topology(&spec.topology()).with_context(|| format!("the cluster in {path}"))?;
     }
     let mut ctl: Vec<Control> = cfg
         .nodes

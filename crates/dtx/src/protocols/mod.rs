@@ -125,6 +125,13 @@ pub trait Protocol: Send + Sync + 'static {
     fn logs(&self, _topo: &Topology) -> u16 {
         1
     }
+    /// Workers each node runs for the protocol's own roles, beside the workers that run clients
+    /// (workers `0..n` of every node; `--workers` counts the others, and a cluster file's
+    /// `workers` counts all): Calvin's scheduler. Their roles are the protocol's
+    /// ([`NodeProtocol::worker_roles`]), and `check_topology` refuses too few workers.
+    fn service_workers(&self) -> u16 {
+        0
+    }
 }
 
 /// A node's protocol state, shared by its workers.

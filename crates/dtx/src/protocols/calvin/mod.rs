@@ -89,6 +89,23 @@ impl Protocol for Calvin {
         }
         Arc::new(CalvinNode(Arc::new(NodeState { store: load_storage(&env), env, cfg: *self })))
     }
+
+    /// Worker 0 of every node is its scheduler (node 0's also the sequencer), and runs no
+    /// clients: a deterministic scheduler must not wait behind a client's work.
+    fn service_workers(&self) -> u16 {
+        1
+    }
+
+    fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
+        if topo.workers_per_node < 2 {
+            anyhow::bail!(
+                "calvin runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \
+                 workers or more (it has {})",
+                topo.workers_per_node
+            );
+        }
+        Ok(())
+    }
 }
 
 /// A node's state: its storage (touched only by its scheduler worker) and what routing needs.
@@ -133,10 +150,15 @@ impl NodeProtocol for CalvinNode {
 
     fn worker_roles(&self, topo: &Topology, w: Addr) -> Roles {
         let mut roles = topo.roles_of(w.node);
+        if w.worker != 0 {
+            return roles.without(Role::Sequencer).without(Role::Scheduler);
+        }
+        // Worker 0 is the protocol's own (`service_workers`): no clients there.
+        roles = roles.without(Role::Client);
         if w == SEQUENCER {
             roles = roles.with(Role::Sequencer);
         }
-        if w.worker == 0 && roles.contains(Role::Data) {
+        if roles.contains(Role::Data) {
             roles = roles.with(Role::Scheduler);
         }
         roles

@@ -67,3 +67,17 @@ fn lost_messages_are_sent_again_and_histories_stay_serializable() {
         assert!(out.totals.committed > 0, "seed {seed}");
     }
 }
+
+#[test]
+fn worker_0_is_the_schedulers_and_runs_no_clients() {
+    use crate::cluster::Topology;
+    use crate::protocols::Variant;
+    let calvin = Variant::parse_including_planned("calvin").unwrap().make();
+    assert_eq!(calvin.service_workers(), 1);
+    let e = calvin.check_topology(&Topology::new(2, 1, 1)).unwrap_err().to_string();
+    assert!(e.contains("2 workers or more"), "{e}");
+    assert!(calvin.check_topology(&Topology::new(2, 2, 1)).is_ok());
+    // A spec made for calvin gives it the scheduler beside one client worker.
+    assert_eq!(spec("calvin", append(), 1).workers, 2);
+    assert_eq!(BenchSpec::new("calvin", append(), "sim").workers, 2);
+}
