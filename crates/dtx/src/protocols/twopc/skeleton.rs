@@ -72,11 +72,12 @@ pub enum TerminationReply {
     Status(TxnStatus),
 }
 
-/// `value` encoded behind a one-byte tag.
+/// `value` encoded behind a one-byte tag, in one allocation (every remote request goes through
+/// here).
 pub(super) fn framed(tag: u8, value: &impl Serialize) -> Vec<u8> {
-    let mut out = vec![tag];
-    out.extend_from_slice(&crate::net::encode(value));
-    out
+    let mut out = Vec::with_capacity(64);
+    out.push(tag);
+    postcard::to_extend(value, out).expect("a message encodes into memory")
 }
 
 /// A termination message, as the skeleton sends it.
