@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub mod experiment;
 mod human;
-mod plot;
+pub(crate) mod plot;
 mod table;
 
 pub use plot::{render_svg, write_plot};
@@ -55,6 +56,10 @@ pub struct RunReport {
     /// committed transactions in each second of the measured period
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub throughput_per_s: Vec<f64>,
+    /// committed transactions per second, measured over each 100 ms of the measured period
+    /// (the timeline around a failover)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throughput_per_100ms: Vec<f64>,
     /// free-form extra counters (workload-specific, e.g. new_order_tps)
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, f64>,
@@ -132,6 +137,7 @@ pub(crate) mod test_support {
             throughput_per_s: (0..10)
                 .map(|s| tps * (0.9 + 0.02 * s as f64).min(1.02 - 0.01 * (s % 3) as f64))
                 .collect(),
+            throughput_per_100ms: Vec::new(),
             extra: BTreeMap::new(),
             counters: BTreeMap::new(),
         }

@@ -15,19 +15,19 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::ops::Range;
 use std::path::Path;
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
-const WIDTH: u32 = 1200;
+pub(crate) const WIDTH: u32 = 1200;
 const TITLE_H: u32 = 46;
 const BARS_H: u32 = 470;
 const TIMELINE_H: u32 = 400;
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
-const TEXT: RGBColor = RGBColor(0x22, 0x22, 0x22);
-const MUTED: RGBColor = RGBColor(0x66, 0x66, 0x66);
-const GRID: RGBColor = RGBColor(0xe3, 0xe3, 0xe3);
-const ALERT: RGBColor = RGBColor(0xb0, 0x2a, 0x2a);
-const AXIS: RGBColor = RGBColor(0x88, 0x88, 0x88);
+pub(crate) const TEXT: RGBColor = RGBColor(0x22, 0x22, 0x22);
+pub(crate) const MUTED: RGBColor = RGBColor(0x66, 0x66, 0x66);
+pub(crate) const GRID: RGBColor = RGBColor(0xe3, 0xe3, 0xe3);
+pub(crate) const ALERT: RGBColor = RGBColor(0xb0, 0x2a, 0x2a);
+pub(crate) const AXIS: RGBColor = RGBColor(0x88, 0x88, 0x88);
 
 /// Tableau 10: distinct, colour-blind-friendly, readable on white.
 const PALETTE: [RGBColor; 10] = [
@@ -93,16 +93,16 @@ pub fn render_svg(runs: &[RunReport]) -> anyhow::Result<String> {
 
 /// A text style whose rendered SVG font size is `px` pixels (plotters divides sizes by 1.24
 /// when writing SVG, and estimates extents from the same scaled size).
-fn font(px: f64) -> TextStyle<'static> {
+pub(crate) fn font(px: f64) -> TextStyle<'static> {
     (FONT, px * 1.24).into_font().color(&TEXT)
 }
 
-fn bold(px: f64) -> TextStyle<'static> {
+pub(crate) fn bold(px: f64) -> TextStyle<'static> {
     (FONT, px * 1.24, FontStyle::Bold).into_font().color(&TEXT)
 }
 
 /// Estimated rendered width of `text` at `px` pixels in a sans-serif font.
-fn text_width(text: &str, px: f64) -> f64 {
+pub(crate) fn text_width(text: &str, px: f64) -> f64 {
     text.chars().count() as f64 * px * 0.6
 }
 
@@ -124,7 +124,7 @@ fn ellipsize(text: &str, width: f64, px: f64) -> String {
     }
 }
 
-fn color_of(i: usize) -> RGBColor {
+pub(crate) fn color_of(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
@@ -133,7 +133,7 @@ fn lighten(c: RGBColor, amount: f64) -> RGBColor {
     RGBColor(l(c.0), l(c.1), l(c.2))
 }
 
-fn finite(v: f64) -> f64 {
+pub(crate) fn finite(v: f64) -> f64 {
     if v.is_finite() {
         v.max(0.0)
     } else {
@@ -142,7 +142,7 @@ fn finite(v: f64) -> f64 {
 }
 
 /// A compact axis tick: `0`, `2.5`, `0.25`, `20k`.
-fn tick(v: f64) -> String {
+pub(crate) fn tick(v: f64) -> String {
     if v.abs() >= 1e3 {
         human::axis_count(v)
     } else if (v - v.round()).abs() < 1e-9 {
@@ -153,7 +153,7 @@ fn tick(v: f64) -> String {
     }
 }
 
-enum Swatch {
+pub(crate) enum Swatch {
     Bar(RGBColor),
     Line(RGBColor),
 }
@@ -161,7 +161,7 @@ enum Swatch {
 /// Draws a panel's heading and its legend below it (centred rows, wrapped to the panel width),
 /// returning the area left for the chart. Panels with at most one legend row have the same
 /// heading height, so side-by-side charts line up.
-fn panel<'a>(area: &Area<'a>, heading: &str, legend: &[(String, Swatch)]) -> anyhow::Result<Area<'a>> {
+pub(crate) fn panel<'a>(area: &Area<'a>, heading: &str, legend: &[(String, Swatch)]) -> anyhow::Result<Area<'a>> {
     const PX: f64 = 12.5;
     const ROW_H: i32 = 20;
     let (w, _) = area.dim_in_pixel();

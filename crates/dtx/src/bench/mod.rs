@@ -9,7 +9,7 @@ pub use crate::host::{
 
 use anyhow::Context;
 use dtx_report::{LatencyUs, RunReport};
-use metrics::HistLine;
+use metrics::{HistLine, TICK_NS};
 
 /// Write a run's list-append history as JSON lines, in start order, the final read last.
 pub fn write_history(o: &Outcome, path: &std::path::Path) -> anyhow::Result<()> {
@@ -127,8 +127,15 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         params,
         verified,
         cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
-        throughput_per_s: t.per_sec.iter().map(|c| *c as f64).collect(),
+        throughput_per_s: per_second(&t.per_tick),
+        throughput_per_100ms: t.per_tick.iter().map(|c| *c as f64 * (1e9 / TICK_NS as f64)).collect(),
         extra,
         counters: t.counters.clone(),
     }
+}
+
+/// Commits in each second of the window, from the counts per tick.
+fn per_second(per_tick: &[u64]) -> Vec<f64> {
+    let ticks_per_s = (1_000_000_000 / TICK_NS) as usize;
+    per_tick.chunks(ticks_per_s).map(|c| c.iter().sum::<u64>() as f64).collect()
 }

@@ -38,6 +38,11 @@ pub struct HistLine {
     pub end_us: u64,
 }
 
+/// The timeline's resolution: commits are counted per 100 ms, so that a failover's dip shows.
+pub const TICK_NS: u64 = 100_000_000;
+/// At most this many ticks are counted (ten hours); commits after them are not in the timeline.
+pub const MAX_TICKS: usize = 360_000;
+
 pub struct Metrics {
     pub node: u16,
     pub window: Window,
@@ -45,8 +50,8 @@ pub struct Metrics {
     pub aborts: BTreeMap<Abort, u64>,
     /// Latency of committed transactions from first attempt to commit, µs.
     pub latency: Histogram<u64>,
-    /// Commits per second of the window.
-    pub per_sec: Vec<u64>,
+    /// Commits in each tick ([`TICK_NS`]) of the window, for at most [`MAX_TICKS`] ticks.
+    pub per_tick: Vec<u64>,
     pub gave_up: u64,
     pub msgs: u64,
     pub bytes: u64,
@@ -69,14 +74,14 @@ fn new_hist() -> Histogram<u64> {
 
 impl Metrics {
     pub fn new(window: Window) -> Self {
-        let secs = window.end_ns.saturating_sub(window.start_ns).div_ceil(1_000_000_000).max(1) as usize;
+        let ticks = window.end_ns.saturating_sub(window.start_ns).div_ceil(TICK_NS).max(1) as usize;
         Metrics {
             node: 0,
             window,
             committed: 0,
             aborts: BTreeMap::new(),
             latency: new_hist(),
-            per_sec: vec![0; secs.min(100_000)],
+            per_tick: vec![0; ticks.min(MAX_TICKS)],
             gave_up: 0,
             msgs: 0,
             bytes: 0,
@@ -98,8 +103,8 @@ impl Metrics {
             self.committed += 1;
             *self.by_kind.entry(kind).or_default() += 1;
             self.latency.saturating_record((latency_ns / 1000).max(1));
-            let s = ((t_ns - self.window.start_ns) / 1_000_000_000) as usize;
-            if let Some(c) = self.per_sec.get_mut(s) {
+            let tick = ((t_ns - self.window.start_ns) / TICK_NS) as usize;
+            if let Some(c) = self.per_tick.get_mut(tick) {
                 *c += 1;
             }
         }
@@ -122,7 +127,8 @@ pub struct Totals {
     pub committed: u64,
     pub aborts: BTreeMap<String, u64>,
     pub latency_counts: Vec<(u64, u64)>,
-    pub per_sec: Vec<u64>,
+    /// Commits per tick ([`TICK_NS`]) of the window.
+    pub per_tick: Vec<u64>,
     pub gave_up: u64,
     pub msgs: u64,
     pub bytes: u64,
@@ -159,10 +165,10 @@ impl Totals {
         for v in m.latency.iter_recorded() {
             self.latency_counts.push((v.value_iterated_to(), v.count_at_value()));
         }
-        if self.per_sec.len() < m.per_sec.len() {
-            self.per_sec.resize(m.per_sec.len(), 0);
+        if self.per_tick.len() < m.per_tick.len() {
+            self.per_tick.resize(m.per_tick.len(), 0);
         }
-        for (a, b) in self.per_sec.iter_mut().zip(&m.per_sec) {
+        for (a, b) in self.per_tick.iter_mut().zip(&m.per_tick) {
             *a += b;
         }
         self.gave_up += m.gave_up;
@@ -185,10 +191,10 @@ impl Totals {
             *self.aborts.entry(r.clone()).or_default() += c;
         }
         self.latency_counts.extend_from_slice(&o.latency_counts);
-        if self.per_sec.len() < o.per_sec.len() {
-            self.per_sec.resize(o.per_sec.len(), 0);
+        if self.per_tick.len() < o.per_tick.len() {
+            self.per_tick.resize(o.per_tick.len(), 0);
         }
-        for (a, b) in self.per_sec.iter_mut().zip(&o.per_sec) {
+        for (a, b) in self.per_tick.iter_mut().zip(&o.per_tick) {
             *a += b;
         }
         self.gave_up += o.gave_up;

@@ -424,9 +424,23 @@ fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>)
     }
 }
 
+/// Set while a caller shows a progress bar of its own over many runs (an experiment): each
+/// run's bar is then hidden.
+static PROGRESS_HIDDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Hide (or show again) the progress bar of each run.
+pub fn hide_run_progress(hidden: bool) {
+    PROGRESS_HIDDEN.store(hidden, Ordering::Relaxed);
+}
+
 /// A progress bar over `total` (seconds of run), hidden when stderr is not a terminal.
 pub fn progress(label: &str, total_ms: u64) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(Some(total_ms), indicatif::ProgressDrawTarget::stderr());
+    let target = if PROGRESS_HIDDEN.load(Ordering::Relaxed) {
+        indicatif::ProgressDrawTarget::hidden()
+    } else {
+        indicatif::ProgressDrawTarget::stderr()
+    };
+    let pb = indicatif::ProgressBar::with_draw_target(Some(total_ms), target);
     pb.set_style(
         indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} ms {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())

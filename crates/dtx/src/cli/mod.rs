@@ -1,5 +1,10 @@
 //! What the `dtx` subcommands do, behind the argument parsing in main.rs.
 
+mod bench_args;
+pub mod experiment;
+
+pub use bench_args::BenchArgs;
+
 use crate::bench::{self, BenchSpec, Outcome};
 use crate::protocols;
 use anyhow::bail;
@@ -33,7 +38,7 @@ fn results_dir(req: &BenchRequest) -> PathBuf {
 }
 
 /// `YYYYMMDD-HHMMSS` (UTC) for a Unix time, without a date library.
-fn utc_stamp(secs: u64) -> String {
+pub(crate) fn utc_stamp(secs: u64) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (Howard Hinnant's algorithm), valid for the proleptic Gregorian calendar.
     let z = days as i64 + 719_468;
@@ -51,45 +56,21 @@ fn utc_stamp(secs: u64) -> String {
 /// Run the benchmark; Ok(false) when a check failed.
 pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     let protos = protocols::resolve(&req.protocols)?;
-    if !["sim", "local", "tcp"].contains(&req.runtime.as_str()) {
-        bail!("--runtime `{}`: use sim, local or tcp", req.runtime);
-    }
-    if req.verify && !["append", "tpcc", "bank"].contains(&req.workload.as_str()) {
-        bail!("--verify has no checker for {}: use --workload append, tpcc or bank", req.workload);
-    }
-    if req.history.is_some() && req.workload != "append" {
-        bail!("--history records list-append histories: add --workload append");
-    }
-    if req.cluster.is_some() && req.runtime != "tcp" {
-        bail!("--cluster runs against running servers: add --runtime tcp");
-    }
+    check_request(req)?;
     // Validate every spec before running anything, so a bad flag fails at once.
     let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(&p.name)).collect::<anyhow::Result<_>>()?;
     let dir = results_dir(req);
     let mut runs: Vec<RunReport> = Vec::new();
     let mut all_ok = true;
     for spec in &specs {
-        let outcome = match spec.runtime.as_str() {
-            "sim" => bench::run_sim(spec)?,
-            "local" => bench::run_local(spec)?,
-            _ => bench::tcp::run(spec, req.cluster.as_deref())?,
-        };
-        for n in &outcome.notes {
-            eprintln!("dtx: {}: {n}", spec.protocol);
-        }
-        let verified = if spec.record_history {
-            Some(check_outcome(spec, &outcome, req, &dir)?)
-        } else if spec.run_checks {
-            Some(print_findings(spec, &outcome.totals.findings))
-        } else {
-            None
-        };
+        let history = history_path(spec, req, &dir);
+        let (run, passed) = run_spec(spec, req.cluster.as_deref(), history.as_deref())?;
         // Only `--verify` makes a failed check fail the command; `--history` alone records and
         // reports (a history of a restarted cluster holds values appended before it).
-        if verified == Some(false) && req.verify {
+        if !passed && req.verify {
             all_ok = false;
         }
-        runs.push(bench::report(spec, &outcome, verified));
+        runs.push(run);
     }
     let report = BenchReport { runs };
     let json_path = req.json.clone().unwrap_or_else(|| dir.join("bench.json"));
@@ -105,6 +86,23 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     Ok(all_ok)
 }
 
+/// The checks of a bench's flags that span several of them.
+pub(crate) fn check_request(req: &BenchRequest) -> anyhow::Result<()> {
+    if !["sim", "local", "tcp"].contains(&req.runtime.as_str()) {
+        bail!("--runtime `{}`: use sim, local or tcp", req.runtime);
+    }
+    if req.verify && !["append", "tpcc", "bank"].contains(&req.workload.as_str()) {
+        bail!("--verify has no checker for {}: use --workload append, tpcc or bank", req.workload);
+    }
+    if req.history.is_some() && req.workload != "append" {
+        bail!("--history records list-append histories: add --workload append");
+    }
+    if req.cluster.is_some() && req.runtime != "tcp" {
+        bail!("--cluster runs against running servers: add --runtime tcp");
+    }
+    Ok(())
+}
+
 /// Print each invariant the workload checked, pass or fail; true when all passed.
 fn print_findings(spec: &BenchSpec, findings: &[(String, bool, String)]) -> bool {
     let failed = findings.iter().filter(|f| !f.1).count();
@@ -117,17 +115,48 @@ fn print_findings(spec: &BenchSpec, findings: &[(String, bool, String)]) -> bool
     failed == 0 && !findings.is_empty()
 }
 
-/// Write the run's history and check it; true when it is serializable and complete.
-fn check_outcome(spec: &BenchSpec, o: &Outcome, req: &BenchRequest, dir: &Path) -> anyhow::Result<bool> {
-    let path = match &req.history {
+/// Where a run's list-append history goes: `--history` (with the protocol's name when several
+/// run), or the results folder.
+fn history_path(spec: &BenchSpec, req: &BenchRequest, dir: &Path) -> Option<PathBuf> {
+    if !spec.record_history {
+        return None;
+    }
+    Some(match &req.history {
         Some(p) if req.protocols.contains(',') || req.protocols == "all" => {
             let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("history");
             p.with_file_name(format!("{stem}-{}.jsonl", spec.protocol))
         }
         Some(p) => p.clone(),
         None => dir.join(format!("history-{}.jsonl", spec.protocol)),
+    })
+}
+
+/// Runs one spec on its runtime and checks it as it asks (its history written to `history`);
+/// the report, and false when a check failed.
+pub(crate) fn run_spec(
+    spec: &BenchSpec,
+    cluster: Option<&Path>,
+    history: Option<&Path>,
+) -> anyhow::Result<(RunReport, bool)> {
+    let outcome = match spec.runtime.as_str() {
+        "sim" => bench::run_sim(spec)?,
+        "local" => bench::run_local(spec)?,
+        _ => bench::tcp::run(spec, cluster)?,
     };
-    let (report, problem) = bench::verify(o, &path)?;
+    for n in &outcome.notes {
+        eprintln!("dtx: {}: {n}", spec.protocol);
+    }
+    let verified = match history {
+        Some(path) if spec.record_history => Some(check_outcome(spec, &outcome, path)?),
+        _ if spec.run_checks => Some(print_findings(spec, &outcome.totals.findings)),
+        _ => None,
+    };
+    Ok((bench::report(spec, &outcome, verified), verified != Some(false)))
+}
+
+/// Write the run's history and check it; true when it is serializable and complete.
+fn check_outcome(spec: &BenchSpec, o: &Outcome, path: &Path) -> anyhow::Result<bool> {
+    let (report, problem) = bench::verify(o, path)?;
     match problem {
         None => {
             eprintln!("{}: {} (history {})", spec.protocol, report.summary(), path.display());

@@ -1,0 +1,544 @@
+//! The experiment file: a paper's figure as data (`experiments/NAME.toml`), read at run time.
+//!
+//! ```toml
+//! name = "contention-sweep"                # the file's stem
+//! title = "Throughput as contention rises"
+//! paper = "dtx"                            # a paper, or "dtx" for the project's own figures
+//! figure = "README, contention"            # the figure or table it reproduces
+//! measures = "committed/s and aborts of the three protocols, YCSB theta 0 to 0.99"
+//! protocols = ["2pl-nowait", "2pl-waitdie", "occ"]   # protocols or variants (`occ:k=v`)
+//! takes = { full_s = 60, quick_s = 5 }     # wall time, measured on the reference machine
+//! notes = "why the measured value differs from the paper's"
+//! [bench]                                  # `dtx bench` flags without the dashes
+//! workload = "ycsb"
+//! [quick]                                  # what --quick changes
+//! duration = "0.3"
+//! [sweep]                                  # optional: one parameter and its values
+//! param = "theta"
+//! values = [0.0, 0.9, 0.99]
+//! quick = [0.0, 0.99]                      # optional: the values --quick runs
+//! [plot]
+//! panels = ["throughput", "throughput/occ"] # metrics, or a metric as a ratio to a protocol
+//! [[claim]]
+//! text = "2PL WAIT_DIE beats OCC under high contention"
+//! kind = "value"                           # value | rising | falling | crossing | between
+//! metric = "throughput"
+//! of = "2pl-waitdie"
+//! over = "occ"                             # optional: the denominator
+//! at = 0.99                                # the point (ratio), or two points (between)
+//! paper = 1.27                             # the paper's value, if it gives one
+//! band = [1.1, 1.5]                        # what counts as reproduced
+//! ```
+
+use anyhow::{anyhow, bail, Context as _};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The value of the swept parameter at one point: a number (`0.9`) or a word (`sim`).
+pub type PointValue = serde_json::Value;
+
+/// An experiment, parsed and checked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Experiment {
+    pub name: String,
+    pub title: String,
+    pub paper: String,
+    pub figure: String,
+    pub measures: String,
+    pub notes: String,
+    pub protocols: Vec<String>,
+    pub takes_full_s: f64,
+    pub takes_quick_s: f64,
+    /// `dtx bench` flags (without `--`) and their values, as text.
+    pub bench: BTreeMap<String, String>,
+    /// What `--quick` changes.
+    pub quick: BTreeMap<String, String>,
+    pub sweep: Option<Sweep>,
+    pub plot: PlotSpec,
+    pub claims: Vec<Claim>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sweep {
+    /// A `dtx bench` flag, without `--`.
+    pub param: String,
+    pub values: Vec<PointValue>,
+    pub quick: Vec<PointValue>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlotSpec {
+    pub kind: PlotKind,
+    pub panels: Vec<Panel>,
+    pub log_x: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlotKind {
+    /// Each panel's metric against the swept parameter (or per protocol without a sweep).
+    Sweep,
+    /// Committed transactions per 100 ms over the run, per protocol (the first point's runs).
+    Timeline,
+}
+
+/// One plot panel: a metric, or a metric as a ratio to one protocol's at the same point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Panel {
+    pub metric: Metric,
+    pub over: Option<String>,
+}
+
+/// What a claim or a panel reads from a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Metric {
+    Throughput,
+    AbortRate,
+    P50,
+    P95,
+    P99,
+    MsgsPerTxn,
+    BytesPerTxn,
+    CpuUsPerTxn,
+    /// An entry of the run's `extra` (for example `failover_ms_p50`).
+    Extra(String),
+    /// A protocol counter per committed transaction.
+    Counter(String),
+    /// The share of attempts aborted for this reason.
+    Aborts(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimKind {
+    /// The value (or ratio) at one point.
+    Value,
+    /// The value (or ratio) at the last point over that at the first, expected above 1.
+    Rising,
+    /// The same, expected below 1.
+    Falling,
+    /// The swept value at which the ratio crosses 1.
+    Crossing,
+    /// The value (or ratio) at one point over that at another: `wal` against `none`, or a
+    /// ratio between protocols in `sim` against the same in `local`.
+    Between,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Claim {
+    pub text: String,
+    pub kind: ClaimKind,
+    pub metric: Metric,
+    pub of: String,
+    pub over: Option<String>,
+    pub at: Vec<PointValue>,
+    pub paper: Option<f64>,
+    #[serde(with = "band_serde")]
+    pub band: [f64; 2],
+    /// Which side of this value counts as the same direction (ratios: 1).
+    pub baseline: Option<f64>,
+}
+
+impl Metric {
+    pub fn parse(s: &str) -> anyhow::Result<Metric> {
+        let t = s.trim();
+        Ok(match t {
+            "throughput" => Metric::Throughput,
+            "abort_rate" => Metric::AbortRate,
+            "p50" => Metric::P50,
+            "p95" => Metric::P95,
+            "p99" => Metric::P99,
+            "msgs_per_txn" => Metric::MsgsPerTxn,
+            "bytes_per_txn" => Metric::BytesPerTxn,
+            "cpu_us_per_txn" => Metric::CpuUsPerTxn,
+            _ => match t.split_once('.') {
+                Some(("extra", k)) if !k.is_empty() => Metric::Extra(k.into()),
+                Some(("counter", k)) if !k.is_empty() => Metric::Counter(k.into()),
+                Some(("aborts", k)) if !k.is_empty() => Metric::Aborts(k.into()),
+                _ => bail!(
+                    "unknown metric `{t}` (use throughput, abort_rate, p50, p95, p99, msgs_per_txn, \
+                     bytes_per_txn, cpu_us_per_txn, extra.KEY, counter.NAME or aborts.REASON)"
+                ),
+            },
+        })
+    }
+
+    /// How the metric is named in tables and axes.
+    pub fn label(&self) -> String {
+        match self {
+            Metric::Throughput => "committed/s".into(),
+            Metric::AbortRate => "abort rate".into(),
+            Metric::P50 => "p50 latency (µs)".into(),
+            Metric::P95 => "p95 latency (µs)".into(),
+            Metric::P99 => "p99 latency (µs)".into(),
+            Metric::MsgsPerTxn => "messages per txn".into(),
+            Metric::BytesPerTxn => "bytes per txn".into(),
+            Metric::CpuUsPerTxn => "CPU µs per txn".into(),
+            Metric::Extra(k) => k.clone(),
+            Metric::Counter(k) => format!("{k} per txn"),
+            Metric::Aborts(k) => format!("{k} aborts (share of attempts)"),
+        }
+    }
+
+    /// The metric as an experiment file writes it.
+    pub fn key(&self) -> String {
+        String::from(self.clone())
+    }
+}
+
+impl TryFrom<String> for Metric {
+    type Error = anyhow::Error;
+    fn try_from(s: String) -> anyhow::Result<Metric> {
+        Metric::parse(&s)
+    }
+}
+
+impl From<Metric> for String {
+    fn from(m: Metric) -> String {
+        match m {
+            Metric::Throughput => "throughput".into(),
+            Metric::AbortRate => "abort_rate".into(),
+            Metric::P50 => "p50".into(),
+            Metric::P95 => "p95".into(),
+            Metric::P99 => "p99".into(),
+            Metric::MsgsPerTxn => "msgs_per_txn".into(),
+            Metric::BytesPerTxn => "bytes_per_txn".into(),
+            Metric::CpuUsPerTxn => "cpu_us_per_txn".into(),
+            Metric::Extra(k) => format!("extra.{k}"),
+            Metric::Counter(k) => format!("counter.{k}"),
+            Metric::Aborts(k) => format!("aborts.{k}"),
+        }
+    }
+}
+
+/// Two point values are the same point: numbers by value (`1` and `1.0`), words by text.
+pub fn same_point(a: &PointValue, b: &PointValue) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0),
+        _ => a == b,
+    }
+}
+
+/// A point value as a `dtx bench` flag value: `0.9`, `sim`.
+pub fn point_text(v: &PointValue) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExperiment {
+    name: String,
+    title: String,
+    paper: String,
+    figure: String,
+    measures: String,
+    #[serde(default)]
+    notes: String,
+    protocols: Vec<String>,
+    takes: RawTakes,
+    bench: toml::Table,
+    #[serde(default)]
+    quick: toml::Table,
+    sweep: Option<RawSweep>,
+    #[serde(default)]
+    plot: RawPlot,
+    #[serde(default, rename = "claim")]
+    claims: Vec<RawClaim>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTakes {
+    full_s: f64,
+    quick_s: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSweep {
+    param: String,
+    values: Vec<toml::Value>,
+    quick: Option<Vec<toml::Value>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPlot {
+    kind: Option<String>,
+    #[serde(default)]
+    panels: Vec<String>,
+    #[serde(default)]
+    log_x: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClaim {
+    text: String,
+    kind: String,
+    metric: String,
+    of: String,
+    over: Option<String>,
+    at: Option<toml::Value>,
+    paper: Option<f64>,
+    band: [f64; 2],
+    baseline: Option<f64>,
+}
+
+/// A TOML scalar as the text of a flag value; tables and arrays are refused.
+fn flag_text(key: &str, v: &toml::Value) -> anyhow::Result<String> {
+    Ok(match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        _ => bail!("`{key}`: give a string, a number or a boolean"),
+    })
+}
+
+fn point_value(v: &toml::Value) -> anyhow::Result<PointValue> {
+    Ok(match v {
+        toml::Value::String(s) => PointValue::String(s.clone()),
+        toml::Value::Integer(i) => PointValue::from(*i),
+        toml::Value::Float(f) if f.is_finite() => PointValue::from(*f),
+        other => bail!("a point is a number or a word, not `{other}`"),
+    })
+}
+
+fn flags(table: &toml::Table, section: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    table.iter().map(|(k, v)| Ok((k.clone(), flag_text(k, v).with_context(|| format!("[{section}]"))?))).collect()
+}
+
+impl Experiment {
+    /// Reads and checks one experiment file; an error names the file and the field.
+    pub fn load(path: &Path) -> anyhow::Result<Experiment> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let e = Experiment::parse(&text).with_context(|| format!("{}", path.display()))?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        if e.name != stem {
+            bail!(
+                "{}: name = \"{}\" but the file is {stem}.toml: name an experiment as its file",
+                path.display(),
+                e.name
+            );
+        }
+        Ok(e)
+    }
+
+    /// Parses and checks an experiment's text.
+    pub fn parse(text: &str) -> anyhow::Result<Experiment> {
+        let raw: RawExperiment = toml::from_str(text).map_err(|e| anyhow!("{}", e.to_string().trim_end()))?;
+        let sweep = raw.sweep.map(|s| -> anyhow::Result<Sweep> {
+            let values =
+                s.values.iter().map(point_value).collect::<anyhow::Result<Vec<_>>>().context("[sweep] values")?;
+            let quick = match &s.quick {
+                Some(q) => q.iter().map(point_value).collect::<anyhow::Result<Vec<_>>>().context("[sweep] quick")?,
+                None => values.clone(),
+            };
+            if values.is_empty() || quick.is_empty() {
+                bail!("[sweep]: values (and quick, if given) need at least one value");
+            }
+            if let Some(q) = quick.iter().find(|q| !values.iter().any(|v| same_point(v, q))) {
+                bail!("[sweep] quick: {q} is not among the values");
+            }
+            Ok(Sweep { param: s.param, values, quick })
+        });
+        let sweep = sweep.transpose()?;
+        let plot = parse_plot(raw.plot, &raw.protocols)?;
+        let e = Experiment {
+            name: raw.name,
+            title: raw.title,
+            paper: raw.paper,
+            figure: raw.figure,
+            measures: raw.measures,
+            notes: raw.notes,
+            takes_full_s: raw.takes.full_s,
+            takes_quick_s: raw.takes.quick_s,
+            bench: flags(&raw.bench, "bench")?,
+            quick: flags(&raw.quick, "quick")?,
+            claims: raw
+                .claims
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| parse_claim(c).with_context(|| format!("[[claim]] {}", i + 1)))
+                .collect::<anyhow::Result<_>>()?,
+            protocols: raw.protocols,
+            sweep,
+            plot,
+        };
+        e.check()?;
+        Ok(e)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            bail!("name: `{}` must be letters, digits and dashes", self.name);
+        }
+        if self.protocols.is_empty() {
+            bail!("protocols: name at least one protocol or variant");
+        }
+        for key in ["protocol", "json", "plot", "out", "history", "json-stdout", "json_stdout"] {
+            if self.bench.contains_key(key) || self.quick.contains_key(key) {
+                bail!("[bench] {key}: an experiment sets this itself (protocols = [...] names the runs)");
+            }
+        }
+        if let Some(s) = &self.sweep {
+            if s.param == "protocol" {
+                bail!("[sweep] param: sweep a bench flag; list protocols and variants in protocols = [...]");
+            }
+        }
+        for (i, c) in self.claims.iter().enumerate() {
+            self.check_claim(c).with_context(|| format!("[[claim]] {} ({})", i + 1, c.text))?;
+        }
+        Ok(())
+    }
+
+    fn check_claim(&self, c: &Claim) -> anyhow::Result<()> {
+        for p in std::iter::once(&c.of).chain(c.over.iter()) {
+            if !self.protocols.contains(p) {
+                bail!("`{p}` is not among protocols = {:?}", self.protocols);
+            }
+        }
+        if c.band[0].is_nan() || c.band[1].is_nan() || c.band[0] > c.band[1] {
+            bail!("band: [{}, {}] is empty: give [low, high]", c.band[0], c.band[1]);
+        }
+        let values = self.sweep.as_ref().map(|s| (&s.values, &s.quick));
+        let needs_at = match c.kind {
+            ClaimKind::Value => usize::from(values.is_some()),
+            ClaimKind::Between => 2,
+            ClaimKind::Rising | ClaimKind::Falling | ClaimKind::Crossing => 0,
+        };
+        if c.at.len() != needs_at {
+            bail!(
+                "at: a {:?} claim needs {needs_at} point(s){}",
+                c.kind,
+                if values.is_some() { "" } else { " (no sweep)" }
+            );
+        }
+        if matches!(c.kind, ClaimKind::Rising | ClaimKind::Falling | ClaimKind::Crossing | ClaimKind::Between) {
+            match values {
+                Some((v, q)) if v.len() >= 2 && q.len() >= 2 => {}
+                _ => bail!("kind: a {:?} claim needs a sweep of at least two values (also in quick)", c.kind),
+            }
+        }
+        if c.kind == ClaimKind::Crossing {
+            let numeric = values.is_some_and(|(v, _)| v.iter().all(|x| x.as_f64().is_some()));
+            if !numeric || c.over.is_none() {
+                bail!("kind: a crossing claim needs a numeric sweep and `over` (where of/over crosses 1)");
+            }
+        }
+        if let Some((v, q)) = values {
+            for a in &c.at {
+                if !v.iter().any(|x| same_point(x, a)) || !q.iter().any(|x| same_point(x, a)) {
+                    bail!("at: {a} is not among the sweep's values (and its quick values)");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The points a run visits: the sweep's values (or its quick ones), or one point.
+    pub fn points(&self, quick: bool) -> Vec<Option<PointValue>> {
+        match &self.sweep {
+            Some(s) => (if quick { &s.quick } else { &s.values }).iter().cloned().map(Some).collect(),
+            None => vec![None],
+        }
+    }
+}
+
+fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
+    let kind = match c.kind.as_str() {
+        "value" => ClaimKind::Value,
+        "rising" => ClaimKind::Rising,
+        "falling" => ClaimKind::Falling,
+        "crossing" => ClaimKind::Crossing,
+        "between" => ClaimKind::Between,
+        other => bail!("kind: unknown `{other}` (use value, rising, falling, crossing or between)"),
+    };
+    let at = match &c.at {
+        None => Vec::new(),
+        Some(toml::Value::Array(a)) => a.iter().map(point_value).collect::<anyhow::Result<_>>().context("at")?,
+        Some(v) => vec![point_value(v).context("at")?],
+    };
+    let baseline = c.baseline.or(c.over.as_ref().map(|_| 1.0));
+    Ok(Claim {
+        text: c.text,
+        kind,
+        metric: Metric::parse(&c.metric).context("metric")?,
+        of: c.of,
+        over: c.over,
+        at,
+        paper: c.paper,
+        band: c.band,
+        baseline,
+    })
+}
+
+fn parse_plot(p: RawPlot, protocols: &[String]) -> anyhow::Result<PlotSpec> {
+    let kind = match p.kind.as_deref() {
+        None | Some("sweep") => PlotKind::Sweep,
+        Some("timeline") => PlotKind::Timeline,
+        Some(other) => bail!("[plot] kind: unknown `{other}` (use sweep or timeline)"),
+    };
+    let names = if p.panels.is_empty() { vec!["throughput".to_string(), "abort_rate".to_string()] } else { p.panels };
+    let panels = names
+        .iter()
+        .map(|n| -> anyhow::Result<Panel> {
+            let (m, over) = match n.split_once('/') {
+                Some((m, o)) => (m, Some(o.trim().to_string())),
+                None => (n.as_str(), None),
+            };
+            if let Some(o) = &over {
+                if !protocols.contains(o) {
+                    bail!("[plot] panels: `{n}`: `{o}` is not among protocols = {protocols:?}");
+                }
+            }
+            Ok(Panel { metric: Metric::parse(m).with_context(|| format!("[plot] panels: `{n}`"))?, over })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(PlotSpec { kind, panels, log_x: p.log_x })
+}
+
+/// A band in JSON: its bounds as numbers, or `"inf"` and `"-inf"` (JSON has no infinity).
+pub mod band_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(serde::Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Bound {
+        Number(f64),
+        Word(String),
+    }
+
+    fn to_bound(v: f64) -> Bound {
+        if v.is_finite() {
+            Bound::Number(v)
+        } else if v > 0.0 {
+            Bound::Word("inf".into())
+        } else {
+            Bound::Word("-inf".into())
+        }
+    }
+
+    pub fn serialize<S: Serializer>(band: &[f64; 2], s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&[to_bound(band[0]), to_bound(band[1])], s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[f64; 2], D::Error> {
+        let [a, b] = <[Bound; 2]>::deserialize(d)?;
+        let value = |x: Bound| match x {
+            Bound::Number(v) => Ok(v),
+            Bound::Word(w) if w == "inf" => Ok(f64::INFINITY),
+            Bound::Word(w) if w == "-inf" => Ok(f64::NEG_INFINITY),
+            Bound::Word(w) => {
+                Err(serde::de::Error::custom(format!("a band's bound is a number, inf or -inf, not `{w}`")))
+            }
+        };
+        Ok([value(a)?, value(b)?])
+    }
+}

@@ -1,0 +1,185 @@
+use super::*;
+use crate::RunReport;
+
+const FILE: &str = r#"
+name = "toy"
+title = "A toy sweep"
+paper = "Toy (2026)"
+figure = "Figure 1"
+measures = "throughput of a and b"
+protocols = ["a", "b"]
+takes = { full_s = 10, quick_s = 1 }
+[bench]
+workload = "ycsb"
+[sweep]
+param = "theta"
+values = [0.0, 0.5, 0.9]
+[[claim]]
+text = "a beats b at 0.9"
+kind = "value"
+metric = "throughput"
+of = "a"
+over = "b"
+at = 0.9
+paper = 2.0
+band = [1.5, 2.5]
+[[claim]]
+text = "a over b rises"
+kind = "rising"
+metric = "throughput"
+of = "a"
+over = "b"
+band = [1.5, 10]
+[[claim]]
+text = "a crosses b"
+kind = "crossing"
+metric = "throughput"
+of = "a"
+over = "b"
+paper = 0.3
+band = [0.2, 0.4]
+"#;
+
+fn run(protocol: &str, point: f64, repeat: u32, tps: f64) -> RunReport {
+    let mut r = RunReport { protocol: protocol.into(), throughput_tps: tps, committed: 100, ..Default::default() };
+    r.params.insert(POINT_KEY.into(), serde_json::json!(point));
+    r.params.insert(REPEAT_KEY.into(), serde_json::json!(repeat));
+    r
+}
+
+/// a/b at theta 0, 0.5, 0.9 is 0.5, 1.5, `last` (b is 100 everywhere).
+fn report(last: &[f64]) -> ExperimentReport {
+    let def = Experiment::parse(FILE).unwrap();
+    let mut runs = Vec::new();
+    for (rep, l) in last.iter().enumerate() {
+        for (x, ratio) in [(0.0, 0.5), (0.5, 1.5), (0.9, *l)] {
+            runs.push(run("a", x, rep as u32, 100.0 * ratio));
+            runs.push(run("b", x, rep as u32, 100.0));
+        }
+    }
+    ExperimentReport {
+        experiment: def.name.clone(),
+        paper: def.paper.clone(),
+        figure: def.figure.clone(),
+        claims: Vec::new(),
+        runs,
+        title: def.title.clone(),
+        measures: def.measures.clone(),
+        notes: String::new(),
+        quick: false,
+        repeat: last.len() as u32,
+        points: def.points(false),
+        run_wall_s: vec![0.1; last.len() * 6],
+        failures: Vec::new(),
+        provenance: Provenance::default(),
+        definition: def,
+    }
+}
+
+#[test]
+fn ratio_verdicts_and_repeats_take_the_median() {
+    let c = report(&[2.0]).evaluate();
+    assert_eq!((c[0].measured, c[0].verdict), (Some(2.0), Verdict::Reproduced));
+    let c = report(&[1.2]).evaluate();
+    assert_eq!(c[0].verdict, Verdict::SameDirection, "above 1 like the paper's 2.0, outside the band");
+    let c = report(&[0.8]).evaluate();
+    assert_eq!(c[0].verdict, Verdict::NotReproduced);
+    let c = report(&[1.0, 3.0, 2.2]).evaluate();
+    assert_eq!((c[0].measured, c[0].min, c[0].max), (Some(2.2), Some(1.0), Some(3.0)));
+    assert_eq!(c[0].verdict, Verdict::Reproduced);
+}
+
+#[test]
+fn a_trend_is_last_over_first() {
+    // 0.5 -> 2.0: rises 4x.
+    let c = report(&[2.0]).evaluate();
+    assert_eq!((c[1].measured, c[1].verdict), (Some(4.0), Verdict::Reproduced));
+    // 0.5 -> 0.6: rises, but less than the band asks.
+    let c = report(&[0.6]).evaluate();
+    assert_eq!(c[1].verdict, Verdict::SameDirection);
+    let c = report(&[0.25]).evaluate();
+    assert_eq!(c[1].verdict, Verdict::NotReproduced);
+}
+
+#[test]
+fn a_crossing_is_interpolated() {
+    // 0.5 at 0, 1.5 at 0.5: crosses 1 at 0.25.
+    let c = report(&[2.0]).evaluate();
+    let x = c[2].measured.unwrap();
+    assert!((x - 0.25).abs() < 1e-9, "{x}");
+    assert_eq!(c[2].verdict, Verdict::Reproduced);
+    assert_eq!(verdict::crossing_x(&[(0.0, 0.5), (1.0, 0.9)]), None);
+    assert_eq!(verdict::crossing_x(&[(0.0, 2.0), (1.0, 1.5), (2.0, 0.5)]), Some(1.5));
+}
+
+#[test]
+fn a_crossing_that_never_happens_is_not_reproduced_and_says_why() {
+    let mut r = report(&[2.0]);
+    for run in &mut r.runs {
+        if run.protocol == "a" {
+            run.throughput_tps = 50.0;
+        }
+    }
+    let c = r.evaluate();
+    assert_eq!((c[2].measured, c[2].verdict), (None, Verdict::NotReproduced));
+    assert!(c[2].note.as_deref().unwrap().contains("does not cross"));
+}
+
+#[test]
+fn agreement_between_two_points() {
+    let text = FILE.replace(
+        "[[claim]]\ntext = \"a beats b at 0.9\"",
+        "[[claim]]\ntext = \"agree\"\nkind = \"between\"\nmetric = \"throughput\"\nof = \"a\"\nover = \"b\"\nat = [0.9, 0.5]\nband = [0.8, 1.25]\n[[claim]]\ntext = \"a beats b at 0.9\"",
+    );
+    let mut r = report(&[1.6]);
+    r.definition = Experiment::parse(&text).unwrap();
+    let c = r.evaluate();
+    // 1.6 / 1.5
+    assert!((c[0].measured.unwrap() - 1.6 / 1.5).abs() < 1e-9);
+    assert_eq!(c[0].verdict, Verdict::Reproduced);
+    let mut r = report(&[3.0]);
+    r.definition = Experiment::parse(&text).unwrap();
+    assert_eq!(r.evaluate()[0].verdict, Verdict::SameDirection, "both above 1, 2x apart");
+    let mut r = report(&[0.5]);
+    r.definition = Experiment::parse(&text).unwrap();
+    assert_eq!(r.evaluate()[0].verdict, Verdict::NotReproduced, "0.5 against 1.5: opposite sides of 1");
+}
+
+#[test]
+fn malformed_files_name_the_field() {
+    let err = |from: &str, to: &str| format!("{:#}", Experiment::parse(&FILE.replacen(from, to, 1)).unwrap_err());
+    assert!(err("kind = \"value\"", "kind = \"ratoi\"").contains("kind: unknown `ratoi`"));
+    assert!(err("metric = \"throughput\"", "metric = \"speed\"").contains("unknown metric `speed`"));
+    assert!(err("of = \"a\"", "of = \"c\"").contains("`c` is not among protocols"));
+    assert!(err("at = 0.9", "at = 0.7").contains("at: 0.7 is not among the sweep's values"));
+    assert!(err("band = [1.5, 2.5]", "band = [2.5, 1.5]").contains("band"));
+    assert!(err("title = ", "titel = ").contains("titel"));
+    assert!(err("[bench]", "[bench]\nprotocol = \"occ\"").contains("[bench] protocol"));
+}
+
+#[test]
+fn claims_table_plot_and_page_render() {
+    let mut r = report(&[2.0, 2.2]);
+    r.claims = r.evaluate();
+    let table = render_claims(&r.claims);
+    assert!(table.contains("a beats b at 0.9") && table.contains("reproduced"), "{table}");
+    let svg = svg::render(&r).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("theta"));
+    let page = html::render(std::slice::from_ref(&r), &[], "today");
+    assert!(page.contains("viewBox=") && page.contains("a beats b at 0.9") && page.contains("v-reproduced"));
+    assert!(!page.contains("<?xml"), "an inlined plot has no prologue");
+    // Round trip through the JSON the run writes, an unbounded band included.
+    r.definition.claims[0].band[1] = f64::INFINITY;
+    r.claims = r.evaluate();
+    let back: ExperimentReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back.evaluate(), r.claims);
+}
+
+#[test]
+fn three_significant_digits() {
+    assert_eq!(sig3(1.5678), "1.57");
+    assert_eq!(sig3(0.031234), "0.0312");
+    assert_eq!(sig3(14.0), "14.0");
+    assert_eq!(sig3(231_000.0), "231.0k");
+    assert_eq!(sig3(0.0), "0");
+}

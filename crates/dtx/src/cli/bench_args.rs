@@ -1,0 +1,394 @@
+//! The flags of `dtx bench`, and how they become the spec of each protocol's run. They live in
+//! the library, not the binary, so that an experiment (`dtx experiment`) builds its runs from the
+//! same flags, parsed and checked by the same code, as a user typing `dtx bench`.
+
+use crate::bench::BenchSpec;
+use crate::net::{FaultPlan, LatencyModel};
+use crate::protocols::ProtoOptions;
+use crate::replication::DurabilityConfig;
+use crate::rt::{CpuCost, RpcConfig};
+use crate::util::parse_duration_us;
+use crate::workloads::WorkloadParams;
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Protocols to compare: a comma-separated list of `NAME[:KEY=VALUE]...` (a protocol, or a
+    /// variant with options set: `occ,2pl-waitdie:lock_wait_us=200`), or `all`. Each is a run.
+    #[arg(long, default_value = "all")]
+    protocol: String,
+    /// ycsb | append | tpcc | bank
+    #[arg(long, default_value = "ycsb")]
+    workload: String,
+    /// TPC-C: warehouses in total, spread over the nodes' partitions.
+    #[arg(long, default_value_t = 1)]
+    warehouses: u32,
+    /// TPC-C: `standard` (45/43/4/4/4), `neworder-payment` (50/50), or NO,P,OS,D,SL percentages.
+    #[arg(long, default_value = "standard")]
+    mix: String,
+    /// TPC-C: fraction of New-Orders with a remote supply warehouse.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    neworder_remote: f64,
+    /// TPC-C: fraction of Payments for a customer of a remote warehouse.
+    #[arg(long, default_value_t = 0.15, allow_negative_numbers = true)]
+    payment_remote: f64,
+    /// TPC-C: keep ITEM in one partition instead of a copy in every partition.
+    #[arg(long)]
+    no_item_replication: bool,
+    /// Bank: accounts in total (default 1000 per partition).
+    #[arg(long, default_value_t = 0)]
+    accounts: u64,
+    /// Bank: fraction of transactions that are read-only audits of the total.
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    audit_ratio: f64,
+    /// sim | local | tcp
+    #[arg(long, default_value = "local")]
+    runtime: String,
+    #[arg(long, default_value_t = 2)]
+    nodes: u16,
+    /// Worker threads per node. Default: the machine's cores shared among the nodes (at least
+    /// one each) with --runtime local or tcp; 1 in sim, so that a seed replays the same anywhere.
+    #[arg(long)]
+    workers: Option<u16>,
+    /// Transactions in flight per worker (closed-loop clients). Default 64; for TPC-C, the
+    /// specification's 10 terminals per warehouse (clause 4.2.2) of the worker's warehouses.
+    #[arg(long)]
+    inflight: Option<u32>,
+    /// Measured seconds (or a duration: 500ms, 2s).
+    #[arg(long, default_value = "3")]
+    duration: String,
+    /// Warm-up seconds before measuring.
+    #[arg(long, default_value = "0.5")]
+    warmup: String,
+    /// Injected one-way delay between nodes (e.g. 100us, 50ms).
+    #[arg(long, default_value = "0")]
+    delay: String,
+    /// Uniform jitter added to each message.
+    #[arg(long, default_value = "0")]
+    jitter: String,
+    /// Region latency matrix file (one row per region, one-way delays).
+    #[arg(long)]
+    latency_matrix: Option<PathBuf>,
+    /// Region of each node, comma-separated (with --latency-matrix); default round-robin.
+    #[arg(long)]
+    regions: Option<String>,
+    /// Each node's roles, comma-separated by node, `+` within a node (roles: data, client,
+    /// sequencer, scheduler, orderer, replicator, timestamp-server, storage). Default: every
+    /// node `data+client`. Partitions go to data nodes; clients run on client nodes.
+    #[arg(long)]
+    roles: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, `crash` kills
+    /// the last node's server (kill -9) a third into the window and starts it again after
+    /// --fault-duration (needs --durability wal or replicated).
+    #[arg(long, default_value = "")]
+    faults: String,
+    /// Packet loss probability when `loss` is among --faults.
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
+    loss: f64,
+    /// Mean time between injected crashes or partitions (sim), e.g. 200ms.
+    #[arg(long, default_value = "200ms")]
+    fault_every: String,
+    /// How long a crashed host stays down, or a partition lasts (sim), e.g. 100ms.
+    #[arg(long, default_value = "100ms")]
+    fault_duration: String,
+    /// Write the JSON report here (default: in the results folder).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the plot here (SVG; default: in the results folder).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Record the list-append history here (JSON lines).
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Check the run with the workload's checker: list-append histories for serializability,
+    /// TPC-C consistency conditions 1-4, the bank total. Exits non-zero on a violation.
+    #[arg(long, visible_alias = "check")]
+    verify: bool,
+    /// Results folder (default results/<time>-<workload>-<runtime>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run against an already running cluster (tcp runtime).
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Keys: per partition for ycsb (default 200000), in total for append (default 32).
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Zipf skew (0 = uniform, 0.99 = hot).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    theta: f64,
+    /// Operations per transaction (ycsb default 10, append: at most, default 4).
+    #[arg(long)]
+    ops: Option<u32>,
+    /// Fraction of reads (ycsb default 0.8, append 0.5).
+    #[arg(long, allow_negative_numbers = true)]
+    read_ratio: Option<f64>,
+    /// Fraction of transactions touching another node.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    distributed: f64,
+    /// YCSB writes are blind instead of read-modify-write.
+    #[arg(long)]
+    blind_writes: bool,
+    #[arg(long, default_value_t = 100)]
+    value_bytes: u32,
+    /// Execute interactively even when a procedure declares its keys (no batched prefetch).
+    #[arg(long)]
+    interactive: bool,
+    #[arg(long, default_value_t = 1)]
+    partitions_per_node: u32,
+    /// Retries of one transaction before the client gives up on it.
+    #[arg(long, default_value_t = 1000)]
+    max_retries: u32,
+    /// RPC timeout.
+    #[arg(long, default_value = "2s")]
+    rpc_timeout: String,
+    /// Simulated CPU cost per record access / message / packet / transaction, ns.
+    #[arg(long, value_delimiter = ',', num_args = 4, value_names = ["OP", "MSG", "PACKET", "TXN"])]
+    sim_cost_ns: Option<Vec<u64>>,
+    /// Machine-readable output on stdout instead of the table.
+    #[arg(long = "json-stdout")]
+    json_stdout: bool,
+    /// none | wal | replicated: with `wal` every node logs to a write-ahead log and a commit is
+    /// acknowledged once its decision record is fsynced (group commit); with `replicated` once a
+    /// majority of the node's log replicas hold it.
+    #[arg(long, default_value = "none")]
+    durability: String,
+    /// With --durability replicated: nodes that hold each node's log (it and the next ones).
+    #[arg(long, default_value_t = 3)]
+    replicas: u16,
+    /// With --durability wal: checkpoint each node's log every this many records, so that
+    /// recovery replays at most that many and old log segments are deleted (0 = never; a
+    /// checkpointer thread replays every record a second time, which costs throughput).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Group commit: flush this long after the first unflushed record (e.g. 200us).
+    #[arg(long, default_value = "200us")]
+    group_commit: String,
+    /// Group commit: or as soon as this many bytes are buffered.
+    #[arg(long, default_value_t = 256 << 10)]
+    group_commit_bytes: usize,
+    /// Write the log without fsync (to measure what fsync costs; not durable).
+    #[arg(long)]
+    no_fsync: bool,
+    /// Simulator: what one log flush (fsync) costs in virtual time.
+    #[arg(long, default_value = "200us")]
+    sim_fsync: String,
+    /// Where nodes keep their logs (default: a temporary folder per run, removed after it).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The cluster's id, in hex (default: a fresh one per run); a run with the id of an
+    /// earlier run and the same data folders recovers that run's logs.
+    #[arg(long, value_name = "HEX")]
+    cluster_id: Option<String>,
+}
+
+/// A fresh id for the cluster of one run, so that its logs are never mistaken for another
+/// run's (a log of another cluster is refused).
+fn cluster_id(protocol: &str, seed: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (protocol, seed, std::time::SystemTime::now(), std::process::id()).hash(&mut h);
+    h.finish()
+}
+
+/// `--cluster-id`: a hexadecimal u64, with or without `0x`.
+fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
+    u64::from_str_radix(digits, 16).map_err(|_| anyhow::anyhow!("--cluster-id: `{s}` is not a hexadecimal number"))
+}
+
+fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<f64>() {
+        if !(v.is_finite() && v >= 0.0) {
+            anyhow::bail!("--{what} {s} must be a non-negative number of seconds");
+        }
+        return Ok((v * 1e6) as u64);
+    }
+    parse_duration_us(t).with_context(|| format!("--{what}"))
+}
+
+impl BenchArgs {
+    /// Clients per worker when `--inflight` is not given: 64, or for TPC-C ten terminals per
+    /// warehouse, as the specification models its users (clause 4.2.2): more clients than
+    /// terminals only queue on the same district and warehouse rows.
+    fn default_inflight(&self) -> u32 {
+        if self.workload != "tpcc" {
+            return 64;
+        }
+        let workers = (self.nodes as u32 * self.workers() as u32).max(1);
+        10 * self.warehouses.div_ceil(workers).max(1)
+    }
+
+    fn workers(&self) -> u16 {
+        self.workers.unwrap_or_else(|| {
+            if self.runtime == "sim" {
+                return 1;
+            }
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cores / self.nodes.max(1) as usize).clamp(1, 64) as u16
+        })
+    }
+
+    fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
+        if let Some(path) = &self.cluster {
+            // A running cluster's file says how many nodes and workers there are.
+            let cfg = crate::cluster::ClusterConfig::load(path)?;
+            let mut args = self.clone();
+            args.cluster = None;
+            args.nodes = cfg.nodes.len() as u16;
+            args.workers = Some(cfg.workers);
+            args.partitions_per_node = cfg.partitions_per_node;
+            return args.spec(protocol);
+        }
+        let append = self.workload == "append";
+        let mut latency = LatencyModel {
+            delay_us: parse_duration_us(&self.delay).context("--delay")?,
+            jitter_us: parse_duration_us(&self.jitter).context("--jitter")?,
+            ..Default::default()
+        };
+        if let Some(m) = &self.latency_matrix {
+            latency.region_delay_us = LatencyModel::load_matrix(m)?;
+            let regions = latency.region_delay_us.len() as u16;
+            latency.node_region = match &self.regions {
+                Some(r) => r
+                    .split(',')
+                    .map(|x| {
+                        x.trim().parse::<u16>().with_context(|| format!("--regions: `{x}` is not a region number"))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+                None => (0..self.nodes).map(|n| n % regions).collect(),
+            };
+            if latency.node_region.len() != self.nodes as usize {
+                anyhow::bail!("--regions names {} nodes but --nodes is {}", latency.node_region.len(), self.nodes);
+            }
+            if let Some(r) = latency.node_region.iter().find(|r| **r >= regions) {
+                anyhow::bail!("--regions uses region {r} but the latency matrix has {regions} regions");
+            }
+        }
+        let mut faults = FaultPlan {
+            fault_interval_us: parse_duration_us(&self.fault_every).context("--fault-every")?,
+            fault_duration_us: parse_duration_us(&self.fault_duration).context("--fault-duration")?,
+            ..Default::default()
+        };
+        if faults.fault_interval_us < 1_000 || faults.fault_duration_us < 1_000 {
+            anyhow::bail!("--fault-every and --fault-duration must be at least 1ms");
+        }
+        for f in self.faults.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+            match f {
+                "crash" => faults.crashes = true,
+                "partition" => faults.partitions = true,
+                "loss" => faults.loss = self.loss,
+                other => {
+                    anyhow::bail!("--faults: unknown fault `{other}` (use crash, partition, loss)")
+                }
+            }
+        }
+        let tcp_kills = self.runtime == "tcp" && faults.crashes && !faults.partitions && faults.loss == 0.0;
+        if faults.any() && self.runtime != "sim" && !tcp_kills {
+            anyhow::bail!(
+                "--faults are injected by the simulator (add --runtime sim); with --runtime tcp, only \
+                 --faults crash (kill -9 and restart a server) is possible"
+            );
+        }
+        let mut rpc = RpcConfig {
+            timeout_us: parse_duration_us(&self.rpc_timeout).context("--rpc-timeout")?,
+            ..Default::default()
+        };
+        if faults.any() {
+            // Lossy links: resend unanswered requests; receivers de-duplicate.
+            rpc.retransmit_us = (latency.delay_us * 4).max(2_000);
+            rpc.timeout_us = rpc.timeout_us.min(500_000);
+        }
+        let mut cost = CpuCost::default();
+        if let Some(c) = &self.sim_cost_ns {
+            cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3] };
+        }
+        let spec = BenchSpec {
+            protocol: protocol.to_string(),
+            workload: WorkloadParams {
+                name: self.workload.clone(),
+                keys: self.keys.unwrap_or(if append { 32 } else { 200_000 }),
+                theta: self.theta,
+                ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
+                read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
+                rmw: !self.blind_writes,
+                distributed: self.distributed,
+                value_bytes: self.value_bytes,
+                warehouses: self.warehouses,
+                mix: self.mix.clone(),
+                neworder_remote: self.neworder_remote,
+                payment_remote: self.payment_remote,
+                item_replicated: !self.no_item_replication,
+                accounts: self.accounts,
+                audit_ratio: self.audit_ratio,
+                process: 0,
+            },
+            runtime: self.runtime.clone(),
+            nodes: self.nodes,
+            workers: self.workers() + crate::host::service_workers(protocol),
+            partitions_per_node: self.partitions_per_node,
+            inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
+            duration_us: secs_us(&self.duration, "duration")?,
+            warmup_us: secs_us(&self.warmup, "warmup")?,
+            latency,
+            faults,
+            seed: self.seed,
+            cost,
+            rpc,
+            proto: ProtoOptions { one_shot: !self.interactive },
+            record_history: append && (self.verify || self.history.is_some()),
+            run_checks: self.verify && !append,
+            max_retries: self.max_retries,
+            durability: DurabilityConfig {
+                mode: self.durability.parse()?,
+                group_commit_us: parse_duration_us(&self.group_commit).context("--group-commit")?,
+                group_commit_bytes: self.group_commit_bytes,
+                fsync: !self.no_fsync,
+                sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
+                data_dir: self.data_dir.clone(),
+                cluster_id: match &self.cluster_id {
+                    Some(_) if self.protocol.contains(',') || self.protocol == "all" => anyhow::bail!(
+                        "--cluster-id names the logs of one cluster: give one --protocol with it, not `{}`",
+                        self.protocol
+                    ),
+                    Some(x) => parse_cluster_id(x)?,
+                    None => cluster_id(protocol, self.seed),
+                },
+                replicas: self.replicas,
+                checkpoint_every: self.checkpoint_every,
+                ..DurabilityConfig::default()
+            },
+            node_roles: match &self.roles {
+                Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
+                None => Vec::new(),
+            },
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+impl From<BenchArgs> for super::BenchRequest {
+    fn from(a: BenchArgs) -> Self {
+        let protocols = a.protocol.clone();
+        let a2 = a.clone();
+        super::BenchRequest {
+            protocols,
+            make_spec: Box::new(move |p| a2.spec(p)),
+            runtime: a.runtime,
+            json: a.json,
+            plot: a.plot,
+            history: a.history,
+            verify: a.verify,
+            out: a.out,
+            cluster: a.cluster,
+            workload: a.workload,
+            json_stdout: a.json_stdout,
+        }
+    }
+}

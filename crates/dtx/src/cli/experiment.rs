@@ -1,0 +1,599 @@
+//! `dtx experiment list | run | report`: a paper's figure as a checked-in file
+//! (`experiments/NAME.toml`, see `dtx_report::experiment::def`), run as `dtx bench` runs built
+//! from the same flags, judged claim by claim, plotted, and gathered into one HTML page.
+//!
+//! A sweep visits its points in order; at each point every protocol runs once per repeat, in an
+//! order rotated by point and repeat so that none always runs first. Each repeat of a sim run
+//! takes the next seed. A run that fails (an error, a failed check) is recorded and the
+//! experiment goes on; the command then exits non-zero. Verdicts never change the exit status.
+
+use super::{check_request, run_spec, utc_stamp, BenchArgs, BenchRequest};
+use anyhow::{anyhow, bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use dtx_report::experiment::html::{self, ExtraTable};
+use dtx_report::experiment::{
+    def::point_text, render_claims, svg, Experiment, ExperimentReport, Provenance, Verdict, POINT_KEY, REPEAT_KEY,
+};
+use dtx_report::RunReport;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Subcommand)]
+pub enum ExperimentCmd {
+    /// Every experiment: its name, the paper and figure it reproduces, what it measures, and how
+    /// long it takes (full and --quick).
+    List(DirArg),
+    /// Run an experiment (or --all): a progress bar, then its claims measured beside the
+    /// paper's with a verdict each; JSON and an SVG plot in results/.
+    Run(RunArgs),
+    /// One self-contained HTML page of experiment results: plots, claims, verdicts, machine,
+    /// commit and the command that reproduces each.
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+pub struct DirArg {
+    /// The folder of experiment files (default: `experiments/` of the checkout).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The experiment's name (`dtx experiment list`).
+    pub name: Option<String>,
+    /// Run every experiment.
+    #[arg(long, conflicts_with = "name")]
+    pub all: bool,
+    /// The experiment's quick variant: fewer points, shorter runs.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run every point this many times; the plot shows the median with min..max as error bars.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Run on this runtime instead of the file's (sim or local; not when the runtime is swept).
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Override a bench flag for every run, e.g. `--set duration=0.5` (repeatable).
+    #[arg(long = "set", value_name = "FLAG=VALUE")]
+    pub set: Vec<String>,
+    /// Write the experiment's JSON here (default: in its results folder).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// The results folder (default results/<time>-experiment-<name>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub dir: DirArg,
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// Experiment results: `experiment.json` files or folders holding them (default: the newest
+    /// result of each experiment under results/).
+    pub results: Vec<PathBuf>,
+    /// Write the page here.
+    #[arg(long, default_value = "results/report.html")]
+    pub out: PathBuf,
+    /// Also write the claims as a Markdown table here (the README's figures).
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// The COCO comparison's JSON (`scripts/compare-coco.sh` writes it), shown as a table.
+    #[arg(long)]
+    pub coco: Option<PathBuf>,
+}
+
+/// `dtx bench`'s flags, parsed from an experiment's lines.
+#[derive(Parser)]
+#[command(name = "bench")]
+struct BenchLine {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+/// Ok(false) when a run failed.
+pub fn experiment(cmd: ExperimentCmd, commit: &str) -> anyhow::Result<bool> {
+    match cmd {
+        ExperimentCmd::List(d) => list(&experiments_dir(d.dir.as_deref())?),
+        ExperimentCmd::Run(r) => run(&r, commit),
+        ExperimentCmd::Report(r) => report(&r),
+    }
+}
+
+/// The experiments folder: given, or `$DTX_EXPERIMENTS`, or `experiments/` in the working
+/// directory or one above it, or the checkout this binary was built from.
+pub fn experiments_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(d) = given {
+        return Ok(d.to_path_buf());
+    }
+    if let Some(d) = std::env::var_os("DTX_EXPERIMENTS") {
+        return Ok(PathBuf::from(d));
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        candidates.extend(cwd.ancestors().take(4).map(|a| a.join("experiments")));
+    }
+    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments"));
+    candidates.into_iter().find(|d| d.join("contention-sweep.toml").is_file()).ok_or_else(|| {
+        anyhow!("no experiments folder found: run dtx from its checkout, or give --dir or DTX_EXPERIMENTS")
+    })
+}
+
+/// Every experiment in `dir`, by name; a malformed file is an error naming the file and field.
+pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let e = Experiment::load(p)?;
+            check_flags(&e).with_context(|| p.display().to_string())?;
+            Ok(e)
+        })
+        .collect()
+}
+
+fn list(dir: &Path) -> anyhow::Result<bool> {
+    let all = load_all(dir)?;
+    let mins = |s: f64| if s >= 90.0 { format!("{:.0} min", s / 60.0) } else { format!("{s:.0} s") };
+    println!("{:<26} {:<30} {:>8} {:>7}  measures", "experiment", "reproduces", "full", "quick");
+    for e in &all {
+        let what = format!("{}, {}", e.paper, e.figure);
+        println!(
+            "{:<26} {:<30} {:>8} {:>7}  {}",
+            e.name,
+            what,
+            mins(e.takes_full_s),
+            mins(e.takes_quick_s),
+            e.measures
+        );
+    }
+    println!("({} experiments in {}; `dtx experiment run NAME [--quick]`)", all.len(), dir.display());
+    Ok(true)
+}
+
+/// `--flag value` words for a flag given as `key = value` (`_` and `-` alike; a boolean flag
+/// is given without a value, or left out when false).
+fn flag_words(key: &str, value: &str) -> Vec<String> {
+    let flag = format!("--{}", key.replace('_', "-"));
+    match value {
+        "true" => vec![flag],
+        "false" => Vec::new(),
+        v => vec![flag, v.to_string()],
+    }
+}
+
+/// Each flag of the file parses on its own, so that an error names its section and key.
+fn check_flags(e: &Experiment) -> anyhow::Result<()> {
+    let sections = [("bench", &e.bench), ("quick", &e.quick)];
+    for (section, flags) in sections {
+        for (k, v) in flags.iter() {
+            let mut argv = vec!["bench".to_string()];
+            argv.extend(flag_words(k, v));
+            BenchLine::try_parse_from(&argv)
+                .map_err(|err| anyhow!("[{section}] {k}: {}", first_line(&err.to_string())))?;
+        }
+    }
+    if let Some(s) = &e.sweep {
+        for v in &s.values {
+            let argv: Vec<String> =
+                std::iter::once("bench".to_string()).chain(flag_words(&s.param, &point_text(v))).collect();
+            BenchLine::try_parse_from(&argv)
+                .map_err(|err| anyhow!("[sweep] param {} = {v}: {}", s.param, first_line(&err.to_string())))?;
+        }
+    }
+    for p in &e.protocols {
+        crate::protocols::Variant::parse(p).with_context(|| format!("protocols: `{p}`"))?;
+    }
+    Ok(())
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string()
+}
+
+/// One run to make: a point, a repeat, a protocol.
+struct Job {
+    point: Option<serde_json::Value>,
+    repeat: u32,
+    protocol: String,
+}
+
+/// The runs of an experiment in order: at each point, each repeat runs every protocol, in an
+/// order rotated by point and repeat.
+fn jobs(e: &Experiment, quick: bool, repeat: u32) -> Vec<Job> {
+    let mut out = Vec::new();
+    for (i, point) in e.points(quick).into_iter().enumerate() {
+        for r in 0..repeat {
+            let n = e.protocols.len();
+            for k in 0..n {
+                let protocol = e.protocols[(k + i + r as usize) % n].clone();
+                out.push(Job { point: point.clone(), repeat: r, protocol });
+            }
+        }
+    }
+    out
+}
+
+/// The bench command line of one job.
+fn argv(e: &Experiment, a: &RunArgs, job: &Job) -> anyhow::Result<Vec<String>> {
+    let mut flags: Vec<(String, String)> = e.bench.iter().map(|(k, v)| (k.replace('_', "-"), v.clone())).collect();
+    fn set(flags: &mut Vec<(String, String)>, k: &str, v: String) {
+        let k = k.replace('_', "-");
+        flags.retain(|(f, _)| *f != k);
+        flags.push((k, v));
+    }
+    if a.quick {
+        for (k, v) in &e.quick {
+            set(&mut flags, k, v.clone());
+        }
+    }
+    let swept = e.sweep.as_ref().map(|s| s.param.replace('_', "-"));
+    if let Some(rt) = &a.runtime {
+        if swept.as_deref() == Some("runtime") {
+            bail!("--runtime: {} sweeps the runtime itself", e.name);
+        }
+        set(&mut flags, "runtime", rt.clone());
+    }
+    for kv in &a.set {
+        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--set `{kv}`: give FLAG=VALUE, e.g. duration=0.5"))?;
+        if swept.as_deref() == Some(&k.replace('_', "-")) {
+            bail!("--set {k}: {} sweeps {k} itself", e.name);
+        }
+        set(&mut flags, k.trim(), v.trim().to_string());
+    }
+    if let (Some(s), Some(p)) = (&e.sweep, &job.point) {
+        set(&mut flags, &s.param, point_text(p));
+    }
+    if job.repeat > 0 {
+        let seed: u64 = flags.iter().find(|(k, _)| k == "seed").and_then(|(_, v)| v.parse().ok()).unwrap_or(1);
+        set(&mut flags, "seed", (seed + job.repeat as u64).to_string());
+    }
+    set(&mut flags, "protocol", job.protocol.clone());
+    let mut out = vec!["bench".to_string()];
+    for (k, v) in &flags {
+        out.extend(flag_words(k, v));
+    }
+    Ok(out)
+}
+
+fn run(a: &RunArgs, commit: &str) -> anyhow::Result<bool> {
+    if a.repeat == 0 || a.repeat > 100 {
+        bail!("--repeat {}: give 1 to 100", a.repeat);
+    }
+    if let Some(rt) = &a.runtime {
+        if !["sim", "local", "tcp"].contains(&rt.as_str()) {
+            bail!("--runtime `{rt}`: use sim, local or tcp");
+        }
+    }
+    let dir = experiments_dir(a.dir.dir.as_deref())?;
+    let all = load_all(&dir)?;
+    let chosen: Vec<&Experiment> = match (&a.name, a.all) {
+        (_, true) => all.iter().collect(),
+        (Some(n), false) => match all.iter().find(|e| e.name == *n) {
+            Some(e) => vec![e],
+            None => {
+                let names: Vec<&str> = all.iter().map(|e| e.name.as_str()).collect();
+                bail!("no experiment `{n}`; the experiments are: {}", names.join(", "))
+            }
+        },
+        (None, false) => bail!("name an experiment (`dtx experiment list`), or give --all"),
+    };
+    if chosen.len() > 1 && (a.json.is_some() || a.out.is_some()) {
+        bail!("--json and --out name one experiment's files: leave them out with --all");
+    }
+    let mut ok = true;
+    let mut summary = Vec::new();
+    for e in chosen {
+        let report = run_one(e, a, commit)?;
+        let count = |v: Verdict| report.claims.iter().filter(|c| c.verdict == v).count();
+        summary.push(format!(
+            "{:<26} {} reproduced, {} same direction, {} not reproduced{}",
+            e.name,
+            count(Verdict::Reproduced),
+            count(Verdict::SameDirection),
+            count(Verdict::NotReproduced),
+            if report.failures.is_empty() { String::new() } else { format!(", {} FAILED runs", report.failures.len()) }
+        ));
+        ok &= report.failures.is_empty();
+    }
+    if summary.len() > 1 {
+        println!("\n{}", summary.join("\n"));
+    }
+    Ok(ok)
+}
+
+fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<ExperimentReport> {
+    let jobs = jobs(e, a.quick, a.repeat);
+    // Parse every run's flags before running anything, so that a bad one fails at once.
+    let lines: Vec<Vec<String>> = jobs.iter().map(|j| argv(e, a, j)).collect::<anyhow::Result<_>>()?;
+    let mut parsed = Vec::new();
+    for (j, line) in jobs.iter().zip(&lines) {
+        let args = BenchLine::try_parse_from(line)
+            .map_err(|err| anyhow!("{}: {}", e.name, first_line(&err.to_string())))?
+            .args;
+        let req: BenchRequest = args.into();
+        check_request(&req).with_context(|| e.name.clone())?;
+        let spec = (req.make_spec)(&j.protocol).with_context(|| format!("{}: {}", e.name, j.protocol))?;
+        parsed.push((req, spec));
+    }
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("results").join(format!("{}-experiment-{}", utc_stamp(now_s()), e.name)));
+    println!(
+        "{}: {} ({} {}), {} runs{}",
+        e.name,
+        e.title,
+        e.paper,
+        e.figure,
+        jobs.len(),
+        if a.quick { ", quick" } else { "" }
+    );
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(jobs.len() as u64), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} runs {elapsed_precise} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(e.name.clone());
+    crate::host::hide_run_progress(true);
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    let mut run_wall_s = Vec::new();
+    let mut failures = Vec::new();
+    for (j, (req, spec)) in jobs.iter().zip(&parsed) {
+        let at = match (&e.sweep, &j.point) {
+            (Some(s), Some(p)) => format!("{}={} ", s.param, point_text(p)),
+            _ => String::new(),
+        };
+        bar.set_message(format!("{at}{} #{}", j.protocol, j.repeat + 1));
+        let history = spec.record_history.then(|| {
+            out.join("histories").join(format!("{}-{}{}.jsonl", j.protocol, at.trim().replace('=', "-"), j.repeat))
+        });
+        let t = Instant::now();
+        match run_spec(spec, req.cluster.as_deref(), history.as_deref()) {
+            Ok((mut run, passed)) => {
+                if !passed {
+                    failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
+                }
+                mark(&mut run, e, j);
+                runs.push(run);
+                run_wall_s.push(t.elapsed().as_secs_f64());
+            }
+            Err(err) => failures.push(format!("{at}{} repeat {}: {err:#}", j.protocol, j.repeat + 1)),
+        }
+        bar.inc(1);
+    }
+    crate::host::hide_run_progress(false);
+    bar.finish_and_clear();
+    let mut report = ExperimentReport {
+        experiment: e.name.clone(),
+        paper: e.paper.clone(),
+        figure: e.figure.clone(),
+        claims: Vec::new(),
+        runs,
+        title: e.title.clone(),
+        measures: e.measures.clone(),
+        notes: e.notes.clone(),
+        quick: a.quick,
+        repeat: a.repeat,
+        points: e.points(a.quick),
+        run_wall_s,
+        failures,
+        provenance: provenance(e, a, commit, started.elapsed().as_secs_f64()),
+        definition: e.clone(),
+    };
+    report.claims = report.evaluate();
+    let json = a.json.clone().unwrap_or_else(|| out.join("experiment.json"));
+    let plot = out.join("experiment.svg");
+    report.write(&json)?;
+    std::fs::write(&plot, svg::render(&report)?).with_context(|| format!("writing {}", plot.display()))?;
+    print_result(&report);
+    println!("results: {} (json: {}, plot: {})", out.display(), json.display(), plot.display());
+    Ok(report)
+}
+
+/// Names a run by its point and repeat in its params, as the experiment JSON's contract says.
+fn mark(run: &mut RunReport, e: &Experiment, j: &Job) {
+    let point = j.point.clone().unwrap_or(serde_json::Value::Null);
+    if let Some(s) = &e.sweep {
+        run.params.insert(s.param.clone(), point.clone());
+    }
+    run.params.insert(POINT_KEY.into(), point);
+    run.params.insert(REPEAT_KEY.into(), serde_json::json!(j.repeat));
+}
+
+fn print_result(r: &ExperimentReport) {
+    // One row per run of the first repeat, named by its point.
+    let mut rows: Vec<RunReport> = r
+        .observations()
+        .iter()
+        .filter(|o| o.repeat == 0)
+        .map(|o| {
+            let mut run = o.run.clone();
+            if let (Some(s), Some(p)) = (&r.definition.sweep, o.point) {
+                run.protocol = format!("{} @{}={}", run.protocol, s.param, point_text(p));
+            }
+            run
+        })
+        .collect();
+    rows.sort_by(|a, b| a.protocol.cmp(&b.protocol));
+    if !rows.is_empty() {
+        print!("{}", dtx_report::render_table(&rows));
+    }
+    print!("\n{}", render_claims(&r.claims));
+    if let Some(speed) = r.sim_txn_per_wall_s() {
+        println!("simulated {:.0} committed transactions per wall second", speed);
+    }
+    for f in &r.failures {
+        println!("FAILED: {f}");
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn provenance(e: &Experiment, a: &RunArgs, commit: &str, wall_s: f64) -> Provenance {
+    let mut command = format!("dtx experiment run {}", e.name);
+    if a.quick {
+        command.push_str(" --quick");
+    }
+    if a.repeat > 1 {
+        command.push_str(&format!(" --repeat {}", a.repeat));
+    }
+    if let Some(rt) = &a.runtime {
+        command.push_str(&format!(" --runtime {rt}"));
+    }
+    for s in &a.set {
+        command.push_str(&format!(" --set {s}"));
+    }
+    let stamp = utc_stamp(now_s());
+    let date = format!(
+        "{}-{}-{} {}:{}:{} UTC",
+        &stamp[0..4],
+        &stamp[4..6],
+        &stamp[6..8],
+        &stamp[9..11],
+        &stamp[11..13],
+        &stamp[13..15]
+    );
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    Provenance {
+        command,
+        commit: commit.to_string(),
+        date,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()) as u32,
+        cpu_model,
+        wall_s,
+    }
+}
+
+/// Every `experiment.json` under `path` (or `path` itself).
+fn find_results(path: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if path.is_file() {
+        out.push(path.to_path_buf());
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))?;
+    for entry in entries.flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            find_results(&p, out)?;
+        } else if p.file_name().is_some_and(|n| n == "experiment.json") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn report(a: &ReportArgs) -> anyhow::Result<bool> {
+    let mut files = Vec::new();
+    let given = !a.results.is_empty();
+    let roots = if given { a.results.clone() } else { vec![PathBuf::from("results")] };
+    for r in &roots {
+        find_results(r, &mut files)?;
+    }
+    let mut reports: Vec<ExperimentReport> =
+        files.iter().map(|f| ExperimentReport::read(f)).collect::<anyhow::Result<_>>()?;
+    if !given {
+        // The newest result of each experiment (a full run over a quick one of the same day).
+        reports.sort_by(|x, y| {
+            (&x.experiment, !x.quick, &x.provenance.date).cmp(&(&y.experiment, !y.quick, &y.provenance.date))
+        });
+        reports.reverse();
+        reports.dedup_by(|x, y| x.experiment == y.experiment);
+    }
+    reports.sort_by(|x, y| x.experiment.cmp(&y.experiment));
+    if reports.is_empty() {
+        bail!("no experiment results found in {}: run `dtx experiment run NAME` first", roots[0].display());
+    }
+    let mut extras = Vec::new();
+    if let Some(c) = &a.coco {
+        extras.push(coco_table(c)?);
+    }
+    let page = html::render(&reports, &extras, &utc_stamp(now_s()));
+    if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(&a.out, page).with_context(|| format!("writing {}", a.out.display()))?;
+    if let Some(md) = &a.markdown {
+        std::fs::write(md, markdown(&reports)).with_context(|| format!("writing {}", md.display()))?;
+    }
+    println!("report: {} ({} experiments)", a.out.display(), reports.len());
+    Ok(true)
+}
+
+/// The claims of every experiment as one Markdown table.
+fn markdown(reports: &[ExperimentReport]) -> String {
+    use dtx_report::experiment::sig3;
+    let mut s = String::from("| experiment | claim | paper | measured | verdict |\n|---|---|---|---|---|\n");
+    for r in reports {
+        for c in r.evaluate() {
+            s.push_str(&format!(
+                "| {}{} | {} | {} | {} | {} |\n",
+                r.experiment,
+                if r.quick { " (quick)" } else { "" },
+                c.text,
+                c.paper.map(sig3).unwrap_or_else(|| "-".into()),
+                c.measured.map(sig3).unwrap_or_else(|| "-".into()),
+                c.verdict.text()
+            ));
+        }
+    }
+    s
+}
+
+/// The table of `scripts/compare-coco.sh`'s JSON: `{"date": ..., "rounds": [{"coco": tps,
+/// "dtx": {"occ": tps, ...}}]}`.
+fn coco_table(path: &Path) -> anyhow::Result<ExtraTable> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let rounds = v["rounds"].as_array().ok_or_else(|| anyhow!("{}: no `rounds` array", path.display()))?;
+    let mut protos: Vec<String> = Vec::new();
+    for r in rounds {
+        if let Some(m) = r["dtx"].as_object() {
+            for k in m.keys() {
+                if !protos.contains(k) {
+                    protos.push(k.clone());
+                }
+            }
+        }
+    }
+    let mut header = vec!["round".to_string(), "COCO silo".to_string()];
+    header.extend(protos.iter().map(|p| format!("dtx {p}")));
+    let cell = |x: &serde_json::Value| x.as_f64().map(dtx_report::experiment::sig3).unwrap_or_else(|| "-".into());
+    let rows = rounds
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut row = vec![(i + 1).to_string(), cell(&r["coco"])];
+            row.extend(protos.iter().map(|p| cell(&r["dtx"][p])));
+            row
+        })
+        .collect();
+    Ok(ExtraTable {
+        title: "Against COCO's testbed (scripts/compare-coco.sh)".into(),
+        intro: format!(
+            "TPC-C New-Order/Payment, one warehouse, one process, committed/s, alternating runs ({}, {}).",
+            v["date"].as_str().unwrap_or("undated"),
+            path.display()
+        ),
+        header,
+        rows,
+    })
+}
