@@ -5,6 +5,9 @@
 #
 #   scripts/compare-coco.sh /path/to/coco [ROUNDS]
 #
+# It also writes the rounds as JSON (default results/coco.json, or $COCO_JSON), which
+# `dtx experiment report --coco results/coco.json` shows as a table of the report.
+#
 # /path/to/coco is a clone of https://github.com/luyi0619/coco; it is copied, never changed, and
 # built in $COCO_BUILD (default /tmp/dtx-coco-build). COCO needs cmake, glog, gflags, jemalloc
 # and boost (Debian: apt-get install cmake libgoogle-glog-dev libgflags-dev libjemalloc-dev
@@ -76,6 +79,7 @@ dtx_run() {
 }
 
 coco=()
+rounds_json=()
 declare -A dtx_sum dtx_n
 for ((i = 1; i <= rounds; i++)); do
   c=$(coco_run)
@@ -84,6 +88,9 @@ for ((i = 1; i <= rounds; i++)); do
   echo "round $i: coco(silo, 1 worker)=$c"
   d=$(dtx_run "$i")
   echo "round $i: $d"
+  # {"coco": N, "dtx": {"occ": N, ...}}
+  pairs=$(for kv in $d; do printf '"%s": %s, ' "${kv%%=*}" "${kv#*=}"; done)
+  rounds_json+=("{\"coco\": $c, \"dtx\": {${pairs%, }}}")
   for kv in $d; do
     dtx_sum[${kv%%=*}]=$(( ${dtx_sum[${kv%%=*}]:-0} + ${kv#*=} ))
     dtx_n[${kv%%=*}]=$(( ${dtx_n[${kv%%=*}]:-0} + 1 ))
@@ -98,3 +105,12 @@ for p in "${protocols[@]}"; do
   mean=$(( dtx_sum[$p] / dtx_n[$p] ))
   printf '%-22s %12s %8s\n' "dtx $p" "$mean" "$(awk -v a="$mean" -v b="$coco_mean" 'BEGIN {printf "%.2fx", a / b}')"
 done
+
+json=${COCO_JSON:-$repo/results/coco.json}
+mkdir -p "$(dirname "$json")"
+{
+  printf '{"date": "%s", "rounds": [' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+  (IFS=,; printf '%s' "${rounds_json[*]}")
+  printf ']}\n'
+} >"$json"
+echo "rounds written to $json (dtx experiment report --coco $json)"

@@ -23,6 +23,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--read-ratio", "2"], "--read-ratio"),
         (&["bench", "--distributed", "1.5"], "--distributed"),
         (&["bench", "--keys", "0"], "--keys"),
+        (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),
         (&["bench", "--runtime", "cloud"], "--runtime"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),
@@ -196,4 +197,35 @@ fn a_variant_runs_beside_its_base_under_its_full_name() {
     let timeouts = |i: usize| v["runs"][i]["aborts_by_reason"]["lock-timeout"].as_u64().unwrap_or(0);
     assert!(timeouts(1) > 0 && timeouts(0) == 0, "{}", v["runs"]);
     assert!(v["runs"][0]["counters"]["lock-waits"].as_u64().unwrap_or(0) > 0, "2PL counts its lock waits");
+}
+
+#[test]
+fn experiments_list_and_bad_experiments_name_what_is_wrong() {
+    let (code, out, _) = dtx(&["experiment", "list"]);
+    assert_eq!(code, 0);
+    for name in ["contention-sweep", "message-counts", "sim-calibration", "failover-timeline"] {
+        assert!(out.contains(name), "{name} listed: {out}");
+    }
+    let (code, _, err) = dtx(&["experiment", "run", "no-such-figure"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no experiment `no-such-figure`") && err.contains("contention-sweep"), "{err}");
+    // A malformed file names the file and the field.
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments/contention-sweep.toml"))
+        .unwrap();
+    let cases = [
+        (good.replace("kind = \"falling\"", "kind = \"downhill\""), "kind: unknown `downhill`"),
+        (good.replace("workload = ", "wrkload = "), "[bench] wrkload"),
+        (good.replace("param = \"theta\"", "param = \"thetta\""), "[sweep] param thetta"),
+        (good.replace("of = \"occ\"", "of = \"occc\""), "`occc` is not among protocols"),
+        (good.replace("duration = \"2\"", "duration = [2]"), "duration"),
+    ];
+    for (text, want) in cases {
+        std::fs::write(dir.path().join("contention-sweep.toml"), &text).unwrap();
+        let d = dir.path().to_str().unwrap();
+        let (code, _, err) = dtx(&["experiment", "list", "--dir", d]);
+        assert_eq!(code, 2, "{want}: {err}");
+        assert!(err.contains("contention-sweep.toml") && err.contains(want), "wanted `{want}` in: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
 }

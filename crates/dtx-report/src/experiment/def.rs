@@ -41,6 +41,9 @@ pub type PointValue = serde_json::Value;
 /// An experiment, parsed and checked.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Experiment {
+    /// The file it was read from (empty when parsed from text).
+    #[serde(skip)]
+    pub file: std::path::PathBuf,
     pub name: String,
     pub title: String,
     pub paper: String,
@@ -318,7 +321,8 @@ impl Experiment {
     /// Reads and checks one experiment file; an error names the file and the field.
     pub fn load(path: &Path) -> anyhow::Result<Experiment> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let e = Experiment::parse(&text).with_context(|| format!("{}", path.display()))?;
+        let mut e = Experiment::parse(&text).with_context(|| format!("{}", path.display()))?;
+        e.file = path.to_path_buf();
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
         if e.name != stem {
             bail!(
@@ -351,6 +355,7 @@ impl Experiment {
         let sweep = sweep.transpose()?;
         let plot = parse_plot(raw.plot, &raw.protocols)?;
         let e = Experiment {
+            file: Default::default(),
             name: raw.name,
             title: raw.title,
             paper: raw.paper,

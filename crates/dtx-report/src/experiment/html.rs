@@ -26,7 +26,7 @@ h1 { font-size: 26px; margin-bottom: 4px; } h2 { font-size: 21px; margin-top: 40
 .meta, .repro { color: #555; font-size: 14px; }
 table { border-collapse: collapse; margin: 10px 0; font-size: 14px; }
 th, td { border: 1px solid #ddd; padding: 4px 9px; text-align: right; vertical-align: top; }
-th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+th { background: #f4f4f4; } td:first-child, th:first-child, th.text { text-align: left; }
 td.text { text-align: left; max-width: 520px; }
 .v-reproduced { background: #dcefd9; } .v-same { background: #fbeecb; } .v-not { background: #f6d5d5; }
 .failed { color: #b02a2a; font-weight: bold; }
@@ -91,7 +91,7 @@ pub fn render(reports: &[ExperimentReport], extras: &[ExtraTable], generated: &s
 
 fn summary(h: &mut String, reports: &[ExperimentReport]) {
     h.push_str(
-        "<table><tr><th>experiment</th><th>paper</th><th>figure</th><th>reproduced</th><th>same direction</th>\
+        "<table><tr><th>experiment</th><th class=\"text\">paper</th><th class=\"text\">figure</th><th>reproduced</th><th>same direction</th>\
                 <th>not reproduced</th><th>runs</th><th>ran</th></tr>\n",
     );
     for r in reports {

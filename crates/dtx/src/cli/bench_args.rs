@@ -145,8 +145,9 @@ pub struct BenchArgs {
     /// RPC timeout.
     #[arg(long, default_value = "2s")]
     rpc_timeout: String,
-    /// Simulated CPU cost per record access / message / packet / transaction, ns.
-    #[arg(long, value_delimiter = ',', num_args = 4, value_names = ["OP", "MSG", "PACKET", "TXN"])]
+    /// Simulated CPU cost per record-level step, message, packet and transaction attempt, in
+    /// ns, as OP,MSG,PACKET,TXN (default 170,800,8000,1000; scripts/calibrate-sim.sh measures them).
+    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN")]
     sim_cost_ns: Option<Vec<u64>>,
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
@@ -306,7 +307,10 @@ impl BenchArgs {
         }
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
-            cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3] };
+            let [op_ns, msg_ns, packet_ns, txn_ns] = c[..] else {
+                anyhow::bail!("--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN (e.g. 170,800,8000,1000)");
+            };
+            cost = CpuCost { op_ns, msg_ns, packet_ns, txn_ns };
         }
         let spec = BenchSpec {
             protocol: protocol.to_string(),

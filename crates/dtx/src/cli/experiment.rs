@@ -140,17 +140,10 @@ pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
 fn list(dir: &Path) -> anyhow::Result<bool> {
     let all = load_all(dir)?;
     let mins = |s: f64| if s >= 90.0 { format!("{:.0} min", s / 60.0) } else { format!("{s:.0} s") };
-    println!("{:<26} {:<30} {:>8} {:>7}  measures", "experiment", "reproduces", "full", "quick");
     for e in &all {
-        let what = format!("{}, {}", e.paper, e.figure);
-        println!(
-            "{:<26} {:<30} {:>8} {:>7}  {}",
-            e.name,
-            what,
-            mins(e.takes_full_s),
-            mins(e.takes_quick_s),
-            e.measures
-        );
+        let takes = format!("{}, quick {}", mins(e.takes_full_s), mins(e.takes_quick_s));
+        println!("{:<22} {:<18} {}: {}", e.name, takes, e.paper, e.figure);
+        println!("{:<22} {}", "", e.measures);
     }
     println!("({} experiments in {}; `dtx experiment run NAME [--quick]`)", all.len(), dir.display());
     Ok(true)
@@ -436,6 +429,12 @@ fn print_result(r: &ExperimentReport) {
     }
 }
 
+/// `2026-11-25 04:29:16 UTC`.
+fn utc_date(secs: u64) -> String {
+    let s = utc_stamp(secs);
+    format!("{}-{}-{} {}:{}:{} UTC", &s[0..4], &s[4..6], &s[6..8], &s[9..11], &s[11..13], &s[13..15])
+}
+
 fn now_s() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -454,16 +453,7 @@ fn provenance(e: &Experiment, a: &RunArgs, commit: &str, wall_s: f64) -> Provena
     for s in &a.set {
         command.push_str(&format!(" --set {s}"));
     }
-    let stamp = utc_stamp(now_s());
-    let date = format!(
-        "{}-{}-{} {}:{}:{} UTC",
-        &stamp[0..4],
-        &stamp[4..6],
-        &stamp[6..8],
-        &stamp[9..11],
-        &stamp[11..13],
-        &stamp[13..15]
-    );
+    let date = utc_date(now_s());
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -526,7 +516,7 @@ fn report(a: &ReportArgs) -> anyhow::Result<bool> {
     if let Some(c) = &a.coco {
         extras.push(coco_table(c)?);
     }
-    let page = html::render(&reports, &extras, &utc_stamp(now_s()));
+    let page = html::render(&reports, &extras, &utc_date(now_s()));
     if let Some(parent) = a.out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }

@@ -1,0 +1,44 @@
+//! Every experiment file parses and runs in `--quick` mode at a tiny size, in `sim` (where a
+//! run costs a fraction of a second of wall time), and writes the JSON its contract names.
+
+use dtx::cli::experiment::{experiment, experiments_dir, load_all, DirArg, ExperimentCmd, RunArgs};
+use dtx_report::experiment::ExperimentReport;
+
+#[test]
+fn every_experiment_runs_quick_and_tiny_in_sim() {
+    let dir = experiments_dir(None).expect("the checkout's experiments folder");
+    let all = load_all(&dir).expect("every experiment file parses");
+    assert!(all.len() >= 7, "the converted figures are experiments: {}", all.len());
+    let out = tempfile::tempdir().unwrap();
+    for e in &all {
+        let sweeps_runtime = e.sweep.as_ref().is_some_and(|s| s.param == "runtime");
+        let folder = out.path().join(&e.name);
+        let args = RunArgs {
+            name: Some(e.name.clone()),
+            all: false,
+            quick: true,
+            repeat: 2,
+            // sim-calibration compares local with sim: it keeps both.
+            runtime: (!sweeps_runtime).then(|| "sim".to_string()),
+            set: ["duration=0.1", "warmup=0.02", "keys=2000"].map(String::from).to_vec(),
+            json: None,
+            out: Some(folder.clone()),
+            dir: DirArg { dir: Some(dir.clone()) },
+        };
+        let ok = experiment(ExperimentCmd::Run(args), "test").unwrap_or_else(|err| panic!("{}: {err:#}", e.name));
+        assert!(ok, "{}: a run failed", e.name);
+        let r = ExperimentReport::read(&folder.join("experiment.json")).unwrap();
+        assert_eq!(r.experiment, e.name);
+        assert_eq!(r.claims.len(), e.claims.len(), "{}: a verdict per claim", e.name);
+        let points = e.points(true).len();
+        assert_eq!(r.runs.len(), points * e.protocols.len() * 2, "{}: every point, protocol and repeat", e.name);
+        for run in &r.runs {
+            assert!(e.protocols.contains(&run.protocol), "{}: run of {}", e.name, run.protocol);
+            assert!(run.params.contains_key("experiment.point") && run.params.contains_key("experiment.repeat"));
+            if let Some(s) = &e.sweep {
+                assert!(run.params.contains_key(&s.param), "{}: the point under {}", e.name, s.param);
+            }
+        }
+        assert!(folder.join("experiment.svg").is_file());
+    }
+}
