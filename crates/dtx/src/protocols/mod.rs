@@ -10,6 +10,7 @@ pub mod calvin;
 pub mod multilog;
 pub mod occ;
 pub mod options;
+pub mod sundial;
 pub mod twopc;
 pub mod twopl;
 

@@ -7,6 +7,8 @@
 //! that gave the mutex back. Records are never removed from the index: a delete leaves a
 //! tombstone (`value == None`) so that concurrent readers and validators see a version change.
 
+pub mod cache;
+
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet};

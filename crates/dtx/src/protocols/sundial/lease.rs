@@ -1,0 +1,229 @@
+//! Sundial's logical leases (Yu et al., PVLDB 2018, Sec. 3), as rules on plain values so that the
+//! coordinator, the participants and the cache apply the same ones and the paper's worked
+//! examples are unit tests.
+//!
+//! Every tuple carries a lease `[wts, rts]`: the version written at logical time `wts` may be
+//! read at any logical time up to `rts`. A transaction computes one commit timestamp from the
+//! leases it saw, with no coordination: at least the `wts` of everything it read (Alg. 1 line 14),
+//! and past the `rts` of everything it locked to write (line 24). At prepare, a read whose lease
+//! ends before the commit timestamp is extended at its home (Alg. 2): possible only while the
+//! version is unchanged, and, if the tuple is locked by a writer, only when no extension is
+//! needed. A commit installs its writes with the lease `[commit_ts, commit_ts]` (Alg. 3).
+
+use serde::{Deserialize, Serialize};
+
+/// A version's lease in logical time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// When the version was written.
+    pub wts: u64,
+    /// Until when it may be read (`rts >= wts`).
+    pub rts: u64,
+}
+
+impl Lease {
+    pub fn new(wts: u64, rts: u64) -> Self {
+        assert!(wts <= rts, "a lease [{wts}, {rts}] ends before it starts");
+        Lease { wts, rts }
+    }
+
+    /// The version may be read at logical time `ts`.
+    pub fn covers(&self, ts: u64) -> bool {
+        self.wts <= ts && ts <= self.rts
+    }
+}
+
+/// A transaction's commit timestamp, raised as it reads and locks (Alg. 1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitTs(pub u64);
+
+impl CommitTs {
+    /// A read of a version with `lease`: commit no earlier than it was written (line 14).
+    pub fn read(&mut self, lease: Lease) {
+        self.0 = self.0.max(lease.wts);
+    }
+
+    /// A write of a tuple locked with `lease`: commit after every reader of it (line 24).
+    pub fn write(&mut self, lease: Lease) {
+        self.0 = self.0.max(lease.rts + 1);
+    }
+}
+
+/// Why a lease could not be extended to the commit timestamp: the paper's three read-write abort
+/// cases (Sec. 5.1, Fig. 12), each an abort reason of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenewFailure {
+    /// (a) A newer version was written after the commit timestamp: the read may or may not have
+    /// been current at it (`DB.wts > commit_ts`).
+    NewerAfter,
+    /// (b) A newer version was written at or before the commit timestamp: the read was stale.
+    NewerBefore,
+    /// (c) The version is unchanged but locked by a writer, and it must be extended.
+    Locked,
+}
+
+impl RenewFailure {
+    /// The abort reason a protocol reports for it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            RenewFailure::NewerAfter => "lease-newer-version-after",
+            RenewFailure::NewerBefore => "lease-newer-version-before",
+            RenewFailure::Locked => "lease-locked",
+        }
+    }
+}
+
+/// The home's lease extension (Alg. 2, `renew_lease`, the paper's rule): a read of the version
+/// written at `read_wts` is made valid at `commit_ts`. Runs under the tuple's latch. Fails only
+/// when the version changed, or when an extension is needed and a writer holds the tuple's lock;
+/// a locked tuple whose lease already covers `commit_ts` renews (the authors' code refuses it,
+/// the paper does not).
+pub fn renew(home: &mut Lease, locked: bool, read_wts: u64, commit_ts: u64) -> Result<(), RenewFailure> {
+    if read_wts != home.wts {
+        return Err(if home.wts > commit_ts { RenewFailure::NewerAfter } else { RenewFailure::NewerBefore });
+    }
+    if commit_ts > home.rts && locked {
+        return Err(RenewFailure::Locked);
+    }
+    home.rts = home.rts.max(commit_ts);
+    Ok(())
+}
+
+/// Whether a read with the lease it observed needs its home to extend it at `commit_ts`
+/// (Alg. 2 line 3): if the observed lease covers the commit timestamp, the read is valid as is.
+pub fn needs_renewal(observed: Lease, commit_ts: u64) -> bool {
+    commit_ts > observed.rts
+}
+
+/// The commit installs a new version at `commit_ts` (Alg. 3 line 14). The writer locked the
+/// tuple and saw its lease, so `commit_ts > rts`, and nobody extended it while locked past the
+/// commit timestamp: leases of successive versions never overlap.
+pub fn install(home: &mut Lease, commit_ts: u64) {
+    assert!(
+        commit_ts > home.rts,
+        "a write at {commit_ts} inside the lease [{}, {}] of the version it replaces",
+        home.wts,
+        home.rts
+    );
+    *home = Lease { wts: commit_ts, rts: commit_ts };
+}
+
+/// The logged upper bound on every lease of a server (Sec. 3.5, Listing 1). Leases are not
+/// logged (reads extend them); instead a server logs a timestamp `UT` past every lease it has
+/// granted, and after a crash resets every lease to `[UT, UT]`, so that no reader can commit at
+/// a time a lost lease change would have forbidden.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpperBound {
+    /// The bound as last logged (durable once its record is).
+    pub logged: u64,
+    /// How far past the largest lease a new bound is logged, so that logging is rare.
+    pub step: u64,
+}
+
+impl UpperBound {
+    /// A lease end `ts` is about to be granted: the new bound to log first, if `ts` passes the
+    /// logged one.
+    pub fn before_granting(&mut self, ts: u64) -> Option<u64> {
+        if ts < self.logged {
+            return None;
+        }
+        self.logged = ts + self.step;
+        Some(self.logged)
+    }
+
+    /// Every lease after recovery from a log whose last bound is `logged`.
+    pub fn recovered_lease(logged: u64) -> Lease {
+        Lease { wts: logged, rts: logged }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fig. 1: T1 reads A [0,1] and B [1,2] and writes D (lease [0,0]); T2 writes A and reads C
+    /// [3,3]. T1 commits at 1 and installs D at [1,1]; T2 locked A with [0,1] so commits at
+    /// max(2, 3) = 3; A becomes [3,3]. T1 committed physically after T2 modified A, yet
+    /// logically before it.
+    #[test]
+    fn figure_1() {
+        let (mut a, b, c, mut d) = (Lease::new(0, 1), Lease::new(1, 2), Lease::new(3, 3), Lease::new(0, 0));
+        let mut t1 = CommitTs::default();
+        t1.read(a);
+        t1.read(b);
+        t1.write(d);
+        assert_eq!(t1, CommitTs(1));
+        let mut t2 = CommitTs::default();
+        t2.write(a);
+        t2.read(c);
+        assert_eq!(t2, CommitTs(3));
+        // T2 commits first, physically: A becomes [3,3].
+        install(&mut a, t2.0);
+        assert_eq!(a, Lease::new(3, 3));
+        // T1's reads are valid at 1 without renewal: its observed leases cover it.
+        assert!(!needs_renewal(Lease::new(0, 1), t1.0) && !needs_renewal(b, t1.0));
+        install(&mut d, t1.0);
+        assert_eq!(d, Lease::new(1, 1));
+        assert!(t1.0 < t2.0, "T1 precedes T2 in logical time");
+    }
+
+    /// Fig. 2: T1 reads A [0,10]; T2 writes A at 11 and commits; T1 commits at 0. OCC would
+    /// abort T1 and 2PL would block T2.
+    #[test]
+    fn figure_2() {
+        let mut a = Lease::new(0, 10);
+        let mut t1 = CommitTs::default();
+        t1.read(a);
+        let mut t2 = CommitTs::default();
+        t2.write(a);
+        install(&mut a, t2.0);
+        assert_eq!((t1.0, t2.0, a), (0, 11, Lease::new(11, 11)));
+        assert!(!needs_renewal(Lease::new(0, 10), t1.0));
+    }
+
+    #[test]
+    fn renewal_extends_only_an_unchanged_version() {
+        let mut home = Lease::new(5, 8);
+        assert_eq!(renew(&mut home, false, 5, 12), Ok(()));
+        assert_eq!(home, Lease::new(5, 12));
+        // Never shortened.
+        assert_eq!(renew(&mut home, false, 5, 9), Ok(()));
+        assert_eq!(home.rts, 12);
+        // Case (b): a newer version at or before the commit timestamp.
+        let mut home = Lease::new(10, 10);
+        assert_eq!(renew(&mut home, false, 5, 10), Err(RenewFailure::NewerBefore));
+        // Case (a): written after it.
+        assert_eq!(renew(&mut home, false, 5, 9), Err(RenewFailure::NewerAfter));
+        assert_eq!(home, Lease::new(10, 10), "a failed renewal changes nothing");
+    }
+
+    #[test]
+    fn a_locked_tuple_renews_only_when_no_extension_is_needed() {
+        let mut home = Lease::new(5, 8);
+        // Covered already: the paper renews (the authors' code would abort).
+        assert_eq!(renew(&mut home, true, 5, 8), Ok(()));
+        // Case (c): an extension of a locked tuple.
+        assert_eq!(renew(&mut home, true, 5, 9), Err(RenewFailure::Locked));
+        assert_eq!(home, Lease::new(5, 8));
+    }
+
+    #[test]
+    #[should_panic(expected = "inside the lease")]
+    fn installing_inside_the_replaced_lease_is_a_bug() {
+        install(&mut Lease::new(3, 9), 7);
+    }
+
+    /// Listing 1: T1 read A [0,9]; T2 wrote A and B at 10; B's server crashed and lost B's lease.
+    /// Reset to [UT, UT] with UT past every lease it granted, B cannot be read at T1's 0.
+    #[test]
+    fn leases_after_a_crash_start_at_the_logged_bound() {
+        let mut ut = UpperBound { logged: 0, step: 1000 };
+        assert_eq!(ut.before_granting(10), Some(1010), "the first lease past the bound logs a new one");
+        assert_eq!(ut.before_granting(500), None, "later ones under it log nothing");
+        let b = UpperBound::recovered_lease(ut.logged);
+        let mut t1 = CommitTs::default();
+        t1.read(Lease::new(0, 9)); // A
+        t1.read(b); // B after recovery
+        assert!(t1.0 >= 10 && needs_renewal(Lease::new(0, 9), t1.0), "T1 must renew A, which T2 changed: it aborts");
+    }
+}
