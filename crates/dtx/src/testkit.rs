@@ -273,3 +273,32 @@ pub(crate) fn loaded(wl: &dyn Workload, partitions: &[PartitionId]) -> Storage<(
     }
     store
 }
+
+/// A protocol's own end-to-end test run: `variant` on `workload` in the simulator, 3 nodes with 8
+/// clients per worker and 200 µs one-way delays, for 0.3 virtual seconds.
+pub fn protocol_spec(variant: &str, workload: crate::workloads::WorkloadParams, seed: u64) -> BenchSpec {
+    let mut s = BenchSpec::new(variant, workload, "sim");
+    s.nodes = 3;
+    s.inflight = 8;
+    s.duration_us = 300_000;
+    s.warmup_us = 0;
+    s.latency.delay_us = 200;
+    s.seed = seed;
+    s
+}
+
+/// A contended list-append workload: 24 keys, up to 4 operations, half of them reads.
+pub fn contended_append() -> crate::workloads::WorkloadParams {
+    crate::workloads::WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }
+}
+
+/// Run `spec` in the simulator through the bench and check its history (panics naming the
+/// protocol and seed on an anomaly).
+pub fn checked_run(spec: &BenchSpec) -> crate::bench::Outcome {
+    let out = crate::bench::run_sim(spec).expect("the simulation runs");
+    let path = std::env::temp_dir().join(format!("dtx-{}-{}-{}.jsonl", spec.protocol, std::process::id(), spec.seed));
+    let (report, problem) = crate::bench::verify(&out, &path).expect("the history checks");
+    assert!(problem.is_none(), "{} seed {}: {problem:?} {:?}", spec.protocol, spec.seed, report.anomalies.first());
+    let _ = std::fs::remove_file(&path);
+    out
+}

@@ -187,8 +187,9 @@ pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
     }
     if !p.aborts.is_empty() {
         println!("abort reasons of its own:");
+        let width = p.aborts.iter().map(|(r, _)| r.len()).max().unwrap_or(0);
         for (reason, meaning) in p.aborts {
-            println!("  {reason:<20} {meaning}");
+            println!("  {reason:<width$}  {meaning}");
         }
     }
     Ok(true)

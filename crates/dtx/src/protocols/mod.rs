@@ -197,6 +197,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         make: |o| Arc::new(calvin::Calvin::new(o)),
     },
     ProtocolInfo {
+        name: "sundial",
+        status: "planned",
+        description: "logical leases, WAIT_DIE writes, optimistic reads (Sundial); no cache yet, see protocols/sundial",
+        options: sundial::OPTIONS,
+        aborts: sundial::ABORTS,
+        make: |o| two_pc(sundial::Sundial { lock_wait_us: o.u64(twopl::LOCK_WAIT_OPTION.name) }, o),
+    },
+    ProtocolInfo {
         name: "occ",
         status: "ready",
         description: "Silo-style OCC (lock writes, validate reads) with 2PC; the F1-like baseline",
@@ -216,7 +224,6 @@ where
 
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
-    ("sundial", "logical leases, OCC/2PL hybrid with caching (Sundial)"),
     ("maat", "timestamp-range OCC (MaaT)"),
     ("tictoc", "data-driven timestamp OCC (TicToc)"),
     ("primo", "write-conflict-free CC without 2PC, watermark group commit (Primo)"),

@@ -2,31 +2,13 @@
 //! its histories checked. (The shared sweeps in `tests/` run it with every other protocol.)
 
 use crate::bench::{self, BenchSpec};
+use crate::testkit::{checked_run as checked, contended_append as append};
 use crate::workloads::WorkloadParams;
 
 fn spec(variant: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
-    let mut s = BenchSpec::new(variant, workload, "sim");
-    s.nodes = 3;
+    let mut s = crate::testkit::protocol_spec(variant, workload, seed);
     s.workers = 2;
-    s.inflight = 8;
-    s.duration_us = 300_000;
-    s.warmup_us = 0;
-    s.latency.delay_us = 200;
-    s.seed = seed;
     s
-}
-
-fn append() -> WorkloadParams {
-    WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }
-}
-
-fn checked(spec: &BenchSpec) -> bench::Outcome {
-    let out = bench::run_sim(spec).expect("the simulation runs");
-    let path = std::env::temp_dir().join(format!("dtx-calvin-{}-{}.jsonl", std::process::id(), spec.seed));
-    let (report, problem) = bench::verify(&out, &path).expect("the history checks");
-    assert!(problem.is_none(), "{} seed {}: {problem:?} {:?}", spec.protocol, spec.seed, report.anomalies.first());
-    let _ = std::fs::remove_file(&path);
-    out
 }
 
 #[test]

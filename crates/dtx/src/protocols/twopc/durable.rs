@@ -250,6 +250,44 @@ impl TxnLog {
         self.append_encoded(&LogRecordRef::Commit { txn, writes, participants })
     }
 
+    /// What a transaction that touched only this node is acknowledged after (early lock
+    /// release): its commit record, appended now while it still holds its locks, so that log
+    /// order is install order; or, when it wrote nothing, the log's undurable tail, since it may
+    /// have read a write whose record is not durable yet. The caller installs and releases,
+    /// then waits for the returned LSN ([`TxnLog::durable_counted`]).
+    pub fn local_commit_lsn(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
+        if writes.is_empty() {
+            Ok(self.undurable_tail())
+        } else {
+            self.append_commit(txn, writes, &[])
+        }
+    }
+
+    /// Log a distributed transaction's commit decision (this node's writes, the participants
+    /// that wrote) and wait until it is durable, counting the wait; a transaction that wrote
+    /// nowhere only waits for what it may have read here (`read_here`) to be durable. Nothing to
+    /// do without a log. A record the log refuses is the caller's abort.
+    pub async fn log_decision(
+        &self,
+        w: &crate::rt::Worker,
+        txn: TxnId,
+        local_writes: &[(RowKey, Option<Value>)],
+        writers: &[NodeId],
+        read_here: bool,
+    ) -> Result<(), Abort> {
+        if self.log.is_none() {
+            return Ok(());
+        }
+        if local_writes.is_empty() && writers.is_empty() {
+            self.durable_counted(w, self.undurable_tail().filter(|_| read_here)).await;
+            return Ok(());
+        }
+        let t0 = w.now_ns();
+        self.force_commit(txn, local_writes, writers).await?;
+        w.note_log_wait(w.now_ns() - t0);
+        Ok(())
+    }
+
     /// Append a `Prepared` record of writes the caller keeps.
     pub fn append_prepared(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
         self.append_encoded(&LogRecordRef::Prepared { txn, writes })

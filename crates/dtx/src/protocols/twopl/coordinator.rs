@@ -325,8 +325,12 @@ impl<'a> TplTxn<'a> {
                 _ => return Err(self.abort(Abort::Timeout)),
             }
         }
-        // Decision: commit. With a log, the decision is durable before anyone learns it.
-        self.log_commit(&local_writes, &writers).await?;
+        // With a log, the decision is durable before anyone learns it. A read-only transaction
+        // waits for what it may have read here (early lock release, `commit_here`).
+        let read_here = !self.held_local.is_empty();
+        if let Err(a) = wk.node.log.log_decision(&wk.w, self.id, &local_writes, &writers, read_here).await {
+            return Err(self.abort(a));
+        }
         if writers.is_empty() {
             wk.coord.forget(self.id);
         } else {
@@ -357,39 +361,12 @@ impl<'a> TplTxn<'a> {
     /// record is not durable yet; so does a remote reader's read-only vote (`participant`).
     async fn commit_here(&mut self, local_writes: Writes) -> TxnResult<()> {
         let wk = self.wk;
-        let lsn = if local_writes.is_empty() {
-            wk.node.log.undurable_tail()
-        } else {
-            match wk.node.log.append_commit(self.id, &local_writes, &[]) {
-                Ok(lsn) => lsn,
-                Err(a) => return Err(self.abort(a)),
-            }
+        let lsn = match wk.node.log.local_commit_lsn(self.id, &local_writes) {
+            Ok(lsn) => lsn,
+            Err(a) => return Err(self.abort(a)),
         };
         self.install_and_release(local_writes);
         wk.node.log.durable_counted(&wk.w, lsn).await;
-        Ok(())
-    }
-
-    /// Log the commit decision (this node's writes, the remote writers) and wait until it is
-    /// durable; a read-only transaction only waits for what it may have read here. Nothing to
-    /// do without a log. A record the log refuses aborts the transaction.
-    async fn log_commit(&mut self, local_writes: &Writes, writers: &[NodeId]) -> TxnResult<()> {
-        let wk = self.wk;
-        if !wk.node.log.enabled() {
-            return Ok(());
-        }
-        let t0 = wk.w.now_ns();
-        if local_writes.is_empty() && writers.is_empty() {
-            // Read-only everywhere: what it read here may be a local commit whose record is not
-            // durable yet (early lock release, `commit_here`).
-            let tail = wk.node.log.undurable_tail().filter(|_| !self.held_local.is_empty());
-            wk.node.log.durable_counted(&wk.w, tail).await;
-            return Ok(());
-        }
-        if let Err(a) = wk.node.log.force_commit(self.id, local_writes, writers).await {
-            return Err(self.abort(a));
-        }
-        wk.w.note_log_wait(wk.w.now_ns() - t0);
         Ok(())
     }
 

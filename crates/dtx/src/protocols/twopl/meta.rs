@@ -222,6 +222,11 @@ impl LockMeta {
         false
     }
 
+    /// Some transaction holds the lock (waiters aside).
+    pub fn is_held(&self) -> bool {
+        self.holders().next().is_some()
+    }
+
     pub fn is_free(&self) -> bool {
         self.holders().next().is_none() && self.waiters().next().is_none()
     }
@@ -244,6 +249,19 @@ impl Future for Granted<'_> {
             return Poll::Ready(());
         }
         Poll::Pending
+    }
+}
+
+/// Record metadata that carries a 2PL lock: 2PL's own, and Sundial's beside its lease (its
+/// write-write conflicts are 2PL WAIT_DIE), so that both take, wait for and release locks through
+/// the same code (`participant::try_lock_rec`, `wait_lock`, `release_recs`).
+pub trait Locked: Send {
+    fn lock_word(&mut self) -> &mut LockMeta;
+}
+
+impl Locked for LockMeta {
+    fn lock_word(&mut self) -> &mut LockMeta {
+        self
     }
 }
 

@@ -2,13 +2,13 @@
 //! [`TwoPlWorker::on_request`] for a remote one), hold prepared writes, apply or roll back.
 
 use super::messages::{Reply, Request, Vote};
-use super::meta::{Acquire, Granted, LockMeta, LockRecord, Mode, Policy, Prio, WaitSlot};
+use super::meta::{Acquire, Granted, LockMeta, LockRecord, Locked, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
 use crate::rt::Worker;
-use crate::storage::{RowKey, Storage, Value};
+use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
 use std::future::Future;
 use std::pin::Pin;
@@ -26,9 +26,9 @@ pub struct PartTxn {
 }
 
 /// The outcome of asking for a lock without waiting.
-pub enum LockStep<'s> {
+pub enum LockStep<'s, M = LockMeta> {
     Done(Option<Value>),
-    Wait(&'s LockRecord, Arc<WaitSlot>),
+    Wait(&'s Record<M>, Arc<WaitSlot>),
 }
 
 pub fn try_lock<'s>(
@@ -43,9 +43,15 @@ pub fn try_lock<'s>(
 }
 
 /// [`try_lock`] on a record already found.
-pub fn try_lock_rec(rec: &LockRecord, txn: TxnId, prio: Prio, mode: Mode, policy: Policy) -> TxnResult<LockStep<'_>> {
+pub fn try_lock_rec<M: Locked>(
+    rec: &Record<M>,
+    txn: TxnId,
+    prio: Prio,
+    mode: Mode,
+    policy: Policy,
+) -> TxnResult<LockStep<'_, M>> {
     let mut row = rec.lock();
-    match row.meta.acquire(txn, prio, mode, policy) {
+    match row.meta.lock_word().acquire(txn, prio, mode, policy) {
         Acquire::Granted => Ok(LockStep::Done(row.value.clone())),
         Acquire::Abort(a) => Err(a),
         Acquire::Wait(slot) => {
@@ -56,9 +62,9 @@ pub fn try_lock_rec(rec: &LockRecord, txn: TxnId, prio: Prio, mode: Mode, policy
 }
 
 /// Wait (at most `wait_us`) for a queued request, then read the value.
-pub async fn wait_lock(
+pub async fn wait_lock<M: Locked>(
     w: &Rc<Worker>,
-    rec: &LockRecord,
+    rec: &Record<M>,
     slot: Arc<WaitSlot>,
     wait_us: u64,
 ) -> TxnResult<Option<Value>> {
@@ -76,7 +82,7 @@ pub async fn wait_lock(
     })
     .await;
     let mut row = rec.lock();
-    if got || row.meta.cancel(&slot) {
+    if got || row.meta.lock_word().cancel(&slot) {
         Ok(row.value.clone())
     } else {
         Err(Abort::LockTimeout)
@@ -92,9 +98,9 @@ pub fn release(store: &Storage<LockMeta>, txn: TxnId, keys: impl Iterator<Item =
 }
 
 /// Release what `txn` holds on these records.
-pub fn release_recs<'s>(txn: TxnId, recs: impl Iterator<Item = &'s LockRecord>) {
+pub fn release_recs<'s, M: Locked + 's>(txn: TxnId, recs: impl Iterator<Item = &'s Record<M>>) {
     for rec in recs {
-        rec.lock().meta.release(txn);
+        rec.lock().meta.lock_word().release(txn);
     }
 }
 

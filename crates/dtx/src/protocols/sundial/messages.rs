@@ -1,0 +1,41 @@
+//! Sundial's messages. Per remote participant of a distributed transaction: one `Fetch` round
+//! trip (in one-shot mode: every read and every write lock there at once; interactively one per
+//! access), one `Prepare` round trip carrying the commit timestamp and the reads whose leases
+//! must be extended there, and the 2PC skeleton's `Commit` + ack only where it wrote: a
+//! participant where the transaction only read leaves at `Prepare` (Sec. 3.3).
+
+use super::lease::{Lease, RenewFailure};
+use crate::protocols::twopc::TxnId;
+use crate::protocols::twopl::meta::Prio;
+use crate::storage::{RowKey, Value};
+use crate::txn::Abort;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Lock `locks` for writing (WAIT_DIE), then read each of `locks` and `reads`: committed
+    /// value and lease. Reads take no lock.
+    Fetch { txn: TxnId, prio: Prio, reads: Vec<RowKey>, locks: Vec<RowKey> },
+    /// Phase one: extend these reads (key, the `wts` read) to `commit_ts`, then keep the writes
+    /// until the decision; with no writes here, release and leave.
+    Prepare { txn: TxnId, commit_ts: u64, renew: Vec<(RowKey, u64)>, writes: Vec<(RowKey, Option<Value>)> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Vote {
+    Yes,
+    /// Nothing written here: nothing held any more, no commit phase.
+    ReadOnly,
+    /// A lease could not be extended: nothing held any more.
+    Renewal(RenewFailure),
+    /// This participant no longer knows the transaction.
+    Lost,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    /// The `reads`, then the `locks`, of a `Fetch`, in order.
+    Fetched(Vec<(Option<Value>, Lease)>),
+    Aborted(Abort),
+    Vote(Vote),
+}

@@ -1,0 +1,174 @@
+//! What a node does for Sundial transactions coordinated elsewhere: lock and read (`Fetch`),
+//! extend leases and keep writes (`Prepare`), install at the commit timestamp or roll back.
+
+use super::lease::Lease;
+use super::messages::{Reply, Request, Vote};
+use super::meta;
+use super::SundialWorker;
+use crate::net::{encode, Addr};
+use crate::protocols::twopc::durable::LogRecord;
+use crate::protocols::twopc::TxnId;
+use crate::protocols::twopl::meta::{Mode, Policy, Prio};
+use crate::protocols::twopl::participant::{self as locks, LockStep};
+use crate::storage::{RowKey, Value};
+use crate::txn::{Abort, TxnResult};
+
+pub type Writes = Vec<(RowKey, Option<Value>)>;
+
+/// A remote transaction's state here: the write locks it holds, and once prepared its writes
+/// and commit timestamp.
+#[derive(Default)]
+pub struct PartTxn {
+    pub held: Vec<RowKey>,
+    pub writes: Option<(Writes, u64)>,
+}
+
+impl SundialWorker {
+    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
+        match req {
+            Request::Fetch { txn, prio, reads, locks } if locks.is_empty() => {
+                // Reads take nothing: no state for the transaction here.
+                let _ = (txn, prio);
+                let vals = self.read_all(&reads);
+                self.w.reply(from, rpc_id, &encode(&Reply::Fetched(vals)));
+            }
+            Request::Fetch { txn, prio, reads, locks } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
+            Request::Prepare { txn, commit_ts, renew, writes } => {
+                self.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
+            }
+        }
+    }
+
+    fn read_all(&self, keys: &[RowKey]) -> Vec<(Option<Value>, Lease)> {
+        self.w.charge_ops(keys.len());
+        keys.iter().map(|k| meta::read(self.node.store.get_or_create(*k))).collect()
+    }
+
+    fn serve_fetch(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, reads: Vec<RowKey>, keys: Vec<RowKey>) {
+        let now = self.w.now_ns();
+        self.parts.txns.borrow_mut().entry(txn).or_insert_with(|| (PartTxn::default(), now)).1 = now;
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let reply = match me.lock_all(txn, prio, &keys).await {
+                Ok(locked) => {
+                    let mut vals = me.read_all(&reads);
+                    vals.extend(locked);
+                    Reply::Fetched(vals)
+                }
+                Err(a) => Reply::Aborted(a),
+            };
+            me.w.reply(from, rpc_id, &encode(&reply));
+        });
+    }
+
+    /// Lock each key for `txn` (waiting as WAIT_DIE lets it), then read its value and lease.
+    async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for &key in keys {
+            self.w.charge_ops(1);
+            let rec = self.node.store.get_or_create(key);
+            match locks::try_lock_rec(rec, txn, prio, Mode::Exclusive, Policy::WaitDie)? {
+                LockStep::Done(_) => {}
+                LockStep::Wait(rec, slot) => {
+                    locks::wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await?;
+                }
+            }
+            // Aborted meanwhile (a decision overtook us): give the lock back.
+            match self.parts.txns.borrow_mut().get_mut(&txn) {
+                Some((p, _)) => p.held.push(key),
+                None => {
+                    locks::release_recs(txn, std::iter::once(rec));
+                    return Err(Abort::ParticipantLost);
+                }
+            }
+            out.push(meta::locked_lease(rec, txn));
+        }
+        Ok(out)
+    }
+
+    fn serve_prepare(
+        &self,
+        from: Addr,
+        rpc_id: u64,
+        txn: TxnId,
+        commit_ts: u64,
+        renew: &[(RowKey, u64)],
+        writes: Writes,
+    ) {
+        let vote = self.renew_all(txn, commit_ts, renew);
+        if let Err(f) = vote {
+            self.abort_here(txn);
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f))));
+        }
+        let mut parts = self.parts.txns.borrow_mut();
+        if writes.is_empty() {
+            let held = parts.remove(&txn).map(|(p, _)| p.held).unwrap_or_default();
+            drop(parts);
+            self.release(txn, &held);
+            // It may have read a local commit whose record is not durable yet (early release).
+            let tail = self.node.log.undurable_tail();
+            return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
+        }
+        let Some((p, t)) = parts.get_mut(&txn) else {
+            drop(parts);
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
+        };
+        assert!(writes.iter().all(|(k, _)| p.held.contains(k)), "a write here that its coordinator did not lock");
+        *t = self.w.now_ns();
+        // A yes vote is a promise that survives a crash: log the writes first.
+        let lsn = self.node.log.append_prepared(txn, &writes);
+        p.writes = Some((writes, commit_ts));
+        drop(parts);
+        match lsn {
+            Ok(lsn) => self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes))),
+            Err(a) => {
+                self.abort_here(txn);
+                self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
+            }
+        }
+    }
+
+    /// Extend every read's lease to `commit_ts` here (Alg. 2), counting the extensions tried.
+    fn renew_all(&self, txn: TxnId, commit_ts: u64, renew: &[(RowKey, u64)]) -> Result<(), super::lease::RenewFailure> {
+        self.w.charge_ops(renew.len());
+        for &(key, wts) in renew {
+            self.w.count(super::RENEWALS, 1);
+            if let Err(f) = meta::renew(self.node.store.get_or_create(key), txn, wts, commit_ts) {
+                self.w.count(super::RENEWALS_FAILED, 1);
+                return Err(f);
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&self, txn: TxnId, keys: &[RowKey]) {
+        self.w.charge_ops(keys.len());
+        let store = &self.node.store;
+        locks::release_recs(txn, keys.iter().filter_map(|k| store.get(*k)));
+    }
+
+    pub(super) fn abort_here(&self, txn: TxnId) {
+        if let Some(p) = self.parts.remove(txn) {
+            self.release(txn, &p.held);
+            if p.writes.is_some() {
+                // Presumed abort: nobody waits for this record.
+                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            }
+        }
+    }
+
+    /// Install a prepared transaction's writes at its commit timestamp, log the outcome (before
+    /// the locks go, so that log order is install order), release.
+    pub(super) fn commit_here(&self, txn: TxnId) {
+        let Some(p) = self.parts.remove(txn) else { return };
+        let (writes, commit_ts) = p.writes.unwrap_or_default();
+        self.w.charge_ops(writes.len());
+        if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+            self.last_outcome_lsn.set(lsn);
+        }
+        for (key, value) in writes {
+            meta::install(self.node.store.get_or_create(key), txn, value, commit_ts);
+        }
+        self.release(txn, &p.held);
+    }
+}
