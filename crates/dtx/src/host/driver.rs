@@ -223,7 +223,7 @@ async fn client(
         let first_ns = w.now_ns();
         let mut number = 0;
         loop {
-            let attempt = Attempt { first_start_us: first_ns / 1000, number };
+            let attempt = Attempt { first_start_us: first_ns / 1000, number, fresh: false };
             let start_ns = w.now_ns();
             let mut id = 0;
             if cfg.record_history {
@@ -308,7 +308,7 @@ pub fn final_checks(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn W
             let first = w2.now_us();
             let mut done = false;
             for number in 0..FINAL_ATTEMPTS {
-                match proto.execute(&req, Attempt { first_start_us: first, number }).await {
+                match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true }).await {
                     Ok(out) => {
                         findings.extend(wl.check_output(&req, &out));
                         done = true;
@@ -371,7 +371,7 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
         // coordinators answer (the orphan sweeper's period), which can take a second or two.
         for number in 0..FINAL_ATTEMPTS {
             let start = w2.now_ns();
-            match proto.execute(&req, Attempt { first_start_us: first, number }).await {
+            match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true }).await {
                 Ok(out) => {
                     let id = ((w2.addr.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
                     let line = HistLine {

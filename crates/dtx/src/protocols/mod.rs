@@ -100,6 +100,12 @@ pub struct Attempt {
     /// When the first attempt of this transaction started (its age, for WAIT_DIE), µs.
     pub first_start_us: u64,
     pub number: u32,
+    /// The transaction must see every write acknowledged before it started: the run's final
+    /// read and checks, which stand for "the state now". A protocol that may serve a read from
+    /// an older version that is still valid in logical time (Sundial's cache) reads the current
+    /// one instead; serializability alone would let such a read-only transaction take its place
+    /// before writes that committed earlier in real time.
+    pub fresh: bool,
 }
 
 /// A protocol: builds the per-node state (storage with its record metadata, loaded).
@@ -199,10 +205,10 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "sundial",
         status: "planned",
-        description: "logical leases, WAIT_DIE writes, optimistic reads (Sundial); no cache yet, see protocols/sundial",
+        description: "logical leases, WAIT_DIE writes, optimistic reads, a cache of remote reads (Sundial)",
         options: sundial::OPTIONS,
         aborts: sundial::ABORTS,
-        make: |o| two_pc(sundial::Sundial { lock_wait_us: o.u64(twopl::LOCK_WAIT_OPTION.name) }, o),
+        make: |o| two_pc(sundial::Sundial::new(o), o),
     },
     ProtocolInfo {
         name: "occ",

@@ -5,9 +5,10 @@
 //! `[commit_ts, commit_ts]`, and participants that only read skip the commit phase.
 
 use super::lease::{needs_renewal, CommitTs, Lease, RenewFailure};
-use super::messages::{Reply, Request, Vote};
+use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;
+use super::policy::CachePolicy;
 use super::{SundialWorker, READ_THEN_WRITE_CHANGED, SCAN_UNSUPPORTED};
 use crate::net::NodeId;
 use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
@@ -29,12 +30,24 @@ struct ReadEntry<'a> {
     used: bool,
     /// Locked by this transaction for writing: no renewal needed.
     locked: bool,
+    /// Taken from this node's cache without asking the home.
+    cached: bool,
+}
+
+/// A remote read to ask its home for, with the version and value of a cached copy when the
+/// policy asks whether that copy is current (`request`).
+struct Asked {
+    key: RowKey,
+    known: Option<(u64, Option<Value>)>,
 }
 
 pub struct SundialTxn<'a> {
     wk: &'a SundialWorker,
     pub id: TxnId,
     prio: Prio,
+    /// Must see every write acknowledged before it started: reads go to their homes, never to
+    /// the cache ([`crate::protocols::Attempt::fresh`]).
+    fresh: bool,
     commit_ts: CommitTs,
     reads: Vec<ReadEntry<'a>>,
     writes: Writes,
@@ -46,11 +59,12 @@ pub struct SundialTxn<'a> {
 }
 
 impl<'a> SundialTxn<'a> {
-    pub fn new(wk: &'a SundialWorker, id: TxnId, first_start_us: u64) -> Self {
+    pub fn new(wk: &'a SundialWorker, id: TxnId, attempt: crate::protocols::Attempt) -> Self {
         SundialTxn {
             wk,
             id,
-            prio: Prio(first_start_us, id),
+            prio: Prio(attempt.first_start_us, id),
+            fresh: attempt.fresh,
             commit_ts: CommitTs::default(),
             reads: Vec::new(),
             writes: Vec::new(),
@@ -94,7 +108,25 @@ impl<'a> SundialTxn<'a> {
         if used {
             self.commit_ts.read(lease);
         }
-        self.reads.push(ReadEntry { key, value, lease, rec, used, locked: false });
+        self.reads.push(ReadEntry { key, value, lease, rec, used, locked: false, cached: false });
+    }
+
+    /// A remote read the cache answers under the policy (Sec. 4.2): `None` when it did (the
+    /// read is taken, no message), else what to ask the home.
+    fn plan_read(&mut self, key: RowKey, used: bool) -> Option<Asked> {
+        let node = &self.wk.state;
+        if node.policy == CachePolicy::None || self.fresh {
+            return Some(Asked { key, known: None });
+        }
+        let Some(copy) = node.cache.get(key) else { return Some(Asked { key, known: None }) };
+        if node.votes.reuse(node.policy) {
+            self.wk.w.count(super::CACHE_REUSED, 1);
+            self.push_read(key, copy.value, copy.meta, None, used);
+            self.reads.last_mut().expect("just pushed").cached = true;
+            return None;
+        }
+        self.wk.w.count(super::CACHE_CHECKS, 1);
+        Some(Asked { key, known: Some((copy.meta.wts, copy.value)) })
     }
 
     /// A tuple now locked with `lease`: commit after its readers (Alg. 1 line 24); if this
@@ -103,13 +135,17 @@ impl<'a> SundialTxn<'a> {
         self.commit_ts.write(lease);
         match self.find_read(key) {
             Some(i) if self.reads[i].used && self.reads[i].lease.wts != lease.wts => {
+                if self.reads[i].cached {
+                    self.wk.state.cache.remove(key);
+                    self.wk.state.votes.cache_was_stale();
+                }
                 return Err(Abort::Protocol(READ_THEN_WRITE_CHANGED));
             }
             Some(i) => {
                 let e = &mut self.reads[i];
                 (e.value, e.lease, e.locked) = (value, lease, true);
             }
-            None => self.reads.push(ReadEntry { key, value, lease, rec, used: false, locked: true }),
+            None => self.reads.push(ReadEntry { key, value, lease, rec, used: false, locked: true, cached: false }),
         }
         Ok(())
     }
@@ -135,7 +171,7 @@ impl<'a> SundialTxn<'a> {
     }
 
     /// One `Fetch` round trip to node `n`: reads, then locks.
-    async fn fetch(&mut self, n: NodeId, reads: Vec<RowKey>, lock: Vec<RowKey>) -> TxnResult<()> {
+    async fn fetch(&mut self, n: NodeId, reads: Vec<Asked>, lock: Vec<RowKey>) -> TxnResult<()> {
         if lock.is_empty() {
             Self::note_node(&mut self.read_at, n);
         } else {
@@ -144,27 +180,65 @@ impl<'a> SundialTxn<'a> {
             }
             Self::note_node(&mut self.locked_at, n);
         }
-        let req = Request::Fetch { txn: self.id, prio: self.prio, reads: reads.clone(), locks: lock.clone() };
+        let req = Request::Fetch { txn: self.id, prio: self.prio, reads: asked_keys(&reads), locks: lock.clone() };
         let reply = self.wk.ask(n, &req).await?;
         self.take_fetched(reply, reads, lock, false)
     }
 
-    fn take_fetched(&mut self, reply: Reply, reads: Vec<RowKey>, lock: Vec<RowKey>, prefetch: bool) -> TxnResult<()> {
+    fn take_fetched(&mut self, reply: Reply, reads: Vec<Asked>, lock: Vec<RowKey>, prefetch: bool) -> TxnResult<()> {
         let vals = match reply {
             Reply::Fetched(v) if v.len() == reads.len() + lock.len() => v,
             Reply::Aborted(a) => return Err(a),
             _ => return Err(Abort::Timeout),
         };
         let mut vals = vals.into_iter();
-        for (k, (value, lease)) in reads.into_iter().zip(vals.by_ref()) {
-            if self.find_read(k).is_none() {
-                self.push_read(k, value, lease, None, !prefetch);
+        for (asked, got) in reads.into_iter().zip(vals.by_ref()) {
+            let (value, lease) = self.take_read(asked.key, asked.known, got)?;
+            if self.find_read(asked.key).is_none() {
+                self.push_read(asked.key, value, lease, None, !prefetch);
             }
         }
-        for (k, (value, lease)) in lock.into_iter().zip(vals) {
+        for (k, got) in lock.into_iter().zip(vals) {
+            let Fetched::Data(value, lease) = got else { return Err(Abort::Timeout) };
             self.note_locked(k, value, lease, None)?;
         }
         Ok(())
+    }
+
+    /// A home's answer to a read: the data (cached now), or word that the cached copy is
+    /// current (its lease refreshed); the checks vote for the hybrid policy.
+    fn take_read(
+        &mut self,
+        key: RowKey,
+        known: Option<(u64, Option<Value>)>,
+        got: Fetched,
+    ) -> TxnResult<(Option<Value>, Lease)> {
+        let node = &self.wk.state;
+        match (got, known) {
+            (Fetched::Current(lease), Some((wts, value))) => {
+                self.wk.w.count(super::CACHE_CURRENT, 1);
+                node.votes.cache_was_current();
+                // Only the version checked gets the home's lease: the copy may have been
+                // replaced meanwhile (by a commit of this node), and a value must never carry
+                // another version's lease.
+                node.cache.update(key, |c| {
+                    if c.meta.wts == wts {
+                        c.meta = lease;
+                    }
+                });
+                Ok((value, lease))
+            }
+            (Fetched::Current(_), None) => Err(Abort::Timeout),
+            (Fetched::Data(value, lease), known) => {
+                if known.is_some() {
+                    node.votes.cache_was_stale();
+                }
+                if node.policy != CachePolicy::None {
+                    node.cache.insert(key, crate::storage::cache::Cached { value: value.clone(), meta: lease });
+                }
+                Ok((value, lease))
+            }
+        }
     }
 
     /// Phase one at every remote participant; the nodes that voted yes (they hold writes).
@@ -185,7 +259,10 @@ impl<'a> SundialTxn<'a> {
             match v {
                 Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
                 Ok(Reply::Vote(Vote::ReadOnly)) => {}
-                Ok(Reply::Vote(Vote::Renewal(f))) => failure = failure.or(Some(renewal_abort(f))),
+                Ok(Reply::Vote(Vote::Renewal(f, key))) => {
+                    self.cached_read_failed(key);
+                    failure = failure.or(Some(renewal_abort(f)));
+                }
                 Ok(Reply::Vote(Vote::Lost)) => failure = failure.or(Some(Abort::ParticipantLost)),
                 Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
                 _ => failure = failure.or(Some(Abort::Timeout)),
@@ -194,6 +271,48 @@ impl<'a> SundialTxn<'a> {
         match failure {
             Some(a) => Err(self.abort(a)),
             None => Ok(writers),
+        }
+    }
+
+    /// A read's lease could not be extended: a copy of it is stale, and leaves the cache
+    /// (Alg. 2 line 8); if the read came from the cache, that is a vote against reusing.
+    fn cached_read_failed(&self, key: RowKey) {
+        let node = &self.wk.state;
+        if node.policy == CachePolicy::None {
+            return;
+        }
+        node.cache.remove(key);
+        if self.find_read(key).is_some_and(|i| self.reads[i].cached) {
+            node.votes.cache_was_stale();
+        }
+    }
+
+    /// The commit went through: every cached read was valid at the commit timestamp (a vote
+    /// for reusing), every remote read's lease reaches it (and so does its cached copy), and the
+    /// remote writes are cached as their homes now hold them (Alg. 3 lines 5-6).
+    fn update_cache(&self, remote_writes: &[(RowKey, Option<Value>)]) {
+        let node = &self.wk.state;
+        if node.policy == CachePolicy::None {
+            return;
+        }
+        let ts = self.commit_ts.0;
+        for e in self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_none()) {
+            if e.cached {
+                node.votes.cache_was_current();
+            }
+            // Its home extended the lease to the commit timestamp: so does the copy, if it is
+            // still that version, so that later reads of it need no extension up to there.
+            if needs_renewal(e.lease, ts) {
+                node.cache.update(e.key, |c| {
+                    if c.meta.wts == e.lease.wts {
+                        c.meta.rts = c.meta.rts.max(ts);
+                    }
+                });
+            }
+        }
+        let lease = Lease { wts: ts, rts: ts };
+        for (k, v) in remote_writes {
+            node.cache.insert(*k, crate::storage::cache::Cached { value: v.clone(), meta: lease });
         }
     }
 
@@ -233,6 +352,11 @@ impl<'a> SundialTxn<'a> {
     }
 }
 
+/// The keys of the reads to ask, with the version of a cached copy where one is checked.
+fn asked_keys(reads: &[Asked]) -> Vec<(RowKey, Option<u64>)> {
+    reads.iter().map(|a| (a.key, a.known.as_ref().map(|k| k.0))).collect()
+}
+
 /// The abort reason of a failed lease extension.
 fn renewal_abort(f: RenewFailure) -> Abort {
     Abort::Protocol(crate::txn::Reason::new(f.reason()))
@@ -251,10 +375,13 @@ impl<'a> Access for SundialTxn<'a> {
                 self.push_read(key, value.clone(), lease, Some(rec), true);
                 Step::Ready(Ok(value))
             }
-            Some(n) => Step::Wait(Box::pin(async move {
-                self.fetch(n, vec![key], Vec::new()).await?;
-                Ok(self.cached(key).flatten())
-            })),
+            Some(n) => match self.plan_read(key, true) {
+                None => Step::Ready(Ok(self.cached(key).flatten())),
+                Some(asked) => Step::Wait(Box::pin(async move {
+                    self.fetch(n, vec![asked], Vec::new()).await?;
+                    Ok(self.cached(key).flatten())
+                })),
+            },
         }
     }
 
@@ -290,9 +417,12 @@ impl recon::SnapshotReader for SundialWorker {
             if n == self.node.id {
                 return Ok(self.node.store.get(key).and_then(|r| r.lock().value.clone()));
             }
-            let req = Request::Fetch { txn: 0, prio: Prio::default(), reads: vec![key], locks: Vec::new() };
+            let req = Request::Fetch { txn: 0, prio: Prio::default(), reads: vec![(key, None)], locks: Vec::new() };
             match self.ask(n, &req).await? {
-                Reply::Fetched(mut v) => Ok(v.pop().ok_or(Abort::Timeout)?.0),
+                Reply::Fetched(mut v) => match v.pop() {
+                    Some(Fetched::Data(value, _)) => Ok(value),
+                    _ => Err(Abort::Timeout),
+                },
                 Reply::Aborted(a) => Err(a),
                 _ => Err(Abort::Timeout),
             }
@@ -325,13 +455,20 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         }
         let wk = self.wk;
         let (id, prio) = (self.id, self.prio);
-        let mut remote: Vec<(NodeId, Vec<RowKey>, Vec<RowKey>)> =
-            by_node.into_iter().map(|(n, (r, l))| (n, r, l)).collect();
-        for (n, r, l) in &mut remote {
+        let mut remote: Vec<(NodeId, Vec<Asked>, Vec<RowKey>)> = Vec::with_capacity(by_node.len());
+        for (n, (mut r, mut l)) in by_node {
             r.sort_unstable();
             r.dedup();
             l.sort_unstable();
             l.dedup();
+            // Reads the cache answers need no message.
+            let asked: Vec<Asked> = r.into_iter().filter_map(|k| self.plan_read(k, false)).collect();
+            if asked.is_empty() && l.is_empty() {
+                continue;
+            }
+            remote.push((n, asked, l));
+        }
+        for (n, _, l) in &remote {
             if l.is_empty() {
                 Self::note_node(&mut self.read_at, *n);
             } else {
@@ -344,7 +481,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let calls: Vec<_> = remote
             .iter()
             .map(|(n, r, l)| {
-                let req = Request::Fetch { txn: id, prio, reads: r.clone(), locks: l.clone() };
+                let req = Request::Fetch { txn: id, prio, reads: asked_keys(r), locks: l.clone() };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })
@@ -389,6 +526,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         }
         let me = wk.node.id;
         let mut local_writes = Writes::new();
+        let mut remote_writes = Writes::new();
         let mut remote: FxHashMap<NodeId, (Vec<(RowKey, u64)>, Writes)> = FxHashMap::default();
         for n in self.locked_at.iter().chain(&self.read_at) {
             remote.entry(*n).or_default();
@@ -396,7 +534,12 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         for (k, v) in std::mem::take(&mut self.writes) {
             match wk.node.node_of(k) {
                 n if n == me => local_writes.push((k, v)),
-                n => remote.entry(n).or_default().1.push((k, v)),
+                n => {
+                    if wk.state.policy != CachePolicy::None {
+                        remote_writes.push((k, v.clone()));
+                    }
+                    remote.entry(n).or_default().1.push((k, v));
+                }
             }
         }
         for e in self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_none()) {
@@ -419,6 +562,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
             wk.coord.set(self.id, TxnStatus::Committed);
             wk.tell_commit(self.id, writers);
         }
+        self.update_cache(&remote_writes);
         self.install_and_release(local_writes);
         Ok(())
     }

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Lock `locks` for writing (WAIT_DIE), then read each of `locks` and `reads`: committed
-    /// value and lease. Reads take no lock.
-    Fetch { txn: TxnId, prio: Prio, reads: Vec<RowKey>, locks: Vec<RowKey> },
+    /// value and lease. Reads take no lock; a read that names the version of a copy the
+    /// coordinator's node has cached (`always request`) gets the lease alone when it is current.
+    Fetch { txn: TxnId, prio: Prio, reads: Vec<(RowKey, Option<u64>)>, locks: Vec<RowKey> },
     /// Phase one: extend these reads (key, the `wts` read) to `commit_ts`, then keep the writes
     /// until the decision; with no writes here, release and leave.
     Prepare { txn: TxnId, commit_ts: u64, renew: Vec<(RowKey, u64)>, writes: Vec<(RowKey, Option<Value>)> },
@@ -26,16 +27,25 @@ pub enum Vote {
     Yes,
     /// Nothing written here: nothing held any more, no commit phase.
     ReadOnly,
-    /// A lease could not be extended: nothing held any more.
-    Renewal(RenewFailure),
+    /// The lease of this key could not be extended: nothing held any more.
+    Renewal(RenewFailure, RowKey),
     /// This participant no longer knows the transaction.
     Lost,
+}
+
+/// One record of a `Fetch` reply.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Fetched {
+    /// The committed value and its lease.
+    Data(Option<Value>, Lease),
+    /// The cached version named in the request is the committed one: its lease at home.
+    Current(Lease),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     /// The `reads`, then the `locks`, of a `Fetch`, in order.
-    Fetched(Vec<(Option<Value>, Lease)>),
+    Fetched(Vec<Fetched>),
     Aborted(Abort),
     Vote(Vote),
 }

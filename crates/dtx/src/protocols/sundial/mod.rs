@@ -9,11 +9,20 @@
 //! [`lease`] the lease rules with the paper's worked examples as tests, [`policy`] the cache
 //! policies. The bounded cache is a storage piece ([`crate::storage::cache`]).
 //!
-//! Not built yet, so `sundial` stays `planned` in `dtx protocols`: the cache of remote reads
-//! and its policies wired into the read path, the read-only table optimizations, leases that
-//! survive a crash (the logged upper bound, `lease::UpperBound`) and the commit timestamp in
-//! the prepare record, and leases on index nodes for range scans (a scan aborts with
-//! `scan-unsupported`).
+//! The cache of remote reads (Sec. 4) is per node (`SundialNode`): bounded (`cache_mb`),
+//! banked and LRU (`storage::cache`), under the policy `cache=none|reuse|request|hybrid`
+//! (default hybrid, 1 GB, as the paper's); a copy is a genuine past observation of a version
+//! with its lease, so a stale one is caught when its lease cannot be extended at prepare, and
+//! leaves the cache. A transaction that must see the current state (the run's final read and
+//! checks: `Attempt::fresh`) reads from homes, not the cache: a cached read may legally
+//! serialize before writes that committed earlier in real time (Sundial is serializable, not
+//! strictly serializable).
+//!
+//! Not built yet, so `sundial` stays `planned` in `dtx protocols`: the read-only table
+//! optimizations (table leases, speculative extension), leases that survive a crash (the
+//! logged upper bound, `lease::UpperBound`, and the commit timestamp in the prepare record; a
+//! node that recovers prepared transactions refuses to), leases on index nodes for range scans
+//! (a scan aborts with `scan-unsupported`), MaaT beside it, and the paper's experiments.
 
 pub mod coordinator;
 pub mod lease;
@@ -28,23 +37,68 @@ mod tests;
 use crate::net::Addr;
 use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::{Attempt, OptionSpec};
+use crate::protocols::{Attempt, OptionKind, OptionSpec};
+use crate::storage::cache::RecordCache;
 use crate::txn::Reason;
 use coordinator::SundialTxn;
+use lease::Lease;
 use meta::SundialMeta;
 use participant::PartTxn;
+use policy::{CachePolicy, Votes};
 
 /// Sundial's configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct Sundial {
     /// Longest a writer waits for a tuple's lock (WAIT_DIE) before aborting.
     pub lock_wait_us: u64,
+    /// When a cached copy of a remote tuple is used.
+    pub cache: CachePolicy,
+    /// The cache's bound per node.
+    pub cache_bytes: usize,
 }
+
+impl Sundial {
+    /// Sundial with the options of a variant.
+    pub fn new(o: &crate::protocols::Options) -> Self {
+        let cache = CachePolicy::parse(o.choice(CACHE_OPTION.name)).expect("the option's choices are the policies");
+        Sundial {
+            lock_wait_us: o.u64(crate::protocols::twopl::LOCK_WAIT_OPTION.name),
+            cache,
+            cache_bytes: (o.u64(CACHE_MB_OPTION.name) as usize) << 20,
+        }
+    }
+}
+
+/// What a node keeps beside its storage: its cache of remote tuples (each with the lease it was
+/// read or last renewed with), and the hybrid policy's votes.
+pub struct SundialNode {
+    pub policy: CachePolicy,
+    pub cache: RecordCache<Lease>,
+    pub votes: Votes,
+}
+
+/// Banks of the cache (the authors' code uses 64).
+const CACHE_BANKS: usize = 64;
+
+pub const CACHE_OPTION: OptionSpec = OptionSpec {
+    name: "cache",
+    kind: OptionKind::Choice(&["none", "reuse", "request", "hybrid"]),
+    default: "hybrid",
+    help: "when a cached copy of a remote tuple is used: never, always, after asking its home, or as recent evidence votes",
+};
+
+pub const CACHE_MB_OPTION: OptionSpec = OptionSpec {
+    name: "cache_mb",
+    kind: OptionKind::U64 { min: 1, max: 1 << 20 },
+    default: "1024",
+    help: "the cache's bound per node, in MiB (the paper's default: 1 GB)",
+};
 
 pub type SundialWorker = CcWorker<Sundial>;
 
 /// Its options beside the 2PC skeleton's.
-pub const OPTIONS: &[OptionSpec] = &[crate::protocols::twopl::LOCK_WAIT_OPTION, crate::protocols::twopc::ORPHAN_OPTION];
+pub const OPTIONS: &[OptionSpec] =
+    &[CACHE_OPTION, CACHE_MB_OPTION, crate::protocols::twopl::LOCK_WAIT_OPTION, crate::protocols::twopc::ORPHAN_OPTION];
 
 pub const READ_THEN_WRITE_CHANGED: Reason = Reason::new("read-then-write-changed");
 pub const SCAN_UNSUPPORTED: Reason = Reason::new("scan-unsupported");
@@ -58,9 +112,14 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("scan-unsupported", "range scans need leases on index nodes, not built yet"),
 ];
 
-/// Counters: lease extensions tried at prepare, and those that failed.
+/// Counters: lease extensions tried at prepare, and those that failed; remote reads answered
+/// by the cache without a message, reads that asked whether a cached copy is current, and those
+/// it was.
 pub const RENEWALS: &str = "lease-renewals";
 pub const RENEWALS_FAILED: &str = "lease-renewals-failed";
+pub const CACHE_REUSED: &str = "cache-reused";
+pub const CACHE_CHECKS: &str = "cache-checks";
+pub const CACHE_CURRENT: &str = "cache-current";
 
 impl Cc for Sundial {
     const NAME: &'static str = "sundial";
@@ -69,12 +128,18 @@ impl Cc for Sundial {
     type Meta = SundialMeta;
     type Part = PartTxn;
     type Txn<'a> = SundialTxn<'a>;
-    type NodeState = ();
+    type NodeState = SundialNode;
 
-    fn node_state(&self, _node: &NodeShared<SundialMeta>) {}
+    fn node_state(&self, _node: &NodeShared<SundialMeta>) -> SundialNode {
+        SundialNode {
+            policy: self.cache,
+            cache: RecordCache::new(self.cache_bytes, CACHE_BANKS),
+            votes: Votes::default(),
+        }
+    }
 
     fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
-        SundialTxn::new(wk, id, attempt.first_start_us)
+        SundialTxn::new(wk, id, attempt)
     }
 
     fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: messages::Request) {

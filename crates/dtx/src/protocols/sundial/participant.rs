@@ -1,8 +1,8 @@
 //! What a node does for Sundial transactions coordinated elsewhere: lock and read (`Fetch`),
 //! extend leases and keep writes (`Prepare`), install at the commit timestamp or roll back.
 
-use super::lease::Lease;
-use super::messages::{Reply, Request, Vote};
+use super::lease::RenewFailure;
+use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta;
 use super::SundialWorker;
 use crate::net::{encode, Addr};
@@ -39,12 +39,31 @@ impl SundialWorker {
         }
     }
 
-    fn read_all(&self, keys: &[RowKey]) -> Vec<(Option<Value>, Lease)> {
-        self.w.charge_ops(keys.len());
-        keys.iter().map(|k| meta::read(self.node.store.get_or_create(*k))).collect()
+    /// Each record's value and lease, or only its lease when the coordinator's cached version
+    /// is the committed one.
+    fn read_all(&self, reads: &[(RowKey, Option<u64>)]) -> Vec<Fetched> {
+        self.w.charge_ops(reads.len());
+        reads
+            .iter()
+            .map(|(k, known)| {
+                let (value, lease) = meta::read(self.node.store.get_or_create(*k));
+                match known {
+                    Some(wts) if *wts == lease.wts => Fetched::Current(lease),
+                    _ => Fetched::Data(value, lease),
+                }
+            })
+            .collect()
     }
 
-    fn serve_fetch(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, reads: Vec<RowKey>, keys: Vec<RowKey>) {
+    fn serve_fetch(
+        &self,
+        from: Addr,
+        rpc_id: u64,
+        txn: TxnId,
+        prio: Prio,
+        reads: Vec<(RowKey, Option<u64>)>,
+        keys: Vec<RowKey>,
+    ) {
         let now = self.w.now_ns();
         self.parts.txns.borrow_mut().entry(txn).or_insert_with(|| (PartTxn::default(), now)).1 = now;
         let Some(me) = self.me.upgrade() else { return };
@@ -62,7 +81,7 @@ impl SundialWorker {
     }
 
     /// Lock each key for `txn` (waiting as WAIT_DIE lets it), then read its value and lease.
-    async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+    async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<Fetched>> {
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
             self.w.charge_ops(1);
@@ -81,7 +100,8 @@ impl SundialWorker {
                     return Err(Abort::ParticipantLost);
                 }
             }
-            out.push(meta::locked_lease(rec, txn));
+            let (value, lease) = meta::locked_lease(rec, txn);
+            out.push(Fetched::Data(value, lease));
         }
         Ok(out)
     }
@@ -96,9 +116,9 @@ impl SundialWorker {
         writes: Writes,
     ) {
         let vote = self.renew_all(txn, commit_ts, renew);
-        if let Err(f) = vote {
+        if let Err((f, key)) = vote {
             self.abort_here(txn);
-            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f))));
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f, key))));
         }
         let mut parts = self.parts.txns.borrow_mut();
         if writes.is_empty() {
@@ -129,13 +149,13 @@ impl SundialWorker {
     }
 
     /// Extend every read's lease to `commit_ts` here (Alg. 2), counting the extensions tried.
-    fn renew_all(&self, txn: TxnId, commit_ts: u64, renew: &[(RowKey, u64)]) -> Result<(), super::lease::RenewFailure> {
+    fn renew_all(&self, txn: TxnId, commit_ts: u64, renew: &[(RowKey, u64)]) -> Result<(), (RenewFailure, RowKey)> {
         self.w.charge_ops(renew.len());
         for &(key, wts) in renew {
             self.w.count(super::RENEWALS, 1);
             if let Err(f) = meta::renew(self.node.store.get_or_create(key), txn, wts, commit_ts) {
                 self.w.count(super::RENEWALS_FAILED, 1);
-                return Err(f);
+                return Err((f, key));
             }
         }
         Ok(())

@@ -72,3 +72,76 @@ fn partitions_and_crashes_without_a_log_keep_histories_serializable() {
         assert!(out.totals.committed > 0, "seed {seed}");
     }
 }
+
+fn counter(out: &bench::Outcome, name: &str) -> u64 {
+    out.totals.counters.get(name).copied().unwrap_or(0)
+}
+
+#[test]
+fn every_cache_policy_keeps_histories_serializable() {
+    for policy in ["none", "reuse", "request", "hybrid"] {
+        let variant = format!("sundial:cache={policy}");
+        for seed in 1..=3 {
+            let out = checked(&crate::testkit::protocol_spec(&variant, append(), 100 + seed));
+            assert!(out.totals.committed > 100, "{variant} seed {seed}: {} committed", out.totals.committed);
+            let (reused, checks) = (counter(&out, super::CACHE_REUSED), counter(&out, super::CACHE_CHECKS));
+            match policy {
+                "none" => assert_eq!((reused, checks), (0, 0), "{variant}"),
+                "reuse" => assert!(reused > 0 && checks == 0, "{variant}: {:?}", out.totals.counters),
+                "request" => assert!(
+                    reused == 0 && checks > 0 && counter(&out, super::CACHE_CURRENT) > 0,
+                    "{variant}: {:?}",
+                    out.totals.counters
+                ),
+                _ => assert!(reused + checks > 0, "{variant}: {:?}", out.totals.counters),
+            }
+        }
+    }
+}
+
+/// A cached copy may be stale; the checker proves no transaction committed a read outside its
+/// version's lease, and the stale copies show up as failed extensions at prepare.
+#[test]
+fn a_stale_cached_copy_is_never_used_outside_its_lease() {
+    let mut failed = 0;
+    for seed in 1..=4 {
+        let wl = WorkloadParams { name: "append".into(), keys: 12, ops: 4, read_ratio: 0.8, ..Default::default() };
+        let out = checked(&crate::testkit::protocol_spec("sundial:cache=reuse", wl, 120 + seed));
+        assert!(counter(&out, super::CACHE_REUSED) > 0);
+        failed += counter(&out, super::RENEWALS_FAILED);
+    }
+    assert!(failed > 0, "contended writes make some cached copies stale");
+}
+
+#[test]
+fn caching_remote_reads_saves_round_trips_and_bytes_on_read_mostly_data() {
+    let run = |variant: &str| {
+        let wl = WorkloadParams {
+            name: "ycsb".into(),
+            keys: 2_000,
+            ops: 8,
+            read_ratio: 0.99,
+            theta: 0.9,
+            distributed: 1.0,
+            value_bytes: 512,
+            ..Default::default()
+        };
+        bench::run_sim(&crate::testkit::protocol_spec(variant, wl, 9)).expect("runs")
+    };
+    let (none, reuse) = (run("sundial:cache=none"), run("sundial:cache=reuse"));
+    let per = |o: &bench::Outcome| o.totals.bytes as f64 / o.totals.committed.max(1) as f64;
+    assert!(per(&reuse) < per(&none) * 0.8, "bytes per txn: reuse {} none {}", per(&reuse), per(&none));
+    assert!(reuse.totals.committed > none.totals.committed, "{} vs {}", reuse.totals.committed, none.totals.committed);
+}
+
+#[test]
+fn bad_cache_options_name_the_option() {
+    use crate::protocols::Variant;
+    let err = |v: &str| match Variant::parse_including_planned(v) {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("{v} was accepted"),
+    };
+    assert!(err("sundial:cache_mb=0").contains("option `cache_mb`: 0 is out of range"));
+    assert!(err("sundial:cache=sometimes").contains("option `cache`: `sometimes` is not a known value"));
+    assert!(Variant::parse_including_planned("sundial:cache=request:cache_mb=64").is_ok());
+}
