@@ -9,7 +9,7 @@ use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;
 use super::policy::CachePolicy;
-use super::{SundialWorker, READ_THEN_WRITE_CHANGED, SCAN_UNSUPPORTED};
+use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
 use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
@@ -403,9 +403,44 @@ impl<'a> Access for SundialTxn<'a> {
         }))
     }
 
-    /// Range scans need leases on index nodes (Sec. 3.4), which are not built yet.
-    fn scan(&mut self, _s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        Step::Ready(Err(Abort::Protocol(SCAN_UNSUPPORTED)))
+    /// The rows of a range, each read as a read is (its lease joins the commit timestamp and
+    /// is extended at prepare if need be); this attempt's own writes win.
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let local = n == self.wk.node.id;
+            let rows = if local {
+                self.wk.w.charge_ops(1);
+                meta::scan(&self.wk.node.store, s)
+            } else {
+                Self::note_node(&mut self.read_at, n);
+                match self.wk.ask(n, &Request::Scan { scan: s }).await? {
+                    Reply::Rows(rows) => rows,
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            let mut out = Vec::with_capacity(rows.len());
+            for (k, v, lease) in rows {
+                let key = RowKey::new(s.table, k);
+                match self.find_read(key) {
+                    Some(i) if !self.reads[i].used => {
+                        self.reads[i].used = true;
+                        self.commit_ts.read(self.reads[i].lease);
+                    }
+                    Some(_) => {}
+                    None => {
+                        let rec = local.then(|| self.wk.node.store.get(key)).flatten();
+                        self.push_read(key, Some(v.clone()), lease, rec, true);
+                    }
+                }
+                match self.writes.iter().find(|(w, _)| *w == key) {
+                    Some((_, Some(mine))) => out.push((k, mine.clone())),
+                    Some((_, None)) => {}
+                    None => out.push((k, v)),
+                }
+            }
+            Ok(out)
+        }))
     }
 }
 
@@ -429,8 +464,19 @@ impl recon::SnapshotReader for SundialWorker {
         })
     }
 
-    fn scan<'a>(&'a self, _s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move { Err(Abort::Protocol(SCAN_UNSUPPORTED)) })
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(RowKey::new(s.table, s.lo));
+            let rows = if n == self.node.id {
+                meta::scan(&self.node.store, s)
+            } else {
+                match self.ask(n, &Request::Scan { scan: s }).await? {
+                    Reply::Rows(rows) => rows,
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
+        })
     }
 }
 

@@ -2,13 +2,14 @@
 //! trip (in one-shot mode: every read and every write lock there at once; interactively one per
 //! access), one `Prepare` round trip carrying the commit timestamp and the reads whose leases
 //! must be extended there, and the 2PC skeleton's `Commit` + ack only where it wrote: a
-//! participant where the transaction only read leaves at `Prepare` (Sec. 3.3).
+//! participant where the transaction only read leaves at `Prepare` (Sec. 3.3). A range scan is
+//! one `Scan` round trip.
 
 use super::lease::{Lease, RenewFailure};
 use crate::protocols::twopc::TxnId;
 use crate::protocols::twopl::meta::Prio;
 use crate::storage::{RowKey, Value};
-use crate::txn::Abort;
+use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -17,6 +18,8 @@ pub enum Request {
     /// value and lease. Reads take no lock; a read that names the version of a copy the
     /// coordinator's node has cached (`always request`) gets the lease alone when it is current.
     Fetch { txn: TxnId, prio: Prio, reads: Vec<(RowKey, Option<u64>)>, locks: Vec<RowKey> },
+    /// The existing rows of a range, with their leases (no lock).
+    Scan { scan: Scan },
     /// Phase one: extend these reads (key, the `wts` read) to `commit_ts`, then keep the writes
     /// until the decision; with no writes here, release and leave.
     Prepare { txn: TxnId, commit_ts: u64, renew: Vec<(RowKey, u64)>, writes: Vec<(RowKey, Option<Value>)> },
@@ -46,6 +49,7 @@ pub enum Fetched {
 pub enum Reply {
     /// The `reads`, then the `locks`, of a `Fetch`, in order.
     Fetched(Vec<Fetched>),
+    Rows(Vec<(u64, Value, Lease)>),
     Aborted(Abort),
     Vote(Vote),
 }

@@ -5,7 +5,8 @@
 use super::lease::{self, Lease, RenewFailure};
 use crate::protocols::twopc::{TxnId, TxnMeta};
 use crate::protocols::twopl::meta::{LockMeta, Locked, Mode};
-use crate::storage::{Record, Value};
+use crate::storage::{Record, Storage, Value};
+use crate::txn::Scan;
 
 #[derive(Default)]
 pub struct SundialMeta {
@@ -56,4 +57,17 @@ pub fn install(rec: &Rec, txn: TxnId, value: Option<Value>, commit_ts: u64) {
     let old = std::mem::replace(&mut row.value, value);
     drop(row);
     Value::recycle(old);
+}
+
+/// The existing rows of a range, each with its lease (the rows returned, not the gaps between
+/// them: no workload here needs phantom protection yet, as for OCC and 2PL).
+pub fn scan(store: &Storage<SundialMeta>, s: Scan) -> Vec<(u64, Value, Lease)> {
+    let mut out = Vec::new();
+    for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
+        let row = rec.lock();
+        if let Some(v) = &row.value {
+            out.push((k, v.clone(), row.meta.lease));
+        }
+    }
+    out
 }

@@ -18,11 +18,14 @@
 //! serialize before writes that committed earlier in real time (Sundial is serializable, not
 //! strictly serializable).
 //!
+//! A range scan reads the rows it returns with their leases, not the gaps between them (no
+//! phantom protection, as for OCC and 2PL; the paper's leases on index nodes are not built).
+//!
 //! Not built yet, so `sundial` stays `planned` in `dtx protocols`: the read-only table
 //! optimizations (table leases, speculative extension), leases that survive a crash (the
 //! logged upper bound, `lease::UpperBound`, and the commit timestamp in the prepare record; a
-//! node that recovers prepared transactions refuses to), leases on index nodes for range scans
-//! (a scan aborts with `scan-unsupported`), MaaT beside it, and the paper's experiments.
+//! node that recovers prepared transactions refuses to), MaaT beside it, and the paper's
+//! experiments.
 
 pub mod coordinator;
 pub mod lease;
@@ -101,7 +104,6 @@ pub const OPTIONS: &[OptionSpec] =
     &[CACHE_OPTION, CACHE_MB_OPTION, crate::protocols::twopl::LOCK_WAIT_OPTION, crate::protocols::twopc::ORPHAN_OPTION];
 
 pub const READ_THEN_WRITE_CHANGED: Reason = Reason::new("read-then-write-changed");
-pub const SCAN_UNSUPPORTED: Reason = Reason::new("scan-unsupported");
 
 /// The abort reasons it defines (the paper's cases, Sec. 5.1); WAIT_DIE's are the shared ones.
 pub const ABORTS: &[(&str, &str)] = &[
@@ -109,7 +111,6 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("lease-newer-version-before", "a read's tuple has a newer version at or before the commit timestamp (case b)"),
     ("lease-locked", "a read's lease must be extended but a writer holds the tuple (case c)"),
     ("read-then-write-changed", "a tuple read and then locked to be written had changed in between"),
-    ("scan-unsupported", "range scans need leases on index nodes, not built yet"),
 ];
 
 /// Counters: lease extensions tried at prepare, and those that failed; remote reads answered

@@ -33,6 +33,11 @@ impl SundialWorker {
                 self.w.reply(from, rpc_id, &encode(&Reply::Fetched(vals)));
             }
             Request::Fetch { txn, prio, reads, locks } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
+            Request::Scan { scan } => {
+                self.w.charge_ops(1);
+                let rows = meta::scan(&self.node.store, scan);
+                self.w.reply(from, rpc_id, &encode(&Reply::Rows(rows)));
+            }
             Request::Prepare { txn, commit_ts, renew, writes } => {
                 self.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
             }
