@@ -22,10 +22,18 @@
 //! phantom protection, as for OCC and 2PL; the paper's leases on index nodes are not built).
 //!
 //! Not built yet, so `sundial` stays `planned` in `dtx protocols`: the read-only table
-//! optimizations (table leases, speculative extension), leases that survive a crash (the
-//! logged upper bound, `lease::UpperBound`, and the commit timestamp in the prepare record; a
-//! node that recovers prepared transactions refuses to), MaaT beside it, and the paper's
-//! experiments.
+//! optimizations (table leases, speculative extension), leases that survive a crash, MaaT
+//! beside it, and the paper's experiments. A node that recovers prepared Sundial transactions
+//! refuses to (`adopt_in_doubt`). The design for crashes, for whoever builds it:
+//! - log a bound `UT` past every lease end and commit timestamp the node grants
+//!   (`lease::UpperBound`, a record in the node's log before the grant), and the commit
+//!   timestamp in the prepare record;
+//! - after recovery every version written before `UT` reads as `[UT, UT]` (lazily, when a
+//!   record is next touched), except a tuple locked by a recovered prepared transaction `T`,
+//!   whose old version keeps `[T.ts - 1, T.ts - 1]` until `T` installs at `T.ts` or aborts;
+//! - a lease handed out before its bound is durable must not be relied on: a `Fetch` reply
+//!   waits for the bound's record (the prepare and commit paths already wait for later records
+//!   of the same log), else a cached copy could outlive a crash that forgot its lease.
 
 pub mod coordinator;
 pub mod lease;
