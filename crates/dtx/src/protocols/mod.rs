@@ -204,7 +204,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     },
     ProtocolInfo {
         name: "sundial",
-        status: "planned",
+        status: "ready",
         description: "logical leases, WAIT_DIE writes, optimistic reads, a cache of remote reads (Sundial)",
         options: sundial::OPTIONS,
         aborts: sundial::ABORTS,

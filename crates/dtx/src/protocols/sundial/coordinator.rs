@@ -166,7 +166,7 @@ impl<'a> SundialTxn<'a> {
         {
             locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?;
         }
-        let (value, lease) = meta::locked_lease(rec, self.id);
+        let (value, lease) = meta::locked_lease(rec, self.id, wk.state.floor);
         self.note_locked(key, value, lease, Some(rec))
     }
 
@@ -322,7 +322,7 @@ impl<'a> SundialTxn<'a> {
         let ts = self.commit_ts.0;
         wk.w.charge_ops(local_writes.len() + self.held_local.len());
         for (k, v) in local_writes {
-            meta::install(wk.node.store.get_or_create(k), self.id, v, ts);
+            meta::install(wk.node.store.get_or_create(k), self.id, v, ts, wk.state.floor);
         }
         self.reads.clear();
         locks::release_recs(self.id, self.held_local.drain(..));
@@ -371,7 +371,7 @@ impl<'a> Access for SundialTxn<'a> {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.wk.node.store.get_or_create(key);
-                let (value, lease) = meta::read(rec);
+                let (value, lease) = meta::read(rec, self.wk.state.floor);
                 self.push_read(key, value.clone(), lease, Some(rec), true);
                 Step::Ready(Ok(value))
             }
@@ -411,7 +411,7 @@ impl<'a> Access for SundialTxn<'a> {
             let local = n == self.wk.node.id;
             let rows = if local {
                 self.wk.w.charge_ops(1);
-                meta::scan(&self.wk.node.store, s)
+                meta::scan(&self.wk.node.store, s, self.wk.state.floor)
             } else {
                 Self::note_node(&mut self.read_at, n);
                 match self.wk.ask(n, &Request::Scan { scan: s }).await? {
@@ -468,7 +468,7 @@ impl recon::SnapshotReader for SundialWorker {
         Box::pin(async move {
             let n = self.node.node_of(RowKey::new(s.table, s.lo));
             let rows = if n == self.node.id {
-                meta::scan(&self.node.store, s)
+                meta::scan(&self.node.store, s, self.state.floor)
             } else {
                 match self.ask(n, &Request::Scan { scan: s }).await? {
                     Reply::Rows(rows) => rows,
@@ -549,7 +549,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         for k in local_reads {
             if self.find_read(k).is_none() {
                 let rec = wk.node.store.get_or_create(k);
-                let (value, lease) = meta::read(rec);
+                let (value, lease) = meta::read(rec, self.wk.state.floor);
                 self.push_read(k, value, lease, Some(rec), false);
             }
         }
@@ -559,12 +559,17 @@ impl<'a> CoordTxn for SundialTxn<'a> {
     async fn commit(&mut self) -> TxnResult<()> {
         let wk = self.wk;
         let ts = self.commit_ts.0;
+        // Leases extended to the commit timestamp here, and writes installed at it, are granted
+        // by this node: its bound goes to the log first (the commit waits for later records).
+        if let Err(a) = wk.state.grant(&wk.node.log, ts) {
+            return Err(self.abort(a));
+        }
         // Reads here whose lease must be extended (Alg. 2); written keys are locked.
         wk.w.charge_ops(self.reads.len());
         for e in self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_some()) {
             if needs_renewal(e.lease, ts) {
                 wk.w.count(super::RENEWALS, 1);
-                if let Err(f) = meta::renew(e.rec.expect("local"), self.id, e.lease.wts, ts) {
+                if let Err(f) = meta::renew(e.rec.expect("local"), self.id, e.lease.wts, ts, wk.state.floor) {
                     wk.w.count(super::RENEWALS_FAILED, 1);
                     return Err(self.abort(renewal_abort(f)));
                 }

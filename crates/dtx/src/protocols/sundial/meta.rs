@@ -12,6 +12,22 @@ use crate::txn::Scan;
 pub struct SundialMeta {
     pub lock: LockMeta,
     pub lease: Lease,
+    /// Locked by a transaction prepared before a crash, whose outcome is not known yet: its
+    /// lease stays below that transaction's timestamp (see [`SundialMeta::current`]).
+    pub in_doubt: bool,
+}
+
+impl SundialMeta {
+    /// The lease as of now, after a recovery whose logged bound is `floor`: every version
+    /// written before it reads as `[floor, floor]` (Sec. 3.5: no lease granted before the crash
+    /// reaches the bound, and no version after it is older), except one held by an in-doubt
+    /// transaction, which keeps the lease recovery gave it. Applied when a record is touched.
+    pub fn current(&mut self, floor: u64) -> Lease {
+        if !self.in_doubt && self.lease.wts < floor {
+            self.lease = Lease { wts: floor, rts: floor };
+        }
+        self.lease
+    }
 }
 
 impl Locked for SundialMeta {
@@ -20,40 +36,45 @@ impl Locked for SundialMeta {
     }
 }
 
-/// Replayed records keep the lease `[0, 0]`: leases that survive a crash are the logged upper
-/// bound's work (`lease::UpperBound`), which is not wired yet, so `sundial` runs without a log.
+/// Replayed records keep the lease `[0, 0]`: the recovered bound lifts them when they are next
+/// touched ([`SundialMeta::current`]).
 impl TxnMeta for SundialMeta {}
 
 pub type Rec = Record<SundialMeta>;
 
 /// The committed value and its lease (a writer's lock does not block a read: the reader gets
 /// the last committed version, Alg. 1).
-pub fn read(rec: &Rec) -> (Option<Value>, Lease) {
-    let row = rec.lock();
-    (row.value.clone(), row.meta.lease)
+pub fn read(rec: &Rec, floor: u64) -> (Option<Value>, Lease) {
+    let mut row = rec.lock();
+    let lease = row.meta.current(floor);
+    (row.value.clone(), lease)
 }
 
 /// The lease of a record `txn` has locked (stable until `txn` installs or releases).
-pub fn locked_lease(rec: &Rec, txn: TxnId) -> (Option<Value>, Lease) {
-    let row = rec.lock();
+pub fn locked_lease(rec: &Rec, txn: TxnId, floor: u64) -> (Option<Value>, Lease) {
+    let mut row = rec.lock();
     debug_assert!(row.meta.lock.holds(txn, Mode::Exclusive), "reading the lease of a lock not held");
-    (row.value.clone(), row.meta.lease)
+    let lease = row.meta.current(floor);
+    (row.value.clone(), lease)
 }
 
 /// Extend the lease of the version `txn` read (written at `read_wts`) to `commit_ts`: the
 /// paper's rule, where only another transaction's lock counts (`txn` may hold the lock of a key
 /// it declared for writing and did not write).
-pub fn renew(rec: &Rec, txn: TxnId, read_wts: u64, commit_ts: u64) -> Result<(), RenewFailure> {
+pub fn renew(rec: &Rec, txn: TxnId, read_wts: u64, commit_ts: u64, floor: u64) -> Result<(), RenewFailure> {
     let mut row = rec.lock();
+    row.meta.current(floor);
     let locked = row.meta.lock.is_held() && !row.meta.lock.holds(txn, Mode::Shared);
     lease::renew(&mut row.meta.lease, locked, read_wts, commit_ts)
 }
 
 /// Install `txn`'s write at `commit_ts` (it holds the record's lock); the caller releases.
-pub fn install(rec: &Rec, txn: TxnId, value: Option<Value>, commit_ts: u64) {
+pub fn install(rec: &Rec, txn: TxnId, value: Option<Value>, commit_ts: u64, floor: u64) {
     let mut row = rec.lock();
     assert!(row.meta.lock.holds(txn, Mode::Exclusive), "installing a write without its lock");
+    row.meta.current(floor);
     lease::install(&mut row.meta.lease, commit_ts);
+    row.meta.in_doubt = false;
     let old = std::mem::replace(&mut row.value, value);
     drop(row);
     Value::recycle(old);
@@ -61,13 +82,28 @@ pub fn install(rec: &Rec, txn: TxnId, value: Option<Value>, commit_ts: u64) {
 
 /// The existing rows of a range, each with its lease (the rows returned, not the gaps between
 /// them: no workload here needs phantom protection yet, as for OCC and 2PL).
-pub fn scan(store: &Storage<SundialMeta>, s: Scan) -> Vec<(u64, Value, Lease)> {
+pub fn scan(store: &Storage<SundialMeta>, s: Scan, floor: u64) -> Vec<(u64, Value, Lease)> {
     let mut out = Vec::new();
     for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
-        let row = rec.lock();
+        let mut row = rec.lock();
+        let lease = row.meta.current(floor);
         if let Some(v) = &row.value {
-            out.push((k, v.clone(), row.meta.lease));
+            out.push((k, v.clone(), lease));
         }
     }
     out
+}
+
+/// A tuple locked by a transaction recovered in doubt that installs at `ts`: its version keeps
+/// a lease below `ts` (it was the latest version up to there: the tuple was locked since the
+/// writer saw its lease, and nothing extended it past that) until the writer installs or aborts.
+pub fn hold_in_doubt(rec: &Rec, ts: u64) {
+    let mut row = rec.lock();
+    row.meta.in_doubt = true;
+    row.meta.lease = Lease { wts: ts - 1, rts: ts - 1 };
+}
+
+/// The in-doubt writer of this tuple aborted: its version is an ordinary one again.
+pub fn release_in_doubt(rec: &Rec) {
+    rec.lock().meta.in_doubt = false;
 }

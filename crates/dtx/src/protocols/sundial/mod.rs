@@ -21,19 +21,15 @@
 //! A range scan reads the rows it returns with their leases, not the gaps between them (no
 //! phantom protection, as for OCC and 2PL; the paper's leases on index nodes are not built).
 //!
-//! Not built yet, so `sundial` stays `planned` in `dtx protocols`: the read-only table
-//! optimizations (table leases, speculative extension), leases that survive a crash, MaaT
-//! beside it, and the paper's experiments. A node that recovers prepared Sundial transactions
-//! refuses to (`adopt_in_doubt`). The design for crashes, for whoever builds it:
-//! - log a bound `UT` past every lease end and commit timestamp the node grants
-//!   (`lease::UpperBound`, a record in the node's log before the grant), and the commit
-//!   timestamp in the prepare record;
-//! - after recovery every version written before `UT` reads as `[UT, UT]` (lazily, when a
-//!   record is next touched), except a tuple locked by a recovered prepared transaction `T`,
-//!   whose old version keeps `[T.ts - 1, T.ts - 1]` until `T` installs at `T.ts` or aborts;
-//! - a lease handed out before its bound is durable must not be relied on: a `Fetch` reply
-//!   waits for the bound's record (the prepare and commit paths already wait for later records
-//!   of the same log), else a cached copy could outlive a crash that forgot its lease.
+//! Leases survive a crash (Sec. 3.5): a node logs a bound `UT` past every lease end and commit
+//! timestamp it grants (`lease::UpperBound`, a `Bound` record before the grant; a `Fetch` reply
+//! waits until the bound's record is durable, since its leases may be relied on without asking
+//! again), and its votes log their commit timestamps (`PreparedAt`). After recovery every
+//! version written before the bound reads as `[UT, UT]` (lazily, `SundialMeta::current`), except
+//! a tuple locked by a recovered prepared transaction `T`, whose version keeps `[T.ts - 1,
+//! T.ts - 1]` until `T` installs at `T.ts` or aborts.
+//!
+//! Not built yet: the read-only table optimizations (table leases, speculative extension).
 
 pub mod coordinator;
 pub mod lease;
@@ -52,7 +48,7 @@ use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
 use crate::txn::Reason;
 use coordinator::SundialTxn;
-use lease::Lease;
+use lease::{Lease, UpperBound};
 use meta::SundialMeta;
 use participant::PartTxn;
 use policy::{CachePolicy, Votes};
@@ -86,6 +82,34 @@ pub struct SundialNode {
     pub policy: CachePolicy,
     pub cache: RecordCache<Lease>,
     pub votes: Votes,
+    /// The bound recovered from the node's log: every older lease reads as `[floor, floor]`.
+    pub floor: u64,
+    /// The bound logged past every timestamp this node grants, and the log position of its
+    /// last record (a lease handed out is relied on only once that is durable).
+    pub bound: parking_lot::Mutex<(UpperBound, Option<u64>)>,
+}
+
+/// How far past a granted timestamp a new bound is logged: a bound record every 65,536 units
+/// of logical time (a unit per conflicting commit, roughly).
+const BOUND_STEP: u64 = 1 << 16;
+
+impl SundialNode {
+    /// Log a new bound first if `ts` (a lease end or a commit timestamp about to be granted
+    /// here) passes the logged one. A log that refuses the record aborts the transaction.
+    pub fn grant(&self, log: &crate::protocols::twopc::durable::TxnLog, ts: u64) -> crate::txn::TxnResult<()> {
+        let mut b = self.bound.lock();
+        if let Some(new) = b.0.before_granting(ts) {
+            if let Some(lsn) = log.append_bound(new)? {
+                b.1 = Some(lsn);
+            }
+        }
+        Ok(())
+    }
+
+    /// The log position a lease handed out now must wait for: the last bound's record.
+    pub fn bound_lsn(&self) -> Option<u64> {
+        self.bound.lock().1
+    }
 }
 
 /// Banks of the cache (the authors' code uses 64).
@@ -139,11 +163,14 @@ impl Cc for Sundial {
     type Txn<'a> = SundialTxn<'a>;
     type NodeState = SundialNode;
 
-    fn node_state(&self, _node: &NodeShared<SundialMeta>) -> SundialNode {
+    fn node_state(&self, node: &NodeShared<SundialMeta>) -> SundialNode {
+        let floor = node.recovered_bound();
         SundialNode {
             policy: self.cache,
             cache: RecordCache::new(self.cache_bytes, CACHE_BANKS),
             votes: Votes::default(),
+            floor,
+            bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
         }
     }
 
@@ -163,9 +190,9 @@ impl Cc for Sundial {
         wk.abort_here(txn)
     }
 
-    /// Prepared transactions survive a crash only with their commit timestamp, which the
-    /// prepare record does not carry yet: `sundial` is not run with a log until it does.
-    fn adopt_in_doubt(_wk: &SundialWorker, in_doubt: InDoubt) {
-        assert!(in_doubt.is_empty(), "sundial does not recover prepared transactions yet (planned)");
+    /// Transactions prepared here before a crash: their tuples are locked again, keeping leases
+    /// below their commit timestamps, and the orphan sweeper asks their coordinators.
+    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt) {
+        wk.adopt_in_doubt(in_doubt)
     }
 }

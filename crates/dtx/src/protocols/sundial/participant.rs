@@ -30,18 +30,24 @@ impl SundialWorker {
                 // Reads take nothing: no state for the transaction here.
                 let _ = (txn, prio);
                 let vals = self.read_all(&reads);
-                self.w.reply(from, rpc_id, &encode(&Reply::Fetched(vals)));
+                self.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)));
             }
             Request::Fetch { txn, prio, reads, locks } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
             Request::Scan { scan } => {
                 self.w.charge_ops(1);
-                let rows = meta::scan(&self.node.store, scan);
-                self.w.reply(from, rpc_id, &encode(&Reply::Rows(rows)));
+                let rows = meta::scan(&self.node.store, scan, self.state.floor);
+                self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)));
             }
             Request::Prepare { txn, commit_ts, renew, writes } => {
                 self.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
             }
         }
+    }
+
+    /// Answer with leases once the bound they may reach is durable: a coordinator may rely on
+    /// them without asking this node again (a cached copy), and a crash must not forget them.
+    fn reply_lease(&self, to: Addr, rpc_id: u64, body: Vec<u8>) {
+        self.reply_when_durable(to, rpc_id, self.state.bound_lsn(), body)
     }
 
     /// Each record's value and lease, or only its lease when the coordinator's cached version
@@ -51,7 +57,7 @@ impl SundialWorker {
         reads
             .iter()
             .map(|(k, known)| {
-                let (value, lease) = meta::read(self.node.store.get_or_create(*k));
+                let (value, lease) = meta::read(self.node.store.get_or_create(*k), self.state.floor);
                 match known {
                     Some(wts) if *wts == lease.wts => Fetched::Current(lease),
                     _ => Fetched::Data(value, lease),
@@ -81,7 +87,7 @@ impl SundialWorker {
                 }
                 Err(a) => Reply::Aborted(a),
             };
-            me.w.reply(from, rpc_id, &encode(&reply));
+            me.reply_lease(from, rpc_id, encode(&reply));
         });
     }
 
@@ -105,7 +111,7 @@ impl SundialWorker {
                     return Err(Abort::ParticipantLost);
                 }
             }
-            let (value, lease) = meta::locked_lease(rec, txn);
+            let (value, lease) = meta::locked_lease(rec, txn, self.state.floor);
             out.push(Fetched::Data(value, lease));
         }
         Ok(out)
@@ -120,6 +126,12 @@ impl SundialWorker {
         renew: &[(RowKey, u64)],
         writes: Writes,
     ) {
+        // Leases extended to the commit timestamp, and writes installed at it, are granted here:
+        // the bound goes to the log first (the vote waits for a later record of the same log).
+        if let Err(a) = self.state.grant(&self.node.log, commit_ts) {
+            self.abort_here(txn);
+            return self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
+        }
         let vote = self.renew_all(txn, commit_ts, renew);
         if let Err((f, key)) = vote {
             self.abort_here(txn);
@@ -138,10 +150,16 @@ impl SundialWorker {
             drop(parts);
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
         };
-        assert!(writes.iter().all(|(k, _)| p.held.contains(k)), "a write here that its coordinator did not lock");
+        if !writes.iter().all(|(k, _)| p.held.contains(k)) {
+            // Locks taken for it here were lost (a crash forgot them; a later request made the
+            // state anew): it cannot commit here.
+            drop(parts);
+            self.abort_here(txn);
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
+        }
         *t = self.w.now_ns();
         // A yes vote is a promise that survives a crash: log the writes first.
-        let lsn = self.node.log.append_prepared(txn, &writes);
+        let lsn = self.node.log.append_prepared_at(txn, &writes, commit_ts);
         p.writes = Some((writes, commit_ts));
         drop(parts);
         match lsn {
@@ -158,7 +176,7 @@ impl SundialWorker {
         self.w.charge_ops(renew.len());
         for &(key, wts) in renew {
             self.w.count(super::RENEWALS, 1);
-            if let Err(f) = meta::renew(self.node.store.get_or_create(key), txn, wts, commit_ts) {
+            if let Err(f) = meta::renew(self.node.store.get_or_create(key), txn, wts, commit_ts, self.state.floor) {
                 self.w.count(super::RENEWALS_FAILED, 1);
                 return Err((f, key));
             }
@@ -174,6 +192,14 @@ impl SundialWorker {
 
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
+            if p.writes.is_some() {
+                // A recovered in-doubt writer leaves its tuples ordinary again.
+                for k in &p.held {
+                    if let Some(rec) = self.node.store.get(*k) {
+                        meta::release_in_doubt(rec);
+                    }
+                }
+            }
             self.release(txn, &p.held);
             if p.writes.is_some() {
                 // Presumed abort: nobody waits for this record.
@@ -192,8 +218,29 @@ impl SundialWorker {
             self.last_outcome_lsn.set(lsn);
         }
         for (key, value) in writes {
-            meta::install(self.node.store.get_or_create(key), txn, value, commit_ts);
+            meta::install(self.node.store.get_or_create(key), txn, value, commit_ts, self.state.floor);
         }
         self.release(txn, &p.held);
+    }
+}
+
+impl SundialWorker {
+    /// Lock again the tuples of transactions prepared here before a crash, each keeping a
+    /// lease below its commit timestamp (`meta::hold_in_doubt`), and keep their writes for the
+    /// decision the orphan sweeper will ask their coordinators for.
+    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt) {
+        // Last heard of "never": the sweeper asks about them on its first round.
+        let now = 0;
+        for (txn, writes) in in_doubt {
+            let ts = self.node.recovered_ts(txn).expect("a Sundial vote logs its commit timestamp");
+            let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
+            for &k in &held {
+                let rec = self.node.store.get_or_create(k);
+                let got = locks::try_lock_rec(rec, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
+                assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
+                meta::hold_in_doubt(rec, ts);
+            }
+            self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some((writes, ts)) }, now));
+        }
     }
 }

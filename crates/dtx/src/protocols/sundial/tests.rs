@@ -150,3 +150,40 @@ fn bad_cache_options_name_the_option() {
     assert!(err("sundial:cache=sometimes").contains("option `cache`: `sometimes` is not a known value"));
     assert!(Variant::parse_including_planned("sundial:cache=request:cache_mb=64").is_ok());
 }
+
+fn durable(mut s: BenchSpec, seed: u64) -> BenchSpec {
+    s.durability.mode = crate::replication::Durability::Wal;
+    s.durability.cluster_id = seed;
+    s.duration_us = 400_000;
+    s
+}
+
+/// Crashes lose a node's memory and its log's unflushed tail: leases restart at the logged
+/// bound, prepared transactions come back in doubt with their commit timestamps, and nothing
+/// acknowledged is lost (the final read finds every acknowledged append).
+#[test]
+fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
+    let mut restarts = 0;
+    for (i, policy) in ["hybrid", "none", "reuse"].iter().cycle().take(9).enumerate() {
+        let seed = 300 + i as u64;
+        let wl = append();
+        let mut s = durable(crate::testkit::protocol_spec(&format!("sundial:cache={policy}"), wl, seed), seed)
+            .with_faults(true, true, 0.02);
+        s.faults.fault_interval_us = 100_000;
+        let out = checked(&s);
+        restarts += out.restarts;
+    }
+    assert!(restarts >= 9, "only {restarts} crashes lost memory");
+}
+
+#[test]
+fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
+    let mut restarts = 0;
+    for seed in 1..=4 {
+        let mut s = durable(spec(append(), 320 + seed), 320 + seed).with_faults(true, false, 0.0);
+        s.nodes = 1;
+        s.faults.fault_interval_us = 50_000;
+        restarts += checked(&s).restarts;
+    }
+    assert!(restarts > 0);
+}

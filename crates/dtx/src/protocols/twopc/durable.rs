@@ -46,6 +46,11 @@ pub enum LogRecord {
     Outcome { txn: TxnId, committed: bool },
     /// Every participant acknowledged the commit of `txn`.
     Ended { txn: TxnId },
+    /// A participant's yes vote with the timestamp it installs at (Sundial's commit timestamp).
+    PreparedAt { txn: TxnId, writes: Writes, ts: u64 },
+    /// A bound past every timestamp the node has granted (Sundial's `UT`): after a crash, the
+    /// protocol starts from the largest one logged.
+    Bound { ts: u64 },
 }
 
 /// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
@@ -66,6 +71,20 @@ enum LogRecordRef<'a> {
         txn: TxnId,
         writes: &'a [(RowKey, Option<Value>)],
     },
+    #[allow(dead_code)]
+    Outcome {
+        txn: TxnId,
+        committed: bool,
+    },
+    #[allow(dead_code)]
+    Ended {
+        txn: TxnId,
+    },
+    PreparedAt {
+        txn: TxnId,
+        writes: &'a [(RowKey, Option<Value>)],
+        ts: u64,
+    },
 }
 
 /// Transactions prepared here whose outcome the log does not hold, with their writes.
@@ -85,6 +104,10 @@ pub struct Recovery {
     /// Records replayed, and records that did not decode (a bug or a foreign log: reported).
     pub replayed: u64,
     pub undecodable: u64,
+    /// The timestamp each in-doubt transaction installs at, where its vote logged one.
+    pub in_doubt_ts: FxHashMap<TxnId, u64>,
+    /// The largest bound logged (0: none).
+    pub bound: u64,
 }
 
 /// What replaying a log so far amounts to: the latest committed value of every row written
@@ -101,6 +124,12 @@ pub struct ReplayState {
     pub last_boot: u32,
     pub replayed: u64,
     pub undecodable: u64,
+    /// The timestamps of prepared transactions that logged one.
+    #[serde(default)]
+    pub prepared_ts: FxHashMap<TxnId, u64>,
+    /// The largest bound logged.
+    #[serde(default)]
+    pub bound: u64,
 }
 
 impl ReplayState {
@@ -139,7 +168,13 @@ impl ReplayState {
             LogRecord::Prepared { txn, writes } => {
                 self.prepared.insert(txn, writes);
             }
+            LogRecord::PreparedAt { txn, writes, ts } => {
+                self.prepared.insert(txn, writes);
+                self.prepared_ts.insert(txn, ts);
+            }
+            LogRecord::Bound { ts } => self.bound = self.bound.max(ts),
             LogRecord::Outcome { txn, committed } => {
+                self.prepared_ts.remove(&txn);
                 if let Some(writes) = self.prepared.remove(&txn) {
                     if committed {
                         self.write(writes);
@@ -164,7 +199,15 @@ impl ReplayState {
         in_doubt.sort_unstable_by_key(|e| e.0);
         let mut unended: Unended = self.unended.iter().map(|(t, p)| (*t, p.clone())).collect();
         unended.sort_unstable_by_key(|e| e.0);
-        Recovery { boot: self.last_boot + 1, in_doubt, unended, replayed: self.replayed, undecodable: self.undecodable }
+        Recovery {
+            boot: self.last_boot + 1,
+            in_doubt,
+            unended,
+            replayed: self.replayed,
+            undecodable: self.undecodable,
+            in_doubt_ts: self.prepared_ts.clone(),
+            bound: self.bound,
+        }
     }
 }
 
@@ -286,6 +329,21 @@ impl TxnLog {
         self.force_commit(txn, local_writes, writers).await?;
         w.note_log_wait(w.now_ns() - t0);
         Ok(())
+    }
+
+    /// Append a `PreparedAt` record: a yes vote with the timestamp its writes install at.
+    pub fn append_prepared_at(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        ts: u64,
+    ) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&LogRecordRef::PreparedAt { txn, writes, ts })
+    }
+
+    /// Append a `Bound` record.
+    pub fn append_bound(&self, ts: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&LogRecord::Bound { ts })
     }
 
     /// Append a `Prepared` record of writes the caller keeps.

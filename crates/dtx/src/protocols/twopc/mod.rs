@@ -107,6 +107,16 @@ impl<M: TxnMeta> NodeShared<M> {
 
     /// The in-doubt transactions (prepared here before a crash) whose participant state lives on
     /// worker `w`, and the unended commits that worker `w` coordinated.
+    /// The timestamp a recovered in-doubt transaction installs at, if its vote logged one.
+    pub fn recovered_ts(&self, txn: TxnId) -> Option<u64> {
+        self.recovered.lock().in_doubt_ts.get(&txn).copied()
+    }
+
+    /// The largest bound the node's log holds (0: none, or a fresh node).
+    pub fn recovered_bound(&self) -> u64 {
+        self.recovered.lock().bound
+    }
+
     pub fn claim_recovered(&self, w: Addr) -> (durable::InDoubt, durable::Unended) {
         let mut r = self.recovered.lock();
         let mine = |txn: &TxnId| coordinator_of(*txn).worker % self.topo.workers_per_node == w.worker;
