@@ -45,7 +45,8 @@ impl Cc for Occ {
         wk.serve(from, rpc_id, req)
     }
 
-    fn commit_here(wk: &OccWorker, txn: TxnId) {
+    /// OCC and 2PL decisions carry no timestamp.
+    fn commit_here(wk: &OccWorker, txn: TxnId, _ts: u64) {
         wk.commit_here(txn)
     }
 

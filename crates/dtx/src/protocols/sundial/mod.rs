@@ -182,7 +182,8 @@ impl Cc for Sundial {
         wk.serve(from, rpc_id, req)
     }
 
-    fn commit_here(wk: &SundialWorker, txn: TxnId) {
+    /// The decision carries no timestamp: Sundial's commit timestamp went out with the prepare.
+    fn commit_here(wk: &SundialWorker, txn: TxnId, _ts: u64) {
         wk.commit_here(txn)
     }
 

@@ -51,6 +51,11 @@ pub enum LogRecord {
     /// A bound past every timestamp the node has granted (Sundial's `UT`): after a crash, the
     /// protocol starts from the largest one logged.
     Bound { ts: u64 },
+    /// `Commit` for a protocol whose decision carries a commit timestamp chosen after the votes
+    /// (MaaT): a write applies only over an older one, whatever the log order.
+    CommitAt { txn: TxnId, writes: Writes, participants: Vec<NodeId>, ts: u64 },
+    /// `Outcome` (committed) with the decision's timestamp, as `CommitAt`.
+    OutcomeAt { txn: TxnId, ts: u64 },
 }
 
 /// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
@@ -85,12 +90,23 @@ enum LogRecordRef<'a> {
         writes: &'a [(RowKey, Option<Value>)],
         ts: u64,
     },
+    #[allow(dead_code)]
+    Bound {
+        ts: u64,
+    },
+    CommitAt {
+        txn: TxnId,
+        writes: &'a [(RowKey, Option<Value>)],
+        participants: &'a [NodeId],
+        ts: u64,
+    },
 }
 
 /// Transactions prepared here whose outcome the log does not hold, with their writes.
 pub type InDoubt = Vec<(TxnId, Writes)>;
-/// Commits decided here that not every participant acknowledged, with those participants.
-pub type Unended = Vec<(TxnId, Vec<NodeId>)>;
+/// Commits decided here that not every participant acknowledged, with those participants and
+/// the decision's timestamp (0 for a protocol whose decisions carry none).
+pub type Unended = Vec<(TxnId, Vec<NodeId>, u64)>;
 
 /// What a restarted node learns from its log, beyond the writes replay applied.
 #[derive(Debug, Default)]
@@ -127,9 +143,15 @@ pub struct ReplayState {
     /// The timestamps of prepared transactions that logged one.
     #[serde(default)]
     pub prepared_ts: FxHashMap<TxnId, u64>,
-    /// The largest bound logged.
+    /// The largest bound logged, or timestamp a decision logged.
     #[serde(default)]
     pub bound: u64,
+    /// The timestamp of each row's latest write, for rows written by decisions that carry one.
+    #[serde(default)]
+    pub row_ts: FxHashMap<RowKey, u64>,
+    /// The timestamps of unended commits that logged one.
+    #[serde(default)]
+    pub unended_ts: FxHashMap<TxnId, u64>,
 }
 
 impl ReplayState {
@@ -147,6 +169,22 @@ impl ReplayState {
             let e = self.rows.entry(k).or_insert((None, 0));
             e.0 = v;
             e.1 += 1;
+        }
+    }
+
+    /// Writes of a decision at `ts`: each applies only over an older write (the Thomas write
+    /// rule the protocol installs by), so replay ends where the running node did whatever order
+    /// the decisions reached the log in.
+    fn write_at(&mut self, writes: Writes, ts: u64) {
+        self.bound = self.bound.max(ts);
+        for (k, v) in writes {
+            let newer = self.row_ts.get(&k).is_none_or(|&old| ts > old);
+            if newer {
+                self.row_ts.insert(k, ts);
+                let e = self.rows.entry(k).or_insert((None, 0));
+                e.0 = v;
+                e.1 += 1;
+            }
         }
     }
 
@@ -183,21 +221,37 @@ impl ReplayState {
             }
             LogRecord::Ended { txn } => {
                 self.unended.remove(&txn);
+                self.unended_ts.remove(&txn);
+            }
+            LogRecord::CommitAt { txn, writes, participants, ts } => {
+                self.write_at(writes, ts);
+                if !participants.is_empty() {
+                    self.unended.insert(txn, participants);
+                    self.unended_ts.insert(txn, ts);
+                }
+            }
+            LogRecord::OutcomeAt { txn, ts } => {
+                self.prepared_ts.remove(&txn);
+                if let Some(writes) = self.prepared.remove(&txn) {
+                    self.write_at(writes, ts);
+                }
             }
         }
     }
 
-    /// What recovery learns: every row written goes to `apply` (value, committed writes), and
-    /// what is still undecided comes back.
-    pub fn recover(&self, apply: &mut dyn FnMut(RowKey, Option<Value>, u64)) -> Recovery {
+    /// What recovery learns: every row written goes to `apply` (value, committed writes, and
+    /// the timestamp of the latest, 0 if its decision carried none), and what is still
+    /// undecided comes back.
+    pub fn recover(&self, apply: &mut dyn FnMut(RowKey, Option<Value>, u64, u64)) -> Recovery {
         let mut rows: Vec<_> = self.rows.iter().collect();
         rows.sort_unstable_by_key(|e| *e.0);
         for (k, (v, writes)) in rows {
-            apply(*k, v.clone(), *writes);
+            apply(*k, v.clone(), *writes, self.row_ts.get(k).copied().unwrap_or(0));
         }
         let mut in_doubt: InDoubt = self.prepared.iter().map(|(t, w)| (*t, w.clone())).collect();
         in_doubt.sort_unstable_by_key(|e| e.0);
-        let mut unended: Unended = self.unended.iter().map(|(t, p)| (*t, p.clone())).collect();
+        let mut unended: Unended =
+            self.unended.iter().map(|(t, p)| (*t, p.clone(), self.unended_ts.get(t).copied().unwrap_or(0))).collect();
         unended.sort_unstable_by_key(|e| e.0);
         Recovery {
             boot: self.last_boot + 1,
@@ -214,7 +268,11 @@ impl ReplayState {
 /// Replay `records` in log order after `from` (a checkpoint's state, or empty): every row's
 /// latest committed value goes to `apply` with the number of committed writes behind it. Returns
 /// what is still undecided.
-pub fn replay(from: ReplayState, records: &[Vec<u8>], apply: &mut dyn FnMut(RowKey, Option<Value>, u64)) -> Recovery {
+pub fn replay(
+    from: ReplayState,
+    records: &[Vec<u8>],
+    apply: &mut dyn FnMut(RowKey, Option<Value>, u64, u64),
+) -> Recovery {
     replay_keeping(from, records, apply).0
 }
 
@@ -222,7 +280,7 @@ pub fn replay(from: ReplayState, records: &[Vec<u8>], apply: &mut dyn FnMut(RowK
 pub fn replay_keeping(
     from: ReplayState,
     records: &[Vec<u8>],
-    apply: &mut dyn FnMut(RowKey, Option<Value>, u64),
+    apply: &mut dyn FnMut(RowKey, Option<Value>, u64, u64),
 ) -> (Recovery, ReplayState) {
     let mut state = from;
     for bytes in records {
@@ -341,6 +399,28 @@ impl TxnLog {
         self.append_encoded(&LogRecordRef::PreparedAt { txn, writes, ts })
     }
 
+    /// Log a decision whose writes install at `ts` (`CommitAt`) and wait until it is durable,
+    /// counting the wait: [`TxnLog::log_decision`] for a protocol whose decisions carry a
+    /// timestamp. Every decision is logged, a read-only one too, since its participants must
+    /// hear it.
+    pub async fn log_decision_at(
+        &self,
+        w: &crate::rt::Worker,
+        txn: TxnId,
+        local_writes: &[(RowKey, Option<Value>)],
+        participants: &[NodeId],
+        ts: u64,
+    ) -> Result<(), Abort> {
+        if self.log.is_none() {
+            return Ok(());
+        }
+        let t0 = w.now_ns();
+        let lsn = self.append_encoded(&LogRecordRef::CommitAt { txn, writes: local_writes, participants, ts })?;
+        self.durable(lsn).await;
+        w.note_log_wait(w.now_ns() - t0);
+        Ok(())
+    }
+
     /// Append a `Bound` record.
     pub fn append_bound(&self, ts: u64) -> Result<Option<u64>, Abort> {
         self.append_encoded(&LogRecord::Bound { ts })
@@ -445,7 +525,7 @@ mod tests {
         .collect();
         let collect = |from: ReplayState, rest: &[Vec<u8>]| {
             let mut rows = Vec::new();
-            let r = replay(from, rest, &mut |k, v, n| rows.push((k, v, n)));
+            let r = replay(from, rest, &mut |k, v, n, _| rows.push((k, v, n)));
             (rows, r.boot, r.in_doubt, r.unended)
         };
         let whole = collect(ReplayState::default(), &recs);
@@ -486,18 +566,18 @@ mod tests {
         .map(encode)
         .collect();
         let mut applied = Vec::new();
-        let r = replay(ReplayState::default(), &recs, &mut |key, val, n| applied.push((key, val, n)));
+        let r = replay(ReplayState::default(), &recs, &mut |key, val, n, _| applied.push((key, val, n)));
         assert_eq!(applied, vec![(k(1), v(9), 2), (k(2), v(2), 1)], "latest value, and how many writes");
         assert_eq!(r.boot, 3);
         assert_eq!(r.in_doubt, vec![(12, vec![(k(3), v(3))])]);
-        assert_eq!(r.unended, vec![(14, vec![2, 3])]);
+        assert_eq!(r.unended, vec![(14, vec![2, 3], 0)]);
         assert_eq!((r.replayed, r.undecodable), (11, 0));
     }
 
     #[test]
     fn a_record_that_does_not_decode_is_counted_not_applied() {
         let recs = vec![vec![0xff, 0xff, 0xff], encode(&LogRecord::Boot { boot: 4 })];
-        let r = replay(ReplayState::default(), &recs, &mut |_, _, _| panic!("nothing to apply"));
+        let r = replay(ReplayState::default(), &recs, &mut |_, _, _, _| panic!("nothing to apply"));
         assert_eq!((r.boot, r.undecodable), (5, 1));
     }
 }

@@ -49,6 +49,8 @@ pub fn coordinator_of(txn: TxnId) -> Addr {
 pub trait TxnMeta: Default + Send {
     /// A committed write was replayed into this record at recovery (OCC bumps its version).
     fn on_replayed_write(&mut self) {}
+    /// The latest replayed write's decision carried timestamp `ts` (MaaT's write timestamp).
+    fn on_replayed_at(&mut self, _ts: u64) {}
 }
 
 /// State of one node shared by its workers: storage plus what routing needs.
@@ -72,12 +74,15 @@ impl<M: TxnMeta> NodeShared<M> {
         let store: Storage<M> = super::load_storage(&env);
         // `bench::open_node_log` refused a checkpoint that does not decode, with a message.
         let from = env.checkpoint.as_deref().and_then(|b| durable::ReplayState::decode(b).ok()).unwrap_or_default();
-        let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes| {
+        let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
             row.value = v;
             for _ in 0..writes {
                 row.meta.on_replayed_write();
+            }
+            if ts > 0 {
+                row.meta.on_replayed_at(ts);
             }
         });
         if recovery.undecodable > 0 {
@@ -105,8 +110,6 @@ impl<M: TxnMeta> NodeShared<M> {
         }
     }
 
-    /// The in-doubt transactions (prepared here before a crash) whose participant state lives on
-    /// worker `w`, and the unended commits that worker `w` coordinated.
     /// The timestamp a recovered in-doubt transaction installs at, if its vote logged one.
     pub fn recovered_ts(&self, txn: TxnId) -> Option<u64> {
         self.recovered.lock().in_doubt_ts.get(&txn).copied()
@@ -117,6 +120,8 @@ impl<M: TxnMeta> NodeShared<M> {
         self.recovered.lock().bound
     }
 
+    /// The in-doubt transactions (prepared here before a crash) whose participant state lives on
+    /// worker `w`, and the unended commits that worker `w` coordinated.
     pub fn claim_recovered(&self, w: Addr) -> (durable::InDoubt, durable::Unended) {
         let mut r = self.recovered.lock();
         let mine = |txn: &TxnId| coordinator_of(*txn).worker % self.topo.workers_per_node == w.worker;
@@ -162,7 +167,8 @@ pub const MAX_TABLE_ENTRIES: usize = 1 << 22;
 pub struct CoordTable {
     boot: u32,
     next_seq: Cell<u64>,
-    status: RefCell<FxHashMap<TxnId, TxnStatus>>,
+    /// Each transaction's status, and the timestamp of a commit decision that carries one.
+    status: RefCell<FxHashMap<TxnId, (TxnStatus, u64)>>,
 }
 
 impl Default for CoordTable {
@@ -191,8 +197,17 @@ impl CoordTable {
     /// clients has in flight, or a commit being resent until acknowledged, which a client
     /// waited for; [`MAX_TABLE_ENTRIES`] is an assertion of that, not a policy.
     pub fn set(&self, txn: TxnId, s: TxnStatus) {
+        self.set_at(txn, s, 0)
+    }
+
+    /// Commit `txn` at timestamp `ts` (a protocol whose decision carries one, as MaaT's).
+    pub fn set_committed_at(&self, txn: TxnId, ts: u64) {
+        self.set_at(txn, TxnStatus::Committed, ts)
+    }
+
+    fn set_at(&self, txn: TxnId, s: TxnStatus, ts: u64) {
         let mut status = self.status.borrow_mut();
-        let before = status.get(&txn).copied();
+        let before = status.get(&txn).map(|e| e.0);
         match s {
             TxnStatus::Active => assert!(before.is_none(), "txn {txn:x} became active twice ({before:?})"),
             TxnStatus::Committed => {
@@ -203,7 +218,7 @@ impl CoordTable {
         if s == TxnStatus::Aborted {
             status.remove(&txn);
         } else {
-            status.insert(txn, s);
+            status.insert(txn, (s, ts));
             debug_assert!(status.len() <= MAX_TABLE_ENTRIES, "the decision table outgrew the transactions in flight");
         }
     }
@@ -214,7 +229,12 @@ impl CoordTable {
     }
 
     pub fn get(&self, txn: TxnId) -> TxnStatus {
-        self.status.borrow().get(&txn).copied().unwrap_or(TxnStatus::Aborted)
+        self.status.borrow().get(&txn).map_or(TxnStatus::Aborted, |e| e.0)
+    }
+
+    /// The status and, for a commit that carries one, its timestamp (0 otherwise).
+    pub fn get_at(&self, txn: TxnId) -> (TxnStatus, u64) {
+        self.status.borrow().get(&txn).copied().unwrap_or((TxnStatus::Aborted, 0))
     }
 
     pub fn len(&self) -> usize {
@@ -287,10 +307,10 @@ pub fn tell_outcome<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId
 
 /// After a restart: the commits this worker decided before the crash that some participant
 /// may not have heard are committed in the decision table again and resent until acknowledged.
-pub fn resend_unended<C: Cc>(me: &Rc<CcWorker<C>>, unended: Vec<(TxnId, Vec<NodeId>)>) {
-    for (txn, nodes) in unended {
-        me.coord.set(txn, TxnStatus::Committed);
-        resend_until_acked(me.clone(), skeleton::termination(&skeleton::Termination::Commit { txn }), nodes, txn);
+pub fn resend_unended<C: Cc>(me: &Rc<CcWorker<C>>, unended: durable::Unended) {
+    for (txn, nodes, ts) in unended {
+        me.coord.set_committed_at(txn, ts);
+        resend_until_acked(me.clone(), skeleton::termination(&skeleton::Termination::Commit { txn, ts }), nodes, txn);
     }
 }
 
@@ -328,8 +348,8 @@ pub fn spawn_sweeper<C: Cc>(me: &Rc<CcWorker<C>>, orphan_after_us: u64) {
                 w.spawn(async move {
                     let question = skeleton::termination(&skeleton::Termination::Status { txn });
                     if let Ok(body) = me.w.call(coordinator_of(txn), question).await {
-                        if let Some(s) = skeleton::parse_status(&body) {
-                            me.resolve(txn, s);
+                        if let Some((s, ts)) = skeleton::parse_status(&body) {
+                            me.resolve(txn, s, ts);
                         }
                     }
                 });

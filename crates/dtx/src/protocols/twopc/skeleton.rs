@@ -58,8 +58,9 @@ const TAG_TERMINATION: u8 = 1;
 /// to a participant, and a participant's question to a coordinator.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Termination {
-    /// Install the transaction's writes here and release what it holds.
-    Commit { txn: TxnId },
+    /// Install the transaction's writes here and release what it holds; `ts` is the decision's
+    /// timestamp for a protocol that chooses one after the votes (MaaT), else 0.
+    Commit { txn: TxnId, ts: u64 },
     /// Release what the transaction holds here and drop its writes.
     Abort { txn: TxnId },
     /// What became of the transaction? (asked by a participant of its coordinator)
@@ -69,7 +70,8 @@ pub enum Termination {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TerminationReply {
     Ack,
-    Status(TxnStatus),
+    /// The coordinator's status of a transaction, with its commit timestamp where it has one.
+    Status(TxnStatus, u64),
 }
 
 /// `value` encoded behind a one-byte tag, in one allocation (every remote request goes through
@@ -86,9 +88,9 @@ pub(super) fn termination(t: &Termination) -> Vec<u8> {
 }
 
 /// The status in a coordinator's answer to [`Termination::Status`], if it is one.
-pub(super) fn parse_status(reply: &[u8]) -> Option<TxnStatus> {
+pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
     match decode(reply) {
-        Ok(TerminationReply::Status(s)) => Some(s),
+        Ok(TerminationReply::Status(s, ts)) => Some((s, ts)),
         _ => None,
     }
 }
@@ -120,8 +122,9 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
     fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
     /// A request from a coordinator, to be answered with `wk.w.reply` (now or later).
     fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request);
-    /// Install a prepared transaction's writes (the coordinator decided commit).
-    fn commit_here(wk: &CcWorker<Self>, txn: TxnId);
+    /// Install a prepared transaction's writes (the coordinator decided commit, at `ts` for a
+    /// concurrency control whose decisions carry a timestamp; 0 otherwise).
+    fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64);
     /// Roll back whatever this participant holds for `txn`.
     fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
     /// Lock again, after a restart, the writes of transactions prepared here before it.
@@ -197,7 +200,7 @@ pub struct CcWorker<C: Cc> {
     /// The last `Outcome` record this worker logged: a commit is acknowledged after it.
     pub last_outcome_lsn: Cell<u64>,
     /// Commits this worker coordinated before a crash that not every participant acknowledged.
-    unended: RefCell<Vec<(TxnId, Vec<NodeId>)>>,
+    unended: RefCell<super::durable::Unended>,
 }
 
 impl<C: Cc> CcWorker<C>
@@ -258,11 +261,11 @@ impl<C: Cc> CcWorker<C> {
     }
 
     /// Apply the coordinator's answer about a transaction this worker holds state for.
-    pub fn resolve(&self, txn: TxnId, status: TxnStatus) {
+    pub fn resolve(&self, txn: TxnId, status: TxnStatus, ts: u64) {
         match status {
             TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
             TxnStatus::Aborted => C::abort_here(self, txn),
-            TxnStatus::Committed => C::commit_here(self, txn),
+            TxnStatus::Committed => C::commit_here(self, txn, ts),
         }
     }
 
@@ -276,8 +279,13 @@ impl<C: Cc> CcWorker<C> {
     /// Tell the participants on `nodes` that `txn` committed, in the background, until each
     /// acknowledges; then forget it (see [`super::tell_outcome`]).
     pub fn tell_commit(&self, txn: TxnId, nodes: Vec<NodeId>) {
+        self.tell_commit_at(txn, 0, nodes)
+    }
+
+    /// [`CcWorker::tell_commit`] for a decision at timestamp `ts`.
+    pub fn tell_commit_at(&self, txn: TxnId, ts: u64, nodes: Vec<NodeId>) {
         if let Some(me) = self.me.upgrade() {
-            super::tell_outcome(me, termination(&Termination::Commit { txn }), nodes, Some(txn));
+            super::tell_outcome(me, termination(&Termination::Commit { txn, ts }), nodes, Some(txn));
         }
     }
 
@@ -291,10 +299,10 @@ impl<C: Cc> CcWorker<C> {
     /// The skeleton's side of the termination protocol, at a participant and a coordinator.
     fn serve_termination(&self, from: Addr, rpc_id: u64, t: Termination) {
         let reply = match t {
-            Termination::Commit { txn } => {
+            Termination::Commit { txn, ts } => {
                 // The coordinator forgets the transaction once we acknowledge: our outcome
                 // record (this one, or one the orphan sweeper wrote) must be durable first.
-                C::commit_here(self, txn);
+                C::commit_here(self, txn, ts);
                 let lsn = Some(self.last_outcome_lsn.get());
                 return self.reply_when_durable(from, rpc_id, lsn, crate::net::encode(&TerminationReply::Ack));
             }
@@ -302,7 +310,10 @@ impl<C: Cc> CcWorker<C> {
                 C::abort_here(self, txn);
                 TerminationReply::Ack
             }
-            Termination::Status { txn } => TerminationReply::Status(self.coord.get(txn)),
+            Termination::Status { txn } => {
+                let (status, ts) = self.coord.get_at(txn);
+                TerminationReply::Status(status, ts)
+            }
         };
         self.w.reply(from, rpc_id, &crate::net::encode(&reply));
     }

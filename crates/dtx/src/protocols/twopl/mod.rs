@@ -58,7 +58,8 @@ impl Cc for TwoPl {
         wk.serve(from, rpc_id, req)
     }
 
-    fn commit_here(wk: &TwoPlWorker, txn: TxnId) {
+    /// OCC and 2PL decisions carry no timestamp.
+    fn commit_here(wk: &TwoPlWorker, txn: TxnId, _ts: u64) {
         wk.commit_here(txn)
     }
 

@@ -1,0 +1,409 @@
+//! MaaT's coordinator: the execution phase (every read holds a soft read lock where the record
+//! lives and records the version's write timestamp; declared writes hold soft write locks from
+//! the start, the others from validation; values are buffered), then validation at every node
+//! the transaction touched, in parallel, each answering with the range of commit timestamps it
+//! allows there; the commit timestamp is the lowest one every range allows, and every touched
+//! node hears the decision with it.
+
+use super::messages::{Reply, Request};
+use super::participant::{self as part, Writes};
+use super::range::EMPTY;
+use super::MaatWorker;
+use crate::net::NodeId;
+use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::rt::{join_all, LocalBoxFuture};
+use crate::storage::{RowKey, Value};
+use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use rustc_hash::FxHashMap;
+
+struct ReadEntry {
+    key: RowKey,
+    value: Option<Value>,
+    wts: u64,
+    /// Prefetched entries are validated only once the procedure reads them.
+    used: bool,
+}
+
+/// Read sets up to this size are searched linearly; larger ones through `read_index`.
+const LINEAR_MAX: usize = 32;
+
+/// What one node validates: the versions read there and the writes to it.
+#[derive(Default)]
+struct Part {
+    reads: Vec<(RowKey, u64)>,
+    writes: Writes,
+}
+
+pub struct MaatTxn<'a> {
+    wk: &'a MaatWorker,
+    pub id: TxnId,
+    reads: Vec<ReadEntry>,
+    read_index: FxHashMap<RowKey, usize>,
+    writes: Writes,
+    /// Remote nodes that hold soft locks of this attempt: each hears the outcome.
+    touched: Vec<NodeId>,
+    /// Local keys this attempt holds soft locks on (reads, and declared writes).
+    local_keys: Vec<RowKey>,
+}
+
+impl<'a> MaatTxn<'a> {
+    pub fn new(wk: &'a MaatWorker, id: TxnId) -> Self {
+        MaatTxn {
+            wk,
+            id,
+            reads: Vec::new(),
+            read_index: FxHashMap::default(),
+            writes: Vec::new(),
+            touched: Vec::new(),
+            local_keys: Vec::new(),
+        }
+    }
+
+    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
+        let n = self.wk.node.node_of(key);
+        (n != self.wk.node.id).then_some(n)
+    }
+
+    /// Note that `n` will hold state of this attempt (before the message that makes it hold
+    /// any): the decision table answers its questions from then on.
+    fn touch(&mut self, n: NodeId) {
+        if self.touched.is_empty() {
+            self.wk.coord.set(self.id, TxnStatus::Active);
+        }
+        if !self.touched.contains(&n) {
+            self.touched.push(n);
+        }
+    }
+
+    fn find_read(&self, key: RowKey) -> Option<usize> {
+        if self.reads.len() <= LINEAR_MAX {
+            self.reads.iter().position(|e| e.key == key)
+        } else {
+            self.read_index.get(&key).copied()
+        }
+    }
+
+    fn push_read(&mut self, e: ReadEntry) {
+        self.reads.push(e);
+        if self.reads.len() > LINEAR_MAX {
+            if self.read_index.is_empty() {
+                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
+            } else {
+                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
+            }
+        }
+    }
+
+    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
+        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
+            return Some(v.clone());
+        }
+        let i = self.find_read(key)?;
+        self.reads[i].used = true;
+        Some(self.reads[i].value.clone())
+    }
+
+    /// Read a local record, holding a soft read lock on it.
+    fn read_here(&mut self, key: RowKey, used: bool) -> Option<Value> {
+        let wk = self.wk;
+        wk.w.charge_ops(1);
+        let (value, wts) = wk.state.read(&wk.node.store, self.id, key);
+        self.local_keys.push(key);
+        self.push_read(ReadEntry { key, value: value.clone(), wts, used });
+        value
+    }
+
+    /// One-shot: read every declared key (a declared write too: its procedure reads it first)
+    /// and hold soft write locks on the declared writes, one message per remote participant.
+    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        let wk = self.wk;
+        let mut by_node: FxHashMap<NodeId, (Vec<RowKey>, Vec<RowKey>)> = FxHashMap::default();
+        for &k in keys.reads.iter().chain(&keys.writes) {
+            match self.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().0.push(k),
+                None if self.find_read(k).is_none() => {
+                    self.read_here(k, false);
+                }
+                None => {}
+            }
+        }
+        for &k in &keys.writes {
+            match self.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().1.push(k),
+                None => {
+                    wk.state.lock_write(&wk.node.store, self.id, k);
+                    self.local_keys.push(k);
+                }
+            }
+        }
+        if by_node.is_empty() {
+            return Ok(());
+        }
+        let mut nodes: Vec<(NodeId, Vec<RowKey>, Vec<RowKey>)> = by_node
+            .into_iter()
+            .map(|(n, (mut reads, writes))| {
+                reads.sort_unstable();
+                reads.dedup();
+                (n, reads, writes)
+            })
+            .collect();
+        nodes.sort_unstable_by_key(|e| e.0);
+        for (n, _, _) in &nodes {
+            self.touch(*n);
+        }
+        let calls: Vec<_> = nodes
+            .iter()
+            .map(|(n, reads, writes)| {
+                let req = Request::Read { txn: self.id, keys: reads.clone(), writes: writes.clone() };
+                let n = *n;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        for ((_, ks, _), reply) in nodes.iter().zip(join_all(calls).await) {
+            let Reply::Values(vals) = reply? else { return Err(Abort::Timeout) };
+            if vals.len() != ks.len() {
+                return Err(Abort::Timeout);
+            }
+            for (k, (value, wts)) in ks.iter().zip(vals) {
+                self.push_read(ReadEntry { key: *k, value, wts, used: false });
+            }
+        }
+        Ok(())
+    }
+
+    /// Validate everywhere, take the lowest timestamp every range allows, log the decision,
+    /// install here and tell every touched node.
+    pub async fn commit(&mut self) -> TxnResult<()> {
+        let wk = self.wk;
+        let me = wk.node.id;
+        let mut local = Part::default();
+        let mut remote: Vec<(NodeId, Part)> = self.touched.iter().map(|n| (*n, Part::default())).collect();
+        for (k, v) in std::mem::take(&mut self.writes) {
+            match wk.node.node_of(k) {
+                n if n == me => local.writes.push((k, v)),
+                n => {
+                    if !self.touched.contains(&n) {
+                        self.touch(n);
+                        remote.push((n, Part::default()));
+                    }
+                    let i = remote.iter().position(|r| r.0 == n).expect("touched");
+                    remote[i].1.writes.push((k, v));
+                }
+            }
+        }
+        for e in self.reads.iter().filter(|e| e.used) {
+            match wk.node.node_of(e.key) {
+                n if n == me => local.reads.push((e.key, e.wts)),
+                n => {
+                    let i = remote.iter().position(|r| r.0 == n).expect("a remote read touched its node");
+                    remote[i].1.reads.push((e.key, e.wts));
+                }
+            }
+        }
+        let (lower, upper) = self.validate_all(&local, remote).await?;
+        if lower > upper {
+            return Err(self.abort(Abort::Protocol(EMPTY)));
+        }
+        let ts = lower;
+        if !self.touched.is_empty() || !local.writes.is_empty() {
+            if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local.writes, &self.touched, ts).await {
+                return Err(self.abort(a));
+            }
+        }
+        self.reads.clear();
+        self.read_index.clear();
+        wk.w.charge_ops(self.local_keys.len() + local.writes.len());
+        let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
+        wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);
+        if !self.touched.is_empty() {
+            wk.coord.set_committed_at(self.id, ts);
+            wk.tell_commit_at(self.id, ts, std::mem::take(&mut self.touched));
+        }
+        Ok(())
+    }
+
+    /// Validate here (inline) and at every remote node (in parallel); the intersection of the
+    /// ranges, or the first reason a node gave for having none. In a durable run, every node
+    /// whose logged bound the lowest common timestamp passes raises it first.
+    async fn validate_all(&mut self, local: &Part, remote: Vec<(NodeId, Part)>) -> TxnResult<(u64, u64)> {
+        let wk = self.wk;
+        let (mut lower, mut upper) = (1, u64::MAX);
+        // Each node's logged bound (`u64::MAX` without a log), the local node as `None`.
+        let mut bounds: Vec<(Option<NodeId>, u64)> = Vec::new();
+        if !self.local_keys.is_empty() || !local.writes.is_empty() || !local.reads.is_empty() {
+            let write_keys: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
+            self.local_keys.extend_from_slice(&write_keys);
+            wk.w.charge_ops(local.reads.len() + write_keys.len());
+            match wk.validate_here(self.id, &local.reads, &write_keys).await {
+                Ok((l, u, b)) => ((lower, upper), bounds) = ((l, u), vec![(None, b)]),
+                Err(a) => return Err(self.abort(a)),
+            }
+        }
+        let calls: Vec<_> = remote
+            .into_iter()
+            .map(|(n, p)| {
+                let req = Request::Validate { txn: self.id, reads: p.reads, writes: p.writes };
+                async move { (n, wk.ask(n, &req).await) }
+            })
+            .collect();
+        for (n, reply) in join_all(calls).await {
+            match reply {
+                Ok(Reply::Range { lower: l, upper: u, bound }) => {
+                    (lower, upper) = (lower.max(l), upper.min(u));
+                    bounds.push((Some(n), bound));
+                }
+                Ok(Reply::No(a)) => return Err(self.abort(a)),
+                Ok(_) | Err(_) => return Err(self.abort(Abort::Timeout)),
+            }
+        }
+        if lower <= upper {
+            self.raise_bounds(lower, &bounds).await?;
+        }
+        Ok((lower, upper))
+    }
+
+    /// Raise the logged bound past `ts` wherever it lags (durable runs only).
+    async fn raise_bounds(&mut self, ts: u64, bounds: &[(Option<NodeId>, u64)]) -> TxnResult<()> {
+        let wk = self.wk;
+        let lagging: Vec<Option<NodeId>> = bounds.iter().filter(|b| b.1 < ts).map(|b| b.0).collect();
+        if lagging.is_empty() {
+            return Ok(());
+        }
+        wk.w.count(super::BOUND_RAISES, 1);
+        if lagging.contains(&None) {
+            if let Err(a) = wk.raise_here(ts).await {
+                return Err(self.abort(a));
+            }
+        }
+        let req = Request::Raise { ts };
+        let calls: Vec<_> = lagging.iter().flatten().map(|&n| wk.ask(n, &req)).collect();
+        for reply in join_all(calls).await {
+            match reply {
+                Ok(Reply::Raised) => {}
+                Ok(Reply::No(a)) => return Err(self.abort(a)),
+                Ok(_) | Err(_) => return Err(self.abort(Abort::Timeout)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop what this attempt holds here, forget it, and tell every touched node.
+    fn abort(&mut self, reason: Abort) -> Abort {
+        let wk = self.wk;
+        wk.state.abort(&wk.node.store, self.id, self.local_keys.drain(..));
+        if !self.touched.is_empty() {
+            wk.coord.set(self.id, TxnStatus::Aborted);
+            wk.tell_abort(self.id, std::mem::take(&mut self.touched));
+        }
+        reason
+    }
+}
+
+impl<'a> Access for MaatTxn<'a> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        if let Some(v) = self.cached(key) {
+            return Step::Ready(Ok(v));
+        }
+        match self.remote_node(key) {
+            None => Step::Ready(Ok(self.read_here(key, true))),
+            Some(n) => Step::Wait(Box::pin(async move {
+                self.touch(n);
+                let req = Request::Read { txn: self.id, keys: vec![key], writes: Vec::new() };
+                let Reply::Values(mut vals) = self.wk.ask(n, &req).await? else {
+                    return Err(Abort::Timeout);
+                };
+                let (value, wts) = vals.pop().ok_or(Abort::Timeout)?;
+                self.push_read(ReadEntry { key, value: value.clone(), wts, used: true });
+                Ok(value)
+            })),
+        }
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        match self.writes.iter_mut().find(|(k, _)| *k == key) {
+            Some(w) => w.1 = value,
+            None => self.writes.push((key, value)),
+        }
+        Step::Ready(Ok(()))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let wk = self.wk;
+            let rows = if n == wk.node.id {
+                wk.w.charge_ops(1);
+                let rows = wk.state.scan(&wk.node.store, self.id, s);
+                self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
+                rows
+            } else {
+                self.touch(n);
+                let Reply::Rows(rows) = wk.ask(n, &Request::Scan { txn: self.id, scan: s }).await? else {
+                    return Err(Abort::Timeout);
+                };
+                rows
+            };
+            let mut out = Vec::with_capacity(rows.len());
+            for (k, v, wts) in rows {
+                let key = RowKey::new(s.table, k);
+                if self.find_read(key).is_none() {
+                    self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
+                }
+                // Our own uncommitted writes win over what the store holds.
+                match self.writes.iter().find(|(wk, _)| *wk == key) {
+                    Some((_, Some(mine))) => out.push((k, mine.clone())),
+                    Some((_, None)) => {}
+                    None => out.push((k, v)),
+                }
+            }
+            Ok(out)
+        }))
+    }
+}
+
+impl recon::SnapshotReader for MaatWorker {
+    /// Reconnaissance reads the committed state without soft locks: the transaction that
+    /// follows reads (and soft-locks) what it declared.
+    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(key);
+            if n == self.node.id {
+                return Ok(part::peek(&self.node.store, key).0);
+            }
+            match self.ask(n, &Request::Peek { keys: vec![key] }).await? {
+                Reply::Values(mut v) => Ok(v.pop().ok_or(Abort::Timeout)?.0),
+                _ => Err(Abort::Timeout),
+            }
+        })
+    }
+
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(RowKey::new(s.table, s.lo));
+            let rows = if n == self.node.id {
+                part::peek_scan(&self.node.store, s)
+            } else {
+                match self.ask(n, &Request::PeekScan { scan: s }).await? {
+                    Reply::Rows(r) => r,
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
+        })
+    }
+}
+
+impl<'a> CoordTxn for MaatTxn<'a> {
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        MaatTxn::prefetch(self, keys).await
+    }
+
+    async fn commit(&mut self) -> TxnResult<()> {
+        MaatTxn::commit(self).await
+    }
+
+    /// Execution failed: the soft locks it holds anywhere go.
+    fn abandon(&mut self, reason: Abort) -> Abort {
+        self.abort(reason)
+    }
+}

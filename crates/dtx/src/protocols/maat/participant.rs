@@ -1,0 +1,301 @@
+//! What a node does for MaaT transactions: the operations on its records and time table, under
+//! the node's one latch, whether the coordinator is local (called inline) or remote (through
+//! [`MaatWorker::on_request`], with the transaction's participant state in the worker's table).
+
+use super::messages::{Reply, Request};
+use super::meta::MaatMeta;
+use super::range::{Entry, Order, Validation, OPEN};
+use super::{MaatNode, MaatWorker};
+use crate::net::{encode, Addr};
+use crate::protocols::twopc::durable::{InDoubt, LogRecord};
+use crate::protocols::twopc::TxnId;
+use crate::storage::{RowKey, Storage, Value};
+use crate::txn::{Abort, Scan};
+
+pub type Writes = Vec<(RowKey, Option<Value>)>;
+type Store = Storage<MaatMeta>;
+
+/// A remote transaction's state at a participant: what it holds soft locks on, and the writes
+/// it installs if it commits.
+#[derive(Debug, Default)]
+pub struct PartTxn {
+    pub reads: Vec<RowKey>,
+    pub write_locks: Vec<RowKey>,
+    pub writes: Writes,
+}
+
+/// A record's committed value and write timestamp, without a soft lock (reconnaissance).
+pub fn peek(store: &Store, key: RowKey) -> (Option<Value>, u64) {
+    store.get(key).map_or((None, 0), |r| {
+        let row = r.lock();
+        (row.value.clone(), row.meta.wts)
+    })
+}
+
+/// The existing rows of a range, without soft locks (reconnaissance).
+pub fn peek_scan(store: &Store, s: Scan) -> Vec<(u64, Value, u64)> {
+    let rows = store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
+    rows.into_iter()
+        .filter_map(|(k, r)| {
+            let row = r.lock();
+            row.value.clone().map(|v| (k, v, row.meta.wts))
+        })
+        .collect()
+}
+
+impl MaatNode {
+    /// Read `key` for `txn`: the committed value and its write timestamp, holding a soft read
+    /// lock. An absent record is made (empty) so that the lock has a place: a later insert
+    /// conflicts with this read.
+    pub fn read(&self, store: &Store, txn: TxnId, key: RowKey) -> (Option<Value>, u64) {
+        let mut l = self.latch.lock();
+        let rec = store.get_or_create(key);
+        let mut row = rec.lock();
+        MaatMeta::hold(&mut row.meta.readers, txn);
+        l.table.entry(txn);
+        for &w in &row.meta.writers {
+            l.table.respect_validated(txn, w, Order::Before);
+        }
+        (row.value.clone(), row.meta.wts)
+    }
+
+    /// Hold a soft write lock on `key` for `txn` (the value comes at validation).
+    pub fn lock_write(&self, store: &Store, txn: TxnId, key: RowKey) {
+        let mut l = self.latch.lock();
+        let rec = store.get_or_create(key);
+        let mut row = rec.lock();
+        MaatMeta::hold(&mut row.meta.writers, txn);
+        l.table.entry(txn);
+        for &o in row.meta.readers.iter().chain(&row.meta.writers) {
+            l.table.respect_validated(txn, o, Order::After);
+        }
+    }
+
+    /// The existing rows of a range, each read (and soft-locked) as [`MaatNode::read`] reads.
+    /// Gaps are not locked (no phantom protection, as for the other protocols' scans).
+    pub fn scan(&self, store: &Store, txn: TxnId, s: Scan) -> Vec<(u64, Value, u64)> {
+        let mut l = self.latch.lock();
+        l.table.entry(txn);
+        let mut out = Vec::new();
+        for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
+            let mut row = rec.lock();
+            let Some(v) = row.value.clone() else { continue };
+            MaatMeta::hold(&mut row.meta.readers, txn);
+            for &w in &row.meta.writers {
+                l.table.respect_validated(txn, w, Order::Before);
+            }
+            out.push((k, v, row.meta.wts));
+        }
+        out
+    }
+
+    /// Validate `txn` here: after every version it read and every committed access to what it
+    /// writes, around every transaction that holds a soft lock on what it accessed. The range
+    /// it may commit in here, frozen; or why there is none (its locks are then released).
+    pub fn validate(
+        &self,
+        store: &Store,
+        txn: TxnId,
+        reads: &[(RowKey, u64)],
+        writes: &[RowKey],
+    ) -> Result<(u64, u64), Abort> {
+        let mut l = self.latch.lock();
+        let mut v = Validation::start(&mut l.table, txn);
+        for &(key, wts) in reads {
+            v.after_ts(wts);
+            if let Some(rec) = store.get(key) {
+                for &w in &rec.lock().meta.writers {
+                    v.conflict(&l.table, w, Order::Before);
+                }
+            }
+        }
+        for &key in writes {
+            let rec = store.get_or_create(key);
+            let mut row = rec.lock();
+            MaatMeta::hold(&mut row.meta.writers, txn);
+            v.after_ts(row.meta.wts.max(row.meta.rts).max(self.floor));
+            for &o in row.meta.readers.iter().chain(&row.meta.writers) {
+                v.conflict(&l.table, o, Order::After);
+            }
+        }
+        v.finish(&mut l.table).map_err(Abort::Protocol)
+    }
+
+    /// `txn` committed at `ts`: install its writes (over older versions only: the Thomas write
+    /// rule, since decisions may arrive out of timestamp order), record its reads' timestamp,
+    /// and drop its soft locks and its range.
+    pub fn commit(&self, store: &Store, txn: TxnId, ts: u64, reads: &[RowKey], write_locks: &[RowKey], writes: Writes) {
+        let mut l = self.latch.lock();
+        if let Some(e) = l.table.remove(txn) {
+            assert!(
+                e.validated && e.lower <= ts && ts <= e.upper,
+                "txn {txn:x} commits at {ts} outside its range {e:?}"
+            );
+        }
+        for (key, value) in writes {
+            let rec = store.get_or_create(key);
+            let mut row = rec.lock();
+            row.meta.release(txn);
+            // Every reader that committed meanwhile was placed before this writer.
+            debug_assert!(ts > row.meta.rts, "txn {txn:x} installs at {ts} under a read at {}", row.meta.rts);
+            if ts > row.meta.wts {
+                let old = std::mem::replace(&mut row.value, value);
+                row.meta.wts = ts;
+                drop(row);
+                Value::recycle(old);
+            }
+        }
+        for key in reads {
+            if let Some(rec) = store.get(*key) {
+                let mut row = rec.lock();
+                row.meta.release(txn);
+                row.meta.rts = row.meta.rts.max(ts);
+            }
+        }
+        for key in write_locks {
+            if let Some(rec) = store.get(*key) {
+                rec.lock().meta.release(txn);
+            }
+        }
+    }
+
+    /// `txn` aborted: drop its soft locks and its range.
+    pub fn abort(&self, store: &Store, txn: TxnId, keys: impl Iterator<Item = RowKey>) {
+        let mut l = self.latch.lock();
+        l.table.remove(txn);
+        for key in keys {
+            if let Some(rec) = store.get(key) {
+                rec.lock().meta.release(txn);
+            }
+        }
+    }
+
+    /// A prepared transaction recovered from the log: validated here at `lower` (its vote's
+    /// lower bound), with an open range until its coordinator's answer comes, so that readers
+    /// of what it writes go before it and writers wait for it to end.
+    pub fn adopt(&self, store: &Store, txn: TxnId, lower: u64, writes: &Writes) {
+        let mut l = self.latch.lock();
+        *l.table.entry(txn) = Entry { lower, upper: OPEN, validated: true, frozen_hit: false };
+        for (key, _) in writes {
+            MaatMeta::hold(&mut store.get_or_create(*key).lock().meta.writers, txn);
+        }
+    }
+}
+
+impl MaatWorker {
+    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
+        let (store, node) = (&self.node.store, &*self.state);
+        let now = self.w.now_ns();
+        let reply = match req {
+            Request::Read { txn, keys, writes } => {
+                self.w.charge_ops(keys.len() + writes.len());
+                let values = keys.iter().map(|k| node.read(store, txn, *k)).collect();
+                writes.iter().for_each(|k| node.lock_write(store, txn, *k));
+                self.remember(txn, now, |p| {
+                    p.reads.extend_from_slice(&keys);
+                    p.write_locks.extend_from_slice(&writes);
+                });
+                Reply::Values(values)
+            }
+            Request::Scan { txn, scan } => {
+                let rows = node.scan(store, txn, scan);
+                self.w.charge_ops(rows.len() + 1);
+                self.remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
+                Reply::Rows(rows)
+            }
+            Request::Peek { keys } => {
+                self.w.charge_ops(keys.len());
+                Reply::Values(keys.iter().map(|k| peek(store, *k)).collect())
+            }
+            Request::PeekScan { scan } => {
+                let rows = peek_scan(store, scan);
+                self.w.charge_ops(rows.len() + 1);
+                Reply::Rows(rows)
+            }
+            Request::Validate { txn, reads, writes } => return self.validate(from, rpc_id, txn, reads, writes, now),
+            Request::Raise { ts } => {
+                let reply = match self.state.grant(&self.node.log, ts) {
+                    Ok((_, lsn)) => return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Raised)),
+                    Err(a) => Reply::No(a),
+                };
+                return self.w.reply(from, rpc_id, &encode(&reply));
+            }
+        };
+        self.w.reply(from, rpc_id, &encode(&reply));
+    }
+
+    /// Note what a remote transaction holds here (its participant state starts with its first
+    /// access), and that its coordinator was heard from.
+    fn remember(&self, txn: TxnId, now: u64, f: impl FnOnce(&mut PartTxn)) {
+        let mut parts = self.parts.txns.borrow_mut();
+        let e = parts.entry(txn).or_insert_with(|| (PartTxn::default(), now));
+        e.1 = now;
+        f(&mut e.0);
+    }
+
+    fn validate(&self, from: Addr, rpc_id: u64, txn: TxnId, reads: Vec<(RowKey, u64)>, writes: Writes, now: u64) {
+        self.w.charge_ops(reads.len() + writes.len());
+        let validated = self.state.latch.lock().table.get(txn).filter(|e| e.validated);
+        if let Some(e) = validated {
+            // Validated already (a request resent to a restarted node that recovered the vote):
+            // the range is frozen; the same answer again.
+            let (bound, lsn) = self.state.grant(&self.node.log, e.lower).unwrap_or((0, None));
+            let reply = Reply::Range { lower: e.lower, upper: e.upper, bound };
+            return self.reply_when_durable(from, rpc_id, lsn, encode(&reply));
+        }
+        if !reads.is_empty() && !self.parts.contains(txn) {
+            // Its soft read locks were dropped (the sweeper aborted it): nobody ordered it.
+            return self.w.reply(from, rpc_id, &encode(&Reply::No(Abort::ParticipantLost)));
+        }
+        let write_keys: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
+        self.remember(txn, now, |p| p.write_locks.extend_from_slice(&write_keys));
+        let (lower, upper) = match self.state.validate(&self.node.store, txn, &reads, &write_keys) {
+            Ok(r) => r,
+            Err(a) => {
+                self.abort_here(txn);
+                return self.w.reply(from, rpc_id, &encode(&Reply::No(a)));
+            }
+        };
+        let granted = self.state.grant(&self.node.log, lower);
+        let prepared = if writes.is_empty() { Ok(None) } else { self.node.log.append_prepared_at(txn, &writes, lower) };
+        let (Ok((bound, bound_lsn)), Ok(lsn)) = (granted, prepared) else {
+            self.abort_here(txn);
+            return self.w.reply(from, rpc_id, &encode(&Reply::No(Abort::LogRefused)));
+        };
+        self.remember(txn, now, |p| p.writes = writes);
+        self.reply_when_durable(from, rpc_id, lsn.max(bound_lsn), encode(&Reply::Range { lower, upper, bound }));
+    }
+
+    pub(super) fn commit_here(&self, txn: TxnId, ts: u64) {
+        let Some(p) = self.parts.remove(txn) else { return };
+        self.w.charge_ops(p.reads.len() + p.writes.len());
+        if !p.writes.is_empty() {
+            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::OutcomeAt { txn, ts }) {
+                self.last_outcome_lsn.set(lsn);
+            }
+        }
+        self.state.commit(&self.node.store, txn, ts, &p.reads, &p.write_locks, p.writes);
+    }
+
+    pub(super) fn abort_here(&self, txn: TxnId) {
+        let Some(p) = self.parts.remove(txn) else { return };
+        if !p.writes.is_empty() {
+            // Presumed abort: nobody waits for this record.
+            let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+        }
+        let keys = p.reads.into_iter().chain(p.write_locks);
+        self.state.abort(&self.node.store, txn, keys);
+    }
+
+    /// Transactions prepared here before a crash hold their soft write locks again, frozen at
+    /// the lower bound their vote logged; the orphan sweeper asks their coordinators.
+    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt) {
+        for (txn, writes) in in_doubt {
+            let lower = self.node.recovered_ts(txn).expect("a MaaT vote logs its lower bound");
+            self.state.adopt(&self.node.store, txn, lower, &writes);
+            let write_locks = writes.iter().map(|w| w.0).collect();
+            // Last heard of "never": the sweeper asks about them on its first round.
+            self.parts.txns.borrow_mut().insert(txn, (PartTxn { reads: Vec::new(), write_locks, writes }, 0));
+        }
+    }
+}
