@@ -262,11 +262,16 @@ impl<M> Record<M> {
         self.row.lock()
     }
 
-    /// Ask the CPU to start loading this record's cache line. A transaction that knows its keys
-    /// issues these for all of them first, so their cache misses overlap instead of queueing.
+    /// Ask the CPU to start loading this record's cache lines (its first two: a protocol whose
+    /// metadata spills past the first line, as Sundial's lease and lock do, needs the second one
+    /// too). A transaction that knows its keys issues these for all of them first, so their cache
+    /// misses overlap instead of queueing.
     #[inline]
     pub fn prefetch(&self) {
         prefetch_line(self);
+        if std::mem::size_of::<Self>() > 64 {
+            prefetch_line((self as *const Self as *const u8).wrapping_add(64));
+        }
     }
 
     /// Second pass of a prefetch: once the record's line is (nearly) here, start loading its value.

@@ -121,7 +121,10 @@ impl<'a> SundialTxn<'a> {
         let Some(copy) = node.cache.get(key) else { return Some(Asked { key, known: None }) };
         if node.votes.reuse(node.policy) {
             self.wk.w.count(super::CACHE_REUSED, 1);
-            self.push_read(key, copy.value, copy.meta, None, used);
+            // A tuple of a read-only table is extended to the table lease its home reported.
+            let mut lease = copy.meta;
+            lease.rts = lease.rts.max(node.remote_tables.rts(self.wk.node.node_of(key), key.table));
+            self.push_read(key, copy.value, lease, None, used);
             self.reads.last_mut().expect("just pushed").cached = true;
             return None;
         }
@@ -156,9 +159,13 @@ impl<'a> SundialTxn<'a> {
 
     /// Lock a local tuple for writing, waiting as WAIT_DIE lets it.
     async fn lock_local(&mut self, key: RowKey) -> TxnResult<()> {
+        self.lock_local_rec(key, self.wk.node.store.get_or_create(key)).await
+    }
+
+    /// [`SundialTxn::lock_local`] of a record already found.
+    async fn lock_local_rec(&mut self, key: RowKey, rec: &'a Rec) -> TxnResult<()> {
         let wk = self.wk;
         wk.w.charge_ops(1);
-        let rec = wk.node.store.get_or_create(key);
         // A queued request is part of what an abort releases.
         self.held_local.push(rec);
         if let LockStep::Wait(rec, slot) =
@@ -166,7 +173,7 @@ impl<'a> SundialTxn<'a> {
         {
             locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?;
         }
-        let (value, lease) = meta::locked_lease(rec, self.id, wk.state.floor);
+        let (value, lease) = wk.state.locked_lease(rec, self.id, key);
         self.note_locked(key, value, lease, Some(rec))
     }
 
@@ -256,14 +263,19 @@ impl<'a> SundialTxn<'a> {
         let mut writers = Vec::new();
         let mut failure = None;
         for (n, v) in nodes.into_iter().zip(join_all(calls).await) {
+            if let Ok(Reply::Vote(_, tables)) = &v {
+                for &(t, end) in tables {
+                    wk.state.remote_tables.note(n, t, end);
+                }
+            }
             match v {
-                Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
-                Ok(Reply::Vote(Vote::ReadOnly)) => {}
-                Ok(Reply::Vote(Vote::Renewal(f, key))) => {
+                Ok(Reply::Vote(Vote::Yes, _)) => writers.push(n),
+                Ok(Reply::Vote(Vote::ReadOnly, _)) => {}
+                Ok(Reply::Vote(Vote::Renewal(f, key), _)) => {
                     self.cached_read_failed(key);
                     failure = failure.or(Some(renewal_abort(f)));
                 }
-                Ok(Reply::Vote(Vote::Lost)) => failure = failure.or(Some(Abort::ParticipantLost)),
+                Ok(Reply::Vote(Vote::Lost, _)) => failure = failure.or(Some(Abort::ParticipantLost)),
                 Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
                 _ => failure = failure.or(Some(Abort::Timeout)),
             }
@@ -371,7 +383,7 @@ impl<'a> Access for SundialTxn<'a> {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.wk.node.store.get_or_create(key);
-                let (value, lease) = meta::read(rec, self.wk.state.floor);
+                let (value, lease) = self.wk.state.read(rec, key);
                 self.push_read(key, value.clone(), lease, Some(rec), true);
                 Step::Ready(Ok(value))
             }
@@ -411,7 +423,7 @@ impl<'a> Access for SundialTxn<'a> {
             let local = n == self.wk.node.id;
             let rows = if local {
                 self.wk.w.charge_ops(1);
-                meta::scan(&self.wk.node.store, s, self.wk.state.floor)
+                self.wk.state.scan(&self.wk.node.store, s)
             } else {
                 Self::note_node(&mut self.read_at, n);
                 match self.wk.ask(n, &Request::Scan { scan: s }).await? {
@@ -501,6 +513,21 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         }
         let wk = self.wk;
         let (id, prio) = (self.id, self.prio);
+        // Find the local records now and start loading them, so that their cache misses
+        // overlap each other and the remote round trip (as OCC's prefetch does).
+        local_locks.sort_unstable();
+        local_locks.dedup();
+        let store = &wk.node.store;
+        let local_lock_recs: Vec<(RowKey, &'a Rec)> =
+            local_locks.iter().map(|&k| (k, store.get_or_create(k))).collect();
+        let local_read_recs: Vec<(RowKey, &'a Rec)> =
+            local_reads.iter().map(|&k| (k, store.get_or_create(k))).collect();
+        for (_, r) in local_lock_recs.iter().chain(&local_read_recs) {
+            r.prefetch();
+        }
+        for (_, r) in local_lock_recs.iter().chain(&local_read_recs) {
+            r.prefetch_value();
+        }
         let mut remote: Vec<(NodeId, Vec<Asked>, Vec<RowKey>)> = Vec::with_capacity(by_node.len());
         for (n, (mut r, mut l)) in by_node {
             r.sort_unstable();
@@ -540,16 +567,13 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         if let Some(a) = failure {
             return Err(a);
         }
-        local_locks.sort_unstable();
-        local_locks.dedup();
-        for k in local_locks {
-            self.lock_local(k).await?;
+        for (k, rec) in local_lock_recs {
+            self.lock_local_rec(k, rec).await?;
         }
-        wk.w.charge_ops(local_reads.len());
-        for k in local_reads {
+        wk.w.charge_ops(local_read_recs.len());
+        for (k, rec) in local_read_recs {
             if self.find_read(k).is_none() {
-                let rec = wk.node.store.get_or_create(k);
-                let (value, lease) = meta::read(rec, self.wk.state.floor);
+                let (value, lease) = self.wk.state.read(rec, k);
                 self.push_read(k, value, lease, Some(rec), false);
             }
         }
@@ -561,16 +585,14 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let ts = self.commit_ts.0;
         // Leases extended to the commit timestamp here, and writes installed at it, are granted
         // by this node: its bound goes to the log first (the commit waits for later records).
-        if let Err(a) = wk.state.grant(&wk.node.log, ts) {
+        if let Err(a) = wk.state.grant(&wk.node.log, ts + super::tables::MAX_DELTA) {
             return Err(self.abort(a));
         }
         // Reads here whose lease must be extended (Alg. 2); written keys are locked.
         wk.w.charge_ops(self.reads.len());
         for e in self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_some()) {
             if needs_renewal(e.lease, ts) {
-                wk.w.count(super::RENEWALS, 1);
-                if let Err(f) = meta::renew(e.rec.expect("local"), self.id, e.lease.wts, ts, wk.state.floor) {
-                    wk.w.count(super::RENEWALS_FAILED, 1);
+                if let Err(f) = wk.state.renew(&wk.w, e.rec.expect("local"), e.key, self.id, e.lease.wts, ts) {
                     return Err(self.abort(renewal_abort(f)));
                 }
             }

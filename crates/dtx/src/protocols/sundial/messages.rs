@@ -8,7 +8,7 @@
 use super::lease::{Lease, RenewFailure};
 use crate::protocols::twopc::TxnId;
 use crate::protocols::twopl::meta::Prio;
-use crate::storage::{RowKey, Value};
+use crate::storage::{RowKey, TableId, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
 
@@ -51,5 +51,7 @@ pub enum Reply {
     Fetched(Vec<Fetched>),
     Rows(Vec<(u64, Value, Lease)>),
     Aborted(Abort),
-    Vote(Vote),
+    /// A participant's vote, with the read-only tables whose leases it extended (and their
+    /// new ends) for the coordinator's cache.
+    Vote(Vote, Vec<(TableId, u64)>),
 }

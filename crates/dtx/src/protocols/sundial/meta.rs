@@ -60,12 +60,32 @@ pub fn locked_lease(rec: &Rec, txn: TxnId, floor: u64) -> (Option<Value>, Lease)
 
 /// Extend the lease of the version `txn` read (written at `read_wts`) to `commit_ts`: the
 /// paper's rule, where only another transaction's lock counts (`txn` may hold the lock of a key
-/// it declared for writing and did not write).
-pub fn renew(rec: &Rec, txn: TxnId, read_wts: u64, commit_ts: u64, floor: u64) -> Result<(), RenewFailure> {
+/// it declared for writing and did not write). A tuple of a read-only table is covered by its
+/// table's lease (`table_rts`) or by extending that (`extend_table`: the new end, if the table
+/// is still read-only), which returns the table's new end for the requester's cache.
+pub fn renew(
+    rec: &Rec,
+    txn: TxnId,
+    read_wts: u64,
+    commit_ts: u64,
+    floor: u64,
+    table_rts: u64,
+    extend_table: impl FnOnce() -> Option<u64>,
+) -> Result<Option<u64>, RenewFailure> {
     let mut row = rec.lock();
     row.meta.current(floor);
+    if row.meta.lease.wts == read_wts && !row.meta.in_doubt {
+        if commit_ts <= table_rts {
+            return Ok(None);
+        }
+        if row.meta.lease.rts < commit_ts {
+            if let Some(end) = extend_table().filter(|end| commit_ts <= *end) {
+                return Ok(Some(end));
+            }
+        }
+    }
     let locked = row.meta.lock.is_held() && !row.meta.lock.holds(txn, Mode::Shared);
-    lease::renew(&mut row.meta.lease, locked, read_wts, commit_ts)
+    lease::renew(&mut row.meta.lease, locked, read_wts, commit_ts).map(|()| None)
 }
 
 /// Install `txn`'s write at `commit_ts` (it holds the record's lock); the caller releases.

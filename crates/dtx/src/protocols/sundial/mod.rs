@@ -29,7 +29,9 @@
 //! a tuple locked by a recovered prepared transaction `T`, whose version keeps `[T.ts - 1,
 //! T.ts - 1]` until `T` installs at `T.ts` or aborts.
 //!
-//! Not built yet: the read-only table optimizations (table leases, speculative extension).
+//! The read-only table optimizations (Sec. 4.3, option `table_leases`, on by default) are in
+//! [`tables`]: a home extends every tuple of a table never written at once, and further than
+//! asked (a growing `δ`), and reports the table's lease to the requester's cache.
 
 pub mod coordinator;
 pub mod lease;
@@ -37,6 +39,7 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 pub mod policy;
+pub mod tables;
 
 #[cfg(test)]
 mod tests;
@@ -46,7 +49,8 @@ use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
-use crate::txn::Reason;
+use crate::storage::{RowKey, Value};
+use crate::txn::{Reason, Scan};
 use coordinator::SundialTxn;
 use lease::{Lease, UpperBound};
 use meta::SundialMeta;
@@ -62,6 +66,8 @@ pub struct Sundial {
     pub cache: CachePolicy,
     /// The cache's bound per node.
     pub cache_bytes: usize,
+    /// The read-only table optimizations (Sec. 4.3).
+    pub table_leases: bool,
 }
 
 impl Sundial {
@@ -72,6 +78,7 @@ impl Sundial {
             lock_wait_us: o.u64(crate::protocols::twopl::LOCK_WAIT_OPTION.name),
             cache,
             cache_bytes: (o.u64(CACHE_MB_OPTION.name) as usize) << 20,
+            table_leases: o.bool(TABLE_LEASES_OPTION.name),
         }
     }
 }
@@ -87,6 +94,10 @@ pub struct SundialNode {
     /// The bound logged past every timestamp this node grants, and the log position of its
     /// last record (a lease handed out is relied on only once that is durable).
     pub bound: parking_lot::Mutex<(UpperBound, Option<u64>)>,
+    /// The leases of this node's read-only tables (`table_leases`), and those other nodes
+    /// reported to its cache.
+    pub tables: tables::TableLeases,
+    pub remote_tables: tables::RemoteTableLeases,
 }
 
 /// How far past a granted timestamp a new bound is logged: a bound record every 65,536 units
@@ -97,6 +108,11 @@ impl SundialNode {
     /// Log a new bound first if `ts` (a lease end or a commit timestamp about to be granted
     /// here) passes the logged one. A log that refuses the record aborts the transaction.
     pub fn grant(&self, log: &crate::protocols::twopc::durable::TxnLog, ts: u64) -> crate::txn::TxnResult<()> {
+        if !log.enabled() {
+            // Nothing survives a crash to bound: and every worker's commit would take this
+            // node-wide mutex.
+            return Ok(());
+        }
         let mut b = self.bound.lock();
         if let Some(new) = b.0.before_granting(ts) {
             if let Some(lsn) = log.append_bound(new)? {
@@ -104,6 +120,52 @@ impl SundialNode {
             }
         }
         Ok(())
+    }
+
+    /// A committed version and its lease as a home reports it: a tuple of a read-only table is
+    /// extended to its table's lease.
+    pub fn read(&self, rec: &meta::Rec, key: RowKey) -> (Option<Value>, Lease) {
+        let (value, mut lease) = meta::read(rec, self.floor);
+        lease.rts = lease.rts.max(self.tables.rts(key.table));
+        (value, lease)
+    }
+
+    /// The existing rows of a range with their leases, as [`SundialNode::read`] reports them.
+    pub fn scan(&self, store: &crate::storage::Storage<SundialMeta>, s: Scan) -> Vec<(u64, Value, Lease)> {
+        let tab = self.tables.rts(s.table);
+        let mut rows = meta::scan(store, s, self.floor);
+        rows.iter_mut().for_each(|r| r.2.rts = r.2.rts.max(tab));
+        rows
+    }
+
+    /// The lease of a tuple `txn` locked to write: its commit timestamp passes the table's
+    /// lease too, and the table is read-only no more.
+    pub fn locked_lease(&self, rec: &meta::Rec, txn: TxnId, key: RowKey) -> (Option<Value>, Lease) {
+        let (value, mut lease) = meta::locked_lease(rec, txn, self.floor);
+        lease.rts = lease.rts.max(self.tables.writer_floor(key.table));
+        (value, lease)
+    }
+
+    /// Extend a read's lease to `commit_ts` (Alg. 2), through its table's lease where the table
+    /// is read-only: `Some(end)` when that was extended (counted), for the requester's cache.
+    pub fn renew(
+        &self,
+        w: &crate::rt::Worker,
+        rec: &meta::Rec,
+        key: RowKey,
+        txn: TxnId,
+        read_wts: u64,
+        commit_ts: u64,
+    ) -> Result<Option<u64>, lease::RenewFailure> {
+        w.count(RENEWALS, 1);
+        let extend = || self.tables.extend(key.table, commit_ts);
+        let renewed = meta::renew(rec, txn, read_wts, commit_ts, self.floor, self.tables.rts(key.table), extend);
+        match renewed {
+            Ok(Some(_)) => w.count(TABLE_EXTENSIONS, 1),
+            Ok(None) => {}
+            Err(_) => w.count(RENEWALS_FAILED, 1),
+        }
+        renewed
     }
 
     /// The log position a lease handed out now must wait for: the last bound's record.
@@ -122,6 +184,13 @@ pub const CACHE_OPTION: OptionSpec = OptionSpec {
     help: "when a cached copy of a remote tuple is used: never, always, after asking its home, or as recent evidence votes",
 };
 
+pub const TABLE_LEASES_OPTION: OptionSpec = OptionSpec {
+    name: "table_leases",
+    kind: OptionKind::Bool,
+    default: "true",
+    help: "the read-only table optimizations (Sec. 4.3): one lease per table never written, extended at once and speculatively",
+};
+
 pub const CACHE_MB_OPTION: OptionSpec = OptionSpec {
     name: "cache_mb",
     kind: OptionKind::U64 { min: 1, max: 1 << 20 },
@@ -132,8 +201,13 @@ pub const CACHE_MB_OPTION: OptionSpec = OptionSpec {
 pub type SundialWorker = CcWorker<Sundial>;
 
 /// Its options beside the 2PC skeleton's.
-pub const OPTIONS: &[OptionSpec] =
-    &[CACHE_OPTION, CACHE_MB_OPTION, crate::protocols::twopl::LOCK_WAIT_OPTION, crate::protocols::twopc::ORPHAN_OPTION];
+pub const OPTIONS: &[OptionSpec] = &[
+    CACHE_OPTION,
+    CACHE_MB_OPTION,
+    TABLE_LEASES_OPTION,
+    crate::protocols::twopl::LOCK_WAIT_OPTION,
+    crate::protocols::twopc::ORPHAN_OPTION,
+];
 
 pub const READ_THEN_WRITE_CHANGED: Reason = Reason::new("read-then-write-changed");
 
@@ -153,6 +227,8 @@ pub const RENEWALS_FAILED: &str = "lease-renewals-failed";
 pub const CACHE_REUSED: &str = "cache-reused";
 pub const CACHE_CHECKS: &str = "cache-checks";
 pub const CACHE_CURRENT: &str = "cache-current";
+/// Lease extensions answered by extending a read-only table's lease.
+pub const TABLE_EXTENSIONS: &str = "table-lease-extensions";
 
 impl Cc for Sundial {
     const NAME: &'static str = "sundial";
@@ -171,6 +247,8 @@ impl Cc for Sundial {
             votes: Votes::default(),
             floor,
             bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
+            tables: tables::TableLeases::new(node.store.tables(), self.table_leases),
+            remote_tables: tables::RemoteTableLeases::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
 use crate::protocols::twopl::participant::{self as locks, LockStep};
-use crate::storage::{RowKey, Value};
+use crate::storage::{RowKey, TableId, Value};
 use crate::txn::{Abort, TxnResult};
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
@@ -35,7 +35,7 @@ impl SundialWorker {
             Request::Fetch { txn, prio, reads, locks } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
             Request::Scan { scan } => {
                 self.w.charge_ops(1);
-                let rows = meta::scan(&self.node.store, scan, self.state.floor);
+                let rows = self.state.scan(&self.node.store, scan);
                 self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)));
             }
             Request::Prepare { txn, commit_ts, renew, writes } => {
@@ -57,7 +57,7 @@ impl SundialWorker {
         reads
             .iter()
             .map(|(k, known)| {
-                let (value, lease) = meta::read(self.node.store.get_or_create(*k), self.state.floor);
+                let (value, lease) = self.state.read(self.node.store.get_or_create(*k), *k);
                 match known {
                     Some(wts) if *wts == lease.wts => Fetched::Current(lease),
                     _ => Fetched::Data(value, lease),
@@ -111,7 +111,7 @@ impl SundialWorker {
                     return Err(Abort::ParticipantLost);
                 }
             }
-            let (value, lease) = meta::locked_lease(rec, txn, self.state.floor);
+            let (value, lease) = self.state.locked_lease(rec, txn, key);
             out.push(Fetched::Data(value, lease));
         }
         Ok(out)
@@ -128,15 +128,18 @@ impl SundialWorker {
     ) {
         // Leases extended to the commit timestamp, and writes installed at it, are granted here:
         // the bound goes to the log first (the vote waits for a later record of the same log).
-        if let Err(a) = self.state.grant(&self.node.log, commit_ts) {
+        // A read-only table's lease may reach past it by up to the largest speculative `δ`.
+        if let Err(a) = self.state.grant(&self.node.log, commit_ts + super::tables::MAX_DELTA) {
             self.abort_here(txn);
             return self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
         }
-        let vote = self.renew_all(txn, commit_ts, renew);
-        if let Err((f, key)) = vote {
-            self.abort_here(txn);
-            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f, key))));
-        }
+        let tables = match self.renew_all(txn, commit_ts, renew) {
+            Ok(tables) => tables,
+            Err((f, key)) => {
+                self.abort_here(txn);
+                return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f, key), Vec::new())));
+            }
+        };
         let mut parts = self.parts.txns.borrow_mut();
         if writes.is_empty() {
             let held = parts.remove(&txn).map(|(p, _)| p.held).unwrap_or_default();
@@ -144,18 +147,18 @@ impl SundialWorker {
             self.release(txn, &held);
             // It may have read a local commit whose record is not durable yet (early release).
             let tail = self.node.log.undurable_tail();
-            return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
+            return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly, tables)));
         }
         let Some((p, t)) = parts.get_mut(&txn) else {
             drop(parts);
-            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost, Vec::new())));
         };
         if !writes.iter().all(|(k, _)| p.held.contains(k)) {
             // Locks taken for it here were lost (a crash forgot them; a later request made the
             // state anew): it cannot commit here.
             drop(parts);
             self.abort_here(txn);
-            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
+            return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost, Vec::new())));
         }
         *t = self.w.now_ns();
         // A yes vote is a promise that survives a crash: log the writes first.
@@ -163,7 +166,7 @@ impl SundialWorker {
         p.writes = Some((writes, commit_ts));
         drop(parts);
         match lsn {
-            Ok(lsn) => self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes))),
+            Ok(lsn) => self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes, tables))),
             Err(a) => {
                 self.abort_here(txn);
                 self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
@@ -171,17 +174,28 @@ impl SundialWorker {
         }
     }
 
-    /// Extend every read's lease to `commit_ts` here (Alg. 2), counting the extensions tried.
-    fn renew_all(&self, txn: TxnId, commit_ts: u64, renew: &[(RowKey, u64)]) -> Result<(), (RenewFailure, RowKey)> {
+    /// Extend every read's lease to `commit_ts` here (Alg. 2): the table leases extended on the
+    /// way, for the coordinator's cache, or the first key whose lease could not be.
+    fn renew_all(
+        &self,
+        txn: TxnId,
+        commit_ts: u64,
+        renew: &[(RowKey, u64)],
+    ) -> Result<Vec<(TableId, u64)>, (RenewFailure, RowKey)> {
         self.w.charge_ops(renew.len());
+        let mut tables: Vec<(TableId, u64)> = Vec::new();
         for &(key, wts) in renew {
-            self.w.count(super::RENEWALS, 1);
-            if let Err(f) = meta::renew(self.node.store.get_or_create(key), txn, wts, commit_ts, self.state.floor) {
-                self.w.count(super::RENEWALS_FAILED, 1);
-                return Err((f, key));
+            let rec = self.node.store.get_or_create(key);
+            match self.state.renew(&self.w, rec, key, txn, wts, commit_ts) {
+                Ok(Some(end)) => match tables.iter_mut().find(|t| t.0 == key.table) {
+                    Some(t) => t.1 = t.1.max(end),
+                    None => tables.push((key.table, end)),
+                },
+                Ok(None) => {}
+                Err(f) => return Err((f, key)),
             }
         }
-        Ok(())
+        Ok(tables)
     }
 
     fn release(&self, txn: TxnId, keys: &[RowKey]) {
@@ -239,6 +253,8 @@ impl SundialWorker {
                 let got = locks::try_lock_rec(rec, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
                 assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
                 meta::hold_in_doubt(rec, ts);
+                // Its writer holds the tuple: the table is read-only no more.
+                self.state.tables.writer_floor(k.table);
             }
             self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some((writes, ts)) }, now));
         }
