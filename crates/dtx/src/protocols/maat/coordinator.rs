@@ -44,10 +44,12 @@ pub struct MaatTxn<'a> {
     touched: Vec<NodeId>,
     /// Local keys this attempt holds soft locks on (reads, and declared writes).
     local_keys: Vec<RowKey>,
+    /// It must see every acknowledged write (`Attempt::fresh`).
+    fresh: bool,
 }
 
 impl<'a> MaatTxn<'a> {
-    pub fn new(wk: &'a MaatWorker, id: TxnId) -> Self {
+    pub fn new(wk: &'a MaatWorker, id: TxnId, fresh: bool) -> Self {
         MaatTxn {
             wk,
             id,
@@ -56,6 +58,7 @@ impl<'a> MaatTxn<'a> {
             writes: Vec::new(),
             touched: Vec::new(),
             local_keys: Vec::new(),
+            fresh,
         }
     }
 
@@ -104,13 +107,13 @@ impl<'a> MaatTxn<'a> {
     }
 
     /// Read a local record, holding a soft read lock on it.
-    fn read_here(&mut self, key: RowKey, used: bool) -> Option<Value> {
+    fn read_here(&mut self, key: RowKey, used: bool) -> TxnResult<Option<Value>> {
         let wk = self.wk;
         wk.w.charge_ops(1);
-        let (value, wts) = wk.state.read(&wk.node.store, self.id, key);
+        let (value, wts) = wk.state.read(&wk.node.store, self.id, key, self.fresh)?;
         self.local_keys.push(key);
         self.push_read(ReadEntry { key, value: value.clone(), wts, used });
-        value
+        Ok(value)
     }
 
     /// One-shot: read every declared key (a declared write too: its procedure reads it first)
@@ -122,7 +125,7 @@ impl<'a> MaatTxn<'a> {
             match self.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
                 None if self.find_read(k).is_none() => {
-                    self.read_here(k, false);
+                    self.read_here(k, false)?;
                 }
                 None => {}
             }
@@ -154,13 +157,18 @@ impl<'a> MaatTxn<'a> {
         let calls: Vec<_> = nodes
             .iter()
             .map(|(n, reads, writes)| {
-                let req = Request::Read { txn: self.id, keys: reads.clone(), writes: writes.clone() };
+                let req =
+                    Request::Read { txn: self.id, keys: reads.clone(), writes: writes.clone(), fresh: self.fresh };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })
             .collect();
         for ((_, ks, _), reply) in nodes.iter().zip(join_all(calls).await) {
-            let Reply::Values(vals) = reply? else { return Err(Abort::Timeout) };
+            let vals = match reply? {
+                Reply::Values(vals) => vals,
+                Reply::No(a) => return Err(a),
+                _ => return Err(Abort::Timeout),
+            };
             if vals.len() != ks.len() {
                 return Err(Abort::Timeout);
             }
@@ -305,12 +313,14 @@ impl<'a> Access for MaatTxn<'a> {
             return Step::Ready(Ok(v));
         }
         match self.remote_node(key) {
-            None => Step::Ready(Ok(self.read_here(key, true))),
+            None => Step::Ready(self.read_here(key, true)),
             Some(n) => Step::Wait(Box::pin(async move {
                 self.touch(n);
-                let req = Request::Read { txn: self.id, keys: vec![key], writes: Vec::new() };
-                let Reply::Values(mut vals) = self.wk.ask(n, &req).await? else {
-                    return Err(Abort::Timeout);
+                let req = Request::Read { txn: self.id, keys: vec![key], writes: Vec::new(), fresh: self.fresh };
+                let mut vals = match self.wk.ask(n, &req).await? {
+                    Reply::Values(vals) => vals,
+                    Reply::No(a) => return Err(a),
+                    _ => return Err(Abort::Timeout),
                 };
                 let (value, wts) = vals.pop().ok_or(Abort::Timeout)?;
                 self.push_read(ReadEntry { key, value: value.clone(), wts, used: true });
@@ -333,15 +343,16 @@ impl<'a> Access for MaatTxn<'a> {
             let wk = self.wk;
             let rows = if n == wk.node.id {
                 wk.w.charge_ops(1);
-                let rows = wk.state.scan(&wk.node.store, self.id, s);
+                let rows = wk.state.scan(&wk.node.store, self.id, s, self.fresh)?;
                 self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
                 rows
             } else {
                 self.touch(n);
-                let Reply::Rows(rows) = wk.ask(n, &Request::Scan { txn: self.id, scan: s }).await? else {
-                    return Err(Abort::Timeout);
-                };
-                rows
+                match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
+                    Reply::Rows(rows) => rows,
+                    Reply::No(a) => return Err(a),
+                    _ => return Err(Abort::Timeout),
+                }
             };
             let mut out = Vec::with_capacity(rows.len());
             for (k, v, wts) in rows {

@@ -15,16 +15,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Read `keys` (committed value and write timestamp, holding a soft read lock) and hold a
-    /// soft write lock on each of `writes`.
+    /// soft write lock on each of `writes`. `fresh`: the transaction must see every
+    /// acknowledged write; a validated writer's soft lock refuses the read (`No`).
     Read {
         txn: TxnId,
         keys: Vec<RowKey>,
         writes: Vec<RowKey>,
+        fresh: bool,
     },
     /// The existing rows of a range, each read as `Read` reads.
     Scan {
         txn: TxnId,
         scan: Scan,
+        fresh: bool,
     },
     /// Reconnaissance before a transaction: committed values, no soft locks.
     Peek {

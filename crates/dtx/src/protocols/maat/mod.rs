@@ -54,6 +54,10 @@ pub type MaatWorker = CcWorker<Maat>;
 pub const ABORTS: &[(&str, &str)] = &[
     ("maat-frozen", "a validated transaction with an open range [x, ∞) left no timestamp after it"),
     ("maat-empty-range", "no timestamp fits the committed accesses and validated neighbours, here or across nodes"),
+    (
+        "fresh-read-locked",
+        "a read that must see every acknowledged write (a run's final read) met a validated writer; it retries",
+    ),
 ];
 
 /// Counter: commits that raised a node's logged bound first (durable runs).
@@ -135,8 +139,8 @@ impl Cc for Maat {
         }
     }
 
-    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, _attempt: Attempt) -> MaatTxn<'a> {
-        MaatTxn::new(wk, id)
+    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
+        MaatTxn::new(wk, id, attempt.fresh)
     }
 
     fn serve(wk: &MaatWorker, from: Addr, rpc_id: u64, req: messages::Request) {

@@ -47,16 +47,23 @@ impl MaatNode {
     /// Read `key` for `txn`: the committed value and its write timestamp, holding a soft read
     /// lock. An absent record is made (empty) so that the lock has a place: a later insert
     /// conflicts with this read.
-    pub fn read(&self, store: &Store, txn: TxnId, key: RowKey) -> (Option<Value>, u64) {
+    ///
+    /// A `fresh` read (one that must see every acknowledged write: `Attempt::fresh`) is refused
+    /// while a validated writer holds the record: its commit may be acknowledged already and not
+    /// installed here yet (a plain read would be placed before it, which serializability allows).
+    pub fn read(&self, store: &Store, txn: TxnId, key: RowKey, fresh: bool) -> Result<(Option<Value>, u64), Abort> {
         let mut l = self.latch.lock();
         let rec = store.get_or_create(key);
         let mut row = rec.lock();
+        if fresh && row.meta.writers.iter().any(|w| *w != txn && l.table.get(*w).is_some_and(|e| e.validated)) {
+            return Err(Abort::Protocol(super::range::FRESH));
+        }
         MaatMeta::hold(&mut row.meta.readers, txn);
         l.table.entry(txn);
         for &w in &row.meta.writers {
             l.table.respect_validated(txn, w, Order::Before);
         }
-        (row.value.clone(), row.meta.wts)
+        Ok((row.value.clone(), row.meta.wts))
     }
 
     /// Hold a soft write lock on `key` for `txn` (the value comes at validation).
@@ -73,20 +80,23 @@ impl MaatNode {
 
     /// The existing rows of a range, each read (and soft-locked) as [`MaatNode::read`] reads.
     /// Gaps are not locked (no phantom protection, as for the other protocols' scans).
-    pub fn scan(&self, store: &Store, txn: TxnId, s: Scan) -> Vec<(u64, Value, u64)> {
+    pub fn scan(&self, store: &Store, txn: TxnId, s: Scan, fresh: bool) -> Result<Vec<(u64, Value, u64)>, Abort> {
         let mut l = self.latch.lock();
         l.table.entry(txn);
         let mut out = Vec::new();
         for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
             let mut row = rec.lock();
             let Some(v) = row.value.clone() else { continue };
+            if fresh && row.meta.writers.iter().any(|w| *w != txn && l.table.get(*w).is_some_and(|e| e.validated)) {
+                return Err(Abort::Protocol(super::range::FRESH));
+            }
             MaatMeta::hold(&mut row.meta.readers, txn);
             for &w in &row.meta.writers {
                 l.table.respect_validated(txn, w, Order::Before);
             }
             out.push((k, v, row.meta.wts));
         }
-        out
+        Ok(out)
     }
 
     /// Validate `txn` here: after every version it read and every committed access to what it
@@ -187,22 +197,36 @@ impl MaatWorker {
         let (store, node) = (&self.node.store, &*self.state);
         let now = self.w.now_ns();
         let reply = match req {
-            Request::Read { txn, keys, writes } => {
+            Request::Read { txn, keys, writes, fresh } => {
                 self.w.charge_ops(keys.len() + writes.len());
-                let values = keys.iter().map(|k| node.read(store, txn, *k)).collect();
-                writes.iter().for_each(|k| node.lock_write(store, txn, *k));
+                // Its soft locks are remembered before any is taken, so that an abort here drops them.
                 self.remember(txn, now, |p| {
                     p.reads.extend_from_slice(&keys);
                     p.write_locks.extend_from_slice(&writes);
                 });
-                Reply::Values(values)
+                let values: Result<Vec<_>, Abort> = keys.iter().map(|k| node.read(store, txn, *k, fresh)).collect();
+                match values {
+                    Ok(values) => {
+                        writes.iter().for_each(|k| node.lock_write(store, txn, *k));
+                        Reply::Values(values)
+                    }
+                    Err(a) => Reply::No(a),
+                }
             }
-            Request::Scan { txn, scan } => {
-                let rows = node.scan(store, txn, scan);
-                self.w.charge_ops(rows.len() + 1);
-                self.remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
-                Reply::Rows(rows)
-            }
+            Request::Scan { txn, scan, fresh } => match node.scan(store, txn, scan, fresh) {
+                Ok(rows) => {
+                    self.w.charge_ops(rows.len() + 1);
+                    self.remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
+                    Reply::Rows(rows)
+                }
+                Err(a) => {
+                    // Rows it read before the refusal hold soft locks: drop them with its range.
+                    let keys = store.table(scan.table).range(scan.lo, scan.hi, scan.limit as usize, scan.descending);
+                    node.abort(store, txn, keys.into_iter().map(|(k, _)| RowKey::new(scan.table, k)));
+                    self.remember(txn, now, |_| {});
+                    Reply::No(a)
+                }
+            },
             Request::Peek { keys } => {
                 self.w.charge_ops(keys.len());
                 Reply::Values(keys.iter().map(|k| peek(store, *k)).collect())

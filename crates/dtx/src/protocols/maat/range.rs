@@ -22,6 +22,8 @@ pub const FROZEN: Reason = Reason::new("maat-frozen");
 /// The range came out empty for another reason (committed timestamps, or closed ranges of
 /// validated transactions on both sides), here or across the participants.
 pub const EMPTY: Reason = Reason::new("maat-empty-range");
+/// A read that must see every acknowledged write met a validated writer's soft lock.
+pub const FRESH: Reason = Reason::new("fresh-read-locked");
 
 /// A transaction's range at one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -187,7 +187,13 @@ impl<'a> SundialTxn<'a> {
             }
             Self::note_node(&mut self.locked_at, n);
         }
-        let req = Request::Fetch { txn: self.id, prio: self.prio, reads: asked_keys(&reads), locks: lock.clone() };
+        let req = Request::Fetch {
+            txn: self.id,
+            prio: self.prio,
+            reads: asked_keys(&reads),
+            locks: lock.clone(),
+            fresh: self.fresh,
+        };
         let reply = self.wk.ask(n, &req).await?;
         self.take_fetched(reply, reads, lock, false)
     }
@@ -383,6 +389,9 @@ impl<'a> Access for SundialTxn<'a> {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.wk.node.store.get_or_create(key);
+                if self.fresh && meta::written_by_other(rec, self.id) {
+                    return Step::Ready(Err(Abort::Protocol(super::FRESH_READ_LOCKED)));
+                }
                 let (value, lease) = self.wk.state.read(rec, key);
                 self.push_read(key, value.clone(), lease, Some(rec), true);
                 Step::Ready(Ok(value))
@@ -423,11 +432,15 @@ impl<'a> Access for SundialTxn<'a> {
             let local = n == self.wk.node.id;
             let rows = if local {
                 self.wk.w.charge_ops(1);
+                if self.fresh && self.wk.state.scan_written(&self.wk.node.store, s) {
+                    return Err(Abort::Protocol(super::FRESH_READ_LOCKED));
+                }
                 self.wk.state.scan(&self.wk.node.store, s)
             } else {
                 Self::note_node(&mut self.read_at, n);
-                match self.wk.ask(n, &Request::Scan { scan: s }).await? {
+                match self.wk.ask(n, &Request::Scan { scan: s, fresh: self.fresh }).await? {
                     Reply::Rows(rows) => rows,
+                    Reply::Aborted(a) => return Err(a),
                     _ => return Err(Abort::Timeout),
                 }
             };
@@ -464,7 +477,13 @@ impl recon::SnapshotReader for SundialWorker {
             if n == self.node.id {
                 return Ok(self.node.store.get(key).and_then(|r| r.lock().value.clone()));
             }
-            let req = Request::Fetch { txn: 0, prio: Prio::default(), reads: vec![(key, None)], locks: Vec::new() };
+            let req = Request::Fetch {
+                txn: 0,
+                prio: Prio::default(),
+                reads: vec![(key, None)],
+                locks: Vec::new(),
+                fresh: false,
+            };
             match self.ask(n, &req).await? {
                 Reply::Fetched(mut v) => match v.pop() {
                     Some(Fetched::Data(value, _)) => Ok(value),
@@ -482,7 +501,7 @@ impl recon::SnapshotReader for SundialWorker {
             let rows = if n == self.node.id {
                 meta::scan(&self.node.store, s, self.state.floor)
             } else {
-                match self.ask(n, &Request::Scan { scan: s }).await? {
+                match self.ask(n, &Request::Scan { scan: s, fresh: false }).await? {
                     Reply::Rows(rows) => rows,
                     _ => return Err(Abort::Timeout),
                 }
@@ -512,7 +531,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
             }
         }
         let wk = self.wk;
-        let (id, prio) = (self.id, self.prio);
+        let (id, prio, fresh) = (self.id, self.prio, self.fresh);
         // Find the local records now and start loading them, so that their cache misses
         // overlap each other and the remote round trip (as OCC's prefetch does).
         local_locks.sort_unstable();
@@ -554,7 +573,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let calls: Vec<_> = remote
             .iter()
             .map(|(n, r, l)| {
-                let req = Request::Fetch { txn: id, prio, reads: asked_keys(r), locks: l.clone() };
+                let req = Request::Fetch { txn: id, prio, reads: asked_keys(r), locks: l.clone(), fresh };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })
@@ -573,6 +592,9 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         wk.w.charge_ops(local_read_recs.len());
         for (k, rec) in local_read_recs {
             if self.find_read(k).is_none() {
+                if fresh && meta::written_by_other(rec, id) {
+                    return Err(Abort::Protocol(super::FRESH_READ_LOCKED));
+                }
                 let (value, lease) = self.wk.state.read(rec, k);
                 self.push_read(k, value, lease, Some(rec), false);
             }

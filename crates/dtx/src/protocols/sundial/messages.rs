@@ -17,9 +17,12 @@ pub enum Request {
     /// Lock `locks` for writing (WAIT_DIE), then read each of `locks` and `reads`: committed
     /// value and lease. Reads take no lock; a read that names the version of a copy the
     /// coordinator's node has cached (`always request`) gets the lease alone when it is current.
-    Fetch { txn: TxnId, prio: Prio, reads: Vec<(RowKey, Option<u64>)>, locks: Vec<RowKey> },
-    /// The existing rows of a range, with their leases (no lock).
-    Scan { scan: Scan },
+    /// `fresh`: the transaction must see every acknowledged write (`Attempt::fresh`): a read of
+    /// a tuple a writer holds is refused, since that writer's commit may be acknowledged
+    /// already and not installed yet.
+    Fetch { txn: TxnId, prio: Prio, reads: Vec<(RowKey, Option<u64>)>, locks: Vec<RowKey>, fresh: bool },
+    /// The existing rows of a range, with their leases (no lock); `fresh` as for `Fetch`.
+    Scan { scan: Scan, fresh: bool },
     /// Phase one: extend these reads (key, the `wts` read) to `commit_ts`, then keep the writes
     /// until the decision; with no writes here, release and leave.
     Prepare { txn: TxnId, commit_ts: u64, renew: Vec<(RowKey, u64)>, writes: Vec<(RowKey, Option<Value>)> },

@@ -50,6 +50,13 @@ pub fn read(rec: &Rec, floor: u64) -> (Option<Value>, Lease) {
     (row.value.clone(), lease)
 }
 
+/// Another transaction holds the tuple's write lock: what it installs may be acknowledged
+/// already (a transaction that must see every acknowledged write cannot read around it).
+pub fn written_by_other(rec: &Rec, txn: TxnId) -> bool {
+    let row = rec.lock();
+    row.meta.lock.is_held() && !row.meta.lock.holds(txn, Mode::Shared)
+}
+
 /// The lease of a record `txn` has locked (stable until `txn` installs or releases).
 pub fn locked_lease(rec: &Rec, txn: TxnId, floor: u64) -> (Option<Value>, Lease) {
     let mut row = rec.lock();

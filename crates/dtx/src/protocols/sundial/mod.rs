@@ -138,6 +138,15 @@ impl SundialNode {
         rows
     }
 
+    /// A writer holds a tuple of the range (a fresh scan must not read around it).
+    pub fn scan_written(&self, store: &crate::storage::Storage<SundialMeta>, s: Scan) -> bool {
+        store
+            .table(s.table)
+            .range(s.lo, s.hi, s.limit as usize, s.descending)
+            .into_iter()
+            .any(|(_, r)| meta::written_by_other(r, 0))
+    }
+
     /// The lease of a tuple `txn` locked to write: its commit timestamp passes the table's
     /// lease too, and the table is read-only no more.
     pub fn locked_lease(&self, rec: &meta::Rec, txn: TxnId, key: RowKey) -> (Option<Value>, Lease) {
@@ -210,6 +219,7 @@ pub const OPTIONS: &[OptionSpec] = &[
 ];
 
 pub const READ_THEN_WRITE_CHANGED: Reason = Reason::new("read-then-write-changed");
+pub const FRESH_READ_LOCKED: Reason = Reason::new("fresh-read-locked");
 
 /// The abort reasons it defines (the paper's cases, Sec. 5.1); WAIT_DIE's are the shared ones.
 pub const ABORTS: &[(&str, &str)] = &[
@@ -217,6 +227,10 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("lease-newer-version-before", "a read's tuple has a newer version at or before the commit timestamp (case b)"),
     ("lease-locked", "a read's lease must be extended but a writer holds the tuple (case c)"),
     ("read-then-write-changed", "a tuple read and then locked to be written had changed in between"),
+    (
+        "fresh-read-locked",
+        "a read that must see every acknowledged write (a run's final read) met a tuple a writer holds; it retries",
+    ),
 ];
 
 /// Counters: lease extensions tried at prepare, and those that failed; remote reads answered

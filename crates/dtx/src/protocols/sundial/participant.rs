@@ -26,15 +26,26 @@ pub struct PartTxn {
 impl SundialWorker {
     pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
         match req {
-            Request::Fetch { txn, prio, reads, locks } if locks.is_empty() => {
+            Request::Fetch { txn, reads, fresh: true, .. }
+                if reads
+                    .iter()
+                    .any(|(k, _)| self.node.store.get(*k).is_some_and(|r| meta::written_by_other(r, txn))) =>
+            {
+                self.w.reply(from, rpc_id, &encode(&Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED))));
+            }
+            Request::Fetch { txn, prio, reads, locks, .. } if locks.is_empty() => {
                 // Reads take nothing: no state for the transaction here.
                 let _ = (txn, prio);
                 let vals = self.read_all(&reads);
                 self.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)));
             }
-            Request::Fetch { txn, prio, reads, locks } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
-            Request::Scan { scan } => {
+            Request::Fetch { txn, prio, reads, locks, .. } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
+            Request::Scan { scan, fresh } => {
                 self.w.charge_ops(1);
+                if fresh && self.state.scan_written(&self.node.store, scan) {
+                    let reply = Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED));
+                    return self.w.reply(from, rpc_id, &encode(&reply));
+                }
                 let rows = self.state.scan(&self.node.store, scan);
                 self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)));
             }
