@@ -4,7 +4,7 @@
 
 use super::messages::{Reply, Request};
 use super::meta::MaatMeta;
-use super::range::{Entry, Order, Validation, OPEN};
+use super::range::{Entry, Order, TimeTable, Validation, OPEN};
 use super::{MaatNode, MaatWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::{InDoubt, LogRecord};
@@ -43,6 +43,21 @@ pub fn peek_scan(store: &Store, s: Scan) -> Vec<(u64, Value, u64)> {
         .collect()
 }
 
+/// `txn` reads a record (under the node's latch): a soft read lock, and its range moved before
+/// every validated writer of it. A `fresh` read is refused instead while a validated writer
+/// holds the record.
+fn hold_read(table: &mut TimeTable, meta: &mut MaatMeta, txn: TxnId, fresh: bool) -> Result<(), Abort> {
+    if fresh && meta.writers.iter().any(|w| *w != txn && table.get(*w).is_some_and(|e| e.validated)) {
+        return Err(Abort::Protocol(super::range::FRESH));
+    }
+    MaatMeta::hold(&mut meta.readers, txn);
+    table.entry(txn);
+    for &w in &meta.writers {
+        table.respect_validated(txn, w, Order::Before);
+    }
+    Ok(())
+}
+
 impl MaatNode {
     /// Read `key` for `txn`: the committed value and its write timestamp, holding a soft read
     /// lock. An absent record is made (empty) so that the lock has a place: a later insert
@@ -55,14 +70,7 @@ impl MaatNode {
         let mut l = self.latch.lock();
         let rec = store.get_or_create(key);
         let mut row = rec.lock();
-        if fresh && row.meta.writers.iter().any(|w| *w != txn && l.table.get(*w).is_some_and(|e| e.validated)) {
-            return Err(Abort::Protocol(super::range::FRESH));
-        }
-        MaatMeta::hold(&mut row.meta.readers, txn);
-        l.table.entry(txn);
-        for &w in &row.meta.writers {
-            l.table.respect_validated(txn, w, Order::Before);
-        }
+        hold_read(&mut l.table, &mut row.meta, txn, fresh)?;
         Ok((row.value.clone(), row.meta.wts))
     }
 
@@ -87,13 +95,7 @@ impl MaatNode {
         for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
             let mut row = rec.lock();
             let Some(v) = row.value.clone() else { continue };
-            if fresh && row.meta.writers.iter().any(|w| *w != txn && l.table.get(*w).is_some_and(|e| e.validated)) {
-                return Err(Abort::Protocol(super::range::FRESH));
-            }
-            MaatMeta::hold(&mut row.meta.readers, txn);
-            for &w in &row.meta.writers {
-                l.table.respect_validated(txn, w, Order::Before);
-            }
+            hold_read(&mut l.table, &mut row.meta, txn, fresh)?;
             out.push((k, v, row.meta.wts));
         }
         Ok(out)

@@ -414,10 +414,8 @@ impl TxnLog {
         if self.log.is_none() {
             return Ok(());
         }
-        let t0 = w.now_ns();
         let lsn = self.append_encoded(&LogRecordRef::CommitAt { txn, writes: local_writes, participants, ts })?;
-        self.durable(lsn).await;
-        w.note_log_wait(w.now_ns() - t0);
+        self.durable_counted(w, lsn).await;
         Ok(())
     }
 
