@@ -11,7 +11,7 @@ use crate::bench::BenchSpec;
 use crate::cluster::PartitionId;
 use crate::net::Addr;
 use crate::protocols::{self, Attempt, NodeEnv, WorkerProtocol};
-use crate::rt::{sim::SimWorld, Worker, WorkerConfig};
+use crate::rt::{sim::SimWorld, Worker};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::Abort;
 use crate::txn::{Access, Ctx, KeySet, Scan, Step, TxnOutput, TxnRequest, TxnResult};
@@ -94,7 +94,7 @@ fn client(
 
 pub fn run(spec: &BenchSpec) -> SimRun {
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
-    let cfg = WorkerConfig { seed: spec.seed, cost: spec.cost, rpc: spec.rpc };
+    let cfg = spec.worker_config();
     let end_ns = (spec.warmup_us + spec.duration_us) * 1000;
     let stats = Rc::new(RefCell::new(SimRun::default()));
     let live = Rc::new(Cell::new(0usize));

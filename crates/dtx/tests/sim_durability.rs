@@ -118,7 +118,8 @@ fn a_restarted_local_cluster_recovers_from_checkpoints_and_the_log_after_them() 
 
 /// Run a local durable cluster twice over the same data folder and check that the second run's
 /// final state extends the first's. Returns (checkpoint files, segments deleted) seen after the
-/// first run of the last protocol.
+/// first runs, summed over the protocols (how much one 300 ms run logs depends on the machine's
+/// load: the sum does not).
 fn restart_and_compare(tag: &str, tune: impl Fn(&mut BenchSpec)) -> (usize, usize) {
     let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}-{tag}", std::process::id()));
     let mut seen = (0, 0);
@@ -134,7 +135,8 @@ fn restart_and_compare(tag: &str, tune: impl Fn(&mut BenchSpec)) -> (usize, usiz
             0xd7_0000 + dtx::protocols::REGISTRY.iter().position(|q| q.name == p.name).unwrap_or(0) as u64;
         tune(&mut spec);
         let first = bench::run_local(&spec).expect("first run");
-        seen = log_files(&data.join(format!("{:016x}", spec.durability.cluster_id)));
+        let files = log_files(&data.join(format!("{:016x}", spec.durability.cluster_id)));
+        seen = (seen.0 + files.0, seen.1 + files.1);
         assert!(first.totals.committed > 0 && first.totals.log_waits > 0, "{}: nothing durable committed", p.name);
         let before = final_state(&first);
         assert!(before.values().any(|l| !l.is_empty()), "{}: the first run appended nothing", p.name);

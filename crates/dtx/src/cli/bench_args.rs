@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// Uniform jitter added to each message.
     #[arg(long, default_value = "0")]
     jitter: String,
+    /// Skew between the nodes' wall clocks (e.g. 1ms): node n of N runs n/(N-1) of it ahead
+    /// of node 0. Only protocols that order transactions by wall-clock time feel it (mvcc).
+    #[arg(long, default_value = "0")]
+    clock_skew: String,
     /// Region latency matrix file (one row per region, one-way delays).
     #[arg(long)]
     latency_matrix: Option<PathBuf>,
@@ -371,6 +375,7 @@ impl BenchArgs {
                 Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
                 None => Vec::new(),
             },
+            clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
         };
         spec.validate()?;
         Ok(spec)

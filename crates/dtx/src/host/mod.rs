@@ -19,7 +19,7 @@ use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
 use crate::protocols::{self, NodeEnv, NodeProtocol, ProtoOptions, WorkerProtocol};
 use crate::replication::{Durability, DurabilityConfig};
 use crate::rt::log::NodeLog;
-use crate::rt::{sim::SimWorld, CpuCost, RpcConfig, Worker, WorkerConfig};
+use crate::rt::{sim::SimWorld, ClockSkew, CpuCost, RpcConfig, Worker, WorkerConfig};
 use crate::workloads::{self, Workload, WorkloadParams};
 use anyhow::{bail, Context};
 use driver::{DriverConfig, RunShared, Window};
@@ -60,6 +60,9 @@ pub struct BenchSpec {
     /// runs clients.
     #[serde(default)]
     pub node_roles: Vec<crate::cluster::Roles>,
+    /// The skew injected into the nodes' wall clocks (`--clock-skew-us`, see [`ClockSkew`]).
+    #[serde(default)]
+    pub clock_skew_us: u64,
 }
 
 impl BenchSpec {
@@ -87,6 +90,7 @@ impl BenchSpec {
             max_retries: 1000,
             durability: DurabilityConfig::default(),
             node_roles: Vec::new(),
+            clock_skew_us: 0,
         }
     }
 
@@ -131,6 +135,9 @@ impl BenchSpec {
         if self.duration_us == 0 {
             bail!("--duration must be positive");
         }
+        if self.clock_skew_us > 60_000_000 {
+            bail!("--clock-skew {} µs is more than a minute: give at most 60s", self.clock_skew_us);
+        }
         if !(0.0..=1.0).contains(&self.faults.loss) {
             bail!("loss probability {} must be within 0..1", self.faults.loss);
         }
@@ -154,8 +161,9 @@ impl BenchSpec {
         Ok(())
     }
 
-    fn worker_config(&self) -> WorkerConfig {
-        WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc }
+    pub(crate) fn worker_config(&self) -> WorkerConfig {
+        let clocks = ClockSkew { skew_us: self.clock_skew_us, nodes: self.nodes };
+        WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc, clocks }
     }
 
     fn driver_config(&self, window: Window) -> DriverConfig {

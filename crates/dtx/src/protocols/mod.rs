@@ -9,6 +9,7 @@ pub mod calvin;
 pub mod maat;
 #[cfg(test)]
 pub mod multilog;
+pub mod mvcc;
 pub mod occ;
 pub mod options;
 pub mod sundial;
@@ -218,6 +219,15 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         options: &[twopc::ORPHAN_OPTION],
         aborts: maat::ABORTS,
         make: |o| two_pc(maat::Maat, o),
+    },
+    ProtocolInfo {
+        name: "mvcc",
+        status: "ready",
+        description:
+            "static-timestamp MVCC: wall-clock timestamps fixed at start (the Sundial paper's Sec. 6.6 baseline)",
+        options: &[twopc::ORPHAN_OPTION],
+        aborts: mvcc::ABORTS,
+        make: |o| two_pc(mvcc::Mvcc, o),
     },
     ProtocolInfo {
         name: "occ",

@@ -142,13 +142,39 @@ impl Default for RpcConfig {
     }
 }
 
-/// How a worker is set up: the run's seed, CPU cost model and RPC policy.
+/// How a worker is set up: the run's seed, CPU cost model and RPC policy, and the skew
+/// injected into the nodes' wall clocks.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WorkerConfig {
     pub seed: u64,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
+    pub clocks: ClockSkew,
 }
+
+/// Skew injected into the nodes' wall clocks (`--clock-skew-us`): node `n` of `nodes` runs
+/// `n * skew_us / (nodes - 1)` ahead of node 0, so the two farthest apart differ by `skew_us`.
+/// Only a protocol that orders transactions by wall-clock time (static-timestamp MVCC) feels
+/// it; timers and the run's measurements use the runtime's own clock.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClockSkew {
+    pub skew_us: u64,
+    pub nodes: u16,
+}
+
+impl ClockSkew {
+    /// How far node `node`'s wall clock runs ahead of node 0's.
+    pub fn offset_us(&self, node: u16) -> u64 {
+        if self.nodes <= 1 {
+            return 0;
+        }
+        self.skew_us * u64::from(node.min(self.nodes - 1)) / u64::from(self.nodes - 1)
+    }
+}
+
+/// Wall-clock time is counted from 2025-01-01 (µs), so that it fits timestamps with low bits
+/// to spare.
+const WALL_EPOCH_UNIX_US: u64 = 1_735_689_600_000_000;
 
 /// Receives the messages of a node service (log replication) on one worker: the sender, the
 /// 64-bit tag the sender put in the envelope header, and the body.
@@ -202,6 +228,7 @@ pub struct Worker {
     charged_ns: Cell<u64>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
+    clocks: ClockSkew,
     /// Run when the simulator crashes this worker's node (its memory is about to be lost).
     crash_hooks: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
@@ -234,6 +261,7 @@ impl Worker {
             charged_ns: Cell::new(0),
             cost: cfg.cost,
             rpc: cfg.rpc,
+            clocks: cfg.clocks,
             crash_hooks: RefCell::new(Vec::new()),
         }
     }
@@ -284,6 +312,26 @@ impl Worker {
 
     pub fn now_us(&self) -> u64 {
         self.now_ns() / 1000
+    }
+
+    /// This node's wall clock, µs: the virtual time in the simulator, the system's clock
+    /// otherwise (the same base in every process of a `tcp` run), plus the skew injected for
+    /// this node ([`ClockSkew`]). It may stand still or step back: it is for protocols that
+    /// order transactions by real time, never for timers.
+    pub fn wall_us(&self) -> u64 {
+        let base = match &self.clock {
+            Clock::Virtual(_) => self.now_us(),
+            Clock::Real(_) => {
+                let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US)
+            }
+        };
+        base + self.clocks.offset_us(self.addr.node)
+    }
+
+    /// The most two nodes' wall clocks differ by, as far as the run knows: the injected skew.
+    pub fn clock_skew_us(&self) -> u64 {
+        self.clocks.skew_us
     }
 
     /// Charge simulated CPU time for work just done.

@@ -10,7 +10,7 @@ use super::participant::{self as part, Writes};
 use super::range::EMPTY;
 use super::MaatWorker;
 use crate::net::NodeId;
-use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -360,11 +360,8 @@ impl<'a> Access for MaatTxn<'a> {
                 if self.find_read(key).is_none() {
                     self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
                 }
-                // Our own uncommitted writes win over what the store holds.
-                match self.writes.iter().find(|(wk, _)| *wk == key) {
-                    Some((_, Some(mine))) => out.push((k, mine.clone())),
-                    Some((_, None)) => {}
-                    None => out.push((k, v)),
+                if let Some(v) = own_view(&self.writes, key, v) {
+                    out.push((k, v));
                 }
             }
             Ok(out)

@@ -202,7 +202,7 @@ impl MaatWorker {
             Request::Read { txn, keys, writes, fresh } => {
                 self.w.charge_ops(keys.len() + writes.len());
                 // Its soft locks are remembered before any is taken, so that an abort here drops them.
-                self.remember(txn, now, |p| {
+                self.parts.remember(txn, now, |p| {
                     p.reads.extend_from_slice(&keys);
                     p.write_locks.extend_from_slice(&writes);
                 });
@@ -218,14 +218,15 @@ impl MaatWorker {
             Request::Scan { txn, scan, fresh } => match node.scan(store, txn, scan, fresh) {
                 Ok(rows) => {
                     self.w.charge_ops(rows.len() + 1);
-                    self.remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
+                    self.parts
+                        .remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
                     Reply::Rows(rows)
                 }
                 Err(a) => {
                     // Rows it read before the refusal hold soft locks: drop them with its range.
                     let keys = store.table(scan.table).range(scan.lo, scan.hi, scan.limit as usize, scan.descending);
                     node.abort(store, txn, keys.into_iter().map(|(k, _)| RowKey::new(scan.table, k)));
-                    self.remember(txn, now, |_| {});
+                    self.parts.remember(txn, now, |_| {});
                     Reply::No(a)
                 }
             },
@@ -250,15 +251,6 @@ impl MaatWorker {
         self.w.reply(from, rpc_id, &encode(&reply));
     }
 
-    /// Note what a remote transaction holds here (its participant state starts with its first
-    /// access), and that its coordinator was heard from.
-    fn remember(&self, txn: TxnId, now: u64, f: impl FnOnce(&mut PartTxn)) {
-        let mut parts = self.parts.txns.borrow_mut();
-        let e = parts.entry(txn).or_insert_with(|| (PartTxn::default(), now));
-        e.1 = now;
-        f(&mut e.0);
-    }
-
     fn validate(&self, from: Addr, rpc_id: u64, txn: TxnId, reads: Vec<(RowKey, u64)>, writes: Writes, now: u64) {
         self.w.charge_ops(reads.len() + writes.len());
         let validated = self.state.latch.lock().table.get(txn).filter(|e| e.validated);
@@ -274,7 +266,7 @@ impl MaatWorker {
             return self.w.reply(from, rpc_id, &encode(&Reply::No(Abort::ParticipantLost)));
         }
         let write_keys: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
-        self.remember(txn, now, |p| p.write_locks.extend_from_slice(&write_keys));
+        self.parts.remember(txn, now, |p| p.write_locks.extend_from_slice(&write_keys));
         let (lower, upper) = match self.state.validate(&self.node.store, txn, &reads, &write_keys) {
             Ok(r) => r,
             Err(a) => {
@@ -288,7 +280,7 @@ impl MaatWorker {
             self.abort_here(txn);
             return self.w.reply(from, rpc_id, &encode(&Reply::No(Abort::LogRefused)));
         };
-        self.remember(txn, now, |p| p.writes = writes);
+        self.parts.remember(txn, now, |p| p.writes = writes);
         self.reply_when_durable(from, rpc_id, lsn.max(bound_lsn), encode(&Reply::Range { lower, upper, bound }));
     }
 

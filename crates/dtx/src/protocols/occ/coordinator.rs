@@ -8,7 +8,7 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::NodeId;
-use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -455,11 +455,8 @@ impl<'a> Access for OccTxn<'a> {
                     let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
                     self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
                 }
-                // Our own uncommitted writes win over what the store holds.
-                match self.writes.iter().find(|(wk, _)| *wk == key) {
-                    Some((_, Some(mine))) => out.push((k, mine.clone())),
-                    Some((_, None)) => {}
-                    None => out.push((k, v)),
+                if let Some(v) = own_view(&self.writes, key, v) {
+                    out.push((k, v));
                 }
             }
             Ok(out)

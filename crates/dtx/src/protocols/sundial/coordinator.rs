@@ -11,7 +11,7 @@ use super::participant::Writes;
 use super::policy::CachePolicy;
 use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
-use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
 use crate::protocols::twopl::participant::{self as locks, LockStep};
 use crate::rt::{join_all, LocalBoxFuture};
@@ -458,10 +458,8 @@ impl<'a> Access for SundialTxn<'a> {
                         self.push_read(key, Some(v.clone()), lease, rec, true);
                     }
                 }
-                match self.writes.iter().find(|(w, _)| *w == key) {
-                    Some((_, Some(mine))) => out.push((k, mine.clone())),
-                    Some((_, None)) => {}
-                    None => out.push((k, v)),
+                if let Some(v) = own_view(&self.writes, key, v) {
+                    out.push((k, v));
                 }
             }
             Ok(out)

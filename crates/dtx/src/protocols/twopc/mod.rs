@@ -10,7 +10,7 @@ pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
-use crate::storage::{RowKey, Storage};
+use crate::storage::{RowKey, Storage, Value};
 use crate::txn::Procedures;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,15 @@ pub type TxnId = u64;
 const SEQ_BITS: u32 = 36;
 const BOOT_BITS: u32 = 10;
 const WORKER_BITS: u32 = 6;
+
+/// A scanned row as the transaction itself sees it: its own uncommitted write wins over the
+/// `stored` value (`None`: it deleted the row).
+pub fn own_view(writes: &[(RowKey, Option<Value>)], key: RowKey, stored: Value) -> Option<Value> {
+    match writes.iter().find(|(k, _)| *k == key) {
+        Some((_, mine)) => mine.clone(),
+        None => Some(stored),
+    }
+}
 
 pub fn txn_id(addr: Addr, boot: u32, seq: u64) -> TxnId {
     debug_assert!(addr.node < 1 << 12 && addr.worker < 1 << WORKER_BITS, "{addr} does not fit a transaction id");
@@ -283,6 +292,17 @@ impl<S> PartTable<S> {
 
     pub fn contains(&self, txn: TxnId) -> bool {
         self.txns.borrow().contains_key(&txn)
+    }
+}
+
+impl<S: Default> PartTable<S> {
+    /// Note what a remote transaction holds here (its state starts empty with its first
+    /// access), and that its coordinator was heard from at `now_ns`.
+    pub fn remember(&self, txn: TxnId, now_ns: u64, f: impl FnOnce(&mut S)) {
+        let mut txns = self.txns.borrow_mut();
+        let e = txns.entry(txn).or_insert_with(|| (S::default(), now_ns));
+        e.1 = now_ns;
+        f(&mut e.0);
     }
 }
 

@@ -8,7 +8,7 @@ use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::NodeId;
-use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -442,13 +442,9 @@ impl<'a> Access for TplTxn<'a> {
                     _ => return Err(Abort::Timeout),
                 }
             };
-            // Our own writes win over what the store holds.
             Ok(rows
                 .into_iter()
-                .filter_map(|(k, v)| match self.writes.iter().find(|(wk, _)| wk.table == s.table && wk.key == k) {
-                    Some((_, mine)) => mine.clone().map(|m| (k, m)),
-                    None => Some((k, v)),
-                })
+                .filter_map(|(k, v)| Some((k, own_view(&self.writes, RowKey::new(s.table, k), v)?)))
                 .collect())
         }))
     }
