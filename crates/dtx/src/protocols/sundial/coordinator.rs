@@ -513,32 +513,32 @@ impl<'a> CoordTxn for SundialTxn<'a> {
     /// One-shot: every declared key, one `Fetch` per remote participant, in parallel; then the
     /// local ones.
     async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+        let wk = self.wk;
+        let (id, prio, fresh) = (self.id, self.prio, self.fresh);
+        let store = &wk.node.store;
+        // Sized once per attempt: no allocation grows on the one-shot path.
+        self.reads.reserve(keys.reads.len() + keys.writes.len());
+        self.writes.reserve(keys.writes.len());
+        self.held_local.reserve(keys.writes.len());
         let mut by_node: FxHashMap<NodeId, (Vec<RowKey>, Vec<RowKey>)> = FxHashMap::default();
-        let mut local_reads = Vec::new();
-        let mut local_locks = Vec::new();
+        // The local records are found now and start loading, so that their cache misses
+        // overlap each other and the remote round trip (as OCC's prefetch does).
+        let mut local_lock_recs: Vec<(RowKey, &'a Rec)> = Vec::with_capacity(keys.writes.len());
+        let mut local_read_recs: Vec<(RowKey, &'a Rec)> = Vec::with_capacity(keys.reads.len());
         for &k in &keys.writes {
             match self.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().1.push(k),
-                None => local_locks.push(k),
+                None => local_lock_recs.push((k, store.get_or_create(k))),
             }
         }
         for &k in keys.reads.iter().filter(|k| !keys.covers(**k, true)) {
             match self.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
-                None => local_reads.push(k),
+                None => local_read_recs.push((k, store.get_or_create(k))),
             }
         }
-        let wk = self.wk;
-        let (id, prio, fresh) = (self.id, self.prio, self.fresh);
-        // Find the local records now and start loading them, so that their cache misses
-        // overlap each other and the remote round trip (as OCC's prefetch does).
-        local_locks.sort_unstable();
-        local_locks.dedup();
-        let store = &wk.node.store;
-        let local_lock_recs: Vec<(RowKey, &'a Rec)> =
-            local_locks.iter().map(|&k| (k, store.get_or_create(k))).collect();
-        let local_read_recs: Vec<(RowKey, &'a Rec)> =
-            local_reads.iter().map(|&k| (k, store.get_or_create(k))).collect();
+        local_lock_recs.sort_unstable_by_key(|e| e.0);
+        local_lock_recs.dedup_by_key(|e| e.0);
         for (_, r) in local_lock_recs.iter().chain(&local_read_recs) {
             r.prefetch();
         }
@@ -618,7 +618,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
             }
         }
         let me = wk.node.id;
-        let mut local_writes = Writes::new();
+        let mut local_writes = Writes::with_capacity(self.writes.len());
         let mut remote_writes = Writes::new();
         let mut remote: FxHashMap<NodeId, (Vec<(RowKey, u64)>, Writes)> = FxHashMap::default();
         for n in self.locked_at.iter().chain(&self.read_at) {
