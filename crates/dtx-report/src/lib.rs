@@ -67,6 +67,26 @@ pub struct RunReport {
     /// queries...), totals over every worker; the table shows them per committed transaction
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
+    /// every fault the run injected into real processes (`--runtime tcp`), in order
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fault_events: Vec<FaultEvent>,
+}
+
+/// One fault injected into a server process: what, where, when, and how long until the node
+/// answered again.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FaultEvent {
+    /// `crash` (kill -9, then started again over its data folder) or `pause` (SIGSTOP, then
+    /// SIGCONT)
+    pub kind: String,
+    pub node: u32,
+    /// When it was injected, ms after the run started (warm-up included)
+    pub at_ms: f64,
+    /// How long the process was down or stopped
+    pub down_ms: f64,
+    /// From the fault to the node's server answering its control connection again (after
+    /// recovering from its log, for a crash); null if it did not within the bench's patience
+    pub served_again_ms: Option<f64>,
 }
 
 /// The whole file written by `--json`.
@@ -140,6 +160,7 @@ pub(crate) mod test_support {
             throughput_per_100ms: Vec::new(),
             extra: BTreeMap::new(),
             counters: BTreeMap::new(),
+            fault_events: Vec::new(),
         }
     }
 

@@ -372,7 +372,8 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
             .spawn()
             .unwrap();
         // Mid-run: kill -9 node 1, then start it again over its data folder. It resumes the run
-        // from its log (no clients: they died with it) and the bench reconnects.
+        // from its log (its clients died with it; new ones run to the window's end) and the
+        // bench reconnects.
         std::thread::sleep(Duration::from_millis(1500));
         cluster.kill_server(1);
         cluster.start_some(&[1]);
@@ -393,6 +394,70 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
         assert!(lists.values().any(|l| !l.is_empty()), "{protocol}: nothing was appended");
         assert!(read(&cluster.server_log(1)).contains("resuming the unfinished run"));
     }
+}
+
+/// The nemesis of `--faults crash,pause` on tcp, for every ready protocol: the bench kills
+/// (kill -9) or stops (SIGSTOP) a random server of its own cluster every 700 ms and brings it
+/// back 200 ms later (restarted over its data folder, or SIGCONT), for the whole run. Each
+/// history is serializable with every acknowledged append in the final read, and the JSON lists
+/// every fault with the time until its server answered again.
+#[test]
+fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("nemesis.json");
+    let args = [
+        "bench",
+        "--runtime",
+        "tcp",
+        "--nodes",
+        "3",
+        "--durability",
+        "wal",
+        "--faults",
+        "crash,pause",
+        "--fault-every",
+        "700ms",
+        "--fault-duration",
+        "200ms",
+        "--duration",
+        "2.5",
+        "--warmup",
+        "0.2",
+        "--workload",
+        "append",
+        "--inflight",
+        "4",
+        "--verify",
+        "--protocol",
+        "all",
+    ];
+    let child = dtx()
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .arg("--history")
+        .arg(dir.path().join("h.jsonl"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = output_within(child, Duration::from_secs(600));
+    assert!(out.status.success(), "the nemesis run failed: {}", describe(&out));
+    let report: Value = serde_json::from_str(&read(&json)).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), dtx::protocols::ready().count(), "a run per ready protocol");
+    let mut kinds = std::collections::BTreeSet::new();
+    for r in runs {
+        let protocol = r["protocol"].as_str().unwrap();
+        assert_eq!(r["verified"], Value::Bool(true), "{protocol}: {}", describe(&out));
+        let events = r["fault_events"].as_array().unwrap_or_else(|| panic!("{protocol}: no fault_events"));
+        assert!(events.len() >= 2, "{protocol}: {} faults in a 2.7 s run, one every 700 ms", events.len());
+        for e in events {
+            kinds.insert(e["kind"].as_str().unwrap().to_string());
+            assert!(e["served_again_ms"].as_f64().is_some_and(|ms| ms >= 200.0), "{protocol}: {e}");
+        }
+    }
+    assert_eq!(kinds.len(), 2, "both crashes and pauses: {kinds:?}");
 }
 
 /// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the

@@ -85,18 +85,19 @@ pub struct BenchArgs {
     roles: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, `crash` kills
-    /// the last node's server (kill -9) a third into the window and starts it again after
-    /// --fault-duration (needs --durability wal or replicated).
+    /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp: `crash` kills a
+    /// random server (kill -9) every --fault-every and starts it again after --fault-duration
+    /// (needs --durability wal; with replicated, one kill a third into the window), `pause`
+    /// stops one (SIGSTOP) and lets it go on (SIGCONT).
     #[arg(long, default_value = "")]
     faults: String,
     /// Packet loss probability when `loss` is among --faults.
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     loss: f64,
-    /// Mean time between injected crashes or partitions (sim), e.g. 200ms.
+    /// Mean time between injected faults in sim, the time between them on tcp, e.g. 200ms.
     #[arg(long, default_value = "200ms")]
     fault_every: String,
-    /// How long a crashed host stays down, or a partition lasts (sim), e.g. 100ms.
+    /// How long a crashed host stays down, a paused one stopped, or a partition lasts, e.g. 100ms.
     #[arg(long, default_value = "100ms")]
     fault_duration: String,
     /// Write the JSON report here (default: in the results folder).
@@ -286,18 +287,22 @@ impl BenchArgs {
         for f in self.faults.split(',').map(str::trim).filter(|f| !f.is_empty()) {
             match f {
                 "crash" => faults.crashes = true,
+                "pause" => faults.pauses = true,
                 "partition" => faults.partitions = true,
                 "loss" => faults.loss = self.loss,
                 other => {
-                    anyhow::bail!("--faults: unknown fault `{other}` (use crash, partition, loss)")
+                    anyhow::bail!("--faults: unknown fault `{other}` (use crash, pause, partition, loss)")
                 }
             }
         }
-        let tcp_kills = self.runtime == "tcp" && faults.crashes && !faults.partitions && faults.loss == 0.0;
-        if faults.any() && self.runtime != "sim" && !tcp_kills {
+        let tcp_processes = self.runtime == "tcp" && !faults.partitions && faults.loss == 0.0;
+        if faults.pauses && self.runtime != "tcp" {
+            anyhow::bail!("--faults pause stops a server process (SIGSTOP): add --runtime tcp");
+        }
+        if faults.any() && self.runtime != "sim" && !tcp_processes {
             anyhow::bail!(
                 "--faults are injected by the simulator (add --runtime sim); with --runtime tcp, only \
-                 --faults crash (kill -9 and restart a server) is possible"
+                 --faults crash and pause (kill -9 or SIGSTOP a server, then restart or continue it) are possible"
             );
         }
         let mut rpc = RpcConfig {

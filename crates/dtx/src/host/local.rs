@@ -100,7 +100,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         _ => 0,
     };
     totals.findings = findings;
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0 })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new() })
 }
 
 /// A worker and the protocol instance running on it.

@@ -423,6 +423,8 @@ pub struct Outcome {
     pub restarts: u64,
     /// Nodes taken over by another host while their own was down (sim, replicated).
     pub moved: u64,
+    /// Faults injected into server processes (tcp), in order.
+    pub fault_events: Vec<dtx_report::FaultEvent>,
 }
 
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {

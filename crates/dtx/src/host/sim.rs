@@ -46,7 +46,15 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.cpu_us = busy_in_window_ns / 1000;
     totals.failovers = world.failovers;
     totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
-    Ok(Outcome { totals, history, final_read, notes, restarts: world.restarts, moved: world.moved })
+    Ok(Outcome {
+        totals,
+        history,
+        final_read,
+        notes,
+        restarts: world.restarts,
+        moved: world.moved,
+        fault_events: Vec::new(),
+    })
 }
 
 /// Build node `n` with its log, start its workers and their clients, and (with failover) its

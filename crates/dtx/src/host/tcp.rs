@@ -16,7 +16,9 @@ use super::{build_node, build_workload, BenchSpec, Outcome};
 use crate::cluster::ClusterConfig;
 use crate::replication::Durability;
 use anyhow::{bail, Context};
+use dtx_report::FaultEvent;
 use parking_lot::Mutex;
+use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -63,6 +65,18 @@ struct ActiveRun {
 /// Files a server keeps in a run's folder under `--data-dir`.
 const RUN_SPEC_FILE: &str = "run.json";
 const RUN_DONE_FILE: &str = "done";
+/// The run's measured window in Unix ms, so that a restarted server runs clients until its end.
+const RUN_WINDOW_FILE: &str = "window.json";
+
+/// The number this server's incarnations in a run count up with (a file per node in the run's
+/// folder): each restart's clients generate values of their own.
+fn incarnation_file_name(node: u16) -> String {
+    format!("incarnation-{node}")
+}
+
+/// The highest process number a workload can give values of their own to (TPC-C keeps 24 bits
+/// of its history keys per process).
+const MAX_PROCESS: u64 = 255;
 
 fn history_file_name(node: u16) -> String {
     format!("history-node-{node}.jsonl")
@@ -212,7 +226,12 @@ impl Server {
             );
             None
         } else {
-            Some(self.host_own_node(&spec, &dir, shared)?)
+            let process = if resumed { self.next_process(run_dir.as_deref(), spec.nodes)? } else { Some(self.node) };
+            Some(self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?).map(|h| (h, process.is_some()))
+        };
+        let (hosting, runs_clients) = match hosting {
+            Some((h, clients)) => (Some(h), clients),
+            None => (None, false),
         };
         *self.run.lock() = Some(ActiveRun {
             epoch: hosting.as_ref().map_or_else(Instant::now, |h| h.epoch),
@@ -230,15 +249,63 @@ impl Server {
                 self.node,
                 t0.elapsed().as_millis()
             );
+            if runs_clients {
+                self.resume_clients();
+            }
         }
         Ok(())
     }
 
+    /// The workload's process number for this incarnation (node + nodes x restarts so far),
+    /// counted in the run's folder; `None` once past what a workload can number.
+    fn next_process(&self, run_dir: Option<&Path>, nodes: u16) -> anyhow::Result<Option<u16>> {
+        let Some(dir) = run_dir else { return Ok(None) };
+        let path = dir.join(incarnation_file_name(self.node));
+        let before: u64 = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+        let now = before + 1;
+        crate::util::write_atomically(&path, now.to_string().as_bytes())?;
+        let process = u64::from(self.node) + u64::from(nodes) * now;
+        Ok((process <= MAX_PROCESS).then_some(process as u16))
+    }
+
+    /// A restarted server of an unfinished run starts clients again until the run's window
+    /// ends (its earlier incarnation's clients died with it; the history file keeps what they
+    /// did). Its totals then count this incarnation's part of the window only.
+    fn resume_clients(&self) {
+        let mut guard = self.run.lock();
+        let Some(run) = guard.as_mut() else { return };
+        let Some(dir) = &run.run_dir else { return };
+        let Ok(text) = std::fs::read_to_string(dir.join(RUN_WINDOW_FILE)) else { return };
+        let Ok(v) = serde_json::from_str::<Value>(&text) else { return };
+        let (Some(start), Some(end)) = (v["start_unix_ms"].as_u64(), v["end_unix_ms"].as_u64()) else { return };
+        let now_unix = super::tcp_host::unix_ms();
+        let Some(h) = &run.hosting else { return };
+        if end <= now_unix {
+            return;
+        }
+        let now = run.epoch.elapsed().as_nanos() as u64;
+        let window = Window {
+            start_ns: now + start.saturating_sub(now_unix) * 1_000_000,
+            end_ns: now + (end - now_unix) * 1_000_000,
+        };
+        h.start_clients(window);
+        run.window = Some(window);
+        run.resumed = false;
+        sample_cpu(run, window);
+        eprintln!("dtx server: node {}: clients running again for {} ms", self.node, end - now_unix);
+    }
+
     /// Build this server's own node (recovered from its log, with `--durability wal`), serve
     /// it, and start its replicas of the logs with `--durability replicated`.
-    fn host_own_node(&self, spec: &BenchSpec, dir: &Path, shared: RunShared) -> anyhow::Result<Arc<Hosting>> {
+    fn host_own_node(
+        &self,
+        spec: &BenchSpec,
+        dir: &Path,
+        shared: RunShared,
+        process: u16,
+    ) -> anyhow::Result<Arc<Hosting>> {
         let mut process_spec = spec.clone();
-        process_spec.workload.process = self.node;
+        process_spec.workload.process = process;
         let workload = build_workload(&process_spec)?;
         let logs = super::open_node_logs(spec, dir, self.node)?;
         let mut node = build_node(spec, self.node, &workload, logs)?;
@@ -303,15 +370,15 @@ impl Server {
         if let Some(h) = &run.hosting {
             h.start_clients(window);
         }
-        // Sample this process's CPU time at the window's edges.
-        let (cpu, epoch) = (run.cpu.clone(), run.epoch);
-        std::thread::spawn(move || {
-            let at = |t_ns: u64| Duration::from_nanos(t_ns.saturating_sub(epoch.elapsed().as_nanos() as u64));
-            std::thread::sleep(at(window.start_ns));
-            cpu.lock().0 = Some(crate::util::process_cpu_us());
-            std::thread::sleep(at(window.end_ns));
-            cpu.lock().1 = Some(crate::util::process_cpu_us());
-        });
+        if let Some(dir) = &run.run_dir {
+            // Where a restarted server finds how long the run still goes on.
+            let now_unix = super::tcp_host::unix_ms();
+            let (start, end) =
+                (now_unix + run.spec.warmup_us / 1000, now_unix + window.end_ns.saturating_sub(now) / 1_000_000);
+            let text = json!({"start_unix_ms": start, "end_unix_ms": end}).to_string();
+            crate::util::write_atomically(&dir.join(RUN_WINDOW_FILE), text.as_bytes())?;
+        }
+        sample_cpu(run, window);
         Ok(())
     }
 
@@ -410,6 +477,18 @@ impl Server {
             }
         }
     }
+}
+
+/// Sample this process's CPU time at the edges of `window` (`wait` reports the difference).
+fn sample_cpu(run: &ActiveRun, window: Window) {
+    let (cpu, epoch) = (run.cpu.clone(), run.epoch);
+    std::thread::spawn(move || {
+        let at = |t_ns: u64| Duration::from_nanos(t_ns.saturating_sub(epoch.elapsed().as_nanos() as u64));
+        std::thread::sleep(at(window.start_ns));
+        cpu.lock().0 = Some(crate::util::process_cpu_us());
+        std::thread::sleep(at(window.end_ns));
+        cpu.lock().1 = Some(crate::util::process_cpu_us());
+    });
 }
 
 /// How long the bench waits for a node whose server died mid-run to come back.
@@ -534,25 +613,82 @@ impl Spawned {
         cmd.spawn().context("cannot start a dtx server process")
     }
 
-    /// `--faults crash` on tcp: `kill -9` the last node's server `at` from now, and start it
-    /// again `down` later (over its data folder: it takes the run up again).
-    fn schedule_kill(mut self, at: Duration, down: Duration) -> std::thread::JoinHandle<Spawned> {
+    /// Inject the run's process faults (`--faults crash,pause` on tcp), from `t0` on: every
+    /// `fault_interval_us`, a random server (from the run's seed) is killed with `kill -9` and
+    /// started again over its data folder `fault_duration_us` later, or stopped with SIGSTOP
+    /// and continued with SIGCONT; each event is timed until the server answers its control
+    /// connection again. A replicated run is crashed once, a third into the window (a restarted
+    /// server does not rejoin its logs yet).
+    fn nemesis(mut self, spec: &BenchSpec, addrs: Vec<SocketAddr>, t0: Instant) -> std::thread::JoinHandle<Nemesis> {
+        let plan = spec.faults.clone();
+        let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
+        let (every, down) =
+            (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
+        let once = spec.durability.mode == Durability::Replicated;
+        let mut rng = crate::util::rng_from_seed(spec.seed ^ 0x006e_656d_6573_6973);
         std::thread::spawn(move || {
-            std::thread::sleep(at);
-            let n = self.commands.len() - 1;
-            if let Some(c) = self.children.lock().get_mut(n) {
-                let _ = c.kill();
-                let _ = c.wait();
+            let mut events = Vec::new();
+            let end = warmup + duration;
+            let mut at = if once { warmup + duration / 3 } else { warmup + every / 2 };
+            while (events.is_empty() || !once) && at + down + Duration::from_millis(100) < end {
+                std::thread::sleep(at.saturating_sub(t0.elapsed()));
+                let node = if once { addrs.len() - 1 } else { rng.gen_range(0..addrs.len()) };
+                let crash = plan.crashes && (!plan.pauses || rng.gen_bool(0.5));
+                let started = t0.elapsed();
+                let undone = if crash { self.crash(node, down) } else { self.pause(node, down) };
+                if let Err(e) = undone {
+                    eprintln!("dtx: --faults: node {node}: {e:#}");
+                    break;
+                }
+                let back = Control::connect(node, addrs[node], RESTART_PATIENCE)
+                    .and_then(|mut c| c.call(&json!({"cmd": "ping"})))
+                    .map(|_| t0.elapsed().saturating_sub(started));
+                events.push(FaultEvent {
+                    kind: if crash { "crash" } else { "pause" }.to_string(),
+                    node: node as u32,
+                    at_ms: started.as_secs_f64() * 1e3,
+                    down_ms: down.as_secs_f64() * 1e3,
+                    served_again_ms: back.ok().map(|d| d.as_secs_f64() * 1e3),
+                });
+                at += every;
             }
-            eprintln!("dtx: --faults crash: killed node {n}'s server (kill -9); starting it again in {down:?}");
-            std::thread::sleep(down);
-            match self.start(n) {
-                Ok(child) => self.children.lock()[n] = child,
-                Err(e) => eprintln!("dtx: node {n}'s server did not start again: {e:#}"),
-            }
-            self
+            Nemesis { spawned: self, events }
         })
     }
+
+    /// `kill -9` server `n`, and start it again `down` later (it takes the run up again).
+    fn crash(&mut self, n: usize, down: Duration) -> anyhow::Result<()> {
+        if let Some(c) = self.children.lock().get_mut(n) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        eprintln!("dtx: --faults crash: killed node {n}'s server (kill -9); starting it again in {down:?}");
+        std::thread::sleep(down);
+        let child = self.start(n).with_context(|| format!("node {n}'s server did not start again"))?;
+        self.children.lock()[n] = child;
+        Ok(())
+    }
+
+    /// Stop server `n`'s process (SIGSTOP) for `down`, then let it go on (SIGCONT).
+    fn pause(&mut self, n: usize, down: Duration) -> anyhow::Result<()> {
+        let pid = self.children.lock().get(n).map(|c| c.id()).context("no such server")?;
+        let signal = |sig: libc::c_int| {
+            // SAFETY: `kill` only sends a signal; the pid is our own child's, reaped by us alone.
+            let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+            anyhow::ensure!(rc == 0, "cannot signal pid {pid}: {}", std::io::Error::last_os_error());
+            Ok(())
+        };
+        signal(libc::SIGSTOP)?;
+        eprintln!("dtx: --faults pause: stopped node {n}'s server (SIGSTOP); continuing it in {down:?}");
+        std::thread::sleep(down);
+        signal(libc::SIGCONT)
+    }
+}
+
+/// What the fault thread hands back: the servers, and what it did to them.
+struct Nemesis {
+    spawned: Spawned,
+    events: Vec<FaultEvent>,
 }
 
 /// Find a base port with room for every node's control, worker and replication ports.
@@ -632,17 +768,17 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     for c in &mut ctl {
         c.call(&json!({"cmd": "start"}))?;
     }
-    let killer = spawned.map(|s| {
-        let at = Duration::from_micros(spec.warmup_us + spec.duration_us / 3);
-        if spec.faults.crashes {
-            Err(s.schedule_kill(at, Duration::from_micros(spec.faults.fault_duration_us)))
+    let t0 = Instant::now();
+    let addrs: Vec<SocketAddr> = cfg.nodes.iter().map(|n| n.addr).collect();
+    let nemesis = spawned.map(|s| {
+        if spec.faults.crashes || spec.faults.pauses {
+            Err(s.nemesis(&spec, addrs.clone(), t0))
         } else {
             Ok(s)
         }
     });
     let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
     let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
-    let addrs: Vec<SocketAddr> = cfg.nodes.iter().map(|n| n.addr).collect();
     let waits: Vec<_> = ctl
         .into_iter()
         .map(|c| {
@@ -650,7 +786,6 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
             std::thread::spawn(move || wait_surviving_restarts(c, addr))
         })
         .collect();
-    let t0 = Instant::now();
     while waits.iter().any(|w| !w.is_finished()) {
         std::thread::sleep(Duration::from_millis(50));
         pb.set_position((t0.elapsed().as_millis() as u64).min(total_ms));
@@ -659,10 +794,13 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers } = gather(waits, addrs.len())?;
     time_takeovers(&takeovers, &lost, &mut totals);
     let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
-    let spawned = match killer {
-        Some(Err(k)) => Some(k.join().map_err(|_| anyhow::anyhow!("the fault thread panicked"))?),
-        Some(Ok(s)) => Some(s),
-        None => None,
+    let (spawned, fault_events) = match nemesis {
+        Some(Err(k)) => {
+            let n = k.join().map_err(|_| anyhow::anyhow!("the fault thread panicked"))?;
+            (Some(n.spawned), n.events)
+        }
+        Some(Ok(s)) => (Some(s), Vec::new()),
+        None => (None, Vec::new()),
     };
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;
@@ -672,8 +810,8 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
-    notes.extend(fault_notes(&lost, &takeovers));
-    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0 })
+    notes.extend(fault_notes(&lost, &takeovers, &fault_events));
+    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events })
 }
 
 /// What the servers reported at the end of a run, gathered.
@@ -748,16 +886,30 @@ fn after_run_jobs(
 }
 
 /// A note per server that died: taken over (how soon, how long the rebuild took) or restarted.
-fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover]) -> Vec<String> {
+fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover], events: &[FaultEvent]) -> Vec<String> {
     let died = lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l)));
-    died.map(|(n, lost_unix_ms)| match takeovers.iter().find(|t| t.node as usize == n) {
-        Some(t) => format!(
-            "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its log's \
-             replica in {} ms",
-            t.serving_unix_ms.saturating_sub(lost_unix_ms),
-            t.rebuild_ms
-        ),
-        None => format!("faults: node {n}'s server died and was started again"),
-    })
-    .collect()
+    let mut notes: Vec<String> = died
+        .filter_map(|(n, lost_unix_ms)| {
+            let t = takeovers.iter().find(|t| t.node as usize == n)?;
+            Some(format!(
+                "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its \
+                 log's replica in {} ms",
+                t.serving_unix_ms.saturating_sub(lost_unix_ms),
+                t.rebuild_ms
+            ))
+        })
+        .collect();
+    if !events.is_empty() {
+        let mut back: Vec<f64> = events.iter().filter_map(|e| e.served_again_ms).collect();
+        back.sort_by(f64::total_cmp);
+        let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));
+        notes.push(format!(
+            "faults: {} injected ({} crashes, {} pauses); median time from a fault to the server answering again {median}; \
+             a restarted server's totals count only its own part of the window",
+            events.len(),
+            events.iter().filter(|e| e.kind == "crash").count(),
+            events.iter().filter(|e| e.kind == "pause").count(),
+        ));
+    }
+    notes
 }

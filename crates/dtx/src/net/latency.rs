@@ -87,6 +87,10 @@ pub struct FaultPlan {
     pub partitions: bool,
     /// Stop a random node now and then and bring it back later.
     pub crashes: bool,
+    /// `--runtime tcp` only: stop a random server's process now and then (SIGSTOP) and let it
+    /// go on later (SIGCONT); it loses nothing.
+    #[serde(default)]
+    pub pauses: bool,
     /// Mean time between fault events, and how long a fault lasts, microseconds.
     pub fault_interval_us: u64,
     pub fault_duration_us: u64,
@@ -94,7 +98,7 @@ pub struct FaultPlan {
 
 impl FaultPlan {
     pub fn any(&self) -> bool {
-        self.loss > 0.0 || self.partitions || self.crashes
+        self.loss > 0.0 || self.partitions || self.crashes || self.pauses
     }
 }
 

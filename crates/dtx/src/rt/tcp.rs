@@ -130,13 +130,16 @@ impl TcpNet {
         self.handle.clone()
     }
 
-    /// Make this thread's worker; its executor is woken through the poller.
+    /// Make this thread's worker; its executor is woken through the poller. Its RPC ids start
+    /// past those of every earlier incarnation of its node ([`rpc_id_base`]).
     pub fn make_worker(&self, epoch: Instant, workers_per_node: u16, cfg: &WorkerConfig) -> Rc<Worker> {
         let waker = self.handle.waker.clone();
         let exec = Executor::new(Arc::new(move || {
             let _ = waker.wake();
         }));
-        Rc::new(Worker::new(self.me, workers_per_node, Clock::Real(epoch), exec, cfg))
+        let w = Rc::new(Worker::new(self.me, workers_per_node, Clock::Real(epoch), exec, cfg));
+        w.start_rpc_ids_at(rpc_id_base());
+        w
     }
 
     fn slot(&mut self, c: Conn) -> usize {
@@ -442,6 +445,20 @@ impl TcpNet {
             }
         }
     }
+}
+
+/// Where this process's RPC ids start: past every id an earlier incarnation of its node (a
+/// server killed and started again) used, since a peer's de-duplication table answers a reused
+/// id with the old request's reply. The process's start time in ms since 2025 (about 2^35 for the
+/// next 30 years), shifted left by 24: an incarnation that ran for `d` ms would have to send more
+/// than 16 million requests per ms of `d` from one worker to reach its successor's first id.
+fn rpc_id_base() -> u64 {
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let since_2025_ms = (unix.as_millis() as u64).saturating_sub(1_735_689_600_000);
+        since_2025_ms.max(1) << 24
+    })
 }
 
 #[cfg(test)]
