@@ -7,7 +7,9 @@ pub(crate) const WW: u8 = 1;
 pub(crate) const WR: u8 = 2;
 /// Edge kind bit: read-write anti-dependency.
 pub(crate) const RW: u8 = 4;
-/// All edge kinds.
+/// Edge kind bit: real-time order (the first transaction ended before the second started).
+pub(crate) const RT: u8 = 8;
+/// All dependency edge kinds (real-time order is not a dependency).
 pub(crate) const ALL: u8 = WW | WR | RW;
 
 /// A directed multigraph in compressed sparse row form. Edge `e` goes `from[e] -> to[e]`, has

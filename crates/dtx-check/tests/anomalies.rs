@@ -455,3 +455,51 @@ fn huge_cycle_does_not_overflow_the_stack() {
     assert!(a.explanation.contains("more edges"), "explanations stay short");
     assert!(a.explanation.len() < 10_000);
 }
+
+// ------------------------------------------------------------------ real-time order
+
+fn check_realtime(lines: &[&str]) -> CheckReport {
+    let txns = dtx_check::read_history(Cursor::new(lines.join("\n"))).expect("history should parse");
+    dtx_check::check_history_realtime(&txns)
+}
+
+#[test]
+fn a_stale_read_after_a_finished_write_is_serializable_but_not_strictly() {
+    // T2 starts after T1's append was acknowledged and does not see it: T2 can be serialized
+    // before T1, so the history is serializable, but not in real-time order.
+    let lines = [
+        r#"{"id": 1, "status": "committed", "ops": [["append", 1, 1]], "start_us": 0, "end_us": 10}"#,
+        r#"{"id": 2, "status": "committed", "ops": [["r", 1, []]], "start_us": 20, "end_us": 30}"#,
+        r#"{"id": 3, "status": "committed", "ops": [["r", 1, [1]]], "start_us": 40, "end_us": 50}"#,
+    ];
+    assert_valid(&check(&lines));
+    let r = check_realtime(&lines);
+    assert_only(&r, AnomalyKind::Realtime, &[1, 2]);
+    let e = &r.anomalies[0].explanation;
+    assert!(e.contains("T1 -rt-> T2: T1 ended at 10 us, before T2 started at 20 us"), "{e}");
+    assert!(e.contains("T2 -rw-> T1"), "{e}");
+}
+
+#[test]
+fn overlapping_transactions_may_be_ordered_either_way() {
+    // The same reads and writes, but T2 starts before T1 ends: no real-time order between them.
+    let r = check_realtime(&[
+        r#"{"id": 1, "status": "committed", "ops": [["append", 1, 1]], "start_us": 0, "end_us": 25}"#,
+        r#"{"id": 2, "status": "committed", "ops": [["r", 1, []]], "start_us": 20, "end_us": 30}"#,
+        r#"{"id": 3, "status": "committed", "ops": [["r", 1, [1]]], "start_us": 40, "end_us": 50}"#,
+    ]);
+    assert_valid(&r);
+}
+
+#[test]
+fn real_time_order_is_transitive_through_the_frontier() {
+    // T1 ends before T2 starts, T2 ends before T3 starts; T3 misses T1's append. The reduced
+    // real-time graph has no T1 -> T3 edge, only T1 -> T2 -> T3: the cycle goes through T2.
+    let r = check_realtime(&[
+        r#"{"id": 1, "status": "committed", "ops": [["append", 1, 1]], "start_us": 0, "end_us": 10}"#,
+        r#"{"id": 2, "status": "committed", "ops": [["r", 2, []]], "start_us": 20, "end_us": 30}"#,
+        r#"{"id": 3, "status": "committed", "ops": [["r", 1, []]], "start_us": 40, "end_us": 50}"#,
+        r#"{"id": 4, "status": "committed", "ops": [["r", 1, [1]], ["r", 2, []]], "start_us": 60, "end_us": 70}"#,
+    ]);
+    assert_only(&r, AnomalyKind::Realtime, &[1, 2, 3]);
+}

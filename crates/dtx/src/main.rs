@@ -36,6 +36,10 @@ enum Cmd {
         /// Print the full report as JSON.
         #[arg(long)]
         json: bool,
+        /// Strict serializability: the serial order must also agree with real time (a
+        /// transaction that ended before another started comes first).
+        #[arg(long)]
+        realtime: bool,
     },
     /// Run one node of a cluster (the bench and clients talk to it).
     Server {
@@ -89,16 +93,16 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => dtx::cli::bench(&(*args).into()),
         Cmd::Protocols { options: None } => {
             for p in protocols::REGISTRY {
-                println!("{:<12} {:<8} {}", p.name, p.status, p.description);
+                println!("{:<12} {:<8} {:<20} {}", p.name, p.status, p.guarantee.as_str(), p.description);
             }
             for (name, desc) in protocols::PLANNED {
-                println!("{:<12} {:<8} {}", name, "planned", desc);
+                println!("{:<12} {:<8} {:<20} {}", name, "planned", "", desc);
             }
             Ok(true)
         }
         Cmd::Protocols { options: Some(name) } => dtx::cli::protocol_options(&name),
         Cmd::Experiment { cmd } => dtx::cli::experiment::experiment(cmd, env!("DTX_COMMIT")),
-        Cmd::Check { history, json } => dtx::cli::check(&history, json),
+        Cmd::Check { history, json, realtime } => dtx::cli::check(&history, json, realtime),
         Cmd::Server { config, node, data_dir } => dtx::bench::tcp::serve(&config, node, data_dir).map(|_| true),
     };
     match result {

@@ -297,7 +297,8 @@ pub fn contended_append() -> crate::workloads::WorkloadParams {
 pub fn checked_run(spec: &BenchSpec) -> crate::bench::Outcome {
     let out = crate::bench::run_sim(spec).expect("the simulation runs");
     let path = std::env::temp_dir().join(format!("dtx-{}-{}-{}.jsonl", spec.protocol, std::process::id(), spec.seed));
-    let (report, problem) = crate::bench::verify(&out, &path).expect("the history checks");
+    let (report, problem) =
+        crate::bench::verify(&out, &path, crate::protocols::guarantee_of(&spec.protocol)).expect("the history checks");
     assert!(problem.is_none(), "{} seed {}: {problem:?} {:?}", spec.protocol, spec.seed, report.anomalies.first());
     let _ = std::fs::remove_file(&path);
     out

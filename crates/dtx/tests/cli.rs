@@ -86,6 +86,33 @@ fn protocols_lists_name_status_description() {
         let status = line.split_whitespace().nth(1).unwrap();
         assert!(["ready", "planned"].contains(&status), "{line}");
     }
+    // Ready protocols state what they promise: what --verify checks.
+    for (name, guarantee) in
+        [("2pl-waitdie", "strict-serializable"), ("occ", "strict-serializable"), ("sundial", "serializable")]
+    {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap();
+        assert_eq!(line.split_whitespace().nth(2), Some(guarantee), "{line}");
+    }
+}
+
+#[test]
+fn check_realtime_flags_a_read_that_misses_a_finished_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = dir.path().join("stale.jsonl");
+    std::fs::write(
+        &h,
+        concat!(
+            "{\"id\":1,\"status\":\"committed\",\"ops\":[[\"append\",1,7]],\"start_us\":0,\"end_us\":10}\n",
+            "{\"id\":2,\"status\":\"committed\",\"ops\":[[\"r\",1,[]]],\"start_us\":20,\"end_us\":30}\n",
+            "{\"id\":3,\"status\":\"committed\",\"ops\":[[\"r\",1,[7]]],\"start_us\":40,\"end_us\":50}\n",
+        ),
+    )
+    .unwrap();
+    let (code, out, _) = dtx(&["check", "--history", h.to_str().unwrap()]);
+    assert_eq!(code, 0, "serializable: {out}");
+    let (code, out, _) = dtx(&["check", "--realtime", "--history", h.to_str().unwrap()]);
+    assert_eq!(code, 1, "not strictly serializable: {out}");
+    assert!(out.contains("realtime: 1"), "{out}");
 }
 
 #[test]

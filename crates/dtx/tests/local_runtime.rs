@@ -22,7 +22,7 @@ fn every_protocol_commits_and_verifies_on_threads() {
         let out = bench::run_local(&s).unwrap();
         assert!(out.totals.committed > 20, "{}: committed {}", p.name, out.totals.committed);
         let dir = tempfile::tempdir().unwrap();
-        let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl")).unwrap();
+        let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), p.guarantee).unwrap();
         assert!(problem.is_none(), "{}: {problem:?} {:?}", p.name, report.anomalies.first());
     }
 }

@@ -432,6 +432,7 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
         "all",
     ];
     let child = dtx()
+        .current_dir(dir.path())
         .args(args)
         .arg("--json")
         .arg(&json)

@@ -33,11 +33,19 @@ pub fn write_history(o: &Outcome, path: &std::path::Path) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Write the history and check it: serializable, and the final read-all committed (so every
+/// Write the history and check it against what the protocol promises (serializable, or
+/// strictly: in real-time order too), and that the final read-all committed (so every
 /// acknowledged append can be looked for). Returns the checker's report and a problem, if any.
-pub fn verify(o: &Outcome, path: &std::path::Path) -> anyhow::Result<(dtx_check::CheckReport, Option<String>)> {
+pub fn verify(
+    o: &Outcome,
+    path: &std::path::Path,
+    guarantee: crate::protocols::Guarantee,
+) -> anyhow::Result<(dtx_check::CheckReport, Option<String>)> {
     write_history(o, path)?;
-    let report = dtx_check::check_file(path)?;
+    let report = match guarantee {
+        crate::protocols::Guarantee::Serializable => dtx_check::check_file(path)?,
+        crate::protocols::Guarantee::StrictSerializable => dtx_check::check_file_realtime(path)?,
+    };
     let problem = match &o.final_read {
         _ if o.totals.history_dropped > 0 => Some(format!(
             "the history is incomplete: {} attempts were not recorded (a worker keeps at most {} lines); \

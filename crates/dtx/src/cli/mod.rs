@@ -156,7 +156,7 @@ pub(crate) fn run_spec(
 
 /// Write the run's history and check it; true when it is serializable and complete.
 fn check_outcome(spec: &BenchSpec, o: &Outcome, path: &Path) -> anyhow::Result<bool> {
-    let (report, problem) = bench::verify(o, path)?;
+    let (report, problem) = bench::verify(o, path, crate::protocols::guarantee_of(&spec.protocol))?;
     match problem {
         None => {
             eprintln!("{}: {} (history {})", spec.protocol, report.summary(), path.display());
@@ -195,9 +195,9 @@ pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// `dtx check --history FILE`.
-pub fn check(path: &Path, json: bool) -> anyhow::Result<bool> {
-    let report = dtx_check::check_file(path)?;
+/// `dtx check --history FILE [--realtime]`.
+pub fn check(path: &Path, json: bool, realtime: bool) -> anyhow::Result<bool> {
+    let report = if realtime { dtx_check::check_file_realtime(path)? } else { dtx_check::check_file(path)? };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

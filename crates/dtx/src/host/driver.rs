@@ -110,7 +110,8 @@ pub fn start(
     }
 }
 
-/// Per client: the attempt in flight (its operations and start time), when histories are kept.
+/// Per client: the attempt in flight (its operations and start time as histories record it,
+/// µs), when histories are kept.
 type Attempts = Rc<RefCell<Vec<Option<(Vec<crate::txn::HistOp>, u64)>>>>;
 
 /// If the worker's node crashes, its clients die mid-transaction: report what they committed so
@@ -175,10 +176,9 @@ fn on_crash_report(
         }
         live.set(0);
         let mut m = std::mem::replace(&mut *m.borrow_mut(), Metrics::new(window));
-        let now_us = w2.now_us();
-        for (ops, start_ns) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
+        let now_us = w2.history_now_us();
+        for (ops, start_us) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
             let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
-            let start_us = start_ns / 1000;
             m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
         }
         shared.reports.lock().push(m);
@@ -200,13 +200,13 @@ struct Client<'a> {
 impl Client<'_> {
     async fn run(&self, attempts: &Attempts, i: usize) {
         client(self.w, self.proto, self.wl, self.m, self.home, self.cfg, self.shared, &mut |req, start| {
-            attempts.borrow_mut()[i] = start.map(|ns| (self.wl.attempted_ops(req), ns));
+            attempts.borrow_mut()[i] = start.map(|us| (self.wl.attempted_ops(req), us));
         })
         .await
     }
 }
 
-/// `track(req, Some(start))` before an attempt and `track(req, None)` after it (histories only).
+/// `track(req, Some(start_us))` before an attempt and `track(req, None)` after it (histories only).
 #[allow(clippy::too_many_arguments)]
 async fn client(
     w: &Rc<Worker>,
@@ -224,14 +224,14 @@ async fn client(
         let mut number = 0;
         loop {
             let attempt = Attempt { first_start_us: first_ns / 1000, number, fresh: false };
-            let start_ns = w.now_ns();
+            let start_us = w.history_now_us();
             let mut id = 0;
             if cfg.record_history {
-                track(&req, Some(start_ns));
+                track(&req, Some(start_us));
                 id = history_id(m, shared);
                 if shared.history_file.is_some() {
                     let ops = wl.attempted_ops(&req);
-                    let us = start_ns / 1000;
+                    let us = start_us;
                     persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
                 }
             }
@@ -239,7 +239,7 @@ async fn client(
             let end_ns = w.now_ns();
             if cfg.record_history {
                 track(&req, None);
-                record(m, shared, id, (wl, &req), &result, start_ns, end_ns);
+                record(m, shared, id, (wl, &req), &result, (start_us, w.history_now_us()));
             }
             match result {
                 Ok(out) => {
@@ -286,14 +286,13 @@ fn record(
     id: u64,
     (wl, req): (&dyn Workload, &TxnRequest),
     result: &Result<crate::txn::TxnOutput, Abort>,
-    start_ns: u64,
-    end_ns: u64,
+    (start_us, end_us): (u64, u64),
 ) {
     let (status, ops) = match result {
         Ok(out) => ("committed", out.history.clone()),
         Err(_) => ("aborted", wl.attempted_ops(req)),
     };
-    let line = HistLine { id, status: status.into(), ops, start_us: start_ns / 1000, end_us: end_ns / 1000 };
+    let line = HistLine { id, status: status.into(), ops, start_us, end_us };
     persist(shared, &line);
     m.borrow_mut().record_history(line);
 }
@@ -370,7 +369,7 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
         // Patient: after a crash, records of in-doubt transactions stay locked until their
         // coordinators answer (the orphan sweeper's period), which can take a second or two.
         for number in 0..FINAL_ATTEMPTS {
-            let start = w2.now_ns();
+            let start = w2.history_now_us();
             match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true }).await {
                 Ok(out) => {
                     let id = ((w2.addr.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
@@ -378,8 +377,8 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
                         id,
                         status: "committed".into(),
                         ops: out.history,
-                        start_us: start / 1000,
-                        end_us: w2.now_us(),
+                        start_us: start,
+                        end_us: w2.history_now_us(),
                     };
                     *shared.final_read.lock() = Some(Ok(line));
                     return;

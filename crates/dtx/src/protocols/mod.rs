@@ -164,6 +164,8 @@ pub trait WorkerProtocol: Handler {
 pub struct ProtocolInfo {
     pub name: &'static str,
     pub status: &'static str,
+    /// What it promises, and what `--verify` checks.
+    pub guarantee: Guarantee,
     pub description: &'static str,
     /// The options a variant of it may set (`dtx protocols --options NAME` lists them).
     pub options: &'static [OptionSpec],
@@ -173,11 +175,32 @@ pub struct ProtocolInfo {
     pub make: fn(&Options) -> Arc<dyn Protocol>,
 }
 
+/// What a protocol promises about the order its transactions take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarantee {
+    /// Some serial order explains every committed transaction.
+    Serializable,
+    /// ... and that order agrees with real time: a transaction that ended before another
+    /// started comes first (2PL over 2PC, OCC validating under its write locks, Calvin, SLOG,
+    /// Detock).
+    StrictSerializable,
+}
+
+impl Guarantee {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Guarantee::Serializable => "serializable",
+            Guarantee::StrictSerializable => "strict-serializable",
+        }
+    }
+}
+
 /// Every protocol dtx knows. `status`: `ready` (implemented and checked), or `planned`.
 pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "2pl-nowait",
         status: "ready",
+        guarantee: Guarantee::StrictSerializable,
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
         options: &[twopc::ORPHAN_OPTION],
         aborts: &[],
@@ -186,6 +209,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "2pl-waitdie",
         status: "ready",
+        guarantee: Guarantee::StrictSerializable,
         description: "two-phase locking, WAIT_DIE (older waits, younger dies), with 2PC",
         options: &[twopl::LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
         aborts: &[],
@@ -199,6 +223,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "calvin",
         status: "planned",
+        guarantee: Guarantee::StrictSerializable,
         description: "deterministic, sequenced input log (Calvin); its core is in protocols/calvin",
         options: calvin::OPTIONS,
         aborts: calvin::ABORTS,
@@ -207,6 +232,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "sundial",
         status: "ready",
+        guarantee: Guarantee::Serializable,
         description: "logical leases, WAIT_DIE writes, optimistic reads, a cache of remote reads (Sundial)",
         options: sundial::OPTIONS,
         aborts: sundial::ABORTS,
@@ -215,6 +241,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "maat",
         status: "ready",
+        guarantee: Guarantee::Serializable,
         description: "timestamp-range OCC with soft locks (MaaT, as improved by the Sundial authors)",
         options: &[twopc::ORPHAN_OPTION],
         aborts: maat::ABORTS,
@@ -223,6 +250,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "mvcc",
         status: "ready",
+        guarantee: Guarantee::Serializable,
         description:
             "static-timestamp MVCC: wall-clock timestamps fixed at start (the Sundial paper's Sec. 6.6 baseline)",
         options: &[twopc::ORPHAN_OPTION],
@@ -232,6 +260,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     ProtocolInfo {
         name: "occ",
         status: "ready",
+        guarantee: Guarantee::StrictSerializable,
         description: "Silo-style OCC (lock writes, validate reads) with 2PC; the F1-like baseline",
         options: &[twopc::ORPHAN_OPTION],
         aborts: &[],
@@ -318,6 +347,12 @@ impl Variant {
 /// The protocols that are ready: what `--protocol all` runs and every test sweep checks.
 pub fn ready() -> impl Iterator<Item = &'static ProtocolInfo> {
     REGISTRY.iter().filter(|p| p.status == "ready")
+}
+
+/// What the protocol of variant `NAME[:K=V...]` promises (serializable if it is unknown).
+pub fn guarantee_of(variant: &str) -> Guarantee {
+    let name = variant.split(':').next().unwrap_or(variant).trim();
+    find(name).map_or(Guarantee::Serializable, |p| p.guarantee)
 }
 
 pub fn find(name: &str) -> Option<&'static ProtocolInfo> {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub const INFO: ProtocolInfo = ProtocolInfo {
     name: "multilog",
     status: "test",
+    guarantee: super::Guarantee::StrictSerializable,
     description: "test only: one node, serial, several logs",
     options: &[OptionSpec {
         name: "logs",
@@ -156,7 +157,8 @@ mod tests {
             assert!(out.restarts > 0, "seed {seed}: no crash lost memory");
             assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
             let path = std::env::temp_dir().join(format!("dtx-multilog-{}-{seed}.jsonl", std::process::id()));
-            let (report, problem) = bench::verify(&out, &path).expect("the history checks");
+            let (report, problem) =
+                bench::verify(&out, &path, crate::protocols::guarantee_of(&s.protocol)).expect("the history checks");
             assert!(
                 problem.is_none(),
                 "seed {seed}: {problem:?} {:?} (history {})",

@@ -176,6 +176,25 @@ impl ClockSkew {
 /// to spare.
 const WALL_EPOCH_UNIX_US: u64 = 1_735_689_600_000_000;
 
+/// The system time (µs from 2025) at `epoch`, computed once per epoch in a process, so that
+/// every worker of a run maps its clock onto the system's the same way (two readings of two
+/// clocks differ by a microsecond from one call to the next).
+fn epoch_system_us(epoch: Instant) -> u64 {
+    static KNOWN: parking_lot::Mutex<Vec<(Instant, u64)>> = parking_lot::Mutex::new(Vec::new());
+    let mut known = KNOWN.lock();
+    if let Some((_, us)) = known.iter().find(|(e, _)| *e == epoch) {
+        return *us;
+    }
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now_us = (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US);
+    let us = now_us.saturating_sub(epoch.elapsed().as_micros() as u64);
+    if known.len() >= 64 {
+        known.remove(0);
+    }
+    known.push((epoch, us));
+    us
+}
+
 /// Receives the messages of a node service (log replication) on one worker: the sender, the
 /// 64-bit tag the sender put in the envelope header, and the body.
 pub type ServiceHandler = Rc<dyn Fn(Addr, u64, &[u8])>;
@@ -229,6 +248,9 @@ pub struct Worker {
     pub cost: CpuCost,
     pub rpc: RpcConfig,
     clocks: ClockSkew,
+    /// Where [`Worker::history_us`] counts from: 0 in the simulator, the system time of the
+    /// clock's epoch otherwise (the same for every worker of a run in a process).
+    history_base_us: u64,
     /// Run when the simulator crashes this worker's node (its memory is about to be lost).
     crash_hooks: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
@@ -238,6 +260,10 @@ pub const MAX_COUNTERS: usize = 64;
 
 impl Worker {
     pub fn new(addr: Addr, workers_per_node: u16, clock: Clock, exec: Executor, cfg: &WorkerConfig) -> Self {
+        let history_base_us = match &clock {
+            Clock::Virtual(_) => 0,
+            Clock::Real(epoch) => epoch_system_us(*epoch),
+        };
         let seed = cfg.seed;
         let seed = seed ^ ((addr.node as u64) << 32 | addr.worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Worker {
@@ -262,6 +288,7 @@ impl Worker {
             cost: cfg.cost,
             rpc: cfg.rpc,
             clocks: cfg.clocks,
+            history_base_us,
             crash_hooks: RefCell::new(Vec::new()),
         }
     }
@@ -327,6 +354,20 @@ impl Worker {
             }
         };
         base + self.clocks.offset_us(self.addr.node)
+    }
+
+    /// Now, as histories record it, µs: in the simulator the virtual time of the step being
+    /// run, without the CPU time this worker charged in it (a worker's own clock runs ahead of
+    /// the others' by what it charged, while what it wrote is already visible to them: real-time
+    /// order must come from the one clock the steps run in); otherwise the system's clock (from
+    /// 2025, without injected skew), so that the histories of a run's processes share one base
+    /// and real-time order can be checked across them (as far as the machines' clocks agree:
+    /// NTP or PTP).
+    pub fn history_now_us(&self) -> u64 {
+        match &self.clock {
+            Clock::Virtual(t) => t.get() / 1000,
+            Clock::Real(epoch) => self.history_base_us + epoch.elapsed().as_micros() as u64,
+        }
     }
 
     /// The most two nodes' wall clocks differ by, as far as the run knows: the injected skew.

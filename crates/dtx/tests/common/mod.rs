@@ -30,7 +30,8 @@ pub fn run_and_check(spec: &BenchSpec, tag: &str) -> Outcome {
     let out = bench::run_sim(spec).expect("simulation runs");
     let dir = std::env::temp_dir().join(format!("dtx-sim-{}-{}", std::process::id(), tag));
     let path = dir.join(format!("{}-{}.jsonl", spec.protocol, spec.seed));
-    let (report, problem) = bench::verify(&out, &path).expect("history checks");
+    let (report, problem) =
+        bench::verify(&out, &path, dtx::protocols::guarantee_of(&spec.protocol)).expect("history checks");
     assert!(out.totals.committed > 0, "{tag} {} seed {}: nothing committed", spec.protocol, spec.seed);
     if let Some(p) = problem {
         panic!(
