@@ -459,6 +459,10 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
         }
     }
     assert_eq!(kinds.len(), 2, "both crashes and pauses: {kinds:?}");
+    assert!(
+        runs.iter().all(|r| r["extra"]["served_again_ms_p50"].as_f64().is_some()),
+        "the median time to serve again"
+    );
 }
 
 /// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the
