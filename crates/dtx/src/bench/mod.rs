@@ -113,10 +113,9 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         extra.insert("failover_ms_p50".to_string(), ms[ms.len() / 2]);
         extra.insert("failover_ms_max".to_string(), ms[ms.len() - 1]);
     }
-    let mut back: Vec<f64> = o.fault_events.iter().filter_map(|e| e.served_again_ms).collect();
+    let back = tcp::served_again_sorted(&o.fault_events);
     if !back.is_empty() {
         // Issue 20's figure: from a fault (kill -9, SIGSTOP) to the server answering again.
-        back.sort_by(f64::total_cmp);
         extra.insert("served_again_ms_p50".to_string(), back[back.len() / 2]);
         extra.insert("served_again_ms_max".to_string(), back[back.len() - 1]);
     }

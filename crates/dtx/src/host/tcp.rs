@@ -886,6 +886,13 @@ fn after_run_jobs(
 }
 
 /// A note per server that died: taken over (how soon, how long the rebuild took) or restarted.
+/// The times from each fault to its server answering again, ms, shortest first.
+pub fn served_again_sorted(events: &[FaultEvent]) -> Vec<f64> {
+    let mut back: Vec<f64> = events.iter().filter_map(|e| e.served_again_ms).collect();
+    back.sort_by(f64::total_cmp);
+    back
+}
+
 fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover], events: &[FaultEvent]) -> Vec<String> {
     let died = lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l)));
     let mut notes: Vec<String> = died
@@ -900,8 +907,7 @@ fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover], events: &[FaultEven
         })
         .collect();
     if !events.is_empty() {
-        let mut back: Vec<f64> = events.iter().filter_map(|e| e.served_again_ms).collect();
-        back.sort_by(f64::total_cmp);
+        let back = served_again_sorted(events);
         let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));
         notes.push(format!(
             "faults: {} injected ({} crashes, {} pauses); median time from a fault to the server answering again {median}; \

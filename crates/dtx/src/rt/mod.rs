@@ -176,6 +176,12 @@ impl ClockSkew {
 /// to spare.
 const WALL_EPOCH_UNIX_US: u64 = 1_735_689_600_000_000;
 
+/// The system clock, µs from 2025-01-01 (the base of wall clocks, histories and RPC ids).
+pub(crate) fn system_us() -> u64 {
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US)
+}
+
 /// The system time (µs from 2025) at `epoch`, computed once per epoch in a process, so that
 /// every worker of a run maps its clock onto the system's the same way (two readings of two
 /// clocks differ by a microsecond from one call to the next).
@@ -185,9 +191,7 @@ fn epoch_system_us(epoch: Instant) -> u64 {
     if let Some((_, us)) = known.iter().find(|(e, _)| *e == epoch) {
         return *us;
     }
-    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let now_us = (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US);
-    let us = now_us.saturating_sub(epoch.elapsed().as_micros() as u64);
+    let us = system_us().saturating_sub(epoch.elapsed().as_micros() as u64);
     if known.len() >= 64 {
         known.remove(0);
     }
@@ -348,10 +352,7 @@ impl Worker {
     pub fn wall_us(&self) -> u64 {
         let base = match &self.clock {
             Clock::Virtual(_) => self.now_us(),
-            Clock::Real(_) => {
-                let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US)
-            }
+            Clock::Real(_) => system_us(),
         };
         base + self.clocks.offset_us(self.addr.node)
     }

@@ -454,11 +454,7 @@ impl TcpNet {
 /// than 16 million requests per ms of `d` from one worker to reach its successor's first id.
 fn rpc_id_base() -> u64 {
     static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let since_2025_ms = (unix.as_millis() as u64).saturating_sub(1_735_689_600_000);
-        since_2025_ms.max(1) << 24
-    })
+    *BASE.get_or_init(|| (super::system_us() / 1000).max(1) << 24)
 }
 
 #[cfg(test)]
