@@ -403,6 +403,26 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
 /// every fault with the time until its server answered again.
 #[test]
 fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
+    let runs = nemesis_runs("wal");
+    assert!(
+        runs.iter().all(|r| r["extra"]["served_again_ms_p50"].as_f64().is_some()),
+        "the median time to serve again"
+    );
+}
+
+/// The same nemesis with `--durability replicated --replicas 3`: a killed server's nodes are
+/// taken over by the replicas of their logs, and the server, restarted, reopens its replicas
+/// from its Raft journal and rejoins every log it is a voter of (to be killed again later).
+#[test]
+fn replicated_servers_crashed_and_paused_again_and_again_rejoin_and_lose_nothing() {
+    let runs = nemesis_runs("replicated");
+    let failovers: f64 = runs.iter().map(|r| r["extra"]["failovers"].as_f64().unwrap_or(0.0)).sum();
+    assert!(failovers >= 1.0, "no node was taken over in {} nemesis runs", runs.len());
+}
+
+/// Runs the nemesis over every ready protocol with `--durability durability`; checks every run
+/// verified, with its faults listed, and returns the runs' JSON.
+fn nemesis_runs(durability: &str) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("nemesis.json");
     let args = [
@@ -412,7 +432,7 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
         "--nodes",
         "3",
         "--durability",
-        "wal",
+        durability,
         "--faults",
         "crash,pause",
         "--fault-every",
@@ -443,14 +463,14 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
         .spawn()
         .unwrap();
     let out = output_within(child, Duration::from_secs(600));
-    assert!(out.status.success(), "the nemesis run failed: {}", describe(&out));
+    assert!(out.status.success(), "the {durability} nemesis run failed: {}", describe(&out));
     let report: Value = serde_json::from_str(&read(&json)).unwrap();
-    let runs = report["runs"].as_array().unwrap();
+    let runs = report["runs"].as_array().unwrap().clone();
     assert_eq!(runs.len(), dtx::protocols::ready().count(), "a run per ready protocol");
     let mut kinds = std::collections::BTreeSet::new();
-    for r in runs {
+    for r in &runs {
         let protocol = r["protocol"].as_str().unwrap();
-        assert_eq!(r["verified"], Value::Bool(true), "{protocol}: {}", describe(&out));
+        assert_eq!(r["verified"], Value::Bool(true), "{durability} {protocol}: {}", describe(&out));
         let events = r["fault_events"].as_array().unwrap_or_else(|| panic!("{protocol}: no fault_events"));
         assert!(events.len() >= 2, "{protocol}: {} faults in a 2.7 s run, one every 700 ms", events.len());
         for e in events {
@@ -459,10 +479,7 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
         }
     }
     assert_eq!(kinds.len(), 2, "both crashes and pauses: {kinds:?}");
-    assert!(
-        runs.iter().all(|r| r["extra"]["served_again_ms_p50"].as_f64().is_some()),
-        "the median time to serve again"
-    );
+    runs
 }
 
 /// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the
@@ -499,13 +516,19 @@ fn a_replicated_node_whose_server_is_killed_is_taken_over_and_loses_no_acknowled
         let bench = replicated_bench(&cluster, protocol, id, &h);
         // Mid-run: kill -9 node 1, the leader of its log. Its followers (nodes 2 and 0) elect a
         // new leader, whose server rebuilds node 1 from its replica and serves it. Node 1's
-        // server is started again (so that the bench gets its clients' history) but serves
-        // nothing: its Raft state was in memory.
+        // server is started again: it reopens its replicas from its Raft journal and rejoins
+        // every log it is a voter of.
         std::thread::sleep(Duration::from_millis(1500));
         cluster.kill_server(1);
         std::thread::sleep(Duration::from_millis(500));
         cluster.start_some(&[1]);
-        assert_node_1_moved(&cluster, bench, &h, protocol, &["keeps only its history file"]);
+        assert_node_1_moved(
+            &cluster,
+            bench,
+            &h,
+            protocol,
+            &["its log replicas reopened from", "rejoined their groups"],
+        );
         let report: Value = serde_json::from_str(&read(&cluster.results(&h).join("bench.json"))).unwrap();
         let extra = &report["runs"][0]["extra"];
         assert!(extra["failovers"].as_f64().unwrap_or(0.0) >= 1.0, "{protocol}: no failover reported: {report}");

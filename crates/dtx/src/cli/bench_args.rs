@@ -170,6 +170,11 @@ pub struct BenchArgs {
     /// checkpointer thread replays every record a second time, which costs throughput).
     #[arg(long, default_value_t = 0)]
     checkpoint_every: u64,
+    /// With --durability replicated (sim, tcp): snapshot each replicated log's applied state
+    /// every this many committed entries and compact the log up to it; a replica that lacks
+    /// the compacted entries (restarted, or cut off) installs the snapshot.
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every: u64,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -374,6 +379,7 @@ impl BenchArgs {
                 },
                 replicas: self.replicas,
                 checkpoint_every: self.checkpoint_every,
+                snapshot_every: self.snapshot_every,
                 ..DurabilityConfig::default()
             },
             node_roles: match &self.roles {

@@ -186,7 +186,28 @@ pub fn service_workers(protocol: &str) -> u16 {
 pub fn machine_factory(spec: &BenchSpec) -> anyhow::Result<crate::replication::service::MachineFactory> {
     let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
     protocol.log_machine(None)?;
-    Ok(Arc::new(move || protocol.log_machine(None).expect("a fresh log machine was made before")))
+    Ok(Arc::new(move |snapshot: Option<&[u8]>| protocol.log_machine(snapshot)))
+}
+
+/// What host `host`'s replicas of the run's replicated logs are (failover mode: `sim`, `tcp`).
+pub fn failover_replica_setup(
+    spec: &BenchSpec,
+    host: NodeId,
+    seed: u64,
+) -> anyhow::Result<crate::replication::service::ReplicaSetup> {
+    use crate::replication::service;
+    let d = &spec.durability;
+    Ok(service::ReplicaSetup {
+        host,
+        cluster_id: d.cluster_id,
+        nodes: spec.nodes,
+        replicas: d.replicas,
+        mode: service::Mode::Failover,
+        seed,
+        new_machine: machine_factory(spec)?,
+        snapshot_every: d.snapshot_every,
+        journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
+    })
 }
 
 /// A node's protocol state (storage loaded) and the workload it runs.
@@ -374,8 +395,19 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
     let Some((log, replicas)) = &node.replicated else { return };
     let seed = w.rng.borrow_mut().gen::<u64>();
     use crate::replication::service;
-    let (host, nodes, mode) = (w.addr.node, node.topo.nodes, service::Mode::OwnerLeads);
-    let started = service::ReplicaState::new(host, node.cluster_id, nodes, *replicas, mode, seed, node.machine.clone())
+    let setup = service::ReplicaSetup {
+        host: w.addr.node,
+        cluster_id: node.cluster_id,
+        nodes: node.topo.nodes,
+        replicas: *replicas,
+        mode: service::Mode::OwnerLeads,
+        seed,
+        new_machine: node.machine.clone(),
+        snapshot_every: 0,
+        journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
+    };
+    // Nothing crashes in one process: these replicas keep their logs in memory.
+    let started = service::ReplicaState::new(setup, None)
         .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
     if let Err(e) = started {
         crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));

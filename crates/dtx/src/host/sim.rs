@@ -46,6 +46,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.cpu_us = busy_in_window_ns / 1000;
     totals.failovers = world.failovers;
     totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
+    if let Some(f) = &failover {
+        for (name, n) in f.stats().counters() {
+            totals.counters.insert(name.to_string(), n);
+        }
+    }
     Ok(Outcome {
         totals,
         history,
@@ -181,6 +186,13 @@ struct SimFailover(Rc<std::cell::RefCell<FailoverState>>);
 struct FailoverState {
     rebuild: SimRebuild,
     states: Vec<Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>>,
+    /// Per host, its Raft journal's disk: what survives the host's crash, and all its
+    /// replicas reopen from.
+    disks: Vec<crate::replication::journal::MemoryDisk>,
+    /// Per host, how often it restarted (its replicas' election delays are drawn afresh).
+    restarts: Vec<u64>,
+    /// What the replicas of crashed incarnations did.
+    stats_of_lost: crate::replication::service::ReplicaStats,
     replicators: Vec<Option<crate::replication::service::ReplicatorHandle>>,
     requests: crate::replication::service::AdoptRequests,
 }
@@ -190,30 +202,36 @@ impl SimFailover {
         SimFailover(Rc::new(std::cell::RefCell::new(FailoverState {
             rebuild,
             states: Vec::new(),
+            disks: Vec::new(),
+            restarts: Vec::new(),
+            stats_of_lost: Default::default(),
             replicators: Vec::new(),
             requests: Default::default(),
         })))
     }
 
+    /// What every host's replicas did over the run, crashed incarnations included.
+    fn stats(&self) -> crate::replication::service::ReplicaStats {
+        let me = self.0.borrow();
+        let mut stats = me.stats_of_lost;
+        for s in &me.states {
+            stats.add(&s.borrow().stats);
+        }
+        stats
+    }
+
     /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.
     fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_log: Option<Arc<NodeLog>>) -> anyhow::Result<()> {
-        use crate::replication::service;
+        use crate::replication::{journal, service};
         let mut me = self.0.borrow_mut();
-        let spec = &me.rebuild.spec;
-        let seed = spec.seed ^ 0x7265_706c ^ ((n as u64) << 24);
-        let d = &spec.durability;
-        let machine = machine_factory(spec)?;
-        let state = service::ReplicaState::new(
-            n,
-            d.cluster_id,
-            spec.nodes,
-            d.replicas,
-            service::Mode::Failover,
-            seed,
-            machine,
-        )?;
+        let setup = me.replica_setup(n)?;
+        let disk = journal::MemoryDisk::default();
+        let journal = journal::Journal::create_memory(disk.clone(), setup.cluster_id, n);
+        let state = service::ReplicaState::new(setup, Some(journal))?;
         let state = Rc::new(std::cell::RefCell::new(state));
         me.states.push(state.clone());
+        me.disks.push(disk);
+        me.restarts.push(0);
         let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
         me.replicators.push(Some(r));
         Ok(())
@@ -227,9 +245,16 @@ impl crate::rt::sim::Failover for SimFailover {
         }
     }
 
+    /// The host's replicas lost their memory: they reopen from the journal on its disk.
     fn host_restarted(&mut self, host: u16, w: &Rc<Worker>) {
         let mut me = self.0.borrow_mut();
-        let state = me.states[host as usize].clone();
+        let state = match me.reopen_host(host) {
+            Ok(state) => state,
+            Err(e) => panic!("host {host}: its replicas do not reopen from their journal: {e:#}"),
+        };
+        let lost = me.states[host as usize].borrow().stats;
+        me.stats_of_lost.add(&lost);
+        me.states[host as usize] = state.clone();
         match crate::replication::service::start(w, state, None, Some(me.requests.clone())) {
             Ok(r) => me.replicators[host as usize] = Some(r),
             Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not restart: {e}")),
@@ -259,6 +284,30 @@ impl crate::rt::sim::Failover for SimFailover {
         }
         r.borrow_mut().serve(node, log);
         true
+    }
+}
+
+impl FailoverState {
+    fn replica_setup(&self, host: NodeId) -> anyhow::Result<crate::replication::service::ReplicaSetup> {
+        let spec = &self.rebuild.spec;
+        let restarts = self.restarts.get(host as usize).copied().unwrap_or(0);
+        let seed = spec.seed ^ 0x7265_706c ^ ((host as u64) << 24) ^ (restarts << 40);
+        let mut setup = super::failover_replica_setup(spec, host, seed)?;
+        // Small, so that the simulator's short runs rewrite journals too.
+        setup.journal_rewrite_bytes = 1 << 20;
+        Ok(setup)
+    }
+
+    fn reopen_host(
+        &mut self,
+        host: NodeId,
+    ) -> anyhow::Result<Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>> {
+        use crate::replication::{journal, service};
+        self.restarts[host as usize] += 1;
+        let setup = self.replica_setup(host)?;
+        let disk = self.disks[host as usize].clone();
+        let (journal, ops) = journal::Journal::open_memory(disk, setup.cluster_id, host)?;
+        Ok(Rc::new(std::cell::RefCell::new(service::ReplicaState::reopen(setup, journal, ops)?)))
     }
 }
 

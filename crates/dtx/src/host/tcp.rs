@@ -78,6 +78,31 @@ fn incarnation_file_name(node: u16) -> String {
 /// of its history keys per process).
 const MAX_PROCESS: u64 = 255;
 
+/// The hosting, or (stopped) why it did not start.
+fn stop_unless_started(hosting: Arc<Hosting>, started: anyhow::Result<()>) -> anyhow::Result<Arc<Hosting>> {
+    if let Err(e) = started {
+        hosting.stop();
+        return Err(e);
+    }
+    Ok(hosting)
+}
+
+/// Where a host's replicas journal their Raft state, in the run's folder.
+fn raft_journal_file_name(node: u16) -> String {
+    format!("raft-host-{node}.journal")
+}
+
+/// The takeovers this server's incarnations made, one JSON line each, in the run's folder.
+fn takeovers_file_name(node: u16) -> String {
+    format!("takeovers-node-{node}.jsonl")
+}
+
+/// The takeovers recorded in `dir` by node `node`'s incarnations (none if no file).
+fn read_takeovers(dir: &Path, node: u16) -> Vec<Takeover> {
+    let text = std::fs::read_to_string(dir.join(takeovers_file_name(node))).unwrap_or_default();
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
 fn history_file_name(node: u16) -> String {
     format!("history-node-{node}.jsonl")
 }
@@ -219,14 +244,12 @@ impl Server {
         let run_dir = self.data_dir.as_ref().map(|_| dir.clone());
         let shared = self.run_shared(&spec, run_dir.as_deref(), resumed)?;
         let hosting = if resumed && spec.durability.mode == Durability::Replicated {
-            // Its Raft state was in memory: this process neither serves the node (a follower
-            // took it over from its replica) nor rejoins its logs as a voter.
-            eprintln!(
-                "dtx server: node {}: its log is replicated and a follower takes the node over; this server \
-                 keeps only its history file for this run",
-                self.node
-            );
-            None
+            // A follower took the node over from its replica of the node's log; this process
+            // rejoins every log it is a voter of from its journal, and serves whichever node's
+            // log it comes to lead (its own again, or another).
+            let process = self.next_process(run_dir.as_deref(), spec.nodes)?;
+            let h = self.rejoin_replicas(&spec, &dir, shared, process.unwrap_or(self.node))?;
+            Some((h, process.is_some()))
         } else {
             let process = if resumed { self.next_process(run_dir.as_deref(), spec.nodes)? } else { Some(self.node) };
             Some(self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?).map(|h| (h, process.is_some()))
@@ -235,6 +258,7 @@ impl Server {
             Some((h, clients)) => (Some(h), clients),
             None => (None, false),
         };
+        let spec_mode = spec.durability.mode;
         *self.run.lock() = Some(ActiveRun {
             epoch: hosting.as_ref().map_or_else(Instant::now, |h| h.epoch),
             spec,
@@ -246,11 +270,11 @@ impl Server {
             resumed,
         });
         if resumed && self.run.lock().as_ref().is_some_and(|r| r.hosting.is_some()) {
-            eprintln!(
-                "dtx server: node {}: recovered from its log and serving again after {} ms",
-                self.node,
-                t0.elapsed().as_millis()
-            );
+            let what = match spec_mode {
+                Durability::Replicated => "its log replicas rejoined their groups",
+                _ => "recovered from its log and serving again",
+            };
+            eprintln!("dtx server: node {}: {what} after {} ms", self.node, t0.elapsed().as_millis());
             if runs_clients {
                 self.resume_clients();
             }
@@ -306,20 +330,44 @@ impl Server {
         shared: RunShared,
         process: u16,
     ) -> anyhow::Result<Arc<Hosting>> {
+        let hosting = self.hosting_for(spec, dir, shared, process)?;
+        let logs = super::open_node_logs(spec, dir, self.node)?;
+        let mut node = build_node(spec, self.node, hosting.workload(), logs)?;
+        let own_replicated = node.replicated.take();
+        let journal = dir.join(raft_journal_file_name(self.node));
+        let started = hosting
+            .serve_node(self.node, node, Duration::ZERO)
+            .and_then(|_| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(Some(log), journal)));
+        stop_unless_started(hosting, started)
+    }
+
+    /// After a restart in a replicated run: no node of its own (a follower took it over), its
+    /// replicas reopened from their journal and rejoining their logs.
+    fn rejoin_replicas(
+        &self,
+        spec: &BenchSpec,
+        dir: &Path,
+        shared: RunShared,
+        process: u16,
+    ) -> anyhow::Result<Arc<Hosting>> {
+        let hosting = self.hosting_for(spec, dir, shared, process)?;
+        let started = hosting.start_replication(None, dir.join(raft_journal_file_name(self.node)));
+        stop_unless_started(hosting, started)
+    }
+
+    /// What this process hosts in the run, with the workload of its incarnation (`process`).
+    fn hosting_for(
+        &self,
+        spec: &BenchSpec,
+        dir: &Path,
+        shared: RunShared,
+        process: u16,
+    ) -> anyhow::Result<Arc<Hosting>> {
         let mut process_spec = spec.clone();
         process_spec.workload.process = process;
         let workload = build_workload(&process_spec)?;
-        let logs = super::open_node_logs(spec, dir, self.node)?;
-        let mut node = build_node(spec, self.node, &workload, logs)?;
-        let own_replicated = node.replicated.take();
         let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
-        let started = hosting
-            .serve_node(self.node, node, Duration::ZERO)
-            .and_then(|_| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(log)));
-        if let Err(e) = started {
-            hosting.stop();
-            return Err(e);
-        }
+        hosting.record_takeovers_in(dir.join(takeovers_file_name(self.node)));
         Ok(hosting)
     }
 
@@ -385,7 +433,7 @@ impl Server {
     }
 
     fn wait(&self) -> anyhow::Result<Value> {
-        let (hosting, window, epoch, cpu, history_path) = {
+        let (hosting, window, epoch, cpu, history_path, run_dir) = {
             let guard = self.run.lock();
             let run = guard.as_ref().context("wait before prepare")?;
             let path = run.run_dir.as_ref().map(|d| d.join(history_file_name(self.node)));
@@ -393,7 +441,7 @@ impl Server {
             match (&run.hosting, run.resumed) {
                 (Some(h), false) => {
                     let window = run.window.context("wait before start")?;
-                    (h.clone(), window, run.epoch, run.cpu.clone(), history_path)
+                    (h.clone(), window, run.epoch, run.cpu.clone(), history_path, run.run_dir.clone())
                 }
                 (hosting, _) => {
                     // The clients died with the previous incarnation: what they did is in the file.
@@ -404,17 +452,20 @@ impl Server {
                         None => Vec::new(),
                     };
                     let serves = hosting.as_ref().is_some_and(|h| h.serves_a_node());
+                    let takeovers = run.run_dir.as_deref().map(|d| read_takeovers(d, self.node)).unwrap_or_default();
                     return Ok(json!({"totals": Totals::default(), "history": history, "stuck_workers": 0,
-                        "resumed": true, "serves": serves, "takeovers": []}));
+                        "resumed": true, "serves": serves, "takeovers": takeovers}));
                 }
             }
         };
         let shared = hosting.shared.clone();
         let deadline = Duration::from_nanos(window.end_ns) + Duration::from_secs(120);
-        while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
+        // The window's end first: clients may start later than the run (on a node this
+        // process takes over), and they count themselves only when they start.
+        while cpu.lock().1.is_none() && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        while cpu.lock().1.is_none() && epoch.elapsed() < deadline {
+        while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         let mut totals = Totals::default();
@@ -428,8 +479,10 @@ impl Server {
             history = driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?;
         }
         let stuck = shared.running.load(Ordering::Acquire);
+        // Under --data-dir the file also holds the takeovers of killed earlier incarnations.
+        let takeovers = run_dir.as_deref().map_or_else(|| hosting.takeovers(), |d| read_takeovers(d, self.node));
         Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck,
-            "serves": hosting.serves_a_node(), "takeovers": hosting.takeovers()}))
+            "serves": hosting.serves_a_node(), "takeovers": takeovers}))
     }
 
     /// What this server hosts in the current run (an error if it serves no node in it).
@@ -569,15 +622,57 @@ impl Control {
     }
 }
 
-/// Count the takeovers of the run and time each from when the bench lost the server of the
-/// node taken over (its control connection broke) to when the new host served the node.
-fn time_takeovers(takeovers: &[Takeover], lost_unix_ms: &[Option<u64>], totals: &mut Totals) {
+/// Count the takeovers of the run and time each: from the last crash the nemesis injected
+/// before it (its kill), or without a nemesis from when the bench lost the node's server (its
+/// control connection broke), to when the new host served the node.
+fn time_takeovers(
+    takeovers: &[Takeover],
+    lost_unix_ms: &[Option<u64>],
+    events: &[FaultEvent],
+    t0_unix_ms: u64,
+    totals: &mut Totals,
+) {
+    let kills: Vec<u64> = events.iter().filter(|e| e.kind == "crash").map(|e| t0_unix_ms + e.at_ms as u64).collect();
     for t in takeovers {
         totals.failovers += 1;
-        if let Some(Some(lost)) = lost_unix_ms.get(t.node as usize) {
-            totals.failover_ms.push(t.serving_unix_ms.saturating_sub(*lost) as f64);
+        let last_kill = kills.iter().copied().filter(|&k| k <= t.serving_unix_ms).max();
+        let lost = last_kill.or_else(|| lost_unix_ms.get(t.node as usize).copied().flatten());
+        if let Some(lost) = lost {
+            totals.failover_ms.push(t.serving_unix_ms.saturating_sub(lost) as f64);
         }
     }
+}
+
+/// A killed server's totals die with it, but every attempt its clients made is in its history
+/// file: count the window's commits (and aborts, under a reason of their own) from the merged
+/// history, and the commits per 100 ms for the timeline. Latency percentiles stay those of the
+/// incarnations that lived to the end.
+fn count_killed_incarnations(history: &[HistLine], (start_us, end_us): (u64, u64), totals: &mut Totals) -> Vec<String> {
+    use super::metrics::{MAX_TICKS, TICK_NS};
+    let in_window = |l: &&HistLine| l.end_us >= start_us && l.end_us < end_us;
+    let committed: Vec<&HistLine> = history.iter().filter(in_window).filter(|l| l.status == "committed").collect();
+    let aborted = history.iter().filter(in_window).filter(|l| l.status == "aborted").count() as u64;
+    let counted_commits = totals.committed;
+    let counted_aborts: u64 = totals.aborts.values().sum();
+    if committed.len() as u64 <= counted_commits {
+        return Vec::new();
+    }
+    totals.committed = committed.len() as u64;
+    if aborted > counted_aborts {
+        *totals.aborts.entry("in-killed-incarnations".to_string()).or_default() += aborted - counted_aborts;
+    }
+    let ticks = (((end_us - start_us) * 1000).div_ceil(TICK_NS) as usize).min(MAX_TICKS);
+    totals.per_tick = vec![0; ticks];
+    for l in &committed {
+        if let Some(t) = totals.per_tick.get_mut(((l.end_us - start_us) * 1000 / TICK_NS) as usize) {
+            *t += 1;
+        }
+    }
+    vec![format!(
+        "faults: commits counted from the history files, which killed incarnations wrote too: {} in the window \
+         ({counted_commits} counted by the incarnations alive at the end); latency percentiles are theirs alone",
+        committed.len()
+    )]
 }
 
 /// Server processes this bench started; shut down (then killed) when dropped.
@@ -617,22 +712,21 @@ impl Spawned {
     /// `fault_interval_us`, a random server (from the run's seed) is killed with `kill -9` and
     /// started again over its data folder `fault_duration_us` later, or stopped with SIGSTOP
     /// and continued with SIGCONT; each event is timed until the server answers its control
-    /// connection again. A replicated run is crashed once, a third into the window (a restarted
-    /// server does not rejoin its logs yet).
+    /// connection again. A restarted server of a replicated run rejoins its logs from its
+    /// Raft journal.
     fn nemesis(mut self, spec: &BenchSpec, addrs: Vec<SocketAddr>, t0: Instant) -> std::thread::JoinHandle<Nemesis> {
         let plan = spec.faults.clone();
         let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
         let (every, down) =
             (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
-        let once = spec.durability.mode == Durability::Replicated;
         let mut rng = crate::util::rng_from_seed(spec.seed ^ 0x006e_656d_6573_6973);
         std::thread::spawn(move || {
             let mut events = Vec::new();
             let end = warmup + duration;
-            let mut at = if once { warmup + duration / 3 } else { warmup + every / 2 };
-            while (events.is_empty() || !once) && at + down + Duration::from_millis(100) < end {
+            let mut at = warmup + every / 2;
+            while at + down + Duration::from_millis(100) < end {
                 std::thread::sleep(at.saturating_sub(t0.elapsed()));
-                let node = if once { addrs.len() - 1 } else { rng.gen_range(0..addrs.len()) };
+                let node = rng.gen_range(0..addrs.len());
                 let crash = plan.crashes && (!plan.pauses || rng.gen_bool(0.5));
                 let started = t0.elapsed();
                 let undone = if crash { self.crash(node, down) } else { self.pause(node, down) };
@@ -765,6 +859,10 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     for c in &mut ctl {
         c.call(&json!({"cmd": "prepare", "spec": spec}))?;
     }
+    // The measured window on the history's clock (the system clock: the servers time their
+    // attempts with it), to count the commits of incarnations that were killed.
+    let window_start_us = crate::rt::system_us() + spec.warmup_us;
+    let window_sys_us = (window_start_us, window_start_us + spec.duration_us);
     for c in &mut ctl {
         c.call(&json!({"cmd": "start"}))?;
     }
@@ -792,7 +890,10 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     pb.finish_and_clear();
     let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers } = gather(waits, addrs.len())?;
-    time_takeovers(&takeovers, &lost, &mut totals);
+    let t0_unix_ms = super::tcp_host::unix_ms().saturating_sub(t0.elapsed().as_millis() as u64);
+    if lost.iter().any(|l| l.is_some()) && spec.record_history {
+        notes.extend(count_killed_incarnations(&history, window_sys_us, &mut totals));
+    }
     let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
     let (spawned, fault_events) = match nemesis {
         Some(Err(k)) => {
@@ -802,6 +903,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         Some(Ok(s)) => (Some(s), Vec::new()),
         None => (None, Vec::new()),
     };
+    time_takeovers(&takeovers, &lost, &fault_events, t0_unix_ms, &mut totals);
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;
         if spawned.is_some() {
@@ -810,7 +912,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
-    notes.extend(fault_notes(&lost, &takeovers, &fault_events));
+    notes.extend(fault_notes(&totals, &takeovers, &fault_events));
     Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events })
 }
 
@@ -893,19 +995,20 @@ pub fn served_again_sorted(events: &[FaultEvent]) -> Vec<f64> {
     back
 }
 
-fn fault_notes(lost: &[Option<u64>], takeovers: &[Takeover], events: &[FaultEvent]) -> Vec<String> {
-    let died = lost.iter().enumerate().filter_map(|(n, l)| l.map(|l| (n, l)));
-    let mut notes: Vec<String> = died
-        .filter_map(|(n, lost_unix_ms)| {
-            let t = takeovers.iter().find(|t| t.node as usize == n)?;
-            Some(format!(
-                "faults: node {n}'s server died; another server served node {n} {} ms after, rebuilt from its \
-                 log's replica in {} ms",
-                t.serving_unix_ms.saturating_sub(lost_unix_ms),
-                t.rebuild_ms
-            ))
-        })
-        .collect();
+fn fault_notes(totals: &Totals, takeovers: &[Takeover], events: &[FaultEvent]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !takeovers.is_empty() {
+        let mut ms = totals.failover_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        let rebuild_max = takeovers.iter().map(|t| t.rebuild_ms).max().unwrap_or(0);
+        notes.push(format!(
+            "faults: {} takeovers: a node whose server died was served by another server a median {} ms (max {} ms) \
+             after the kill, rebuilt from its log's replica in at most {rebuild_max} ms",
+            takeovers.len(),
+            ms.get(ms.len() / 2).map_or("-".to_string(), |m| format!("{m:.0}")),
+            ms.last().map_or("-".to_string(), |m| format!("{m:.0}")),
+        ));
+    }
     if !events.is_empty() {
         let back = served_again_sorted(events);
         let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));

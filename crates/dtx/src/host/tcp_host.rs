@@ -2,7 +2,7 @@
 //! replicated run any node it took over) and, in a replicated run, its replicas of the nodes'
 //! logs on a thread of their own.
 //!
-//! Failover (`--durability replicated`, [`Mode::Failover`]): the replication thread runs this
+//! Failover (`--durability replicated`, [`service::Mode::Failover`]): the replication thread runs this
 //! host's replicas of every log it is a voter of. When a node's server dies, the followers of its
 //! log elect a new leader; once that leader's log is settled (see `replication::service`), its
 //! host rebuilds the node from the state its replica applied, binds the node's worker ports
@@ -22,7 +22,7 @@ use super::driver::{RunShared, Window};
 use super::{attach_worker, start_clients, BenchSpec, NodeSetup, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::{Addr, NodeId};
-use crate::replication::service::{self, AdoptRequests, Deposed, Mode, ReplicatorHandle};
+use crate::replication::service::{self, AdoptRequests, Deposed, ReplicatorHandle};
 use crate::rt::log::NodeLog;
 use crate::rt::tcp::{TcpHandle, TcpNet};
 use crate::rt::Worker;
@@ -31,6 +31,7 @@ use anyhow::Context;
 use parking_lot::Mutex;
 use rand::Rng;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -105,6 +106,9 @@ pub struct Hosting {
     nodes: Mutex<Vec<HostedNode>>,
     replication: Mutex<Option<(Arc<TcpHandle>, JoinHandle<()>)>>,
     takeovers: Mutex<Vec<Takeover>>,
+    /// A file every takeover is appended to, so that the takeovers of a process killed later
+    /// are still reported (the run's folder, under `--data-dir`).
+    takeover_file: Mutex<Option<PathBuf>>,
     routes: Routes,
     /// The routes this host announces (nodes it took over onto addresses of its own).
     announced: Mutex<Vec<RouteAnnouncement>>,
@@ -139,6 +143,7 @@ impl Hosting {
             nodes: Mutex::new(Vec::new()),
             replication: Mutex::new(None),
             takeovers: Mutex::new(Vec::new()),
+            takeover_file: Mutex::new(None),
             routes: Default::default(),
             announced: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
@@ -252,11 +257,13 @@ impl Hosting {
 
     fn start_node_clients(&self, n: &HostedNode, window: Window) {
         for h in &n.handles {
-            self.shared.running.fetch_add(1, Ordering::AcqRel);
             let (spec, node, shared) = (self.spec.clone(), n.setup.clone(), self.shared.clone());
+            // Counted where the clients start: a node given up before its worker ran this
+            // command never starts them, and must not leave the run waiting for them.
             h.push_command(Box::new(move || {
                 THREAD_WORKER.with(|t| {
                     if let Some((w, proto)) = t.borrow().as_ref() {
+                        shared.running.fetch_add(1, Ordering::AcqRel);
                         start_clients(&spec, &node, w, proto, window, &shared);
                     }
                 });
@@ -286,6 +293,26 @@ impl Hosting {
         self.takeovers.lock().clone()
     }
 
+    /// Append every takeover to `path` as well (one JSON line each).
+    pub fn record_takeovers_in(&self, path: PathBuf) {
+        *self.takeover_file.lock() = Some(path);
+    }
+
+    fn record_takeover(&self, t: Takeover) {
+        if let Some(path) = self.takeover_file.lock().as_ref() {
+            let line = serde_json::to_string(&t).unwrap_or_default() + "\n";
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            if let Err(e) = written {
+                crate::rt::log_warn(&format!("cannot record a takeover in {}: {e}", path.display()));
+            }
+        }
+        self.takeovers.lock().push(t);
+    }
+
     /// End the run: stop every node's threads and the replication thread.
     pub fn stop(&self) {
         let nodes = {
@@ -304,33 +331,26 @@ impl Hosting {
     }
 
     /// Start this host's replicas of the logs it is a voter of, on their own thread (port
-    /// `worker_addr(host, workers)`), proposing `own_log`'s records to its own node's log.
-    pub fn start_replication(self: &Arc<Self>, own_log: Arc<NodeLog>) -> anyhow::Result<()> {
+    /// `worker_addr(host, workers)`), journaled to `journal` (a file in the run's folder):
+    /// fresh, proposing `own_log`'s records to its own node's log, or (`own_log` None, after a
+    /// restart) reopened from the journal, rejoining every group as a follower. Returns once
+    /// the replicas run, or why they could not start.
+    pub fn start_replication(self: &Arc<Self>, own_log: Option<Arc<NodeLog>>, journal: PathBuf) -> anyhow::Result<()> {
         let addr = Addr::new(self.host, self.cfg.workers);
-        let net = self.bind(addr, Duration::ZERO)?;
+        let net = self.bind(addr, PORT_PATIENCE)?;
         let handle = net.handle();
         let me = Arc::downgrade(self);
         let (epoch, spec, host) = (self.epoch, self.spec.clone(), self.host);
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let thread = std::thread::Builder::new().name(format!("replication@{host}")).spawn(move || {
             let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
-            let d = &spec.durability;
             let seed = w.rng.borrow_mut().gen::<u64>();
             let (adopt, deposed) = (AdoptRequests::default(), Deposed::default());
-            let started = super::machine_factory(&spec)
-                .and_then(|machine| {
-                    Ok(service::ReplicaState::new(
-                        host,
-                        d.cluster_id,
-                        spec.nodes,
-                        d.replicas,
-                        Mode::Failover,
-                        seed,
-                        machine,
-                    )?)
-                })
-                .and_then(|state| {
-                    Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), Some(own_log), Some(adopt.clone()))?)
-                });
+            let rejoin = own_log.is_none();
+            let started = open_replicas(&spec, host, seed, &journal, rejoin).and_then(|state| {
+                Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), own_log, Some(adopt.clone()))?)
+            });
+            let _ = started_tx.send(started.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
             match started {
                 Ok(r) => {
                     r.borrow_mut().report_deposed(deposed.clone());
@@ -345,13 +365,23 @@ impl Hosting {
                     }));
                     w.spawn(watch_leadership(w.clone(), r, adopt, deposed, me));
                 }
-                Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not start: {e}")),
+                Err(_) => return,
             }
             net.run(&w);
             THREAD_REPLICATOR.with(|t| t.borrow_mut().take());
         });
-        *self.replication.lock() = Some((handle, thread.context("cannot start the replication thread")?));
-        Ok(())
+        let thread = thread.context("cannot start the replication thread")?;
+        match started_rx.recv() {
+            Ok(Ok(())) => {
+                *self.replication.lock() = Some((handle, thread));
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                anyhow::bail!("host {}: the log replicas did not start: {e}", self.host)
+            }
+            Err(_) => anyhow::bail!("host {}: the replication thread died while starting", self.host),
+        }
     }
 
     /// A node this host took over listens elsewhere than its configured address (another
@@ -422,7 +452,7 @@ impl Hosting {
                     "dtx server: host {}: took node {id} over (this host leads its log now): serving it after {} ms",
                     self.host, t.rebuild_ms
                 );
-                self.takeovers.lock().push(t);
+                self.record_takeover(t);
                 self.push_to_replicator(Box::new(move |r| r.borrow_mut().serve(id, log)));
             }
             Err(e) => {
@@ -431,6 +461,27 @@ impl Hosting {
             }
         }
     }
+}
+
+/// This host's replicas: fresh over a new journal at `path`, or (`rejoin`) reopened from it.
+fn open_replicas(
+    spec: &BenchSpec,
+    host: NodeId,
+    seed: u64,
+    path: &std::path::Path,
+    rejoin: bool,
+) -> anyhow::Result<service::ReplicaState> {
+    use crate::replication::journal::Journal;
+    let setup = super::failover_replica_setup(spec, host, seed)?;
+    let cluster_id = setup.cluster_id;
+    if !rejoin {
+        return Ok(service::ReplicaState::new(setup, Some(Journal::create_file(path, cluster_id, host)?))?);
+    }
+    let (journal, ops) = Journal::open_file(path, cluster_id, host)?;
+    let count = ops.len();
+    let state = service::ReplicaState::reopen(setup, journal, ops)?;
+    eprintln!("dtx server: host {host}: its log replicas reopened from {} ({count} journal records)", path.display());
+    Ok(state)
 }
 
 /// Whether binding failed because the address is not on this machine.

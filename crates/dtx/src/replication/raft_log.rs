@@ -63,7 +63,14 @@ pub struct RaftConfig {
     pub check_quorum: bool,
     /// Print raft's own log lines to stderr (otherwise they are discarded).
     pub debug_log: bool,
+    /// Bytes of the largest snapshot (the applied state a compacted log starts from) a replica
+    /// sends or accepts in one message; a larger state is not compacted (see `service`).
+    pub max_snapshot_bytes: u64,
 }
+
+/// The default [`RaftConfig::max_snapshot_bytes`]: half the wire's frame limit
+/// (`net::MAX_FRAME_BYTES`, 16 MiB), so that a snapshot shares its batch with other messages.
+pub const MAX_SNAPSHOT_BYTES: u64 = 8 << 20;
 
 impl Default for RaftConfig {
     fn default() -> Self {
@@ -76,6 +83,7 @@ impl Default for RaftConfig {
             pre_vote: true,
             check_quorum: true,
             debug_log: false,
+            max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
         }
     }
 }
@@ -104,8 +112,9 @@ impl RaftConfig {
     /// (index and term) and its framing inside the message (a tag and a length) costs at most as
     /// much as the entry itself, so twice the entry budget plus slack for the message's other
     /// fields bounds every honest frame.
+    /// A snapshot message carries the snapshot's data, up to `max_snapshot_bytes`.
     pub fn frame_limit_bytes(&self) -> u64 {
-        self.max_size_per_msg.saturating_mul(2).saturating_add(FRAME_SLACK_BYTES)
+        self.max_size_per_msg.saturating_mul(2).max(self.max_snapshot_bytes).saturating_add(FRAME_SLACK_BYTES)
     }
 
     fn to_raft(&self, me: ReplicaId, applied_index: u64) -> raft::Config {
@@ -150,8 +159,10 @@ pub struct Output {
     pub leader: Option<(ReplicaId, u64)>,
     /// Set when this replica's log was replaced by the leader's snapshot up to this index, because
     /// the entries it lacked were compacted away. Entries up to it will never be handed out here:
-    /// the application must restore its state up to this index from elsewhere (another replica).
+    /// the application restores its state up to this index from `snapshot_data`.
     pub snapshot_index: Option<u64>,
+    /// The applied state the installed snapshot carries (what the leader's store put in it).
+    pub snapshot_data: Vec<u8>,
 }
 
 impl Output {
@@ -686,6 +697,7 @@ impl<S: LogStore> RaftGroup<S> {
         let index = snapshot.get_metadata().index;
         self.applied_index = self.applied_index.max(index);
         out.snapshot_index = Some(index);
+        out.snapshot_data = snapshot.get_data().to_vec();
         Ok(())
     }
 
@@ -793,6 +805,17 @@ impl<S: LogStore> RaftGroup<S> {
 
     pub fn store(&self) -> &S {
         self.node.store()
+    }
+
+    /// The store, to take what it has to persist or to record a snapshot in it; raft's own
+    /// writes go through `poll` only.
+    pub fn store_mut(&mut self) -> &mut S {
+        self.node.mut_store()
+    }
+
+    /// The term of the entry at `index`, if this replica still has it (or its snapshot does).
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        self.node.raft.raft_log.term(index).ok()
     }
 
     /// Why the group stopped, if it did (see [`RaftLogError::Failed`]).

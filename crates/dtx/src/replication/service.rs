@@ -24,7 +24,9 @@
 //! to the machine) or a replication marker of its own (the `Takeover` that proves a new
 //! leader's term, which no machine sees).
 
+use super::journal::{Journal, JournalOp};
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
+use super::store::ReplicaStore;
 use crate::net::{Addr, NodeId};
 use crate::rt::log::{LogMachine, NodeLog};
 use crate::rt::{log_warn, Worker};
@@ -48,10 +50,13 @@ pub type RouteHandler = Rc<dyn Fn(&[u8])>;
 /// How often the replicator ticks (heartbeats every 2 ticks, elections after 10 to 20).
 pub const TICK_US: u64 = 10_000;
 
-/// Committed entries a group keeps before it compacts its log (owner-led mode only: in failover
-/// mode a follower that fell behind a compaction would get a snapshot without the applied
-/// state it needs to take a node over, so the simulator's short runs keep the whole log).
-const COMPACT_EVERY: u64 = 4096;
+/// Committed entries a group keeps before it compacts its log in owner-led mode, where
+/// followers apply nothing and a snapshot carries no state.
+const OWNER_LED_COMPACT_EVERY: u64 = 4096;
+
+/// A journal is rewritten as the groups' live state once it is at least this large and twice
+/// what the last rewrite left.
+pub const JOURNAL_REWRITE_MIN_BYTES: u64 = 64 << 20;
 
 /// How the replicas of a host behave; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +87,8 @@ pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
 /// runtime stops this host's incarnation of each.
 pub type Deposed = Rc<RefCell<Vec<NodeId>>>;
 
-/// Makes a protocol's log state machine, fresh.
-pub type MachineFactory = std::sync::Arc<dyn Fn() -> Box<dyn LogMachine> + Send + Sync>;
+/// Makes a protocol's log state machine: fresh (`None`), or from a snapshot of one.
+pub type MachineFactory = std::sync::Arc<dyn Fn(Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> + Send + Sync>;
 
 /// An entry that carries one of the node's records.
 const TAG_RECORD: u8 = 0;
@@ -98,61 +103,275 @@ fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// What a host's replicas keep across a crash of the host: Raft's hard state and log (which a
-/// deployment keeps on disk; the simulator keeps them in memory and charges no fsync for them,
-/// see docs/architecture.md) and, in failover mode, what each group's committed records amount
-/// to (derived from that log, so it survives with it).
-pub struct ReplicaState {
-    host: NodeId,
+/// What a host's replicas are: who they are and how they keep their logs.
+#[derive(Clone)]
+pub struct ReplicaSetup {
+    pub host: NodeId,
     /// Every frame carries it (as its service tag); a frame of another cluster is refused (a
     /// replica started over another cluster's configuration, or a stray process on a reused
     /// port).
+    pub cluster_id: u64,
+    pub nodes: u16,
+    pub replicas: u16,
+    pub mode: Mode,
+    pub seed: u64,
+    /// Makes the protocol's state machine (fresh, or from a snapshot's data).
+    pub new_machine: MachineFactory,
+    /// Failover mode: committed entries between snapshots of the applied state (then the log
+    /// is compacted up to the snapshot).
+    pub snapshot_every: u64,
+    /// The least size at which the journal is rewritten ([`JOURNAL_REWRITE_MIN_BYTES`]).
+    pub journal_rewrite_bytes: u64,
+}
+
+/// A host's replicas of the logs it is a voter of: Raft's hard state and log per group, kept
+/// durable by the host's [`Journal`] (when it has one: the `local` runtime's owner-led replicas,
+/// which never crash, keep theirs in memory), and, in failover mode, what each group's
+/// committed records amount to (derived from that log, rebuilt from it at a reopen).
+pub struct ReplicaState {
+    setup: ReplicaSetup,
+    host: NodeId,
     cluster_id: u64,
     mode: Mode,
-    groups: RaftGroups,
+    groups: RaftGroups<ReplicaStore>,
     /// Per group, the protocol's state machine over its committed records (failover mode).
     applied: FxHashMap<u32, Box<dyn LogMachine>>,
-    /// Makes a fresh machine for a group (the protocol's `log_machine(None)`).
-    new_machine: MachineFactory,
-    /// Per group, the index its log was last compacted to (owner-led mode).
+    /// Per group, the index its log was last compacted to.
     compacted: FxHashMap<u32, u64>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
+    journal: Option<Journal>,
+    /// The journal's size at which it is rewritten next.
+    rewrite_at_bytes: u64,
+    /// Groups whose applied state is too large to snapshot (warned once each).
+    too_large_to_snapshot: FxHashSet<u32>,
+    pub stats: ReplicaStats,
+}
+
+/// What a host's replicas did, for the report's counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplicaStats {
+    /// Snapshots of the applied state taken, and logs compacted after them.
+    pub snapshots_taken: u64,
+    /// Snapshots received from a leader and installed (the replica lacked compacted entries).
+    pub snapshots_installed: u64,
+    /// Times the journal was rewritten as the live state.
+    pub journal_rewrites: u64,
+    /// Journal records replayed when the replicas were reopened.
+    pub journal_records_replayed: u64,
+}
+
+impl ReplicaStats {
+    pub fn add(&mut self, o: &ReplicaStats) {
+        self.snapshots_taken += o.snapshots_taken;
+        self.snapshots_installed += o.snapshots_installed;
+        self.journal_rewrites += o.journal_rewrites;
+        self.journal_records_replayed += o.journal_records_replayed;
+    }
+
+    /// As named counters (the report shows them per committed transaction).
+    pub fn counters(&self) -> [(&'static str, u64); 4] {
+        [
+            ("raft-snapshots-taken", self.snapshots_taken),
+            ("raft-snapshots-installed", self.snapshots_installed),
+            ("raft-journal-rewrites", self.journal_rewrites),
+            ("raft-journal-records-replayed", self.journal_records_replayed),
+        ]
+    }
 }
 
 impl ReplicaState {
-    /// The replicas host `host` holds: one per node whose log it is a voter of.
-    pub fn new(
-        host: NodeId,
-        cluster_id: u64,
-        nodes: u16,
-        replicas: u16,
-        mode: Mode,
-        seed: u64,
-        new_machine: MachineFactory,
-    ) -> Result<Self, RaftLogError> {
+    /// Fresh replicas of every log `setup.host` is a voter of, journaled to `journal` (empty).
+    pub fn new(setup: ReplicaSetup, journal: Option<Journal>) -> Result<Self, RaftLogError> {
+        let mut state = ReplicaState::empty(setup, journal);
+        for (owner, voters) in state.voted_groups() {
+            let group = state.open_group(owner, &voters, ReplicaStore::new(owner, &voters), 0)?;
+            state.groups.add(group)?;
+        }
+        // The membership is fixed by the configuration, not journaled; the first sync makes
+        // the empty hard states durable.
+        state.persist().map_err(|e| RaftLogError::Storage(e.to_string()))?;
+        Ok(state)
+    }
+
+    /// The replicas as `journal` (reopened, with its `ops`) left them: every group's log, hard
+    /// state and snapshot, and in failover mode its state machine rebuilt from the snapshot
+    /// and the committed entries after it. The replicas rejoin their groups as followers.
+    pub fn reopen(setup: ReplicaSetup, journal: Journal, ops: Vec<JournalOp>) -> anyhow::Result<Self> {
+        let mut state = ReplicaState::empty(setup, Some(journal));
+        state.started = true;
+        state.stats.journal_records_replayed = ops.len() as u64;
+        let mut stores: FxHashMap<u32, ReplicaStore> = Default::default();
+        for (owner, voters) in state.voted_groups() {
+            stores.insert(owner, ReplicaStore::new(owner, &voters));
+        }
+        for op in ops {
+            let group = journal_op_group(&op);
+            let store = stores.get_mut(&group).ok_or_else(|| {
+                anyhow::anyhow!("the Raft journal has an op of log {group}, which this host holds no replica of")
+            })?;
+            store.replay(op)?;
+        }
+        for (owner, voters) in state.voted_groups() {
+            let store = stores.remove(&owner).expect("a store per voted group");
+            let commit = raft::Storage::initial_state(&store).map_err(|e| anyhow::anyhow!("{e}"))?.hard_state.commit;
+            if state.mode == Mode::Failover {
+                let machine = rebuild_machine(&state.setup.new_machine, &store, commit)
+                    .map_err(|e| anyhow::anyhow!("log {owner}: {e:#}"))?;
+                state.applied.insert(owner, machine);
+            }
+            state.compacted.insert(owner, store.snapshot_index());
+            let group = state.open_group(owner, &voters, store, commit)?;
+            state.groups.add(group)?;
+        }
+        Ok(state)
+    }
+
+    fn empty(setup: ReplicaSetup, journal: Option<Journal>) -> Self {
+        ReplicaState {
+            host: setup.host,
+            cluster_id: setup.cluster_id,
+            mode: setup.mode,
+            groups: RaftGroups::default(),
+            applied: Default::default(),
+            compacted: Default::default(),
+            started: false,
+            rewrite_at_bytes: setup.journal_rewrite_bytes,
+            journal,
+            too_large_to_snapshot: Default::default(),
+            stats: ReplicaStats::default(),
+            setup,
+        }
+    }
+
+    /// The logs this host holds a replica of, with their voters.
+    fn voted_groups(&self) -> Vec<(u32, Vec<ReplicaId>)> {
+        let (nodes, replicas, host) = (self.setup.nodes, self.setup.replicas, self.host);
+        (0..nodes)
+            .filter(|&g| replicas_of(g, nodes, replicas).contains(&host))
+            .map(|g| (g as u32, replicas_of(g, nodes, replicas).into_iter().map(replica_id).collect()))
+            .collect()
+    }
+
+    fn open_group(
+        &self,
+        owner: u32,
+        voters: &[ReplicaId],
+        store: ReplicaStore,
+        applied_index: u64,
+    ) -> Result<RaftGroup<ReplicaStore>, RaftLogError> {
         // Owner-led: only the owner ticks, so it must not step down when it loses touch with a
         // majority (check-quorum): nobody else would take over, and followers that do not tick
         // would refuse its votes forever. In failover mode everyone ticks, and a leader cut off
         // from its followers must step down so that they can elect one they reach.
-        let cfg = RaftConfig { check_quorum: mode == Mode::Failover, ..RaftConfig::default() };
-        let mut groups = RaftGroups::new();
-        for owner in (0..nodes).filter(|&g| replicas_of(g, nodes, replicas).contains(&host)) {
-            let voters: Vec<ReplicaId> = replicas_of(owner, nodes, replicas).into_iter().map(replica_id).collect();
-            let group = RaftGroup::new(owner as u32, replica_id(host), &voters, &cfg, seed ^ ((owner as u64) << 17))?;
-            groups.add(group)?;
-        }
-        Ok(ReplicaState {
-            host,
-            cluster_id,
-            mode,
-            groups,
-            applied: Default::default(),
-            new_machine,
-            compacted: Default::default(),
-            started: false,
-        })
+        let cfg = RaftConfig { check_quorum: self.mode == Mode::Failover, ..RaftConfig::default() };
+        let seed = self.setup.seed ^ ((owner as u64) << 17);
+        RaftGroup::with_store(owner, replica_id(self.host), voters, &cfg, seed, store, applied_index)
     }
+
+    /// Makes what the groups changed durable: their ops go to the journal (rewritten as the
+    /// live state once it grew large), then one fsync. Nothing a change implies may leave the
+    /// process before this returns.
+    fn persist(&mut self) -> Result<(), super::journal::JournalError> {
+        let Some(journal) = self.journal.as_mut() else { return Ok(()) };
+        let ids: Vec<u32> = self.groups.group_ids().collect();
+        for id in &ids {
+            let group = self.groups.get_mut(*id).expect("a listed group");
+            for op in group.store_mut().take_unjournaled() {
+                journal.write(&op);
+            }
+        }
+        if journal.len_bytes() >= self.rewrite_at_bytes {
+            let mut live = Vec::new();
+            for id in &ids {
+                let store = self.groups.get(*id).expect("a listed group").store();
+                live.extend(store.live_ops().map_err(|e| super::journal::JournalError {
+                    path: journal.path(),
+                    reason: format!("cannot list log {id}'s live state: {e}"),
+                })?);
+            }
+            journal.rewrite(&live)?;
+            self.stats.journal_rewrites += 1;
+            self.rewrite_at_bytes = self.setup.journal_rewrite_bytes.max(2 * journal.len_bytes());
+        }
+        journal.sync()
+    }
+
+    /// Snapshot and compact every group that applied `snapshot_every` entries since its last
+    /// compaction (failover: with the applied state; owner-led: the log alone).
+    fn compact(&mut self) {
+        let every = match self.mode {
+            Mode::Failover => self.setup.snapshot_every.max(1),
+            Mode::OwnerLeads => OWNER_LED_COMPACT_EVERY,
+        };
+        let ids: Vec<u32> = self.groups.group_ids().collect();
+        for id in ids {
+            let g = self.groups.get_mut(id).expect("a listed group");
+            let applied = g.applied_index();
+            let done = self.compacted.entry(id).or_default();
+            if applied < *done + every {
+                continue;
+            }
+            let Some(term) = g.term_of(applied) else { continue };
+            let data = match self.mode {
+                Mode::OwnerLeads => Vec::new(),
+                Mode::Failover => match self.applied.get(&id) {
+                    Some(m) => m.snapshot(),
+                    None => (self.setup.new_machine)(None).map(|m| m.snapshot()).unwrap_or_default(),
+                },
+            };
+            if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
+                if self.too_large_to_snapshot.insert(id) {
+                    log_warn(&format!(
+                        "replication: host {}: log {id}'s applied state is {} bytes, over the snapshot limit of {}: \
+                         the log is not compacted (it grows with the run)",
+                        self.host,
+                        data.len(),
+                        RaftConfig::default().max_snapshot_bytes
+                    ));
+                }
+                *done = applied;
+                continue;
+            }
+            g.store_mut().set_snapshot(applied, term, data);
+            g.compact(applied);
+            self.stats.snapshots_taken += 1;
+            *done = applied;
+        }
+    }
+}
+
+fn journal_op_group(op: &JournalOp) -> u32 {
+    match op {
+        JournalOp::Append { group, .. }
+        | JournalOp::HardState { group, .. }
+        | JournalOp::Snapshot { group, .. }
+        | JournalOp::Compact { group, .. } => *group,
+    }
+}
+
+/// A group's state machine at its commit index: from its snapshot, then its committed entries.
+fn rebuild_machine(
+    new_machine: &MachineFactory,
+    store: &ReplicaStore,
+    commit: u64,
+) -> anyhow::Result<Box<dyn LogMachine>> {
+    let snapshot_index = store.snapshot_index();
+    let mut machine = match snapshot_index {
+        0 => new_machine(None)?,
+        _ => new_machine(Some(raft::Storage::snapshot(store, 0, 0).map_err(|e| anyhow::anyhow!("{e}"))?.get_data()))?,
+    };
+    if commit > snapshot_index {
+        let ctx = raft::GetEntriesContext::empty(false);
+        let entries = raft::Storage::entries(store, snapshot_index + 1, commit + 1, None, ctx)
+            .map_err(|e| anyhow::anyhow!("the committed entries after the snapshot at {snapshot_index}: {e}"))?;
+        for e in entries {
+            if let Some((&TAG_RECORD, record)) = e.data.split_first() {
+                machine.apply(record);
+            }
+        }
+    }
+    Ok(machine)
 }
 
 /// A log this host leads and proposes for: the records one incarnation of a node appends.
@@ -373,10 +592,13 @@ impl Replicator {
             && self.takeover_term.get(&(node as u32)) == Some(&g.term())
             && g.leads_with_settled_log()
             && g.applied_index() >= g.commit_index();
-        ready.then(|| match st.applied.get(&(node as u32)) {
-            Some(m) => m.snapshot(),
-            None => (st.new_machine)().snapshot(),
-        })
+        if !ready {
+            return None;
+        }
+        match st.applied.get(&(node as u32)) {
+            Some(m) => Some(m.snapshot()),
+            None => (st.setup.new_machine)(None).ok().map(|m| m.snapshot()),
+        }
     }
 
     /// Take what the served logs appended since the last look; `waker` hears of the next.
@@ -429,42 +651,94 @@ impl Replicator {
         }
     }
 
-    /// Send what every group has to send; apply and report what committed; follow leadership.
+    /// Make what Raft did durable, then send what every group has to send, apply and report
+    /// what committed, follow leadership, and compact.
     fn pump(&mut self) {
         let mut outputs = Vec::new();
         self.state.borrow_mut().groups.poll_all(&mut outputs);
+        let persisted = self.state.borrow_mut().persist();
+        if let Err(e) = persisted {
+            self.journal_failed(&e.to_string());
+            return;
+        }
         for (group, out) in outputs {
             let cluster_id = self.state.borrow().cluster_id;
             for (to, frame) in out.messages {
                 let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
                 self.w.send_service(dst, cluster_id, &frame);
             }
-            self.committed(group, &out.committed);
-            if out.snapshot_index.is_some() && self.state.borrow().mode == Mode::Failover {
-                log_warn(&format!(
-                    "replication: host {} got a snapshot of log {group}, which carries no applied state",
-                    self.state.borrow().host
-                ));
+            if let Some(index) = out.snapshot_index {
+                self.install_snapshot(group, index, &out.snapshot_data);
             }
+            self.committed(group, &out.committed, out.snapshot_index.unwrap_or(0));
         }
         if self.state.borrow().mode == Mode::Failover {
             self.follow_leadership();
-        } else {
-            self.compact();
+        }
+        self.state.borrow_mut().compact();
+    }
+
+    /// The journal cannot be written (a full or failing disk): nothing this host's replicas
+    /// did since the last sync may be relied on, so the host stops replicating, gives up the
+    /// nodes it serves (a replica elsewhere takes them over) and says why.
+    fn journal_failed(&mut self, reason: &str) {
+        log_warn(&format!(
+            "replication: host {} stops: {reason}. Free space or replace the disk, then restart the server: it \
+             rejoins its logs from the journal",
+            self.state.borrow().host
+        ));
+        let served: Vec<u32> = self.served.keys().copied().collect();
+        for group in served {
+            self.depose(group);
+        }
+        self.stop();
+    }
+
+    /// The leader sent a snapshot of `group`'s log up to `index` (this replica lacked entries
+    /// it had compacted away): the state machine starts over from its data.
+    fn install_snapshot(&mut self, group: u32, index: u64, data: &[u8]) {
+        let mut st = self.state.borrow_mut();
+        if st.mode != Mode::Failover {
+            return;
+        }
+        match (st.setup.new_machine)(Some(data)) {
+            Ok(m) => {
+                st.applied.insert(group, m);
+                st.compacted.insert(group, index);
+                st.stats.snapshots_installed += 1;
+            }
+            Err(e) => {
+                let host = st.host;
+                drop(st);
+                self.journal_failed(&format!(
+                    "host {host} cannot restore log {group}'s snapshot at index {index}: {e:#}"
+                ));
+            }
         }
     }
 
     /// Committed entries of `group`: apply them (failover mode) and tell the served log which
     /// of its records are durable.
-    fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry]) {
-        if entries.is_empty() {
+    /// Entries at or below `snapshot_index` (a snapshot installed in the same poll) are in the
+    /// snapshot's state already.
+    fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry], snapshot_index: u64) {
+        if entries.is_empty() || !self.alive {
             return;
         }
         let mut st = self.state.borrow_mut();
         if st.mode == Mode::Failover {
             let st = &mut *st;
-            let applied = st.applied.entry(group).or_insert_with(|| (st.new_machine)());
-            for e in entries {
+            let applied = match st.applied.entry(group) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => match (st.setup.new_machine)(None) {
+                    Ok(m) => v.insert(m),
+                    Err(e) => {
+                        log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
+                        return;
+                    }
+                },
+            };
+            for e in entries.iter().filter(|e| e.index > snapshot_index) {
                 match e.data.split_first() {
                     Some((&TAG_RECORD, record)) => applied.apply(record),
                     Some((&TAG_TAKEOVER, _)) => {}
@@ -553,21 +827,6 @@ impl Replicator {
             for group in ask {
                 self.requested.insert(group);
                 q.borrow_mut().push((group as NodeId, host));
-            }
-        }
-    }
-
-    fn compact(&mut self) {
-        let mut st = self.state.borrow_mut();
-        let ReplicaState { groups, compacted, .. } = &mut *st;
-        let ids: Vec<u32> = groups.group_ids().collect();
-        for group in ids {
-            let Some(g) = groups.get_mut(group) else { continue };
-            let applied = g.applied_index();
-            let done = compacted.entry(group).or_default();
-            if applied >= *done + COMPACT_EVERY {
-                g.compact(applied);
-                *done = applied;
             }
         }
     }

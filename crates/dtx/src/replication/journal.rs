@@ -1,0 +1,386 @@
+//! The Raft journal: what a host's replicas of replicated logs write before they answer anyone.
+//!
+//! Raft is safe across a restart only if a replica remembers its term, its vote and every entry
+//! it acknowledged (Raft's "persistent state on all servers"): a voter that forgot its vote
+//! could vote twice in one term, and one that forgot an acknowledged entry could let a leader
+//! without it be elected. So every change a group makes to its store (entries appended, hard
+//! state, a snapshot taken or installed, a compaction) becomes one [`JournalOp`] in one
+//! append-only file per host, shared by all the groups the host is a voter of, and the
+//! replicator makes the journal durable (one `fdatasync` for everything the groups did since the
+//! last) before it sends any message, hands out any committed entry or tells a node its records
+//! are durable. A crash therefore loses only changes nobody outside the process has seen.
+//!
+//! Format: a header (magic, cluster id, host, checksum), then records in the write-ahead log's
+//! format (`wal::format`: length, CRC-32, sequence number, payload), each payload one op in
+//! postcard. A torn last record (a write cut short by a crash) is cut off at open; a bad record
+//! with valid ones after it is corruption and refuses to open, naming the file and offset.
+//! Compaction keeps the file bounded: once it outgrows the groups' live state, it is rewritten
+//! as that state (a temporary file, fsynced, renamed over the old one).
+//!
+//! The simulator keeps a host's journal in memory ([`MemoryDisk`]) across its crashes, and its
+//! restarted host reopens the replicas from it through the same code a restarted server runs.
+
+use crate::wal::format::{decode_records_from, encode_record};
+use crate::wal::Tail;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+const MAGIC: &[u8; 8] = b"DTXRAFT1";
+const HEADER_BYTES: usize = 24;
+
+/// One entry of a replicated log, as the journal keeps it (membership never changes, so every
+/// entry is an ordinary one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    pub index: u64,
+    pub term: u64,
+    pub data: Vec<u8>,
+}
+
+/// One change to one group's store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JournalOp {
+    /// Entries appended, replacing the log's suffix from the first one's index.
+    Append { group: u32, entries: Vec<JournalEntry> },
+    /// Raft's hard state (term, vote, commit index).
+    HardState { group: u32, term: u64, vote: u64, commit: u64 },
+    /// The applied state of the group's log up to `index` (whose entry has term `term`).
+    /// `installed`: received from the leader, and the whole log replaced by it; otherwise
+    /// taken here, before a compaction.
+    Snapshot { group: u32, index: u64, term: u64, installed: bool, data: Vec<u8> },
+    /// Entries before `first_index_to_keep` were dropped.
+    Compact { group: u32, first_index_to_keep: u64 },
+}
+
+/// The simulator's disk for a journal: bytes that survive the host's crash.
+pub type MemoryDisk = Rc<RefCell<Vec<u8>>>;
+
+enum Sink {
+    File { file: File, path: PathBuf },
+    Memory(MemoryDisk),
+}
+
+/// A host's Raft journal; see the module documentation.
+pub struct Journal {
+    sink: Sink,
+    cluster_id: u64,
+    host: u16,
+    /// Encoded ops not yet written.
+    buf: Vec<u8>,
+    /// The sequence number of the next record.
+    next_seq: u64,
+    /// Bytes in the journal, written or buffered.
+    len_bytes: u64,
+    /// Set once a write or sync failed: the journal takes nothing more.
+    failed: Option<String>,
+}
+
+/// Why a journal cannot be opened or written.
+#[derive(Debug, thiserror::Error)]
+#[error("Raft journal {path}: {reason}")]
+pub struct JournalError {
+    pub path: String,
+    pub reason: String,
+}
+
+impl Journal {
+    /// A new, empty journal file at `path` (any old one is replaced), durable before it returns.
+    pub fn create_file(path: &Path, cluster_id: u64, host: u16) -> Result<Journal, JournalError> {
+        let err = |e: std::io::Error| journal_err(path, format!("cannot create: {e}"));
+        let mut file = File::create(path).map_err(err)?;
+        file.write_all(&header(cluster_id, host)).map_err(err)?;
+        file.sync_all().map_err(err)?;
+        sync_parent(path).map_err(err)?;
+        Ok(Journal::with_sink(Sink::File { file, path: path.to_path_buf() }, cluster_id, host, HEADER_BYTES as u64))
+    }
+
+    /// Opens the journal at `path`, cutting off a torn last record; returns it with the ops it
+    /// holds, oldest first.
+    pub fn open_file(path: &Path, cluster_id: u64, host: u16) -> Result<(Journal, Vec<JournalOp>), JournalError> {
+        let bytes = std::fs::read(path).map_err(|e| journal_err(path, format!("cannot read: {e}")))?;
+        let (ops, valid_len, torn) = decode(&bytes, cluster_id, host).map_err(|r| journal_err(path, r))?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| journal_err(path, format!("cannot open for appending: {e}")))?;
+        if torn {
+            crate::rt::log_warn(&format!(
+                "Raft journal {}: a torn last record at offset {valid_len} (a write cut short) was cut off",
+                path.display()
+            ));
+            file.set_len(valid_len as u64)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| journal_err(path, format!("cannot cut off the torn tail: {e}")))?;
+        }
+        let mut j =
+            Journal::with_sink(Sink::File { file, path: path.to_path_buf() }, cluster_id, host, valid_len as u64);
+        j.next_seq = ops.len() as u64 + 1;
+        Ok((j, ops))
+    }
+
+    /// A new journal on a simulated disk (whatever it held is replaced).
+    pub fn create_memory(disk: MemoryDisk, cluster_id: u64, host: u16) -> Journal {
+        *disk.borrow_mut() = header(cluster_id, host).to_vec();
+        Journal::with_sink(Sink::Memory(disk), cluster_id, host, HEADER_BYTES as u64)
+    }
+
+    /// Reopens a journal from a simulated disk.
+    pub fn open_memory(
+        disk: MemoryDisk,
+        cluster_id: u64,
+        host: u16,
+    ) -> Result<(Journal, Vec<JournalOp>), JournalError> {
+        let (ops, valid_len, _torn) =
+            decode(&disk.borrow(), cluster_id, host).map_err(|r| journal_err(Path::new("(simulated)"), r))?;
+        disk.borrow_mut().truncate(valid_len);
+        let mut j = Journal::with_sink(Sink::Memory(disk), cluster_id, host, valid_len as u64);
+        j.next_seq = ops.len() as u64 + 1;
+        Ok((j, ops))
+    }
+
+    fn with_sink(sink: Sink, cluster_id: u64, host: u16, len_bytes: u64) -> Journal {
+        Journal { sink, cluster_id, host, buf: Vec::new(), next_seq: 1, len_bytes, failed: None }
+    }
+
+    /// Where the journal is (for messages).
+    pub fn path(&self) -> String {
+        match &self.sink {
+            Sink::File { path, .. } => path.display().to_string(),
+            Sink::Memory(_) => "(simulated)".to_string(),
+        }
+    }
+
+    /// Buffers one op; [`sync`](Self::sync) makes it durable.
+    pub fn write(&mut self, op: &JournalOp) {
+        let payload = postcard::to_allocvec(op).expect("a journal op always encodes");
+        let before = self.buf.len();
+        encode_record(self.next_seq, &payload, &mut self.buf);
+        self.len_bytes += (self.buf.len() - before) as u64;
+        self.next_seq += 1;
+    }
+
+    /// Whether ops are buffered and not yet durable.
+    pub fn has_unsynced(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// Writes and fsyncs what was buffered. After a failure (a full or failing disk) every call
+    /// fails: what was buffered may be partly on disk, and nothing after it may be acknowledged.
+    pub fn sync(&mut self) -> Result<(), JournalError> {
+        if let Some(reason) = &self.failed {
+            return Err(journal_err(Path::new(&self.path()), reason.clone()));
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let written = match &mut self.sink {
+            Sink::File { file, .. } => file.write_all(&self.buf).and_then(|()| file.sync_data()),
+            Sink::Memory(disk) => {
+                disk.borrow_mut().extend_from_slice(&self.buf);
+                Ok(())
+            }
+        };
+        self.buf.clear();
+        written.map_err(|e| {
+            let reason = format!("write or fsync failed ({e}); the replicas of this host stop");
+            self.failed = Some(reason.clone());
+            journal_err(Path::new(&self.path()), reason)
+        })
+    }
+
+    /// Bytes the journal holds (written or buffered).
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    /// Replaces the journal with `ops` (the groups' live state), atomically: a crash leaves the
+    /// old journal or the new one. Anything buffered is dropped (the caller's ops include it).
+    pub fn rewrite(&mut self, ops: &[JournalOp]) -> Result<(), JournalError> {
+        self.buf.clear();
+        self.next_seq = 1;
+        self.len_bytes = HEADER_BYTES as u64;
+        let mut bytes = header(self.cluster_id, self.host).to_vec();
+        for op in ops {
+            self.write(op);
+        }
+        bytes.append(&mut self.buf);
+        match &mut self.sink {
+            Sink::Memory(disk) => *disk.borrow_mut() = bytes,
+            Sink::File { file, path } => {
+                let replaced = replace_file(path, &bytes);
+                match replaced {
+                    Ok(f) => *file = f,
+                    Err(e) => {
+                        let reason = format!("cannot rewrite: {e}; the replicas of this host stop");
+                        self.failed = Some(reason.clone());
+                        return Err(journal_err(path, reason));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn journal_err(path: &Path, reason: String) -> JournalError {
+    JournalError { path: path.display().to_string(), reason }
+}
+
+fn header(cluster_id: u64, host: u16) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..16].copy_from_slice(&cluster_id.to_le_bytes());
+    h[16..18].copy_from_slice(&host.to_le_bytes());
+    let crc = crc32fast::hash(&h[..20]);
+    h[20..24].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The ops of a journal's bytes, the length of its valid prefix, and whether a torn record
+/// followed it.
+fn decode(bytes: &[u8], cluster_id: u64, host: u16) -> Result<(Vec<JournalOp>, usize, bool), String> {
+    if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
+        return Err("not a Raft journal (no header)".to_string());
+    }
+    let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    if crc != crc32fast::hash(&bytes[..20]) {
+        return Err("the header's checksum does not match".to_string());
+    }
+    let stored_cluster = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let stored_host = u16::from_le_bytes(bytes[16..18].try_into().expect("2 bytes"));
+    if stored_cluster != cluster_id || stored_host != host {
+        return Err(format!(
+            "it belongs to host {stored_host} of cluster {stored_cluster:016x}, not host {host} of cluster {cluster_id:016x}"
+        ));
+    }
+    let decoded = decode_records_from(bytes, HEADER_BYTES, Some(1));
+    let (valid_len, torn) = match decoded.end {
+        Tail::Clean => (bytes.len(), false),
+        Tail::Torn { offset } => (offset, true),
+        Tail::Corrupt { offset, reason } => return Err(format!("corrupt at offset {offset}: {reason}")),
+    };
+    let ops = decoded
+        .records
+        .iter()
+        .map(|(seq, range)| {
+            postcard::from_bytes::<JournalOp>(&bytes[range.clone()])
+                .map_err(|e| format!("record {seq} at offset {} is not a journal op: {e}", range.start))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((ops, valid_len, torn))
+}
+
+/// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path`, fsyncs
+/// the directory, and returns the new file open for appending.
+fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<File> {
+    let tmp = path.with_extension("rewrite");
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_parent(path)?;
+    std::fs::OpenOptions::new().append(true).open(path)
+}
+
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops() -> Vec<JournalOp> {
+        vec![
+            JournalOp::HardState { group: 1, term: 2, vote: 3, commit: 0 },
+            JournalOp::Append {
+                group: 1,
+                entries: vec![
+                    JournalEntry { index: 1, term: 2, data: vec![] },
+                    JournalEntry { index: 2, term: 2, data: vec![7; 300] },
+                ],
+            },
+            JournalOp::Snapshot { group: 4, index: 9, term: 2, installed: true, data: vec![1, 2, 3] },
+            JournalOp::Compact { group: 1, first_index_to_keep: 2 },
+        ]
+    }
+
+    #[test]
+    fn ops_come_back_in_order_from_a_file_and_from_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raft.journal");
+        let mut j = Journal::create_file(&path, 0xc1, 2).unwrap();
+        ops().iter().for_each(|op| j.write(op));
+        j.sync().unwrap();
+        let (mut j, back) = Journal::open_file(&path, 0xc1, 2).unwrap();
+        assert_eq!(back, ops());
+        j.write(&ops()[0]);
+        j.sync().unwrap();
+        assert_eq!(Journal::open_file(&path, 0xc1, 2).unwrap().1.len(), 5, "appends after a reopen");
+
+        let disk = MemoryDisk::default();
+        let mut m = Journal::create_memory(disk.clone(), 0xc1, 2);
+        ops().iter().for_each(|op| m.write(op));
+        assert_eq!(Journal::open_memory(disk.clone(), 0xc1, 2).unwrap().1, vec![], "nothing before a sync");
+        m.sync().unwrap();
+        assert_eq!(Journal::open_memory(disk, 0xc1, 2).unwrap().1, ops());
+    }
+
+    #[test]
+    fn a_cut_at_any_byte_keeps_a_prefix_of_the_ops() {
+        let disk = MemoryDisk::default();
+        let mut j = Journal::create_memory(disk.clone(), 5, 0);
+        ops().iter().for_each(|op| j.write(op));
+        j.sync().unwrap();
+        let whole = disk.borrow().clone();
+        for cut in HEADER_BYTES..=whole.len() {
+            let cut_disk = MemoryDisk::new(RefCell::new(whole[..cut].to_vec()));
+            let (_, back) = Journal::open_memory(cut_disk, 5, 0).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+            assert_eq!(back[..], ops()[..back.len()], "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn another_hosts_or_clusters_journal_and_corruption_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raft.journal");
+        let mut j = Journal::create_file(&path, 1, 0).unwrap();
+        ops().iter().for_each(|op| j.write(op));
+        j.sync().unwrap();
+        let e = Journal::open_file(&path, 2, 0).err().unwrap().to_string();
+        assert!(e.contains("raft.journal") && e.contains("cluster"), "{e}");
+        let e = Journal::open_file(&path, 1, 3).err().unwrap().to_string();
+        assert!(e.contains("host 0"), "{e}");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_BYTES + 20] ^= 0xff; // inside the first record, valid ones after it
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open_file(&path, 1, 0).err().unwrap().to_string();
+        assert!(e.contains("corrupt at offset"), "{e}");
+    }
+
+    #[test]
+    fn a_rewrite_replaces_the_journal_with_the_live_ops() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("raft.journal");
+        let mut j = Journal::create_file(&path, 1, 0).unwrap();
+        for _ in 0..50 {
+            ops().iter().for_each(|op| j.write(op));
+        }
+        j.sync().unwrap();
+        let before = j.len_bytes();
+        j.rewrite(&ops()[..2]).unwrap();
+        assert!(j.len_bytes() < before / 10);
+        j.write(&ops()[3]);
+        j.sync().unwrap();
+        let (_, back) = Journal::open_file(&path, 1, 0).unwrap();
+        assert_eq!(back, vec![ops()[0].clone(), ops()[1].clone(), ops()[3].clone()]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), j.len_bytes());
+    }
+}
