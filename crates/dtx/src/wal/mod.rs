@@ -189,6 +189,8 @@ pub struct WalStats {
     pub flushes_by_time: u64,
     /// Flushes started by `close`.
     pub flushes_by_close: u64,
+    /// Times the flusher found the disk full and waited for space (each episode once).
+    pub disk_full_waits: u64,
     /// Appends that blocked because [`MAX_UNWRITTEN_BYTES`] were buffered and not yet written.
     pub append_waits: u64,
     pub durable_lsn: Lsn,

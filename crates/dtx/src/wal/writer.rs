@@ -74,6 +74,16 @@ pub(super) struct IoCounters {
     pub(super) flushes_by_size: AtomicU64,
     pub(super) flushes_by_time: AtomicU64,
     pub(super) flushes_by_close: AtomicU64,
+    pub(super) disk_full_waits: AtomicU64,
+}
+
+/// How long the flusher waits before it tries a write again on a full disk.
+const DISK_FULL_RETRY: Duration = Duration::from_millis(100);
+
+/// Whether `e` says the disk (or the filesystem) has no room: a write may then succeed later,
+/// once space is freed. Any other error leaves the file in an unknown state.
+fn is_disk_full(e: &WalError) -> bool {
+    matches!(e, WalError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull)
 }
 
 pub(super) struct Shared {
@@ -311,6 +321,7 @@ impl Wal {
             flushes_by_size: io.flushes_by_size.load(Ordering::Relaxed),
             flushes_by_time: io.flushes_by_time.load(Ordering::Relaxed),
             flushes_by_close: io.flushes_by_close.load(Ordering::Relaxed),
+            disk_full_waits: io.disk_full_waits.load(Ordering::Relaxed),
             append_waits: state.append_waits,
             durable_lsn: state.durable_lsn,
         }
@@ -465,6 +476,24 @@ pub(super) struct ActiveSegment {
     pub(super) path: PathBuf,
 }
 
+/// Appends `bytes` to the segment whole, or (the write failed) cuts off what part of it was
+/// written, so that a later attempt appends where this one started.
+fn write_whole_or_nothing(segment: &mut ActiveSegment, bytes: &[u8]) -> Result<(), WalError> {
+    use std::io::{Seek, SeekFrom};
+    let what = "write to the write-ahead log segment";
+    // The file's length, not its position: a segment opened for appending reports position 0
+    // until its first write.
+    let before = segment.file.metadata().map_err(io_error(what, &segment.path))?.len();
+    segment.file.write_all(bytes).map_err(|e| {
+        let undone = segment.file.set_len(before).and_then(|()| segment.file.seek(SeekFrom::Start(before)));
+        match undone {
+            Ok(_) => io_error(what, &segment.path)(e),
+            // The partial write stays: only a restart's recovery (which cuts a torn tail) may go on.
+            Err(_) => io_error("cut a partial write off the write-ahead log segment", &segment.path)(e),
+        }
+    })
+}
+
 pub(super) fn spawn_flusher(shared: Arc<Shared>, file: File) -> Result<JoinHandle<()>, WalError> {
     let path = shared.segments.lock().back().map(|(_, p)| p.clone()).unwrap_or_default();
     let dir = shared.cfg.dir.clone();
@@ -553,7 +582,8 @@ impl Shared {
         if bytes.is_empty() {
             return Ok(());
         }
-        segment.file.write_all(bytes).map_err(io_error("write to the write-ahead log segment", &segment.path))?;
+        let path = segment.path.clone();
+        self.while_disk_full(&path, || write_whole_or_nothing(segment, bytes))?;
         self.io.group_writes.fetch_add(1, Ordering::Relaxed);
         if !self.cfg.fsync {
             return Ok(());
@@ -567,8 +597,40 @@ impl Shared {
         Ok(())
     }
 
+    /// Runs `attempt` until it succeeds or fails for another reason than a full disk. On a full
+    /// disk nothing of the group becomes durable, so no commit in it is acknowledged; appenders
+    /// go on buffering until the memory bound, then wait. Said once per episode, on stderr,
+    /// naming the file; the log goes on by itself once space is freed. A log being closed
+    /// gives up (its records were never durable, so never acknowledged).
+    fn while_disk_full<T>(&self, path: &Path, mut attempt: impl FnMut() -> Result<T, WalError>) -> Result<T, WalError> {
+        let mut waited = false;
+        loop {
+            match attempt() {
+                Err(e) if is_disk_full(&e) && !self.state.lock().closing => {
+                    if !waited {
+                        waited = true;
+                        self.io.disk_full_waits.fetch_add(1, Ordering::Relaxed);
+                        eprintln!(
+                            "dtx: warning: {e} The disk is full: commits wait, unacknowledged, and the log tries \
+                             again every {} ms until space is freed.",
+                            DISK_FULL_RETRY.as_millis()
+                        );
+                    }
+                    std::thread::sleep(DISK_FULL_RETRY);
+                }
+                Err(e) => return Err(e),
+                Ok(v) => {
+                    if waited {
+                        eprintln!("dtx: the disk has room again: the write-ahead log {} goes on.", path.display());
+                    }
+                    return Ok(v);
+                }
+            }
+        }
+    }
+
     fn roll_segment(&self, first_lsn: Lsn) -> Result<ActiveSegment, WalError> {
-        let (file, path) = create_segment(&self.cfg, first_lsn)?;
+        let (file, path) = self.while_disk_full(&self.cfg.dir, || create_segment(&self.cfg, first_lsn))?;
         self.segments.lock().push_back((first_lsn, path.clone()));
         Ok(ActiveSegment { file, path })
     }
@@ -588,7 +650,14 @@ impl Shared {
 
     /// A failed write or fsync leaves the file in an unknown state (after a failed fsync the
     /// kernel may have dropped the dirty pages), so the log stops: nothing later may become durable.
+    /// Said on stderr, with the file and the error; commits waiting for it are never
+    /// acknowledged, and a restart recovers what was durable.
     fn fail(&self, error: WalError) {
+        eprintln!(
+            "dtx: error: {error} The write-ahead log in {} stopped: nothing more is acknowledged. Replace or \
+             repair the disk, then restart the server: it recovers every acknowledged commit from the log.",
+            self.cfg.dir.display()
+        );
         let mut state = self.state.lock();
         state.failure = Some(Arc::new(error));
         state.flusher_done = true;

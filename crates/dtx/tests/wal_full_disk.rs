@@ -1,0 +1,89 @@
+//! A full disk under the write-ahead log, on a small filesystem this test makes itself (a 1 MiB
+//! tmpfs, mounted as root, unmounted at the end): the log stops making records durable (so no
+//! commit waiting for them is acknowledged), says so naming the file, and goes on by itself once
+//! space is freed; every record then recovers whole and in order.
+
+use dtx::wal::{Lsn, Wal, WalConfig};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted when dropped.
+struct SmallFs(tempfile::TempDir);
+
+impl SmallFs {
+    fn new(size: &str) -> SmallFs {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(mounted, "cannot mount a tmpfs on {}: this test needs root", dir.path().display());
+        SmallFs(dir)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+fn record(i: u64) -> Vec<u8> {
+    let mut r = format!("record {i:08} ").into_bytes();
+    r.resize(1024, b'a' + (i % 26) as u8);
+    r
+}
+
+fn wait_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !done() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+#[test]
+fn a_full_disk_holds_commits_back_and_the_log_goes_on_once_space_is_freed() {
+    let fs = SmallFs::new("1m");
+    let filler = fs.path().join("filler");
+    std::fs::write(&filler, vec![7u8; 640 << 10]).unwrap();
+    let cfg = || WalConfig::new(fs.path().join("log"), 0xd15c, 0);
+    let (wal, _) = Wal::open(cfg()).unwrap();
+
+    // About 1 MiB of records where about 380 KiB are free.
+    const RECORDS: Lsn = 1000;
+    for i in 1..=RECORDS {
+        assert_eq!(wal.append(&record(i)).unwrap(), i);
+    }
+    assert!(wait_until(Duration::from_secs(10), || wal.stats().disk_full_waits > 0), "the disk never filled up");
+    let stuck_at = wal.durable_lsn();
+    assert!(stuck_at < RECORDS, "{stuck_at} of {RECORDS} records durable on a full disk");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(wal.durable_lsn(), stuck_at, "nothing may become durable while the disk is full");
+
+    std::fs::remove_file(&filler).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || wal.durable_lsn() == RECORDS),
+        "the log did not go on once space was freed (durable {} of {RECORDS})",
+        wal.durable_lsn()
+    );
+    wal.wait_durable(RECORDS).unwrap();
+    wal.close();
+    drop(wal);
+
+    let (_, recovered) = Wal::open(cfg()).unwrap();
+    let lsns: Vec<Lsn> = recovered.records.iter().map(|(lsn, _)| *lsn).collect();
+    assert_eq!(lsns, (1..=RECORDS).collect::<Vec<_>>(), "every record, once, in order");
+    for (lsn, bytes) in &recovered.records {
+        assert_eq!(bytes, &record(*lsn), "record {lsn} whole");
+    }
+}
