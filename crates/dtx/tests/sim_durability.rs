@@ -252,10 +252,17 @@ fn a_node_whose_host_stays_down_is_served_by_another_host() {
 
 #[test]
 fn a_failover_run_replays_exactly_from_its_seed() {
-    let spec = replicated_spec("occ", 78).with_faults(true, true, 0.01);
-    let a = bench::run_sim(&spec).unwrap();
+    // The first seed from 78 on whose crashes fail a node over (the schedule depends on every
+    // timing in the run, so a change anywhere may move it).
+    let (spec, a) = (78..98)
+        .map(|seed| replicated_spec("occ", seed).with_faults(true, true, 0.01))
+        .map(|spec| {
+            let out = bench::run_sim(&spec).unwrap();
+            (spec, out)
+        })
+        .find(|(_, out)| out.totals.failovers > 0)
+        .expect("none of 20 seeds failed a node over");
     let b = bench::run_sim(&spec).unwrap();
-    assert!(a.totals.failovers > 0, "the seed should fail a node over");
     assert_eq!(
         (a.restarts, a.totals.failovers, a.totals.committed, a.totals.msgs),
         (b.restarts, b.totals.failovers, b.totals.committed, b.totals.msgs)

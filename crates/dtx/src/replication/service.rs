@@ -409,6 +409,9 @@ pub struct Replicator {
     alive: bool,
     /// The replicator loop's waker, to pick up a log served from now on.
     loop_waker: Option<Waker>,
+    /// Frames were stepped since the last pump: the loop pumps once for all of them (one
+    /// journal sync per batch of frames, not per frame).
+    stepped: bool,
     /// Senders whose frames were refused (reported once each).
     refused_from: FxHashSet<Addr>,
     on_route: Option<RouteHandler>,
@@ -445,6 +448,7 @@ pub fn start(
         deposed: None,
         alive: true,
         loop_waker: None,
+        stepped: false,
         refused_from: Default::default(),
         on_route: None,
     }));
@@ -474,7 +478,10 @@ pub fn start(
             }
             return;
         }
-        me.pump();
+        me.stepped = true;
+        if let Some(w) = me.loop_waker.take() {
+            w.wake();
+        }
     }));
     w.spawn(run(r.clone()));
     Ok(r)
@@ -495,7 +502,7 @@ async fn run(r: ReplicatorHandle) {
                 return Poll::Ready(false);
             }
             me.loop_waker = Some(cx.waker().clone());
-            if me.take_appended(cx.waker()) {
+            if me.take_appended(cx.waker()) || std::mem::take(&mut me.stepped) {
                 return Poll::Ready(true);
             }
             drop(me);
