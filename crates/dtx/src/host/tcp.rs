@@ -1013,8 +1013,7 @@ fn fault_notes(totals: &Totals, takeovers: &[Takeover], events: &[FaultEvent]) -
         let back = served_again_sorted(events);
         let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));
         notes.push(format!(
-            "faults: {} injected ({} crashes, {} pauses); median time from a fault to the server answering again {median}; \
-             a restarted server's totals count only its own part of the window",
+            "faults: {} injected ({} crashes, {} pauses); median time from a fault to the server answering again {median}",
             events.len(),
             events.iter().filter(|e| e.kind == "crash").count(),
             events.iter().filter(|e| e.kind == "pause").count(),

@@ -150,8 +150,12 @@ pub struct Entry {
 /// What one `poll` produced.
 #[derive(Debug, Default)]
 pub struct Output {
-    /// Frames to send, each to one peer.
+    /// Frames to send, each to one peer, once what the poll wrote to the store is durable
+    /// (votes, append acknowledgments, and whatever follows from entries counted as persisted).
     pub messages: Vec<(ReplicaId, Vec<u8>)>,
+    /// Frames that may go before the store's writes are durable, and should (a leader's appends
+    /// and heartbeats: its followers then write while it writes, Raft thesis 10.2.1).
+    pub early_messages: Vec<(ReplicaId, Vec<u8>)>,
     /// Newly committed application entries, in log order, each handed out exactly once. Raft's
     /// own no-op entries (empty data) are not handed out.
     pub committed: Vec<Entry>,
@@ -167,7 +171,18 @@ pub struct Output {
 
 impl Output {
     pub fn is_empty(&self) -> bool {
-        self.messages.is_empty() && self.committed.is_empty() && self.leader.is_none() && self.snapshot_index.is_none()
+        self.messages.is_empty()
+            && self.early_messages.is_empty()
+            && self.committed.is_empty()
+            && self.leader.is_none()
+            && self.snapshot_index.is_none()
+    }
+
+    /// Takes every frame, early ones first (for a caller whose store is durable at once).
+    pub fn take_all_messages(&mut self) -> Vec<(ReplicaId, Vec<u8>)> {
+        let mut all = std::mem::take(&mut self.early_messages);
+        all.append(&mut self.messages);
+        all
     }
 }
 
@@ -662,7 +677,8 @@ impl<S: LogStore> RaftGroup<S> {
     /// are persisted, then the messages that must follow persistence (votes, append acks).
     fn handle_ready(&mut self, out: &mut Output) -> Result<(), RaftLogError> {
         let mut ready = self.node.ready();
-        self.ship(ready.take_messages(), out);
+        let early = ready.take_messages();
+        self.ship(early, out, true);
         if !ready.snapshot().is_empty() {
             self.install_snapshot(ready.snapshot(), out)?;
         }
@@ -671,12 +687,12 @@ impl<S: LogStore> RaftGroup<S> {
         if let Some(hard_state) = ready.hs() {
             self.node.mut_store().set_hard_state(hard_state)?;
         }
-        self.ship(ready.take_persisted_messages(), out);
+        self.ship(ready.take_persisted_messages(), out, false);
         let mut light = self.node.advance(ready);
         if let Some(commit_index) = light.commit_index() {
             self.node.mut_store().set_commit(commit_index)?;
         }
-        self.ship(light.take_messages(), out);
+        self.ship(light.take_messages(), out, false);
         self.hand_out(light.take_committed_entries(), out);
         self.node.advance_apply();
         self.report_snapshots_sent();
@@ -701,7 +717,7 @@ impl<S: LogStore> RaftGroup<S> {
         Ok(())
     }
 
-    fn ship(&mut self, msgs: Vec<RaftMessage>, out: &mut Output) {
+    fn ship(&mut self, msgs: Vec<RaftMessage>, out: &mut Output, early: bool) {
         for msg in msgs {
             if msg.get_msg_type() == MessageType::MsgSnapshot {
                 self.snapshots_sent.push(msg.to);
@@ -709,7 +725,8 @@ impl<S: LogStore> RaftGroup<S> {
             // Encoding a proto3 message cannot fail; were it to, dropping the message is safe
             // (raft tolerates lost messages) and beats taking the replica down.
             if let Ok(frame) = encode_frame(self.group_id, &msg) {
-                out.messages.push((msg.to, frame));
+                let to = if early { &mut out.early_messages } else { &mut out.messages };
+                to.push((msg.to, frame));
             }
         }
     }
@@ -1125,7 +1142,8 @@ mod tests {
             let Some(group) = self.replicas[i].group.as_mut() else {
                 return;
             };
-            let out = group.poll();
+            let mut out = group.poll();
+            let all_messages = out.take_all_messages();
             let applied_index = group.applied_index();
             assert!(group.failure().is_none(), "{:?}", group.failure());
             let id = i as u64 + 1;
@@ -1144,7 +1162,7 @@ mod tests {
                 self.replicas[i].applied.push(entry);
             }
             self.replicas[i].applied_index = applied_index;
-            self.wire.extend(out.messages.into_iter().map(|(to, frame)| (id, to, frame)));
+            self.wire.extend(all_messages.into_iter().map(|(to, frame)| (id, to, frame)));
         }
 
         /// The application's side of a snapshot: fetch the state up to `index` from a replica
@@ -1427,8 +1445,8 @@ mod tests {
             }
             for (i, node) in nodes.iter_mut().enumerate() {
                 node.poll_all(&mut outputs);
-                for (g, out) in outputs.drain(..) {
-                    wire.extend(out.messages.into_iter().map(|(to, f)| (i as u64 + 1, to, f)));
+                for (g, mut out) in outputs.drain(..) {
+                    wire.extend(out.take_all_messages().into_iter().map(|(to, f)| (i as u64 + 1, to, f)));
                     committed.entry((i, g)).or_default().extend(data_of(&out.committed));
                 }
             }
@@ -1457,8 +1475,8 @@ mod tests {
     fn vote_request_frame() -> Vec<u8> {
         let mut peer = RaftGroup::new(GROUP, 2, &PEERS, &RaftConfig::default(), 1).expect("group");
         peer.campaign().expect("campaign");
-        let out = peer.poll();
-        out.messages.into_iter().find(|(to, _)| *to == 1).expect("a vote request to 1").1
+        let mut out = peer.poll();
+        out.take_all_messages().into_iter().find(|(to, _)| *to == 1).expect("a vote request to 1").1
     }
 
     fn frame_of(msg_type: MessageType, from: ReplicaId, to: ReplicaId, group_id: u32) -> Vec<u8> {
@@ -1515,7 +1533,7 @@ mod tests {
         groups.step(2, &valid).expect("the intact frame is accepted");
         let group = groups.get_mut(GROUP).expect("group");
         assert!(group.failure().is_none());
-        assert!(group.poll().messages.iter().any(|(to, _)| *to == 2), "it answers the vote");
+        assert!(group.poll().take_all_messages().iter().any(|(to, _)| *to == 2), "it answers the vote");
     }
 
     #[test]

@@ -512,13 +512,21 @@ async fn run(r: ReplicatorHandle) {
         if !alive {
             return;
         }
-        let mut me = r.borrow_mut();
-        if w.now_ns() >= next_tick_ns {
-            me.tick();
-            next_tick_ns = w.now_ns() + TICK_US * 1000;
+        let (outputs, sent_early) = {
+            let mut me = r.borrow_mut();
+            if w.now_ns() >= next_tick_ns {
+                me.tick();
+                next_tick_ns = w.now_ns() + TICK_US * 1000;
+            }
+            me.propose_backlogs();
+            me.pump_begin()
+        };
+        if sent_early {
+            // The frames go out at the end of this step of the worker; the sync waits for the
+            // next (a timer due at once fires after the step's sends).
+            w.sleep_until_ns(w.now_ns() + 1).await;
         }
-        me.propose_backlogs();
-        me.pump();
+        r.borrow_mut().pump_finish(outputs);
     }
 }
 
@@ -661,15 +669,40 @@ impl Replicator {
     /// Make what Raft did durable, then send what every group has to send, apply and report
     /// what committed, follow leadership, and compact.
     fn pump(&mut self) {
+        let (outputs, _) = self.pump_begin();
+        self.pump_finish(outputs);
+    }
+
+    /// The first half of a pump: poll every group and send the frames that may go before the
+    /// journal is synced (returns whether there were any: then let the runtime send them
+    /// before [`pump_finish`](Self::pump_finish) syncs, so that followers write while the
+    /// leader does).
+    fn pump_begin(&mut self) -> (Vec<(u32, super::raft_log::Output)>, bool) {
         let mut outputs = Vec::new();
         self.state.borrow_mut().groups.poll_all(&mut outputs);
+        let cluster_id = self.state.borrow().cluster_id;
+        let mut sent_early = false;
+        for (_, out) in &mut outputs {
+            for (to, frame) in std::mem::take(&mut out.early_messages) {
+                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
+                sent_early = true;
+            }
+        }
+        (outputs, sent_early)
+    }
+
+    /// The second half: sync the journal, then act on what the poll produced.
+    fn pump_finish(&mut self, outputs: Vec<(u32, super::raft_log::Output)>) {
+        if !self.alive {
+            return;
+        }
+        let cluster_id = self.state.borrow().cluster_id;
         let persisted = self.state.borrow_mut().persist();
         if let Err(e) = persisted {
             self.journal_failed(&e.to_string());
             return;
         }
         for (group, out) in outputs {
-            let cluster_id = self.state.borrow().cluster_id;
             for (to, frame) in out.messages {
                 let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
                 self.w.send_service(dst, cluster_id, &frame);
