@@ -85,6 +85,9 @@ pub struct Journal {
 pub struct JournalError {
     pub path: String,
     pub reason: String,
+    /// The disk is full: nothing of the sync was kept, the ops stay buffered, and a later sync
+    /// may succeed once space is freed.
+    pub disk_full: bool,
 }
 
 impl Journal {
@@ -168,8 +171,10 @@ impl Journal {
         !self.buf.is_empty()
     }
 
-    /// Writes and fsyncs what was buffered. After a failure (a full or failing disk) every call
-    /// fails: what was buffered may be partly on disk, and nothing after it may be acknowledged.
+    /// Writes and fsyncs what was buffered. On a full disk (`ENOSPC` from the write) what part
+    /// was written is cut off again and the ops stay buffered: the error says `disk_full`, and a
+    /// later sync tries again. After any other failure every call fails: what was buffered may
+    /// be partly on disk, and nothing after it may be acknowledged.
     pub fn sync(&mut self) -> Result<(), JournalError> {
         if let Some(reason) = &self.failed {
             return Err(journal_err(Path::new(&self.path()), reason.clone()));
@@ -178,7 +183,25 @@ impl Journal {
             return Ok(());
         }
         let written = match &mut self.sink {
-            Sink::File { file, .. } => file.write_all(&self.buf).and_then(|()| file.sync_data()),
+            Sink::File { file, .. } => {
+                let before = file.metadata().map(|m| m.len());
+                match file.write_all(&self.buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                        // Cut off and go back (a journal created here is not in append mode).
+                        let undone = before.and_then(|len| {
+                            file.set_len(len)?;
+                            std::io::Seek::seek(file, std::io::SeekFrom::Start(len))
+                        });
+                        if undone.is_ok() {
+                            let reason =
+                                format!("the disk is full ({e}): nothing more is acknowledged until space is freed");
+                            return Err(JournalError { path: self.path(), reason, disk_full: true });
+                        }
+                        Err(e)
+                    }
+                    written => written.and_then(|()| file.sync_data()),
+                }
+            }
             Sink::Memory(disk) => {
                 disk.borrow_mut().extend_from_slice(&self.buf);
                 Ok(())
@@ -227,7 +250,7 @@ impl Journal {
 }
 
 fn journal_err(path: &Path, reason: String) -> JournalError {
-    JournalError { path: path.display().to_string(), reason }
+    JournalError { path: path.display().to_string(), reason, disk_full: false }
 }
 
 fn header(cluster_id: u64, host: u16) -> [u8; HEADER_BYTES] {

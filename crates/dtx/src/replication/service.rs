@@ -54,6 +54,10 @@ pub const TICK_US: u64 = 10_000;
 /// followers apply nothing and a snapshot carries no state.
 const OWNER_LED_COMPACT_EVERY: u64 = 4096;
 
+/// Polls' outputs held behind a full disk before the replicas give up and stop (at one poll per
+/// tick and a few per batch of frames, some minutes of a full disk).
+const MAX_HELD_OUTPUTS: usize = 100_000;
+
 /// A journal is rewritten as the groups' live state once it is at least this large and twice
 /// what the last rewrite left.
 pub const JOURNAL_REWRITE_MIN_BYTES: u64 = 64 << 20;
@@ -288,6 +292,7 @@ impl ReplicaState {
                 live.extend(store.live_ops().map_err(|e| super::journal::JournalError {
                     path: journal.path(),
                     reason: format!("cannot list log {id}'s live state: {e}"),
+                    disk_full: false,
                 })?);
             }
             journal.rewrite(&live)?;
@@ -409,6 +414,11 @@ pub struct Replicator {
     alive: bool,
     /// The replicator loop's waker, to pick up a log served from now on.
     loop_waker: Option<Waker>,
+    /// What polls produced while the journal could not be synced (a full disk): held, in
+    /// order, until a sync succeeds; nothing of it leaves the process before.
+    held: Vec<(u32, super::raft_log::Output)>,
+    /// When the journal first refused a sync for a full disk (None: it is not refusing).
+    held_since_ns: Option<u64>,
     /// Frames were stepped since the last pump: the loop pumps once for all of them (one
     /// journal sync per batch of frames, not per frame).
     stepped: bool,
@@ -448,6 +458,8 @@ pub fn start(
         deposed: None,
         alive: true,
         loop_waker: None,
+        held: Vec::new(),
+        held_since_ns: None,
         stepped: false,
         refused_from: Default::default(),
         on_route: None,
@@ -680,6 +692,11 @@ impl Replicator {
     fn pump_begin(&mut self) -> (Vec<(u32, super::raft_log::Output)>, bool) {
         let mut outputs = Vec::new();
         self.state.borrow_mut().groups.poll_all(&mut outputs);
+        if !self.held.is_empty() {
+            // Behind a full disk even a leader's appends wait: they carry a commit index that
+            // counts entries this replica has not made durable.
+            return (outputs, false);
+        }
         let cluster_id = self.state.borrow().cluster_id;
         let mut sent_early = false;
         for (_, out) in &mut outputs {
@@ -697,12 +714,32 @@ impl Replicator {
             return;
         }
         let cluster_id = self.state.borrow().cluster_id;
+        self.held.extend(outputs);
         let persisted = self.state.borrow_mut().persist();
-        if let Err(e) = persisted {
-            self.journal_failed(&e.to_string());
-            return;
+        match persisted {
+            Err(e) if e.disk_full && self.held.len() <= MAX_HELD_OUTPUTS => {
+                if self.held_since_ns.is_none() {
+                    self.held_since_ns = Some(self.w.now_ns());
+                    log_warn(&format!("replication: host {}: {e}", self.state.borrow().host));
+                }
+                return;
+            }
+            Err(e) => {
+                self.journal_failed(&e.to_string());
+                return;
+            }
+            Ok(()) => {}
         }
-        for (group, out) in outputs {
+        if self.held_since_ns.take().is_some() {
+            log_warn(&format!(
+                "replication: host {}: the Raft journal has room again; replicas go on",
+                self.state.borrow().host
+            ));
+        }
+        for (group, mut out) in std::mem::take(&mut self.held) {
+            for (to, frame) in std::mem::take(&mut out.early_messages) {
+                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
+            }
             for (to, frame) in out.messages {
                 let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
                 self.w.send_service(dst, cluster_id, &frame);

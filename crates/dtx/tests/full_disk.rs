@@ -1,8 +1,9 @@
-//! A full disk under the write-ahead log, on a small filesystem this test makes itself (a 1 MiB
-//! tmpfs, mounted as root, unmounted at the end): the log stops making records durable (so no
-//! commit waiting for them is acknowledged), says so naming the file, and goes on by itself once
-//! space is freed; every record then recovers whole and in order.
+//! A full disk under the write-ahead log and under the Raft journal, on a small filesystem this
+//! test makes itself (a 1 MiB tmpfs, mounted as root, unmounted at the end): nothing more becomes
+//! durable (so no commit waiting for it is acknowledged), it is said naming the file, and the log
+//! goes on once space is freed; everything then recovers whole and in order.
 
+use dtx::replication::journal::{Journal, JournalEntry, JournalOp};
 use dtx::wal::{Lsn, Wal, WalConfig};
 use std::path::Path;
 use std::process::Command;
@@ -86,4 +87,39 @@ fn a_full_disk_holds_commits_back_and_the_log_goes_on_once_space_is_freed() {
     for (lsn, bytes) in &recovered.records {
         assert_eq!(bytes, &record(*lsn), "record {lsn} whole");
     }
+}
+
+fn append_op(i: u64) -> JournalOp {
+    JournalOp::Append { group: 0, entries: vec![JournalEntry { index: i, term: 1, data: record(i) }] }
+}
+
+#[test]
+fn a_full_disk_under_the_raft_journal_keeps_its_ops_until_space_is_freed() {
+    let fs = SmallFs::new("1m");
+    let filler = fs.path().join("filler");
+    std::fs::write(&filler, vec![7u8; 640 << 10]).unwrap();
+    let path = fs.path().join("raft.journal");
+    let mut journal = Journal::create_file(&path, 0xd15c, 1).unwrap();
+    let mut synced = 0;
+    let full = loop {
+        synced += 1;
+        journal.write(&append_op(synced));
+        match journal.sync() {
+            Ok(()) => assert!(synced < 2000, "1 MiB never filled up"),
+            Err(e) => break e,
+        }
+    };
+    assert!(full.disk_full, "{full}");
+    assert!(full.to_string().contains("raft.journal"), "names the file: {full}");
+    let durable = synced - 1;
+    let (_, ops) = Journal::open_file(&path, 0xd15c, 1).unwrap();
+    assert_eq!(ops.len() as u64, durable, "the refused sync left nothing behind");
+    // More ops arrive while the disk is full; they wait with the refused one.
+    journal.write(&append_op(synced + 1));
+    assert!(journal.sync().is_err_and(|e| e.disk_full));
+
+    std::fs::remove_file(&filler).unwrap();
+    journal.sync().expect("the journal goes on once space is freed");
+    let (_, ops) = Journal::open_file(&path, 0xd15c, 1).unwrap();
+    assert_eq!(ops, (1..=synced + 1).map(append_op).collect::<Vec<_>>(), "every op, once, in order");
 }
