@@ -622,9 +622,10 @@ impl Control {
     }
 }
 
-/// Count the takeovers of the run and time each: from the last crash the nemesis injected
-/// before it (its kill), or without a nemesis from when the bench lost the node's server (its
-/// control connection broke), to when the new host served the node.
+/// Count the takeovers of the run and time each: from the last fault the nemesis injected
+/// before it (a kill, or a SIGSTOP that stalled the log's leader), or without a nemesis from when
+/// the bench lost the node's server (its control connection broke), to when the new host served
+/// the node.
 fn time_takeovers(
     takeovers: &[Takeover],
     lost_unix_ms: &[Option<u64>],
@@ -632,11 +633,11 @@ fn time_takeovers(
     t0_unix_ms: u64,
     totals: &mut Totals,
 ) {
-    let kills: Vec<u64> = events.iter().filter(|e| e.kind == "crash").map(|e| t0_unix_ms + e.at_ms as u64).collect();
+    let faults: Vec<u64> = events.iter().map(|e| t0_unix_ms + e.at_ms as u64).collect();
     for t in takeovers {
         totals.failovers += 1;
-        let last_kill = kills.iter().copied().filter(|&k| k <= t.serving_unix_ms).max();
-        let lost = last_kill.or_else(|| lost_unix_ms.get(t.node as usize).copied().flatten());
+        let last_fault = faults.iter().copied().filter(|&k| k <= t.serving_unix_ms).max();
+        let lost = last_fault.or_else(|| lost_unix_ms.get(t.node as usize).copied().flatten());
         if let Some(lost) = lost {
             totals.failover_ms.push(t.serving_unix_ms.saturating_sub(lost) as f64);
         }
@@ -1003,7 +1004,7 @@ fn fault_notes(totals: &Totals, takeovers: &[Takeover], events: &[FaultEvent]) -
         let rebuild_max = takeovers.iter().map(|t| t.rebuild_ms).max().unwrap_or(0);
         notes.push(format!(
             "faults: {} takeovers: a node whose server died was served by another server a median {} ms (max {} ms) \
-             after the kill, rebuilt from its log's replica in at most {rebuild_max} ms",
+             after the fault (kill or stop), rebuilt from its log's replica in at most {rebuild_max} ms",
             takeovers.len(),
             ms.get(ms.len() / 2).map_or("-".to_string(), |m| format!("{m:.0}")),
             ms.last().map_or("-".to_string(), |m| format!("{m:.0}")),
