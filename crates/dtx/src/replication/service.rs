@@ -419,6 +419,9 @@ pub struct Replicator {
     held: Vec<(u32, super::raft_log::Output)>,
     /// When the journal first refused a sync for a full disk (None: it is not refusing).
     held_since_ns: Option<u64>,
+    /// Per group, the log index its state machine has applied up to (raft's no-ops included):
+    /// the group's applied index as of the last pump that processed every output.
+    machine_index: FxHashMap<u32, u64>,
     /// Frames were stepped since the last pump: the loop pumps once for all of them (one
     /// journal sync per batch of frames, not per frame).
     stepped: bool,
@@ -460,6 +463,7 @@ pub fn start(
         loop_waker: None,
         held: Vec::new(),
         held_since_ns: None,
+        machine_index: Default::default(),
         stepped: false,
         refused_from: Default::default(),
         on_route: None,
@@ -524,7 +528,7 @@ async fn run(r: ReplicatorHandle) {
         if !alive {
             return;
         }
-        let (outputs, sent_early) = {
+        let sent_early = {
             let mut me = r.borrow_mut();
             if w.now_ns() >= next_tick_ns {
                 me.tick();
@@ -538,7 +542,7 @@ async fn run(r: ReplicatorHandle) {
             // next (a timer due at once fires after the step's sends).
             w.sleep_until_ns(w.now_ns() + 1).await;
         }
-        r.borrow_mut().pump_finish(outputs);
+        r.borrow_mut().pump_finish();
     }
 }
 
@@ -613,12 +617,15 @@ impl Replicator {
     pub fn adoptable_state(&self, node: NodeId) -> Option<Vec<u8>> {
         let st = self.state.borrow();
         let g = st.groups.get(node as u32)?;
+        // The state machine, not the group: between a poll and its sync the group has handed
+        // out entries the machine has not applied yet.
+        let machine_index = self.machine_index.get(&(node as u32)).copied().unwrap_or(0);
         let ready = self.alive
             && st.mode == Mode::Failover
             && !self.served.contains_key(&(node as u32))
             && self.takeover_term.get(&(node as u32)) == Some(&g.term())
             && g.leads_with_settled_log()
-            && g.applied_index() >= g.commit_index();
+            && machine_index >= g.commit_index();
         if !ready {
             return None;
         }
@@ -681,40 +688,40 @@ impl Replicator {
     /// Make what Raft did durable, then send what every group has to send, apply and report
     /// what committed, follow leadership, and compact.
     fn pump(&mut self) {
-        let (outputs, _) = self.pump_begin();
-        self.pump_finish(outputs);
+        self.pump_begin();
+        self.pump_finish();
     }
 
     /// The first half of a pump: poll every group and send the frames that may go before the
     /// journal is synced (returns whether there were any: then let the runtime send them
     /// before [`pump_finish`](Self::pump_finish) syncs, so that followers write while the
     /// leader does).
-    fn pump_begin(&mut self) -> (Vec<(u32, super::raft_log::Output)>, bool) {
+    /// What the poll produced waits in `held` until the sync: until then the state machines lag
+    /// the groups' applied index, and no node may be rebuilt from them (`adoptable_state`).
+    fn pump_begin(&mut self) -> bool {
         let mut outputs = Vec::new();
         self.state.borrow_mut().groups.poll_all(&mut outputs);
-        if !self.held.is_empty() {
-            // Behind a full disk even a leader's appends wait: they carry a commit index that
-            // counts entries this replica has not made durable.
-            return (outputs, false);
-        }
+        // Behind a full disk even a leader's appends wait: they carry a commit index that counts
+        // entries this replica has not made durable.
+        let behind = !self.held.is_empty();
         let cluster_id = self.state.borrow().cluster_id;
         let mut sent_early = false;
-        for (_, out) in &mut outputs {
+        for (_, out) in outputs.iter_mut().filter(|_| !behind) {
             for (to, frame) in std::mem::take(&mut out.early_messages) {
                 self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
                 sent_early = true;
             }
         }
-        (outputs, sent_early)
+        self.held.extend(outputs);
+        sent_early
     }
 
-    /// The second half: sync the journal, then act on what the poll produced.
-    fn pump_finish(&mut self, outputs: Vec<(u32, super::raft_log::Output)>) {
+    /// The second half: sync the journal, then act on what the polls produced.
+    fn pump_finish(&mut self) {
         if !self.alive {
             return;
         }
         let cluster_id = self.state.borrow().cluster_id;
-        self.held.extend(outputs);
         let persisted = self.state.borrow_mut().persist();
         match persisted {
             Err(e) if e.disk_full && self.held.len() <= MAX_HELD_OUTPUTS => {
@@ -748,6 +755,14 @@ impl Replicator {
                 self.install_snapshot(group, index, &out.snapshot_data);
             }
             self.committed(group, &out.committed, out.snapshot_index.unwrap_or(0));
+        }
+        {
+            // Every output is processed: each machine has applied what its group handed out.
+            let st = self.state.borrow();
+            for id in st.groups.group_ids() {
+                let applied = st.groups.get(id).map_or(0, |g| g.applied_index());
+                self.machine_index.insert(id, applied);
+            }
         }
         if self.state.borrow().mode == Mode::Failover {
             self.follow_leadership();
