@@ -759,9 +759,29 @@ impl Spawned {
         }
         eprintln!("dtx: --faults crash: killed node {n}'s server (kill -9); starting it again in {down:?}");
         std::thread::sleep(down);
-        let child = self.start(n).with_context(|| format!("node {n}'s server did not start again"))?;
-        self.children.lock()[n] = child;
-        Ok(())
+        // A server started right after a kill may exit at once (a port of the killed process
+        // not yet free): start it again until it stays up.
+        let deadline = Instant::now() + RESTART_PATIENCE / 4;
+        loop {
+            let child = self.start(n).with_context(|| format!("node {n}'s server did not start again"))?;
+            self.children.lock()[n] = child;
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(500) && self.exited(n).is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            match self.exited(n) {
+                None => return Ok(()),
+                Some(status) if Instant::now() < deadline => {
+                    eprintln!("dtx: --faults crash: node {n}'s server exited at once ({status}); starting it again");
+                }
+                Some(status) => bail!("node {n}'s server keeps exiting after a restart ({status})"),
+            }
+        }
+    }
+
+    /// How server `n` exited, if it did.
+    fn exited(&self, n: usize) -> Option<std::process::ExitStatus> {
+        self.children.lock().get_mut(n).and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Stop server `n`'s process (SIGSTOP) for `down`, then let it go on (SIGCONT).
