@@ -183,25 +183,15 @@ impl Journal {
             return Ok(());
         }
         let written = match &mut self.sink {
-            Sink::File { file, .. } => {
-                let before = file.metadata().map(|m| m.len());
-                match file.write_all(&self.buf) {
-                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
-                        // Cut off and go back (a journal created here is not in append mode).
-                        let undone = before.and_then(|len| {
-                            file.set_len(len)?;
-                            std::io::Seek::seek(file, std::io::SeekFrom::Start(len))
-                        });
-                        if undone.is_ok() {
-                            let reason =
-                                format!("the disk is full ({e}): nothing more is acknowledged until space is freed");
-                            return Err(JournalError { path: self.path(), reason, disk_full: true });
-                        }
-                        Err(e)
-                    }
-                    written => written.and_then(|()| file.sync_data()),
+            Sink::File { file, .. } => match crate::wal::append_whole_or_nothing(file, &self.buf) {
+                Err(f) if f.undone && f.error.kind() == std::io::ErrorKind::StorageFull => {
+                    let e = f.error;
+                    let reason = format!("the disk is full ({e}): nothing more is acknowledged until space is freed");
+                    return Err(JournalError { path: self.path(), reason, disk_full: true });
                 }
-            }
+                Err(f) => Err(f.error),
+                Ok(()) => file.sync_data(),
+            },
             Sink::Memory(disk) => {
                 disk.borrow_mut().extend_from_slice(&self.buf);
                 Ok(())

@@ -311,20 +311,17 @@ impl ReplicaState {
         };
         let ids: Vec<u32> = self.groups.group_ids().collect();
         for id in ids {
-            let g = self.groups.get_mut(id).expect("a listed group");
+            let g = self.groups.get(id).expect("a listed group");
             let applied = g.applied_index();
-            let done = self.compacted.entry(id).or_default();
-            if applied < *done + every {
+            if applied < self.compacted.get(&id).copied().unwrap_or(0) + every {
                 continue;
             }
             let Some(term) = g.term_of(applied) else { continue };
             let data = match self.mode {
                 Mode::OwnerLeads => Vec::new(),
-                Mode::Failover => match self.applied.get(&id) {
-                    Some(m) => m.snapshot(),
-                    None => (self.setup.new_machine)(None).map(|m| m.snapshot()).unwrap_or_default(),
-                },
+                Mode::Failover => self.applied_snapshot(id).unwrap_or_default(),
             };
+            self.compacted.insert(id, applied);
             if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
                 if self.too_large_to_snapshot.insert(id) {
                     log_warn(&format!(
@@ -335,13 +332,23 @@ impl ReplicaState {
                         RaftConfig::default().max_snapshot_bytes
                     ));
                 }
-                *done = applied;
                 continue;
             }
+            let g = self.groups.get_mut(id).expect("a listed group");
             g.store_mut().set_snapshot(applied, term, data);
             g.compact(applied);
             self.stats.snapshots_taken += 1;
-            *done = applied;
+        }
+    }
+}
+
+impl ReplicaState {
+    /// A snapshot of what `group`'s committed records amount to (a fresh machine's if none
+    /// applied yet); None if the protocol cannot make a machine.
+    fn applied_snapshot(&self, group: u32) -> Option<Vec<u8>> {
+        match self.applied.get(&group) {
+            Some(m) => Some(m.snapshot()),
+            None => (self.setup.new_machine)(None).ok().map(|m| m.snapshot()),
         }
     }
 }
@@ -629,10 +636,7 @@ impl Replicator {
         if !ready {
             return None;
         }
-        match st.applied.get(&(node as u32)) {
-            Some(m) => Some(m.snapshot()),
-            None => (st.setup.new_machine)(None).ok().map(|m| m.snapshot()),
-        }
+        st.applied_snapshot(node as u32)
     }
 
     /// Take what the served logs appended since the last look; `waker` hears of the next.
@@ -704,13 +708,10 @@ impl Replicator {
         // Behind a full disk even a leader's appends wait: they carry a commit index that counts
         // entries this replica has not made durable.
         let behind = !self.held.is_empty();
-        let cluster_id = self.state.borrow().cluster_id;
         let mut sent_early = false;
         for (_, out) in outputs.iter_mut().filter(|_| !behind) {
-            for (to, frame) in std::mem::take(&mut out.early_messages) {
-                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
-                sent_early = true;
-            }
+            sent_early |= !out.early_messages.is_empty();
+            self.send_frames(std::mem::take(&mut out.early_messages));
         }
         self.held.extend(outputs);
         sent_early
@@ -721,7 +722,6 @@ impl Replicator {
         if !self.alive {
             return;
         }
-        let cluster_id = self.state.borrow().cluster_id;
         let persisted = self.state.borrow_mut().persist();
         match persisted {
             Err(e) if e.disk_full && self.held.len() <= MAX_HELD_OUTPUTS => {
@@ -744,13 +744,7 @@ impl Replicator {
             ));
         }
         for (group, mut out) in std::mem::take(&mut self.held) {
-            for (to, frame) in std::mem::take(&mut out.early_messages) {
-                self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
-            }
-            for (to, frame) in out.messages {
-                let dst = Addr::new(node_of_replica(to), self.w.addr.worker);
-                self.w.send_service(dst, cluster_id, &frame);
-            }
+            self.send_frames(out.take_all_messages());
             if let Some(index) = out.snapshot_index {
                 self.install_snapshot(group, index, &out.snapshot_data);
             }
@@ -768,6 +762,14 @@ impl Replicator {
             self.follow_leadership();
         }
         self.state.borrow_mut().compact();
+    }
+
+    /// Sends Raft frames to the replicas they are addressed to.
+    fn send_frames(&self, frames: Vec<(ReplicaId, Vec<u8>)>) {
+        let cluster_id = self.state.borrow().cluster_id;
+        for (to, frame) in frames {
+            self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
+        }
     }
 
     /// The journal cannot be written (a full or failing disk): nothing this host's replicas

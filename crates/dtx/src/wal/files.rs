@@ -82,6 +82,28 @@ pub(super) fn sync_dir(dir: &Path, fsync: bool) -> Result<(), WalError> {
 
 /// Writes `parts` to `path` atomically: a temporary file, fsync, rename, fsync of the directory.
 /// Returns the file, still open for writing at its end.
+/// A write that failed: its error, and whether what part of it reached the file was cut off
+/// again (if not, the file ends in a partial write that only recovery, cutting a torn tail, may
+/// remove).
+pub struct FailedAppend {
+    pub error: io::Error,
+    pub undone: bool,
+}
+
+/// Appends `bytes` to `file` whole, or, when the write fails, cuts off what part of it was
+/// written and goes back there, so that a later attempt appends where this one started (the
+/// WAL and the Raft journal retry so on a full disk).
+pub fn append_whole_or_nothing(file: &mut File, bytes: &[u8]) -> Result<(), FailedAppend> {
+    use std::io::{Seek, SeekFrom};
+    // The file's length, not its position: a file opened for appending reports position 0
+    // until its first write.
+    let before = file.metadata().map_err(|error| FailedAppend { error, undone: true })?.len();
+    file.write_all(bytes).map_err(|error| {
+        let undone = file.set_len(before).and_then(|()| file.seek(SeekFrom::Start(before))).is_ok();
+        FailedAppend { error, undone }
+    })
+}
+
 pub(super) fn write_atomically(path: &Path, parts: &[&[u8]], fsync: bool) -> Result<File, WalError> {
     let temp = temp_path(path);
     let mut file =

@@ -26,6 +26,7 @@
 //! the flusher thread, group commit and the durable LSN.
 
 mod files;
+pub use files::{append_whole_or_nothing, FailedAppend};
 pub mod format;
 mod writer;
 

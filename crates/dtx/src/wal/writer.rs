@@ -479,18 +479,10 @@ pub(super) struct ActiveSegment {
 /// Appends `bytes` to the segment whole, or (the write failed) cuts off what part of it was
 /// written, so that a later attempt appends where this one started.
 fn write_whole_or_nothing(segment: &mut ActiveSegment, bytes: &[u8]) -> Result<(), WalError> {
-    use std::io::{Seek, SeekFrom};
-    let what = "write to the write-ahead log segment";
-    // The file's length, not its position: a segment opened for appending reports position 0
-    // until its first write.
-    let before = segment.file.metadata().map_err(io_error(what, &segment.path))?.len();
-    segment.file.write_all(bytes).map_err(|e| {
-        let undone = segment.file.set_len(before).and_then(|()| segment.file.seek(SeekFrom::Start(before)));
-        match undone {
-            Ok(_) => io_error(what, &segment.path)(e),
-            // The partial write stays: only a restart's recovery (which cuts a torn tail) may go on.
-            Err(_) => io_error("cut a partial write off the write-ahead log segment", &segment.path)(e),
-        }
+    super::files::append_whole_or_nothing(&mut segment.file, bytes).map_err(|f| match f.undone {
+        true => io_error("write to the write-ahead log segment", &segment.path)(f.error),
+        // The partial write stays: only a restart's recovery (which cuts a torn tail) may go on.
+        false => io_error("cut a partial write off the write-ahead log segment", &segment.path)(f.error),
     })
 }
 
