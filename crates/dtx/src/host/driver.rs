@@ -31,6 +31,9 @@ pub struct RunShared {
     /// of unknown outcome when it starts and with its outcome when it ends, so that a server killed
     /// mid-run leaves a complete history behind ([`read_history_file`] keeps the last line per id).
     pub history_file: Option<Mutex<std::fs::File>>,
+    /// Records that restarted nodes found durable in one lane of their log after a record
+    /// another lane lost, and voided (see `rt::lanes`).
+    pub orphans_voided: AtomicU64,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is

@@ -349,7 +349,7 @@ fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId, i: u16) -> 
         Durability::None => bail!("a run without durability opens no log"),
         Durability::Replicated => Ok(fresh_log(NodeLog::replicated())),
         Durability::Wal => {
-            let opened = spec.durability.open_wal(log_dir(dir, n, i), n)?;
+            let opened = spec.durability.open_wal(log_dir(dir, n, i), n, spec.workers as usize)?;
             if i > 0 {
                 return Ok(opened);
             }

@@ -46,6 +46,10 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.cpu_us = busy_in_window_ns / 1000;
     totals.failovers = world.failovers;
     totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
+    let orphans = shared.orphans_voided.load(Ordering::Relaxed);
+    if orphans > 0 {
+        totals.counters.insert("log-orphans-voided".to_string(), orphans);
+    }
     if let Some(f) = &failover {
         for (name, n) in f.stats().counters() {
             totals.counters.insert(name.to_string(), n);
@@ -76,7 +80,10 @@ fn build_sim_node(
         Durability::None => Vec::new(),
         Durability::Replicated => vec![fresh_log(NodeLog::replicated())],
         Durability::Wal => {
-            let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?).map(|_| NodeLog::simulated(Vec::new())).collect();
+            let lanes = spec.workers as usize;
+            let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?)
+                .map(|_| NodeLog::simulated(Vec::new(), lanes).map(|r| r.log).map_err(anyhow::Error::msg))
+                .collect::<anyhow::Result<_>>()?;
             world.set_logs(n, &logs, spec.durability.group_commit_us, spec.durability.sim_fsync_us);
             logs.into_iter().map(fresh_log).collect()
         }
@@ -363,12 +370,17 @@ impl SimRebuild {
 /// disk kept, on fresh workers, and start their clients again.
 fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
     Box::new(move |n, kept, workers| {
-        let logs: Vec<Arc<NodeLog>> = kept.iter().map(|k| NodeLog::simulated(k.clone())).collect();
-        let opened = logs
-            .iter()
-            .zip(kept)
-            .map(|(log, records)| OpenedLog { log: log.clone(), checkpoint: None, records })
+        let lanes = rebuild.spec.workers as usize;
+        let opened: Vec<OpenedLog> = kept
+            .into_iter()
+            .map(|image| {
+                let r = NodeLog::simulated(image, lanes).expect("a simulated disk holds what it was given");
+                rebuild.shared.orphans_voided.fetch_add(r.orphans, Ordering::Relaxed);
+                let (log, records) = (r.log, r.records);
+                OpenedLog { log, checkpoint: None, records }
+            })
             .collect();
+        let logs = opened.iter().map(|o| o.log.clone()).collect();
         rebuild.rebuild(n, opened, workers);
         logs
     })

@@ -144,25 +144,64 @@ impl DurabilityConfig {
         Ok(())
     }
 
-    /// Open (or create) node `node`'s WAL under `dir`.
-    pub fn open_wal(&self, dir: PathBuf, node: u16) -> anyhow::Result<OpenedWal> {
+    /// Open (or create) node `node`'s log with `lanes` lanes (one WAL each; more if the
+    /// directory holds more from an earlier run): lane 0 in `dir`, lane k in `dir-lane-k`.
+    pub fn open_wal(&self, dir: PathBuf, node: u16, lanes: usize) -> anyhow::Result<OpenedWal> {
+        let mut opened = Vec::new();
+        let mut checkpoint = None;
+        for lane in 0.. {
+            let lane_dir = lane_dir(&dir, lane);
+            if lane >= lanes.max(1) && !lane_dir.exists() {
+                break;
+            }
+            let (wal, recovered) = wal::Wal::open(self.wal_config(lane_dir, node))?;
+            if let Some((path, offset)) = &recovered.torn_tail {
+                crate::rt::log_warn(&format!(
+                    "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
+                    path.display()
+                ));
+            }
+            if lane == 0 {
+                checkpoint = recovered.checkpoint.map(|c| c.1);
+            }
+            opened.push((wal, recovered.records.into_iter().map(|(_, r)| r).collect()));
+        }
+        let reopened = NodeLog::over_wals(opened, checkpoint).map_err(|e| {
+            anyhow::anyhow!(
+                "node {node}: the log in {} does not recover: {e}; it was written by another version of dtx, or \
+                 is corrupt: use another --data-dir",
+                dir.display()
+            )
+        })?;
+        if reopened.orphans > 0 {
+            crate::rt::log_warn(&format!(
+                "node {node}: {} log records written after one that a crash lost in another lane were voided \
+                 (none of them was acknowledged)",
+                reopened.orphans
+            ));
+        }
+        Ok(OpenedWal { log: reopened.log, checkpoint: reopened.checkpoint, records: reopened.records })
+    }
+
+    fn wal_config(&self, dir: PathBuf, node: u16) -> wal::WalConfig {
         let mut cfg = wal::WalConfig::new(dir, self.cluster_id, node);
         cfg.group_commit_delay_us = self.group_commit_us;
         cfg.group_commit_bytes = self.group_commit_bytes;
         cfg.fsync = self.fsync;
         cfg.segment_bytes = self.segment_bytes;
-        let (wal, recovered) = wal::Wal::open(cfg)?;
-        if let Some((path, offset)) = &recovered.torn_tail {
-            crate::rt::log_warn(&format!(
-                "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
-                path.display()
-            ));
+        cfg
+    }
+}
+
+/// Where lane `lane` of the log in `dir` lives: `dir` itself for lane 0.
+pub fn lane_dir(dir: &std::path::Path, lane: usize) -> PathBuf {
+    match lane {
+        0 => dir.to_path_buf(),
+        k => {
+            let mut name = dir.as_os_str().to_owned();
+            name.push(format!("-lane-{k}"));
+            PathBuf::from(name)
         }
-        Ok(OpenedWal {
-            log: NodeLog::over_wal(wal),
-            checkpoint: recovered.checkpoint.map(|c| c.1),
-            records: recovered.records.into_iter().map(|(_, r)| r).collect(),
-        })
     }
 }
 

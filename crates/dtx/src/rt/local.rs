@@ -136,6 +136,7 @@ pub fn run_quantum(w: &Worker, delayed: &mut DelayQueue, out: &mut Vec<Packet>) 
 pub fn make_worker(net: &Arc<LocalNet>, addr: Addr, cfg: &WorkerConfig) -> Rc<Worker> {
     let inbox = net.inbox(addr).clone();
     *inbox.thread.lock() = Some(std::thread::current());
+    super::log::enter_lane(addr.worker);
     let exec = Executor::new(Arc::new(move || inbox.unpark()));
     Rc::new(Worker::new(addr, net.workers_per_node, Clock::Real(net.epoch), exec, cfg))
 }

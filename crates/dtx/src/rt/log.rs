@@ -1,32 +1,61 @@
 //! A node's log as protocol code sees it: append a record (its LSN comes back at once), then
 //! await its durability. Which device is underneath is the runtime's choice:
-//! - `local` and `tcp`: a real write-ahead log on disk ([`crate::wal::Wal`]), whose
-//!   flusher thread group-commits with fsync and wakes the waiters;
-//! - `sim`: a simulated disk whose flushes the simulator schedules in virtual time (group-commit
-//!   delay plus an fsync cost), and whose unflushed tail a crash loses.
+//! - `local` and `tcp`: real write-ahead logs on disk ([`crate::wal::Wal`]), whose flusher
+//!   threads group-commit with fsync and wake the waiters;
+//! - `sim`: simulated disks whose flushes the simulator schedules in virtual time (group-commit
+//!   delay plus an fsync cost), and whose unflushed tail a crash loses;
+//! - `replicated`: one stream that a majority of the node's log replicas must hold.
 //!
-//! The log is shared by the workers of a node (one log per node, as the papers' 2PC baselines
-//! keep), so it is `Send + Sync`; waiting is a future woken through the task's waker, which
-//! works across threads, so protocol code never blocks a worker on I/O.
+//! On a disk the log is split into lanes, one per worker, each a log of its own with its own
+//! group commit, so that workers append without sharing a buffer or a lock (Silo's and Rolis's
+//! per-worker logs). A node-wide sequence number orders the lanes: it is the LSN protocol code
+//! sees, and a record is durable once every record of every lane up to its sequence number is
+//! (see [`super::lanes`] for the argument and for recovery). Which lane a record goes to is the
+//! runtime's choice too: the lane of the worker running on this thread ([`enter_lane`]).
+//!
+//! The log is shared by the workers of a node, so it is `Send + Sync`; waiting is a future woken
+//! through the task's waker, which works across threads, so protocol code never blocks a
+//! worker on I/O.
 
-use crate::wal::{Lsn, Wal};
+use super::lanes::{self, KIND_RECORD, KIND_VOID, LANE_HEADER_BYTES};
+use crate::wal::{Lsn, Wal, MAX_RECORD_BYTES};
 use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
+thread_local! {
+    /// The lane this thread appends to: its worker's index (set by the runtime).
+    static LANE: Cell<u16> = const { Cell::new(0) };
+}
+
+/// The runtime runs worker `worker`'s code on this thread from now on: its appends go to that
+/// worker's lane. (`local` and `tcp` call it once per worker thread, `sim` before each step.)
+pub fn enter_lane(worker: u16) {
+    LANE.with(|l| l.set(worker));
+}
+
+fn current_lane(lanes: usize) -> usize {
+    LANE.with(|l| l.get()) as usize % lanes
+}
+
 /// How the simulator models a disk: records buffered in memory, made durable by flushes.
 #[derive(Default)]
 pub struct SimDisk {
-    /// Records that survived every crash so far (LSN i+1 at index i).
+    /// Records that survived every crash so far (lane LSN i+1 at index i).
     durable: Vec<Vec<u8>>,
     /// Appended, not yet durable.
     pending: Vec<Vec<u8>>,
     /// How many of `pending` the flush in progress covers (0 = no flush in progress).
     flushing: usize,
 }
+
+/// What a simulated log's lanes kept at a crash: each lane's durable records, oldest first.
+pub type SimImage = Vec<Vec<Vec<u8>>>;
 
 /// Records waiting to be proposed to the node's replicated log, and the task that proposes them.
 #[derive(Default)]
@@ -40,7 +69,61 @@ enum Device {
     Wal(Arc<Wal>),
     Sim(Mutex<SimDisk>),
     /// Durable once a majority of the node's log replicas hold it (`replication::service`).
+    /// Its one stream is already ordered: its LSNs are the log's, with no lane records.
     Replicated(Mutex<ReplQueue>),
+}
+
+/// One lane of a node's log: its device, and the sequence numbers appended to it that are not
+/// durable yet (with their LSN in the lane), oldest first.
+struct Lane {
+    device: Device,
+    unflushed: Mutex<VecDeque<(Lsn, Lsn)>>,
+    /// Tasks of this lane's worker waiting for an LSN to become durable, lowest LSN first: a
+    /// lane's own list, so that workers do not share one, and a heap, so that a flush wakes
+    /// the tasks it made durable without visiting the others.
+    waiters: Mutex<BinaryHeap<Waiter>>,
+}
+
+/// A task waiting for `lsn` to become durable; ordered so that a `BinaryHeap` pops the lowest.
+struct Waiter {
+    lsn: Lsn,
+    waker: Waker,
+}
+
+impl PartialEq for Waiter {
+    fn eq(&self, other: &Self) -> bool {
+        self.lsn == other.lsn
+    }
+}
+impl Eq for Waiter {}
+impl PartialOrd for Waiter {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Waiter {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.lsn.cmp(&self.lsn)
+    }
+}
+
+impl Lane {
+    fn new(device: Device) -> Lane {
+        Lane { device, unflushed: Mutex::new(VecDeque::new()), waiters: Mutex::new(BinaryHeap::new()) }
+    }
+
+    /// Append one lane record to the device; returns its LSN in the lane.
+    fn put(&self, parts: &[&[u8]]) -> Result<Lsn, String> {
+        match &self.device {
+            Device::Wal(wal) => wal.append_parts(parts).map_err(|e| e.to_string()),
+            Device::Sim(disk) => {
+                let mut d = disk.lock();
+                d.pending.push(parts.concat());
+                Ok((d.durable.len() + d.pending.len()) as Lsn)
+            }
+            Device::Replicated(_) => unreachable!("a replicated log has no lanes"),
+        }
+    }
 }
 
 /// A protocol's log state machine: what a node's log records amount to. The protocol owns it
@@ -68,27 +151,35 @@ impl LogMachine for NoLog {
 /// Records queued for the checkpointer thread; appenders wait when it falls this far behind.
 const CHECKPOINT_QUEUE: usize = 1 << 16;
 
-/// Feeds a [`LogMachine`] on its own thread and checkpoints the WAL every `every` records.
+/// A record on its way to the checkpointer: its lane, its LSN in the lane, its sequence number.
+type Appended = (usize, Lsn, Lsn, Vec<u8>);
+
+/// Feeds a [`LogMachine`] on its own thread, in sequence order, and checkpoints the log every
+/// `every` records: the snapshot goes to lane 0 (behind the sequence number it covers), and
+/// every lane drops the segments it covers.
 struct Checkpointer {
-    tx: std::sync::mpsc::SyncSender<(Lsn, Vec<u8>)>,
+    tx: std::sync::mpsc::SyncSender<Appended>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Checkpointer {
-    fn start(wal: Arc<Wal>, mut machine: Box<dyn LogMachine>, every: u64) -> Checkpointer {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(Lsn, Vec<u8>)>(CHECKPOINT_QUEUE);
+    fn start(wals: Vec<Arc<Wal>>, mut machine: Box<dyn LogMachine>, every: u64) -> Checkpointer {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Appended>(CHECKPOINT_QUEUE);
+        // Records already in a lane when the checkpointer starts are below every sequence
+        // number it will see: covered by its first checkpoint, orphans included.
+        let mut covered: Vec<Lsn> = wals.iter().map(|w| w.last_lsn()).collect();
         let spawned = std::thread::Builder::new().name("dtx-checkpointer".into()).spawn(move || {
             let mut since = 0;
-            for (lsn, rec) in rx {
+            for (lane, lane_lsn, seq, rec) in rx {
                 machine.apply(&rec);
+                covered[lane] = lane_lsn;
                 since += 1;
                 if since < every {
                     continue;
                 }
                 since = 0;
-                // The checkpoint may only cover durable records; the WAL waits for that.
-                if let Err(e) = wal.checkpoint(lsn, &machine.snapshot()) {
-                    super::log_warn(&format!("checkpoint at LSN {lsn} failed: {e}"));
+                if let Err(e) = checkpoint_lanes(&wals, &covered, seq, &machine.snapshot()) {
+                    super::log_warn(&format!("checkpoint at sequence number {seq} failed: {e}"));
                 }
             }
         });
@@ -112,6 +203,33 @@ impl Checkpointer {
     }
 }
 
+/// Write a checkpoint of everything up to sequence number `seq`, which lane `k` holds up to its
+/// LSN `covered[k]`: once every lane is durable that far (the checkpoint must never follow a
+/// record the log may still lose), lane 0 stores the snapshot, and every other lane an empty
+/// checkpoint at its covered LSN, which tells its recovery where its records start once the
+/// segments before are dropped.
+fn checkpoint_lanes(wals: &[Arc<Wal>], covered: &[Lsn], seq: Lsn, snapshot: &[u8]) -> Result<(), crate::wal::WalError> {
+    for (wal, &lsn) in wals.iter().zip(covered) {
+        wal.wait_durable(lsn)?;
+    }
+    let mut bytes = Vec::with_capacity(8 + snapshot.len());
+    bytes.extend_from_slice(&seq.to_le_bytes());
+    bytes.extend_from_slice(snapshot);
+    wals[0].checkpoint(covered[0], &bytes)?;
+    for (wal, &lsn) in wals.iter().zip(covered).skip(1) {
+        wal.checkpoint(lsn, &[])?;
+    }
+    Ok(())
+}
+
+/// Split a lane checkpoint's bytes into the sequence number it covers and the snapshot.
+pub fn split_checkpoint(bytes: &[u8]) -> Result<(Lsn, &[u8]), String> {
+    if bytes.len() < 8 {
+        return Err(format!("a checkpoint of {} bytes lacks its sequence number", bytes.len()));
+    }
+    Ok((u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")), &bytes[8..]))
+}
+
 impl NodeLog {
     fn stop_checkpointer(&self) {
         if let Some(c) = self.checkpointer.get().and_then(|c| c.lock().take()) {
@@ -119,58 +237,87 @@ impl NodeLog {
         }
     }
 
-    /// The run is over: stop the checkpointer and close the WAL (flushing what it buffered and
-    /// releasing its directory lock), even if tasks that never finished still hold this log.
+    /// The run is over: stop the checkpointer and close the WALs (flushing what they buffered
+    /// and releasing their directory locks), even if tasks that never finished still hold this log.
     pub fn shutdown(&self) {
         self.stop_checkpointer();
-        if let Device::Wal(wal) = &self.device {
-            wal.close();
+        for lane in &self.lanes {
+            if let Device::Wal(wal) = &lane.device {
+                wal.close();
+            }
         }
     }
 }
 
 impl Drop for NodeLog {
-    /// The checkpointer holds the WAL open: end it first, so that the WAL closes (and releases
-    /// its directory lock) when the log goes.
+    /// The checkpointer holds the WALs open: end it first, so that they close (and release
+    /// their directory locks) when the log goes.
     fn drop(&mut self) {
         self.stop_checkpointer();
     }
 }
 
 pub struct NodeLog {
-    device: Device,
+    lanes: Vec<Lane>,
+    /// The next sequence number (the LSN protocol code sees). A lane takes it under the lane's
+    /// lock and queues it in `unflushed` before releasing it: [`NodeLog::lane_durable`] relies on that.
+    next_seq: AtomicU64,
     /// Set once, when checkpoints are on: appends then go through its lock, so that records
-    /// reach the checkpointer in LSN order. Without checkpoints an append takes no lock here.
+    /// reach the checkpointer in sequence order. Without checkpoints an append takes no lock here.
     checkpointer: std::sync::OnceLock<Mutex<Option<Checkpointer>>>,
     durable: AtomicU64,
-    /// Tasks waiting for an LSN to become durable.
-    waiters: Mutex<Vec<(Lsn, Waker)>>,
+}
+
+/// A log opened from its lanes: the log, the snapshot of its newest checkpoint (without the
+/// lane format's sequence number), and the records recovery replays after it.
+pub struct Reopened {
+    pub log: Arc<NodeLog>,
+    pub checkpoint: Option<Vec<u8>>,
+    pub records: Vec<Vec<u8>>,
+    /// Records found durable after one another lane lost, voided (never acknowledged).
+    pub orphans: u64,
 }
 
 impl NodeLog {
-    /// A log over a real WAL; durability advances from the WAL's flusher thread.
-    pub fn over_wal(wal: Arc<Wal>) -> Arc<NodeLog> {
-        let log = Arc::new(NodeLog::new(Device::Wal(wal.clone())));
-        log.durable.store(wal.durable_lsn(), Ordering::Release);
-        let weak = Arc::downgrade(&log);
-        wal.set_on_durable(Box::new(move |lsn| {
-            if let Some(log) = weak.upgrade() {
-                log.advance(lsn);
+    /// A log over real WALs, one per lane, each as it was found at open (`checkpoint` is lane
+    /// 0's, as [`Wal::open`] returned it); durability advances from the WALs' flusher threads.
+    /// Recovery merges the lanes ([`lanes::merge`]) and voids the orphans it found.
+    pub fn over_wals(wals: Vec<(Arc<Wal>, Vec<Vec<u8>>)>, checkpoint: Option<Vec<u8>>) -> Result<Reopened, String> {
+        assert!(!wals.is_empty(), "a log has at least one lane");
+        let (after, snapshot) = match &checkpoint {
+            Some(bytes) => {
+                let (seq, snap) = split_checkpoint(bytes)?;
+                (seq, Some(snap.to_vec()))
             }
-        }));
-        log
+            None => (0, None),
+        };
+        let merged = lanes::merge(wals.iter().map(|(_, recs)| recs.iter().map(|r| r.as_slice())), after)?;
+        let lanes = wals.iter().map(|(wal, _)| Lane::new(Device::Wal(wal.clone()))).collect();
+        let log = Arc::new(NodeLog::new(lanes, &merged));
+        for (k, (wal, _)) in wals.iter().enumerate() {
+            let weak = Arc::downgrade(&log);
+            wal.set_on_durable(Box::new(move |lsn| {
+                if let Some(log) = weak.upgrade() {
+                    log.lane_durable(k, lsn);
+                }
+            }));
+        }
+        log.void_orphans(&merged)?;
+        let orphans = merged.orphans().map_or(0, |(from, to)| to - from + 1);
+        Ok(Reopened { log, checkpoint: snapshot, records: merged.records, orphans })
     }
 
     /// A log whose records are durable once a majority of its replicas hold them; the node's
     /// replicator (`replication::service`) takes the appended records and reports progress.
     pub fn replicated() -> Arc<NodeLog> {
-        Arc::new(NodeLog::new(Device::Replicated(Mutex::new(ReplQueue::default()))))
+        let lane = Lane::new(Device::Replicated(Mutex::new(ReplQueue::default())));
+        Arc::new(NodeLog::new(vec![lane], &lanes::Merged::default()))
     }
 
     /// The replicator takes the records appended since it last looked (oldest first); `waker`
     /// is woken at the next append.
     pub fn take_for_replication(&self, waker: &Waker) -> Vec<Vec<u8>> {
-        let Device::Replicated(q) = &self.device else { return Vec::new() };
+        let Device::Replicated(q) = &self.lanes[0].device else { return Vec::new() };
         let mut q = q.lock();
         q.replicator = Some(waker.clone());
         std::mem::take(&mut q.pending)
@@ -181,28 +328,61 @@ impl NodeLog {
         self.advance(lsn);
     }
 
-    /// A log over a simulated disk that already holds `durable` (what survived earlier crashes).
-    pub fn simulated(durable: Vec<Vec<u8>>) -> Arc<NodeLog> {
-        let n = durable.len() as Lsn;
-        let log = NodeLog::new(Device::Sim(Mutex::new(SimDisk { durable, ..Default::default() })));
-        log.durable.store(n, Ordering::Release);
-        Arc::new(log)
+    /// A log over `lanes` simulated disks that already hold `image` (what survived earlier
+    /// crashes; an empty image is a fresh log), with the records recovery replays from it.
+    pub fn simulated(image: SimImage, lanes: usize) -> Result<Reopened, String> {
+        let merged = lanes::merge(image.iter().map(|l| l.iter().map(|r| r.as_slice())), 0)?;
+        let mut image = image.into_iter();
+        let lanes = (0..lanes.max(image.len()))
+            .map(|_| {
+                let durable = image.next().unwrap_or_default();
+                Lane::new(Device::Sim(Mutex::new(SimDisk { durable, ..Default::default() })))
+            })
+            .collect();
+        let log = Arc::new(NodeLog::new(lanes, &merged));
+        log.void_orphans(&merged)?;
+        let orphans = merged.orphans().map_or(0, |(from, to)| to - from + 1);
+        Ok(Reopened { log, checkpoint: None, records: merged.records, orphans })
     }
 
-    fn new(device: Device) -> Self {
+    fn new(lanes: Vec<Lane>, recovered: &lanes::Merged) -> Self {
+        // Sequence numbers go on past every one a lane holds, orphans included.
+        let last = recovered.max_seq;
         NodeLog {
-            device,
+            lanes,
+            next_seq: AtomicU64::new(last + 1),
             checkpointer: std::sync::OnceLock::new(),
-            durable: AtomicU64::new(0),
-            waiters: Mutex::new(Vec::new()),
+            durable: AtomicU64::new(last),
         }
     }
 
-    /// Checkpoint this log every `every` records from now on (a real WAL only; the simulator's
-    /// disk and replicated logs are not checkpointed).
+    /// Append the void record for the orphans recovery found, first of this boot: nothing
+    /// after it is durable before it is, so a crash before it leaves the orphans orphans.
+    fn void_orphans(&self, merged: &lanes::Merged) -> Result<(), String> {
+        if let Some((from, to)) = merged.orphans() {
+            self.append_kind(0, KIND_VOID, &lanes::void_body(from, to))?;
+        }
+        Ok(())
+    }
+
+    /// How many lanes the log has (one for a replicated log).
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Checkpoint this log every `every` records from now on (real WALs only; the simulator's
+    /// disks and replicated logs are not checkpointed).
     pub fn set_checkpointer(&self, machine: Box<dyn LogMachine>, every: u64) {
-        if let (Device::Wal(wal), true) = (&self.device, every > 0) {
-            let started = Mutex::new(Some(Checkpointer::start(wal.clone(), machine, every)));
+        let wals: Vec<Arc<Wal>> = self
+            .lanes
+            .iter()
+            .filter_map(|l| match &l.device {
+                Device::Wal(w) => Some(w.clone()),
+                _ => None,
+            })
+            .collect();
+        if every > 0 && !wals.is_empty() {
+            let started = Mutex::new(Some(Checkpointer::start(wals, machine, every)));
             if self.checkpointer.set(started).is_err() {
                 super::log_warn("a node log's checkpointer was set twice; the second is ignored");
             }
@@ -212,48 +392,60 @@ impl NodeLog {
     /// Append one record; returns its LSN. Never waits for I/O (with checkpoints on, it waits
     /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
-        match &self.device {
-            Device::Wal(wal) => match self.checkpointer.get() {
-                None => wal.append(rec).map_err(|e| e.to_string()),
-                Some(c) => {
-                    let ckpt = c.lock();
-                    let lsn = wal.append(rec).map_err(|e| e.to_string())?;
-                    if let Some(c) = &*ckpt {
-                        // A closed channel means the checkpointer failed; the log goes on uncut.
-                        let _ = c.tx.send((lsn, rec.to_vec()));
-                    }
-                    Ok(lsn)
-                }
-            },
-            Device::Sim(disk) => {
-                let mut d = disk.lock();
-                d.pending.push(rec.to_vec());
-                Ok((d.durable.len() + d.pending.len()) as Lsn)
+        if let Device::Replicated(q) = &self.lanes[0].device {
+            let mut q = q.lock();
+            q.pending.push(rec.to_vec());
+            q.appended += 1;
+            let lsn = q.appended;
+            let wake = if q.pending.len() == 1 { q.replicator.take() } else { None };
+            drop(q);
+            if let Some(w) = wake {
+                w.wake();
             }
-            Device::Replicated(q) => {
-                let mut q = q.lock();
-                q.pending.push(rec.to_vec());
-                q.appended += 1;
-                let lsn = q.appended;
-                let wake = if q.pending.len() == 1 { q.replicator.take() } else { None };
-                drop(q);
-                if let Some(w) = wake {
-                    w.wake();
+            return Ok(lsn);
+        }
+        if rec.len() + LANE_HEADER_BYTES > MAX_RECORD_BYTES {
+            return Err(format!(
+                "a log record of {} bytes was refused: a record carries at most {} bytes",
+                rec.len(),
+                MAX_RECORD_BYTES - LANE_HEADER_BYTES
+            ));
+        }
+        let lane = current_lane(self.lanes.len());
+        match self.checkpointer.get() {
+            None => self.append_kind(lane, KIND_RECORD, rec),
+            Some(c) => {
+                let ckpt = c.lock();
+                let (lane_lsn, seq) = self.append_to_lane(lane, KIND_RECORD, rec)?;
+                if let Some(c) = &*ckpt {
+                    // A closed channel means the checkpointer failed; the log goes on uncut.
+                    let _ = c.tx.send((lane, lane_lsn, seq, rec.to_vec()));
                 }
-                Ok(lsn)
+                Ok(seq)
             }
         }
     }
 
+    fn append_kind(&self, lane: usize, kind: u8, body: &[u8]) -> Result<Lsn, String> {
+        self.append_to_lane(lane, kind, body).map(|(_, seq)| seq)
+    }
+
+    /// Take the next sequence number and append the lane record under the lane's lock, so that
+    /// no one sees the number taken and not yet queued; returns the lane LSN and the number.
+    fn append_to_lane(&self, lane: usize, kind: u8, body: &[u8]) -> Result<(Lsn, Lsn), String> {
+        let lane = &self.lanes[lane];
+        let mut unflushed = lane.unflushed.lock();
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
+        let lane_lsn = lane.put(&[&lanes::header(kind, seq), body])?;
+        unflushed.push_back((lane_lsn, seq));
+        Ok((lane_lsn, seq))
+    }
+
     /// The LSN of the last record appended.
     pub fn appended_lsn(&self) -> Lsn {
-        match &self.device {
-            Device::Wal(wal) => wal.last_lsn(),
-            Device::Sim(disk) => {
-                let d = disk.lock();
-                (d.durable.len() + d.pending.len()) as Lsn
-            }
+        match &self.lanes[0].device {
             Device::Replicated(q) => q.lock().appended,
+            Device::Wal(_) | Device::Sim(_) => self.next_seq.load(Ordering::Acquire) - 1,
         }
     }
 
@@ -267,22 +459,36 @@ impl NodeLog {
         DurableWait { log: self.clone(), lsn }
     }
 
+    /// Lane `lane` is durable up to its LSN `lane_lsn`: the log is durable up to the sequence
+    /// number before the oldest one that some lane has not made durable yet. The next number
+    /// is read first: a number taken before that read is queued in its lane before the lane's
+    /// lock is released, so the scan below sees it unless it is durable already.
+    fn lane_durable(&self, lane: usize, lane_lsn: Lsn) {
+        {
+            let mut unflushed = self.lanes[lane].unflushed.lock();
+            while unflushed.front().is_some_and(|&(l, _)| l <= lane_lsn) {
+                unflushed.pop_front();
+            }
+        }
+        let mut durable = self.next_seq.load(Ordering::Acquire) - 1;
+        for l in &self.lanes {
+            if let Some(&(_, seq)) = l.unflushed.lock().front() {
+                durable = durable.min(seq - 1);
+            }
+        }
+        self.advance(durable);
+    }
+
     /// Durability reached `lsn`: wake every task waiting for it or less.
     fn advance(&self, lsn: Lsn) {
         self.durable.fetch_max(lsn, Ordering::AcqRel);
-        let ready: Vec<Waker> = {
-            let mut ws = self.waiters.lock();
-            let mut ready = Vec::new();
-            ws.retain(|(l, w)| {
-                if *l <= lsn {
-                    ready.push(w.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            ready
-        };
+        let mut ready = Vec::new();
+        for lane in &self.lanes {
+            let mut waiters = lane.waiters.lock();
+            while waiters.peek().is_some_and(|w| w.lsn <= lsn) {
+                ready.extend(waiters.pop().map(|w| w.waker));
+            }
+        }
         for w in ready {
             w.wake();
         }
@@ -290,11 +496,17 @@ impl NodeLog {
 
     // ---- the simulator's side ----
 
-    /// Start a flush of everything appended so far; returns the LSN it will make durable, or
-    /// `None` if nothing is pending or a flush is already in progress.
-    pub fn sim_begin_flush(&self) -> Option<Lsn> {
-        let Device::Sim(disk) = &self.device else { return None };
-        let mut d = disk.lock();
+    fn sim_disk(&self, lane: usize) -> Option<&Mutex<SimDisk>> {
+        match &self.lanes.get(lane)?.device {
+            Device::Sim(disk) => Some(disk),
+            Device::Wal(_) | Device::Replicated(_) => None,
+        }
+    }
+
+    /// Start a flush of everything appended to `lane` so far; returns the lane LSN it will make
+    /// durable, or `None` if nothing is pending or a flush is already in progress.
+    pub fn sim_begin_flush(&self, lane: usize) -> Option<Lsn> {
+        let mut d = self.sim_disk(lane)?.lock();
         if d.flushing > 0 || d.pending.is_empty() {
             return None;
         }
@@ -302,10 +514,10 @@ impl NodeLog {
         Some((d.durable.len() + d.flushing) as Lsn)
     }
 
-    /// The flush in progress reached the disk.
-    pub fn sim_finish_flush(&self) {
-        let Device::Sim(disk) = &self.device else { return };
-        let lsn = {
+    /// The flush of `lane` in progress reached the disk.
+    pub fn sim_finish_flush(&self, lane: usize) {
+        let Some(disk) = self.sim_disk(lane) else { return };
+        let lane_lsn = {
             let mut d = disk.lock();
             let n = d.flushing;
             let done: Vec<Vec<u8>> = d.pending.drain(..n).collect();
@@ -313,27 +525,28 @@ impl NodeLog {
             d.flushing = 0;
             d.durable.len() as Lsn
         };
-        self.advance(lsn);
+        self.lane_durable(lane, lane_lsn);
     }
 
-    /// Whether records wait for a flush that has not started.
-    pub fn sim_has_unflushed(&self) -> bool {
-        match &self.device {
-            Device::Sim(disk) => {
-                let d = disk.lock();
-                d.pending.len() > d.flushing
-            }
-            Device::Wal(_) | Device::Replicated(_) => false,
-        }
+    /// Whether records of `lane` wait for a flush that has not started.
+    pub fn sim_has_unflushed(&self, lane: usize) -> bool {
+        self.sim_disk(lane).is_some_and(|disk| {
+            let d = disk.lock();
+            d.pending.len() > d.flushing
+        })
     }
 
-    /// A crash: what was not durable is gone; returns what survived, for the restarted node.
-    pub fn sim_crash(&self) -> Vec<Vec<u8>> {
-        let Device::Sim(disk) = &self.device else { return Vec::new() };
-        let mut d = disk.lock();
-        d.pending.clear();
-        d.flushing = 0;
-        d.durable.clone()
+    /// A crash: what was not durable is gone; returns what survived in each lane, for the
+    /// restarted node.
+    pub fn sim_crash(&self) -> SimImage {
+        (0..self.lanes.len())
+            .filter_map(|lane| {
+                let mut d = self.sim_disk(lane)?.lock();
+                d.pending.clear();
+                d.flushing = 0;
+                Some(d.durable.clone())
+            })
+            .collect()
     }
 }
 
@@ -349,12 +562,13 @@ impl Future for DurableWait {
         if self.log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
-        let mut ws = self.log.waiters.lock();
+        let lane = &self.log.lanes[current_lane(self.log.lanes.len())];
+        let mut waiters = lane.waiters.lock();
         // Check again under the lock: `advance` may have run between the check and the lock.
         if self.log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
-        ws.push((self.lsn, cx.waker().clone()));
+        waiters.push(Waiter { lsn: self.lsn, waker: cx.waker().clone() });
         Poll::Pending
     }
 }
@@ -363,21 +577,75 @@ impl Future for DurableWait {
 mod tests {
     use super::*;
 
+    fn fresh(lanes: usize) -> Arc<NodeLog> {
+        NodeLog::simulated(Vec::new(), lanes).expect("an empty image").log
+    }
+
     #[test]
     fn simulated_disk_loses_only_the_unflushed_tail() {
-        let log = NodeLog::simulated(Vec::new());
+        let log = fresh(1);
         assert_eq!(log.append(b"a"), Ok(1));
         assert_eq!(log.append(b"b"), Ok(2));
-        assert_eq!(log.sim_begin_flush(), Some(2));
+        assert_eq!(log.sim_begin_flush(0), Some(2));
         assert_eq!(log.append(b"c"), Ok(3), "appends go on during a flush");
-        assert_eq!(log.sim_begin_flush(), None, "one flush at a time");
-        log.sim_finish_flush();
+        assert_eq!(log.sim_begin_flush(0), None, "one flush at a time");
+        log.sim_finish_flush(0);
         assert_eq!(log.durable_lsn(), 2);
-        assert!(log.sim_has_unflushed());
+        assert!(log.sim_has_unflushed(0));
         let survived = log.sim_crash();
-        assert_eq!(survived, vec![b"a".to_vec(), b"b".to_vec()]);
-        let log = NodeLog::simulated(survived);
+        let Reopened { log, records, .. } = NodeLog::simulated(survived, 1).expect("reopens");
+        assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(log.durable_lsn(), 2);
         assert_eq!(log.append(b"d"), Ok(3), "LSNs continue after what survived");
+    }
+
+    #[test]
+    fn a_record_is_durable_only_once_every_lane_is_durable_up_to_it() {
+        let log = fresh(2);
+        enter_lane(0);
+        assert_eq!(log.append(b"a"), Ok(1));
+        enter_lane(1);
+        assert_eq!(log.append(b"b"), Ok(2));
+        enter_lane(0);
+        assert_eq!(log.append(b"c"), Ok(3));
+        log.sim_begin_flush(0);
+        log.sim_finish_flush(0);
+        assert_eq!(log.durable_lsn(), 1, "lane 0 holds 1 and 3, but 2 is still only in lane 1's buffer");
+        log.sim_begin_flush(1);
+        log.sim_finish_flush(1);
+        assert_eq!(log.durable_lsn(), 3);
+        enter_lane(1);
+        assert_eq!(log.append(b"d"), Ok(4));
+        log.sim_begin_flush(1);
+        log.sim_finish_flush(1);
+        assert_eq!(log.durable_lsn(), 4, "an idle lane holds nothing back");
+        enter_lane(0);
+    }
+
+    #[test]
+    fn orphans_are_voided_once_and_never_replayed() {
+        let log = fresh(2);
+        enter_lane(1);
+        log.append(b"a").unwrap(); // 1, lane 1, never flushed
+        enter_lane(0);
+        log.append(b"b").unwrap(); // 2, lane 0, flushed: an orphan
+        log.sim_begin_flush(0);
+        log.sim_finish_flush(0);
+        assert_eq!(log.durable_lsn(), 0);
+        let Reopened { log, records, orphans, .. } = NodeLog::simulated(log.sim_crash(), 2).expect("reopens");
+        assert!(records.is_empty(), "2 may depend on the lost 1");
+        assert_eq!(orphans, 2, "1 and 2 are voided");
+        // The void (seq 3) is this boot's first record; then a new record (4) in lane 1.
+        enter_lane(1);
+        assert_eq!(log.append(b"c"), Ok(4));
+        for lane in 0..2 {
+            log.sim_begin_flush(lane);
+            log.sim_finish_flush(lane);
+        }
+        assert_eq!(log.durable_lsn(), 4);
+        let Reopened { records, orphans, .. } = NodeLog::simulated(log.sim_crash(), 2).expect("reopens");
+        assert_eq!(records, vec![b"c".to_vec()], "the void steps over the orphan");
+        assert_eq!(orphans, 0);
+        enter_lane(0);
     }
 }

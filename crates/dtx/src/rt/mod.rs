@@ -4,6 +4,7 @@
 //! [`tcp`] (one process per node). Protocol code sees only [`Worker`]: never a socket, a thread
 //! or the wall clock.
 
+pub mod lanes;
 pub mod local;
 pub mod log;
 pub mod sim;

@@ -12,7 +12,7 @@
 //! stop-and-resume). With a log, the crash loses the node's memory and the unflushed tail of its
 //! log; the node restarts on fresh workers, rebuilt from what its simulated disk kept.
 
-use super::log::NodeLog;
+use super::log::{NodeLog, SimImage};
 use super::{Clock, Executor, Worker, STEP_TASKS};
 use crate::net::{Addr, FaultPlan, LatencyModel, Packet};
 use crate::util::Rng;
@@ -37,8 +37,10 @@ enum Ev {
 }
 
 /// A node's simulated disk and its group commit.
+/// One lane of one of a node's logs: each lane is a disk of its own, flushed on its own.
 struct SimLog {
     log: Arc<NodeLog>,
+    lane: usize,
     group_commit_ns: u64,
     fsync_ns: u64,
     /// A flush is scheduled or running.
@@ -48,7 +50,7 @@ struct SimLog {
 /// Rebuilds a crashed node: given the records each of its logs' disks kept and fresh workers
 /// (same addresses), recover the node's state on them, start its clients, and return its new
 /// logs (in the same order).
-pub type Restart = Box<dyn FnMut(u16, Vec<Vec<Vec<u8>>>, &[Rc<Worker>]) -> Vec<Arc<NodeLog>>>;
+pub type Restart = Box<dyn FnMut(u16, Vec<SimImage>, &[Rc<Worker>]) -> Vec<Arc<NodeLog>>>;
 
 /// Failover of replicated nodes (`--durability replicated`), the runtime's side of
 /// `replication::service`'s failover mode. Hosts and nodes come apart: host h runs its log
@@ -121,7 +123,7 @@ pub struct SimWorld {
     /// With a restart hook, a crash loses the node's memory and the node restarts from its log.
     restart: Option<Restart>,
     /// What each crashed node's disk kept, until it restarts.
-    survived: Vec<Option<Vec<Vec<Vec<u8>>>>>,
+    survived: Vec<Option<Vec<SimImage>>>,
     worker_cfg: super::WorkerConfig,
     /// Crashes that lost a node's memory (each followed by a recovery).
     pub restarts: u64,
@@ -240,8 +242,10 @@ impl SimWorld {
     pub fn set_logs(&mut self, n: u16, logs: &[Arc<NodeLog>], group_commit_us: u64, fsync_us: u64) {
         self.logs[n as usize] = logs
             .iter()
-            .map(|log| SimLog {
+            .flat_map(|log| (0..log.lanes()).map(move |lane| (log, lane)))
+            .map(|(log, lane)| SimLog {
                 log: log.clone(),
+                lane,
                 group_commit_ns: group_commit_us * 1000,
                 fsync_ns: fsync_us * 1000,
                 busy: false,
@@ -256,7 +260,7 @@ impl SimWorld {
         let generation = self.log_generation[n as usize];
         let mut due = Vec::new();
         for (i, l) in self.logs[n as usize].iter_mut().enumerate() {
-            if !l.busy && l.log.sim_has_unflushed() {
+            if !l.busy && l.log.sim_has_unflushed(l.lane) {
                 l.busy = true;
                 due.push((now + l.group_commit_ns, i));
             }
@@ -272,7 +276,7 @@ impl SimWorld {
             return;
         }
         let Some(l) = self.logs[n as usize].get_mut(i) else { return };
-        match l.log.sim_begin_flush() {
+        match l.log.sim_begin_flush(l.lane) {
             Some(_) => {
                 let at = now + l.fsync_ns;
                 self.push(at, Ev::FlushDone(n, i, generation));
@@ -286,7 +290,7 @@ impl SimWorld {
             return;
         }
         let Some(l) = self.logs[n as usize].get_mut(i) else { return };
-        l.log.sim_finish_flush();
+        l.log.sim_finish_flush(l.lane);
         l.busy = false;
         self.maybe_flush(n);
     }
@@ -396,6 +400,7 @@ impl SimWorld {
         }
         let w = slot.w.clone();
         let inbox = std::mem::take(&mut slot.inbox);
+        super::log::enter_lane(w.addr.worker);
         w.take_charged_ns();
         for p in inbox {
             let _ = w.deliver(p.src, &p.bytes);
@@ -597,7 +602,7 @@ impl SimWorld {
         for s in self.slots.iter().filter(|s| s.w.addr.node as usize == n) {
             s.w.crash();
         }
-        let kept: Vec<Vec<Vec<u8>>> = self.logs[n].iter().map(|l| l.log.sim_crash()).collect();
+        let kept: Vec<SimImage> = self.logs[n].iter().filter(|l| l.lane == 0).map(|l| l.log.sim_crash()).collect();
         self.log_generation[n] += 1;
         for l in self.logs[n].iter_mut() {
             l.busy = false;
@@ -625,10 +630,11 @@ impl SimWorld {
             let workers = self.fresh_workers((0..self.workers_per_node).map(|wi| Addr::new(n, wi)));
             let restart = self.restart.as_mut().expect("checked");
             let logs = restart(n, kept, &workers);
-            assert_eq!(logs.len(), self.logs[n as usize].len(), "a restarted node keeps as many logs");
-            for (l, log) in self.logs[n as usize].iter_mut().zip(logs) {
-                l.log = log;
-            }
+            let lanes_before = self.logs[n as usize].len();
+            let (group_commit_ns, fsync_ns) =
+                self.logs[n as usize].first().map_or((0, 0), |l| (l.group_commit_ns, l.fsync_ns));
+            self.set_logs(n, &logs, group_commit_ns / 1000, fsync_ns / 1000);
+            assert_eq!(self.logs[n as usize].len(), lanes_before, "a restarted node keeps its logs and their lanes");
             self.install_workers(workers);
             return;
         }

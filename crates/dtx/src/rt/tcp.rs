@@ -137,6 +137,7 @@ impl TcpNet {
         let exec = Executor::new(Arc::new(move || {
             let _ = waker.wake();
         }));
+        super::log::enter_lane(self.me.worker);
         let w = Rc::new(Worker::new(self.me, workers_per_node, Clock::Real(epoch), exec, cfg));
         w.start_rpc_ids_at(rpc_id_base());
         w

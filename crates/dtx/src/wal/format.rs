@@ -5,7 +5,7 @@
 use super::*;
 
 pub fn encode_record(lsn: Lsn, payload: &[u8], out: &mut Vec<u8>) {
-    put_record(lsn, record_crc(lsn, payload), payload, out);
+    put_record(lsn, record_crc(lsn, payload), &[payload], out);
 }
 
 /// Decodes the records in `bytes[first_offset..]`; the first record may carry any LSN, each next
@@ -135,13 +135,17 @@ pub(super) fn record_crc(lsn: Lsn, payload: &[u8]) -> u32 {
     crc.finalize()
 }
 
-pub(super) fn put_record(lsn: Lsn, crc: u32, payload: &[u8], out: &mut Vec<u8>) {
-    debug_assert!(payload.len() <= MAX_RECORD_BYTES, "record of {} bytes over the limit", payload.len());
-    out.reserve(RECORD_HEADER_BYTES + payload.len());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+/// Encode a record whose payload is `parts` one after the other.
+pub(super) fn put_record(lsn: Lsn, crc: u32, parts: &[&[u8]], out: &mut Vec<u8>) {
+    let payload_bytes: usize = parts.iter().map(|p| p.len()).sum();
+    debug_assert!(payload_bytes <= MAX_RECORD_BYTES, "record of {payload_bytes} bytes over the limit");
+    out.reserve(RECORD_HEADER_BYTES + payload_bytes);
+    out.extend_from_slice(&(payload_bytes as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&lsn.to_le_bytes());
-    out.extend_from_slice(payload);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
 }
 
 pub(super) struct RawRecord {

@@ -219,20 +219,29 @@ impl Wal {
     /// under a short lock, no syscall. The only wait: if [`MAX_UNWRITTEN_BYTES`] are buffered and
     /// not yet written (the disk cannot keep up), it blocks until the flusher catches up.
     pub fn append(&self, payload: &[u8]) -> Result<Lsn, WalError> {
-        if payload.len() > MAX_RECORD_BYTES {
-            return Err(WalError::RecordTooLarge { payload_bytes: payload.len() });
+        self.append_parts(&[payload])
+    }
+
+    /// [`Wal::append`] of one record whose payload is `parts` one after the other (a header
+    /// and a body kept apart), without joining them into one buffer first.
+    pub fn append_parts(&self, parts: &[&[u8]]) -> Result<Lsn, WalError> {
+        let payload_bytes: usize = parts.iter().map(|p| p.len()).sum();
+        if payload_bytes > MAX_RECORD_BYTES {
+            return Err(WalError::RecordTooLarge { payload_bytes });
         }
         // The payload's checksum is computed before the lock; under it only the 8 LSN bytes are
         // hashed and combined with it.
         let mut payload_crc = Hasher::new();
-        payload_crc.update(payload);
+        for p in parts {
+            payload_crc.update(p);
+        }
         let shared = &*self.shared;
         let mut state = shared.state.lock();
         shared.wait_for_space(&mut state);
         state.check_accepting(&shared.cfg.dir)?;
         let lsn = state.next_lsn;
         state.next_lsn += 1;
-        let record_bytes = RECORD_HEADER_BYTES + payload.len();
+        let record_bytes = RECORD_HEADER_BYTES + payload_bytes;
         state.place_in_segment(lsn, record_bytes as u64, shared.cfg.segment_bytes);
         let was_empty = state.buf.is_empty();
         if was_empty {
@@ -241,7 +250,7 @@ impl Wal {
         let mut crc = Hasher::new();
         crc.update(&lsn.to_le_bytes());
         crc.combine(&payload_crc);
-        put_record(lsn, crc.finalize(), payload, &mut state.buf);
+        put_record(lsn, crc.finalize(), parts, &mut state.buf);
         state.records += 1;
         state.bytes += record_bytes as u64;
         let crossed =
