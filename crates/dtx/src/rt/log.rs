@@ -216,7 +216,8 @@ fn checkpoint_lanes(wals: &[Arc<Wal>], covered: &[Lsn], seq: Lsn, snapshot: &[u8
     bytes.extend_from_slice(&seq.to_le_bytes());
     bytes.extend_from_slice(snapshot);
     wals[0].checkpoint(covered[0], &bytes)?;
-    for (wal, &lsn) in wals.iter().zip(covered).skip(1) {
+    // A lane that never held a record has nothing to cover.
+    for (wal, &lsn) in wals.iter().zip(covered).skip(1).filter(|(_, &lsn)| lsn > 0) {
         wal.checkpoint(lsn, &[])?;
     }
     Ok(())
