@@ -92,6 +92,11 @@ impl Merged {
     pub fn orphans(&self) -> Option<(u64, u64)> {
         (self.max_seq > self.last_seq).then_some((self.last_seq + 1, self.max_seq))
     }
+
+    /// How many sequence numbers the orphans' range spans.
+    pub fn orphan_count(&self) -> u64 {
+        self.max_seq - self.last_seq
+    }
 }
 
 /// Merge the lanes' records (each lane oldest first) after a checkpoint that covers every

@@ -304,7 +304,7 @@ impl NodeLog {
             }));
         }
         log.void_orphans(&merged)?;
-        let orphans = merged.orphans().map_or(0, |(from, to)| to - from + 1);
+        let orphans = merged.orphan_count();
         Ok(Reopened { log, checkpoint: snapshot, records: merged.records, orphans })
     }
 
@@ -342,7 +342,7 @@ impl NodeLog {
             .collect();
         let log = Arc::new(NodeLog::new(lanes, &merged));
         log.void_orphans(&merged)?;
-        let orphans = merged.orphans().map_or(0, |(from, to)| to - from + 1);
+        let orphans = merged.orphan_count();
         Ok(Reopened { log, checkpoint: None, records: merged.records, orphans })
     }
 
