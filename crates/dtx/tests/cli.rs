@@ -28,7 +28,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--runtime", "cloud"], "--runtime"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),
         (&["bench", "--faults", "crash"], "--runtime sim"),
-        (&["bench", "--faults", "partition", "--runtime", "tcp"], "only --faults crash"),
+        (&["bench", "--faults", "loss", "--runtime", "tcp"], "only --faults crash, pause and partition"),
         (&["bench", "--faults", "crash", "--runtime", "tcp"], "add --durability wal or replicated"),
         (&["bench", "--latency-matrix", "/nonexistent/m.txt"], "latency matrix"),
         (&["bench", "--workload", "tpcc", "--warehouses", "0"], "--warehouses 0"),

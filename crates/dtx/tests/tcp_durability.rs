@@ -396,13 +396,14 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
     }
 }
 
-/// The nemesis of `--faults crash,pause` on tcp, for every ready protocol: the bench kills
-/// (kill -9) or stops (SIGSTOP) a random server of its own cluster every 700 ms and brings it
-/// back 200 ms later (restarted over its data folder, or SIGCONT), for the whole run. Each
+/// The nemesis of `--faults crash,pause,partition` on tcp, for every ready protocol: the bench
+/// kills (kill -9), stops (SIGSTOP) or cuts off (firewall rules in a network namespace of its
+/// own) a random server of its own cluster every 700 ms and brings it back 200 ms later
+/// (restarted over its data folder, SIGCONT, or the rules removed), for the whole run. Each
 /// history is serializable with every acknowledged append in the final read, and the JSON lists
 /// every fault with the time until its server answered again.
 #[test]
-fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
+fn random_servers_crashed_paused_and_cut_off_again_and_again_lose_nothing() {
     let runs = nemesis_runs("wal");
     assert!(
         runs.iter().all(|r| r["extra"]["served_again_ms_p50"].as_f64().is_some()),
@@ -410,11 +411,12 @@ fn random_servers_crashed_and_paused_again_and_again_lose_nothing() {
     );
 }
 
-/// The same nemesis with `--durability replicated --replicas 3`: a killed server's nodes are
-/// taken over by the replicas of their logs, and the server, restarted, reopens its replicas
-/// from its Raft journal and rejoins every log it is a voter of (to be killed again later).
+/// The same nemesis with `--durability replicated --replicas 3`: a killed (or stopped, or cut
+/// off) server's nodes are taken over by the replicas of their logs, and the server, restarted,
+/// reopens its replicas from its Raft journal and rejoins every log it is a voter of (to be
+/// hit again later).
 #[test]
-fn replicated_servers_crashed_and_paused_again_and_again_rejoin_and_lose_nothing() {
+fn replicated_servers_crashed_paused_and_cut_off_again_and_again_rejoin_and_lose_nothing() {
     let runs = nemesis_runs("replicated");
     let failovers: f64 = runs.iter().map(|r| r["extra"]["failovers"].as_f64().unwrap_or(0.0)).sum();
     assert!(failovers >= 1.0, "no node was taken over in {} nemesis runs", runs.len());
@@ -434,7 +436,7 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
         "--durability",
         durability,
         "--faults",
-        "crash,pause",
+        "crash,pause,partition",
         "--fault-every",
         "700ms",
         "--fault-duration",
@@ -478,7 +480,12 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
             assert!(e["served_again_ms"].as_f64().is_some_and(|ms| ms >= 200.0), "{protocol}: {e}");
         }
     }
-    assert_eq!(kinds.len(), 2, "both crashes and pauses: {kinds:?}");
+    assert_eq!(kinds.len(), 3, "crashes, pauses and partitions: {kinds:?}");
+    // The firewall rules did cut: some partition dropped packets between the servers.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dropped =
+        stderr.lines().filter_map(|l| l.split("the cut dropped ").nth(1)?.split(' ').next()?.parse::<u64>().ok());
+    assert!(dropped.sum::<u64>() > 0, "no partition dropped a packet: {}", describe(&out));
     runs
 }
 

@@ -85,10 +85,11 @@ pub struct BenchArgs {
     roles: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp: `crash` kills a
-    /// random server (kill -9) every --fault-every and starts it again after --fault-duration
-    /// (needs --durability wal; with replicated, one kill a third into the window), `pause`
-    /// stops one (SIGSTOP) and lets it go on (SIGCONT).
+    /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, every
+    /// --fault-every one of the faults asked for, on a random server, for --fault-duration:
+    /// `crash` kills it (kill -9) and starts it again over its data folder (needs --durability
+    /// wal or replicated), `pause` stops it (SIGSTOP, then SIGCONT), `partition` cuts its links
+    /// to the other servers (firewall rules in a network namespace of the run's own; needs root).
     #[arg(long, default_value = "")]
     faults: String,
     /// Packet loss probability when `loss` is among --faults.
@@ -300,15 +301,19 @@ impl BenchArgs {
                 }
             }
         }
-        let tcp_processes = self.runtime == "tcp" && !faults.partitions && faults.loss == 0.0;
+        let tcp_processes = self.runtime == "tcp" && faults.loss == 0.0;
         if faults.pauses && self.runtime != "tcp" {
             anyhow::bail!("--faults pause stops a server process (SIGSTOP): add --runtime tcp");
         }
         if faults.any() && self.runtime != "sim" && !tcp_processes {
             anyhow::bail!(
                 "--faults are injected by the simulator (add --runtime sim); with --runtime tcp, only \
-                 --faults crash and pause (kill -9 or SIGSTOP a server, then restart or continue it) are possible"
+                 --faults crash, pause and partition (kill -9, SIGSTOP or cut off a server, then restart, \
+                 continue or reconnect it) are possible"
             );
+        }
+        if self.runtime == "tcp" && faults.any() && self.cluster.is_some() {
+            anyhow::bail!("--faults on tcp act on servers the bench starts itself: leave out --cluster");
         }
         let mut rpc = RpcConfig {
             timeout_us: parse_duration_us(&self.rpc_timeout).context("--rpc-timeout")?,

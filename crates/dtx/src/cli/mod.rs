@@ -59,6 +59,11 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     check_request(req)?;
     // Validate every spec before running anything, so a bad flag fails at once.
     let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(&p.name)).collect::<anyhow::Result<_>>()?;
+    let partitions = specs.first().is_some_and(|s| s.faults.partitions);
+    if req.runtime == "tcp" && partitions && !crate::host::netns::inside() {
+        // The servers' links are cut by firewall rules in a network namespace of the run's own.
+        match crate::host::netns::rerun_inside()? {}
+    }
     let dir = results_dir(req);
     let mut runs: Vec<RunReport> = Vec::new();
     let mut all_ok = true;

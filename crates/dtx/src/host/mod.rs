@@ -2,11 +2,12 @@
 //! protocol (storage loaded, log recovered), starting their workers and the driver's clients,
 //! and adopting a node whose host failed, on each runtime: [`sim`] (deterministic simulation),
 //! [`local`] (threads of one process), [`tcp`] (one `dtx server` process per node, the servers'
-//! side in [`tcp_host`]). The bench above it chooses what to run and reports it.
+//! side in [`tcp_host`]; [`netns`] is the private network of `--faults partition` there). The bench above it chooses what to run and reports it.
 
 pub mod driver;
 pub mod local;
 pub mod metrics;
+pub mod netns;
 pub mod sim;
 pub mod tcp;
 pub mod tcp_host;

@@ -11,6 +11,7 @@
 
 use super::driver::{self, RunShared, Window};
 use super::metrics::{HistLine, Totals};
+use super::netns;
 use super::tcp_host::{Hosting, Takeover};
 use super::{build_node, build_workload, BenchSpec, Outcome};
 use crate::cluster::ClusterConfig;
@@ -709,18 +710,25 @@ impl Spawned {
         cmd.spawn().context("cannot start a dtx server process")
     }
 
-    /// Inject the run's process faults (`--faults crash,pause` on tcp), from `t0` on: every
-    /// `fault_interval_us`, a random server (from the run's seed) is killed with `kill -9` and
-    /// started again over its data folder `fault_duration_us` later, or stopped with SIGSTOP
-    /// and continued with SIGCONT; each event is timed until the server answers its control
-    /// connection again. A restarted server of a replicated run rejoins its logs from its
-    /// Raft journal.
+    /// Inject the run's faults (`--faults crash,pause,partition` on tcp), from `t0` on: every
+    /// `fault_interval_us`, the next of the kinds asked for (they take turns) hits a random
+    /// server (from the run's seed) for `fault_duration_us`: it is killed with `kill -9` and started again over
+    /// its data folder, stopped with SIGSTOP and continued with SIGCONT, or cut off from the
+    /// other servers by firewall rules and reconnected ([`netns`]). Each event is timed until
+    /// the server answers its control connection again. A restarted server of a replicated run
+    /// rejoins its logs from its Raft journal.
     fn nemesis(mut self, spec: &BenchSpec, addrs: Vec<SocketAddr>, t0: Instant) -> std::thread::JoinHandle<Nemesis> {
         let plan = spec.faults.clone();
         let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
         let (every, down) =
             (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
         let mut rng = crate::util::rng_from_seed(spec.seed ^ 0x006e_656d_6573_6973);
+        let kinds: Vec<&'static str> =
+            [(plan.crashes, "crash"), (plan.pauses, "pause"), (plan.partitions, "partition")]
+                .into_iter()
+                .filter_map(|(asked, kind)| asked.then_some(kind))
+                .collect();
+        let first_kind = rng.gen_range(0..kinds.len());
         std::thread::spawn(move || {
             let mut events = Vec::new();
             let end = warmup + duration;
@@ -728,9 +736,14 @@ impl Spawned {
             while at + down + Duration::from_millis(100) < end {
                 std::thread::sleep(at.saturating_sub(t0.elapsed()));
                 let node = rng.gen_range(0..addrs.len());
-                let crash = plan.crashes && (!plan.pauses || rng.gen_bool(0.5));
+                // The kinds take turns (from a random first one), so a short run sees each.
+                let kind = kinds[(first_kind + events.len()) % kinds.len()];
                 let started = t0.elapsed();
-                let undone = if crash { self.crash(node, down) } else { self.pause(node, down) };
+                let undone = match kind {
+                    "crash" => self.crash(node, down),
+                    "pause" => self.pause(node, down),
+                    _ => partition(node, addrs.len(), down),
+                };
                 if let Err(e) = undone {
                     eprintln!("dtx: --faults: node {node}: {e:#}");
                     break;
@@ -739,7 +752,7 @@ impl Spawned {
                     .and_then(|mut c| c.call(&json!({"cmd": "ping"})))
                     .map(|_| t0.elapsed().saturating_sub(started));
                 events.push(FaultEvent {
-                    kind: if crash { "crash" } else { "pause" }.to_string(),
+                    kind: kind.to_string(),
                     node: node as u32,
                     at_ms: started.as_secs_f64() * 1e3,
                     down_ms: down.as_secs_f64() * 1e3,
@@ -800,6 +813,17 @@ impl Spawned {
     }
 }
 
+/// Cut server `n` off from the other `servers` for `down`, then heal the cut. The firewall
+/// rules live in the run's own network namespace ([`netns`]).
+fn partition(n: usize, servers: usize, down: Duration) -> anyhow::Result<()> {
+    netns::cut_off(n, servers)?;
+    eprintln!("dtx: --faults partition: cut node {n}'s server off from the others; reconnecting it in {down:?}");
+    std::thread::sleep(down);
+    let dropped = netns::heal()?;
+    eprintln!("dtx: --faults partition: reconnected node {n}'s server; the cut dropped {dropped} packets");
+    Ok(())
+}
+
 /// What the fault thread hands back: the servers, and what it did to them.
 struct Nemesis {
     spawned: Spawned,
@@ -824,7 +848,14 @@ fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
 /// folder, so that a killed server takes the run up again when started anew.
 fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
     let base = free_base_port(spec.nodes, spec.workers)?;
-    let cfg = ClusterConfig::loopback(spec.nodes, spec.workers, base);
+    let mut cfg = ClusterConfig::loopback(spec.nodes, spec.workers, base);
+    if spec.faults.partitions {
+        // A cut is a firewall rule between two servers' addresses: each server gets its own.
+        anyhow::ensure!(netns::inside(), "--faults partition: the bench must run inside its own network namespace");
+        for (n, node) in cfg.nodes.iter_mut().enumerate() {
+            node.addr.set_ip(netns::server_ip(n).into());
+        }
+    }
     let dir = crate::util::TempDir::new("cluster")?;
     let path = dir.0.join("cluster.toml");
     std::fs::write(&path, cfg.to_toml())?;
@@ -850,8 +881,8 @@ fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
 /// Run one protocol's benchmark on a tcp cluster (started here unless `cluster` names one).
 pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
     let (cfg, spawned) = match cluster {
-        Some(_) if spec.faults.crashes => {
-            bail!("--faults crash kills servers the bench started itself: leave out --cluster")
+        Some(_) if spec.faults.any() => {
+            bail!("--faults on tcp act on servers the bench started itself: leave out --cluster")
         }
         Some(p) => (ClusterConfig::load(p)?, None),
         None => {
@@ -889,13 +920,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     }
     let t0 = Instant::now();
     let addrs: Vec<SocketAddr> = cfg.nodes.iter().map(|n| n.addr).collect();
-    let nemesis = spawned.map(|s| {
-        if spec.faults.crashes || spec.faults.pauses {
-            Err(s.nemesis(&spec, addrs.clone(), t0))
-        } else {
-            Ok(s)
-        }
-    });
+    let nemesis = spawned.map(|s| if spec.faults.any() { Err(s.nemesis(&spec, addrs.clone(), t0)) } else { Ok(s) });
     let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
     let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
     let waits: Vec<_> = ctl
@@ -1034,10 +1059,12 @@ fn fault_notes(totals: &Totals, takeovers: &[Takeover], events: &[FaultEvent]) -
         let back = served_again_sorted(events);
         let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));
         notes.push(format!(
-            "faults: {} injected ({} crashes, {} pauses); median time from a fault to the server answering again {median}",
+            "faults: {} injected ({} crashes, {} pauses, {} partitions); median time from a fault to the server \
+             answering again {median}",
             events.len(),
             events.iter().filter(|e| e.kind == "crash").count(),
             events.iter().filter(|e| e.kind == "pause").count(),
+            events.iter().filter(|e| e.kind == "partition").count(),
         ));
     }
     notes

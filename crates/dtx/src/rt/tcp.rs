@@ -230,7 +230,7 @@ impl TcpNet {
 
     fn connect(&mut self, dst: Addr) -> anyhow::Result<usize> {
         let addr = (self.peers)(dst);
-        let stream = TcpStream::connect(addr)?;
+        let stream = self.connect_from_own_address(addr)?;
         stream.set_nodelay(true)?;
         let mut pending = Vec::with_capacity(64 << 10);
         pending.extend_from_slice(MAGIC);
@@ -242,6 +242,25 @@ impl TcpNet {
         }
         self.out_index.insert(dst, i);
         Ok(i)
+    }
+
+    /// A non-blocking connection to `addr` that leaves from the address this worker listens on
+    /// (when it listens on one address, not on all): a peer, a log line and a firewall rule
+    /// then see one address per host, which is what `--faults partition` cuts by.
+    fn connect_from_own_address(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let own = self.listener.local_addr()?.ip();
+        if own.is_unspecified() || own.is_ipv4() != addr.is_ipv4() {
+            return TcpStream::connect(addr);
+        }
+        let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&SocketAddr::new(own, 0).into())?;
+        match socket.connect(&addr.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(TcpStream::from_std(socket.into()))
     }
 
     fn flush(&mut self, i: usize) {
