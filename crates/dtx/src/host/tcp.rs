@@ -490,7 +490,7 @@ impl Server {
     fn hosting(&self) -> anyhow::Result<Arc<Hosting>> {
         let guard = self.run.lock();
         let run = guard.as_ref().context("no run prepared on this node")?;
-        run.hosting.clone().context("this server serves no node in this run (another server took its node over)")
+        run.hosting.clone().context(super::tcp_host::SERVES_NO_NODE)
     }
 
     /// Start an after-run job on worker 0 of a node this server serves; returns where it reports.
@@ -785,11 +785,23 @@ impl Spawned {
             match self.exited(n) {
                 None => return Ok(()),
                 Some(status) if Instant::now() < deadline => {
-                    eprintln!("dtx: --faults crash: node {n}'s server exited at once ({status}); starting it again");
+                    eprintln!(
+                        "dtx: --faults crash: node {n}'s server exited at once ({status}{}); starting it again",
+                        self.last_error(n).map_or(String::new(), |e| format!(": {e}"))
+                    );
                 }
-                Some(status) => bail!("node {n}'s server keeps exiting after a restart ({status})"),
+                Some(status) => bail!(
+                    "node {n}'s server keeps exiting after a restart ({status}{})",
+                    self.last_error(n).map_or(String::new(), |e| format!(": {e}"))
+                ),
             }
         }
+    }
+
+    /// The last error server `n` wrote to its log, if any.
+    fn last_error(&self, n: usize) -> Option<String> {
+        let log = std::fs::read_to_string(self.dir.0.join(format!("node{n}.log"))).ok()?;
+        log.lines().rev().find(|l| l.contains("error")).map(str::to_string)
     }
 
     /// How server `n` exited, if it did.
@@ -1012,25 +1024,48 @@ fn after_run_jobs(
     serving: &[bool],
     totals: &mut Totals,
 ) -> anyhow::Result<Option<Result<HistLine, String>>> {
-    let Some(runner) = serving.iter().position(|&s| s) else { bail!("no server serves a node at the end of the run") };
     let mut final_read = None;
     if spec.record_history {
-        final_read = Some(match ctl[runner].call(&json!({"cmd": "final_read"})) {
+        final_read = Some(match call_a_serving_server(ctl, serving, &json!({"cmd": "final_read"})) {
             Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
             Err(e) => Err(format!("{e:#}")),
         });
     }
     if spec.run_checks {
-        let v = ctl[runner].call(&json!({"cmd": "final_checks"}))?;
+        let v = call_a_serving_server(ctl, serving, &json!({"cmd": "final_checks"}))?;
         let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
         totals.findings.extend(f);
         for (c, _) in ctl.iter_mut().zip(serving).filter(|(_, &s)| s) {
-            let v = c.call(&json!({"cmd": "findings"}))?;
+            let v = match c.call(&json!({"cmd": "findings"})) {
+                // Taken over since the run ended: its node's new server reports the node.
+                Err(e) if is_serving_no_node(&e) => continue,
+                v => v?,
+            };
             let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
             totals.findings.extend(f);
         }
     }
     Ok(final_read)
+}
+
+/// Ask the servers `cmd`, those that served a node when the run ended first, until one answers:
+/// a server stopped or cut off late in the run can be taken over after the run's end, between
+/// the bench's look and its question, and then answers [`super::tcp_host::SERVES_NO_NODE`].
+fn call_a_serving_server(ctl: &mut [Control], serving: &[bool], cmd: &Value) -> anyhow::Result<Value> {
+    let order: Vec<usize> =
+        (0..ctl.len()).filter(|&i| serving[i]).chain((0..ctl.len()).filter(|&i| !serving[i])).collect();
+    let mut last = None;
+    for i in order {
+        match ctl[i].call(cmd) {
+            Ok(v) => return Ok(v),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no server serves a node at the end of the run")))
+}
+
+fn is_serving_no_node(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains(super::tcp_host::SERVES_NO_NODE)
 }
 
 /// A note per server that died: taken over (how soon, how long the rebuild took) or restarted.

@@ -38,6 +38,10 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// What a server answers an after-run job once another server took over every node it served
+/// (the bench then asks another server).
+pub const SERVES_NO_NODE: &str = "this server serves no node now (it was taken over by another)";
+
 /// How long a host that takes a node over waits for the node's ports to be free (the old
 /// process dying, or stopping the node's threads after it lost the node's log).
 const PORT_PATIENCE: Duration = Duration::from_secs(10);
@@ -273,10 +277,11 @@ impl Hosting {
         }
     }
 
-    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs).
+    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs); fails with
+    /// [`SERVES_NO_NODE`] when its nodes were all taken over.
     pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<()> {
         let nodes = self.nodes.lock();
-        let n = nodes.first().context("this server serves no node now (it was taken over by another)")?;
+        let n = nodes.first().context(SERVES_NO_NODE)?;
         n.handles[0].push_command(cmd);
         Ok(())
     }

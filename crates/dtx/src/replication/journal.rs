@@ -31,6 +31,9 @@ use std::rc::Rc;
 
 const MAGIC: &[u8; 8] = b"DTXRAFT1";
 const HEADER_BYTES: usize = 24;
+/// An `Append` op encoding to more than this is split (half the WAL's record limit, so that
+/// each half of one just over it is well under the limit).
+const MAX_OP_BYTES: usize = crate::wal::MAX_RECORD_BYTES / 2;
 
 /// One entry of a replicated log, as the journal keeps it (membership never changes, so every
 /// entry is an ordinary one).
@@ -157,9 +160,26 @@ impl Journal {
         }
     }
 
-    /// Buffers one op; [`sync`](Self::sync) makes it durable.
+    /// Buffers one op; [`sync`](Self::sync) makes it durable. An `Append` whose record would
+    /// be over the journal's record limit is written as several, each of consecutive entries
+    /// (the same change: each replaces the suffix from its first index, which the one before
+    /// ended at). A log whose state is not compacted (over the snapshot limit) is rewritten as
+    /// one `Append` of everything it holds, which outgrew one record.
     pub fn write(&mut self, op: &JournalOp) {
         let payload = postcard::to_allocvec(op).expect("a journal op always encodes");
+        if let JournalOp::Append { group, entries } = op {
+            if payload.len() > MAX_OP_BYTES && entries.len() > 1 {
+                let (first, rest) = entries.split_at(entries.len() / 2);
+                self.write(&JournalOp::Append { group: *group, entries: first.to_vec() });
+                self.write(&JournalOp::Append { group: *group, entries: rest.to_vec() });
+                return;
+            }
+        }
+        assert!(
+            payload.len() <= crate::wal::MAX_RECORD_BYTES,
+            "a journal op of {} bytes: a snapshot or an entry over the record limit",
+            payload.len()
+        );
         let before = self.buf.len();
         encode_record(self.next_seq, &payload, &mut self.buf);
         self.len_bytes += (self.buf.len() - before) as u64;
@@ -376,6 +396,31 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let e = Journal::open_file(&path, 1, 0).err().unwrap().to_string();
         assert!(e.contains("corrupt at offset"), "{e}");
+    }
+
+    /// A log's entries that outgrew one record (a group whose state is over the snapshot limit
+    /// is never compacted, and a rewrite journals all of it as one `Append`) are written as
+    /// several records, and read back as the same entries. The soak found a journal that did
+    /// not reopen: its first record was 22 MB, over the reader's limit.
+    #[test]
+    fn an_append_over_the_record_limit_is_split_and_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.journal");
+        let entry = |index| JournalEntry { index, term: 1, data: vec![index as u8; 1 << 20] };
+        let entries: Vec<JournalEntry> = (1..=40).map(entry).collect();
+        let mut j = Journal::create_file(&path, 5, 0).unwrap();
+        j.rewrite(&[JournalOp::Append { group: 0, entries: entries.clone() }]).unwrap();
+        drop(j);
+        let (_, ops) = Journal::open_file(&path, 5, 0).expect("reopens");
+        assert!(ops.len() >= 4, "split into records under the limit: {} ops", ops.len());
+        let back: Vec<JournalEntry> = ops
+            .into_iter()
+            .flat_map(|op| match op {
+                JournalOp::Append { entries, .. } => entries,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(back, entries);
     }
 
     #[test]

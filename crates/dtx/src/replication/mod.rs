@@ -149,10 +149,12 @@ impl DurabilityConfig {
     pub fn open_wal(&self, dir: PathBuf, node: u16, lanes: usize) -> anyhow::Result<OpenedWal> {
         let mut opened = Vec::new();
         let mut checkpoint = None;
-        // Every lane there is to be written, and any an earlier run with more workers left.
-        let lane_count = (lanes.max(1)..).find(|&lane| !lane_dir(&dir, lane).exists()).unwrap_or(lanes.max(1));
-        let cfgs = (0..lane_count).map(|lane| self.wal_config(lane_dir(&dir, lane), node)).collect();
-        for (lane, (wal, recovered)) in wal::Wal::open_group(cfgs)?.into_iter().enumerate() {
+        for lane in 0.. {
+            let lane_dir = lane_dir(&dir, lane);
+            if lane >= lanes.max(1) && !lane_dir.exists() {
+                break;
+            }
+            let (wal, recovered) = wal::Wal::open(self.wal_config(lane_dir, node))?;
             if let Some((path, offset)) = &recovered.torn_tail {
                 crate::rt::log_warn(&format!(
                     "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",

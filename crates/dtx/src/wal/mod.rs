@@ -23,16 +23,12 @@
 //! The module is split by concern: [`format`] the bytes of records, segment headers and
 //! checkpoints (pure, shared with the simulated disk); [`files`] the directory: atomic writes,
 //! the lock, recovery of segments and checkpoints; [`writer`] the log itself: the append buffer,
-//! the flusher thread, group commit and the durable LSN; [`group`] one flusher for several logs
-//! (a node's lanes, [`Wal::open_group`]), which cuts and syncs them together.
+//! the flusher thread, group commit and the durable LSN.
 
 mod files;
 pub use files::{append_whole_or_nothing, FailedAppend};
 pub mod format;
-mod group;
 mod writer;
-
-use group::FlushSignal;
 
 use files::*;
 pub use format::*;

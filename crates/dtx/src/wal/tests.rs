@@ -155,54 +155,6 @@ fn group_commit_shares_fsyncs() {
     assert_eq!(callbacks.load(Ordering::Relaxed) as u64, stats.flushes_by_size + stats.flushes_by_time);
 }
 
-/// A group's logs are flushed by one thread at one cut: a record appended to one log becomes
-/// durable with the other log's records appended before it; each log closes on its own, rolls
-/// its own segments, and reopens (alone or in a group) with every record.
-#[test]
-fn a_group_of_logs_is_cut_and_synced_together_and_closes_log_by_log() {
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let cfgs = || {
-        dirs.iter()
-            .map(|d| WalConfig { group_commit_delay_us: 2_000, segment_bytes: 2048, ..config(d.path()) })
-            .collect::<Vec<_>>()
-    };
-    let opened = Wal::open_group(cfgs()).unwrap();
-    let (a, b) = (opened[0].0.clone(), opened[1].0.clone());
-    append_all(&a, 1..101);
-    append_all(&b, 1..3);
-    b.wait_durable(2).unwrap();
-    // The cut that made b's records durable took a's, appended before them, too.
-    assert_eq!(a.durable_lsn(), 100, "a's records were cut with b's");
-    append_all(&b, 3..201);
-    b.close();
-    assert_eq!(b.durable_lsn(), 200, "closing flushes the log's last records");
-    assert!(b.append(&payload(201)).is_err(), "a closed log refuses appends");
-    append_all(&a, 101..151);
-    a.wait_durable(150).unwrap();
-    a.close();
-    assert!(a.stats().fsyncs == 0 && b.stats().group_writes >= 2, "{:?}", b.stats());
-    drop((opened, a, b));
-    assert!(segment_files(dirs[1].path()).len() > 5, "each log rolls its own segments");
-    let (_alone, recovered) = Wal::open(cfgs().remove(0)).unwrap();
-    assert_records(&recovered, 1..151);
-    drop(_alone);
-    let reopened = Wal::open_group(cfgs()).unwrap();
-    assert_records(&reopened[0].1, 1..151);
-    assert_records(&reopened[1].1, 1..201);
-}
-
-/// A group that cannot open one of its logs opens none and leaves nothing locked.
-#[test]
-fn a_group_with_a_log_that_does_not_open_releases_the_others() {
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let cfgs = || dirs.iter().map(|d| config(d.path())).collect::<Vec<_>>();
-    let (held, _) = Wal::open(cfgs().remove(1)).unwrap();
-    let err = Wal::open_group(cfgs()).err().expect("the second log is open elsewhere");
-    assert!(matches!(err, WalError::Locked { .. }), "{err}");
-    drop(held);
-    let _ = Wal::open(cfgs().remove(0)).expect("the first log was released");
-}
-
 #[test]
 fn flush_by_size_and_memory_bound() {
     let dir = tempfile::tempdir().unwrap();

@@ -106,9 +106,6 @@ pub(super) struct Shared {
     /// The newest checkpoint's LSN; the lock also serializes `checkpoint` calls.
     pub(super) newest_checkpoint: Mutex<Option<Lsn>>,
     pub(super) io: IoCounters,
-    /// Set when the log is one of a group flushed by one thread ([`super::group`]): appenders
-    /// signal that thread instead of `work_cv`.
-    pub(super) group: Option<Arc<FlushSignal>>,
 }
 
 /// A write-ahead log with group commit; shared as `Arc<Wal>`.
@@ -181,30 +178,9 @@ impl Wal {
         max_unwritten_bytes: usize,
         lock: DirLock,
     ) -> Result<(Arc<Wal>, Recovered), WalError> {
-        let started = Self::recover(cfg, max_unwritten_bytes, &lock, None)
-            .and_then(|(shared, active, recovered)| Ok((spawn_flusher(shared.clone(), active)?, shared, recovered)));
-        match started {
-            Ok((flusher, shared, recovered)) => {
+        match Self::recover(cfg, max_unwritten_bytes, &lock) {
+            Ok((shared, flusher, recovered)) => {
                 Ok((Arc::new(Wal { shared, flusher: Mutex::new(Some(flusher)), lock }), recovered))
-            }
-            Err(e) => {
-                lock.release();
-                Err(e)
-            }
-        }
-    }
-
-    /// Recovers the directory of `cfg` as [`Wal::open`] does, without starting a flusher:
-    /// returns the log and the segment file its flusher is to append to.
-    pub(super) fn recover_unstarted(
-        cfg: WalConfig,
-        group: Arc<FlushSignal>,
-    ) -> Result<(Arc<Wal>, ActiveSegment, Recovered), WalError> {
-        fs::create_dir_all(&cfg.dir).map_err(io_error("create the write-ahead log directory", &cfg.dir))?;
-        let lock = DirLock::take(&cfg.dir)?;
-        match Self::recover(cfg, MAX_UNWRITTEN_BYTES, &lock, Some(group)) {
-            Ok((shared, active, recovered)) => {
-                Ok((Arc::new(Wal { shared, flusher: Mutex::new(None), lock }), active, recovered))
             }
             Err(e) => {
                 lock.release();
@@ -217,8 +193,7 @@ impl Wal {
         cfg: WalConfig,
         max_unwritten_bytes: usize,
         _lock: &DirLock,
-        group: Option<Arc<FlushSignal>>,
-    ) -> Result<(Arc<Shared>, ActiveSegment, Recovered), WalError> {
+    ) -> Result<(Arc<Shared>, JoinHandle<()>, Recovered), WalError> {
         let listing = list_dir(&cfg.dir)?;
         remove_temps(&listing)?;
         let checkpoint = load_checkpoint(&cfg, &listing.checkpoints)?;
@@ -229,15 +204,15 @@ impl Wal {
         }
         let active = open_active_segment(&cfg, &mut replay, checkpoint_lsn)?;
         let next_lsn = replay.last_lsn.max(checkpoint_lsn) + 1;
-        let path = replay.segments.back().map(|(_, p)| p.clone()).unwrap_or_default();
-        let newest = checkpoint.as_ref().map(|c| c.lsn);
-        let shared = Arc::new(Shared::new(cfg, max_unwritten_bytes, next_lsn, newest, &mut replay, group));
+        let shared =
+            Arc::new(Shared::new(cfg, max_unwritten_bytes, next_lsn, checkpoint.as_ref().map(|c| c.lsn), &mut replay));
+        let flusher = spawn_flusher(shared.clone(), active)?;
         let recovered = Recovered {
             checkpoint: checkpoint.map(|c| (c.lsn, c.snapshot)),
             records: std::mem::take(&mut replay.records),
             torn_tail: replay.torn_tail,
         };
-        Ok((shared, ActiveSegment { file: active, path }, recovered))
+        Ok((shared, flusher, recovered))
     }
 
     /// Buffers one record and returns its LSN at once: a checksum of the payload, then a memcpy
@@ -283,7 +258,7 @@ impl Wal {
         drop(state);
         // The flusher needs waking only to start its timer (first record) or to flush now (size).
         if was_empty || crossed {
-            shared.kick_flusher();
+            shared.work_cv.notify_one();
         }
         Ok(lsn)
     }
@@ -364,22 +339,13 @@ impl Wal {
     /// Flushes what is buffered and stops the flusher thread; later appends fail with `Closed`.
     /// Idempotent; also done on drop.
     pub fn close(&self) {
-        let shared = &*self.shared;
-        shared.state.lock().closing = true;
-        shared.kick_flusher();
-        shared.work_cv.notify_all();
-        shared.space_cv.notify_all();
+        self.shared.state.lock().closing = true;
+        self.shared.work_cv.notify_all();
+        self.shared.space_cv.notify_all();
         let handle = self.flusher.lock().take();
         // Joining from the flusher itself (close called from the on-durable callback) would hang.
         if let Some(handle) = handle.filter(|h| h.thread().id() != std::thread::current().id()) {
             let _ = handle.join();
-        }
-        // A log of a group has no flusher of its own: wait until the group's has written its last.
-        if shared.group.as_ref().is_some_and(|g| !g.is_flusher_thread()) {
-            let mut state = shared.state.lock();
-            while !state.flusher_done {
-                shared.durable_cv.wait(&mut state);
-            }
         }
         self.lock.release();
     }
@@ -423,7 +389,6 @@ impl Shared {
         next_lsn: Lsn,
         checkpoint_lsn: Option<Lsn>,
         replay: &mut Replay,
-        group: Option<Arc<FlushSignal>>,
     ) -> Shared {
         let durable = next_lsn - 1;
         let state = State {
@@ -454,17 +419,6 @@ impl Shared {
             segments: Mutex::new(std::mem::take(&mut replay.segments)),
             newest_checkpoint: Mutex::new(checkpoint_lsn),
             io: IoCounters::default(),
-            group,
-        }
-    }
-
-    /// Wake whoever flushes this log: its own flusher, or its group's.
-    pub(super) fn kick_flusher(&self) {
-        match &self.group {
-            Some(group) => group.kick(),
-            None => {
-                self.work_cv.notify_one();
-            }
         }
     }
 
@@ -476,7 +430,7 @@ impl Shared {
             && !state.closing
         {
             state.append_waits += 1;
-            self.kick_flusher();
+            self.work_cv.notify_one();
             self.space_cv.wait(state);
         }
     }
@@ -541,18 +495,19 @@ fn write_whole_or_nothing(segment: &mut ActiveSegment, bytes: &[u8]) -> Result<(
     })
 }
 
-pub(super) fn spawn_flusher(shared: Arc<Shared>, segment: ActiveSegment) -> Result<JoinHandle<()>, WalError> {
+pub(super) fn spawn_flusher(shared: Arc<Shared>, file: File) -> Result<JoinHandle<()>, WalError> {
+    let path = shared.segments.lock().back().map(|(_, p)| p.clone()).unwrap_or_default();
     let dir = shared.cfg.dir.clone();
     std::thread::Builder::new()
         .name("dtx-wal-flusher".into())
-        .spawn(move || run_flusher(&shared, segment))
+        .spawn(move || run_flusher(&shared, ActiveSegment { file, path }))
         .map_err(io_error("start the flusher thread for", &dir))
 }
 
 pub(super) fn run_flusher(shared: &Shared, mut segment: ActiveSegment) {
     let mut spare = Vec::new();
     while let Some(batch) = shared.next_batch(&mut spare) {
-        let written = shared.write_batch(&mut segment, &batch, true);
+        let written = shared.write_batch(&mut segment, &batch);
         spare = batch.bytes;
         spare.clear();
         match written {
@@ -584,19 +539,14 @@ impl Shared {
             let started = state.first_unflushed_at.unwrap_or_else(Instant::now);
             self.work_cv.wait_until(&mut state, started + Duration::from_micros(self.cfg.group_commit_delay_us));
         };
-        Some(self.take_batch(&mut state, trigger, spare))
-    }
-
-    /// Take the whole buffer as one group (flushed for `trigger`), leaving `spare` in its place.
-    pub(super) fn take_batch(&self, state: &mut State, trigger: Trigger, spare: &mut Vec<u8>) -> Batch {
         self.count_trigger(trigger);
         let bytes = std::mem::replace(&mut state.buf, std::mem::take(spare));
         state.in_flight_bytes = bytes.len();
         state.first_unflushed_at = None;
-        Batch { bytes, rolls: std::mem::take(&mut state.rolls), last_lsn: state.next_lsn - 1 }
+        Some(Batch { bytes, rolls: std::mem::take(&mut state.rolls), last_lsn: state.next_lsn - 1 })
     }
 
-    pub(super) fn flush_due(&self, state: &State) -> Option<Trigger> {
+    fn flush_due(&self, state: &State) -> Option<Trigger> {
         if state.closing {
             return Some(Trigger::Close);
         }
@@ -618,38 +568,24 @@ impl Shared {
     }
 
     /// Writes a group: one write and one fdatasync per segment it touches; at each roll point the
-    /// current segment is complete and synced before the next is created. Without `sync_last`
-    /// the last segment's write is left for the caller to sync ([`Shared::sync`]).
-    pub(super) fn write_batch(
-        &self,
-        segment: &mut ActiveSegment,
-        batch: &Batch,
-        sync_last: bool,
-    ) -> Result<(), WalError> {
+    /// current segment is complete and synced before the next is created.
+    fn write_batch(&self, segment: &mut ActiveSegment, batch: &Batch) -> Result<(), WalError> {
         let mut start = 0;
         for roll in &batch.rolls {
-            self.write_and_sync(segment, &batch.bytes[start..roll.at], true)?;
+            self.write_and_sync(segment, &batch.bytes[start..roll.at])?;
             *segment = self.roll_segment(roll.first_lsn)?;
             start = roll.at;
         }
-        self.write_and_sync(segment, &batch.bytes[start..], sync_last)
+        self.write_and_sync(segment, &batch.bytes[start..])
     }
 
-    fn write_and_sync(&self, segment: &mut ActiveSegment, bytes: &[u8], sync: bool) -> Result<(), WalError> {
+    fn write_and_sync(&self, segment: &mut ActiveSegment, bytes: &[u8]) -> Result<(), WalError> {
         if bytes.is_empty() {
             return Ok(());
         }
         let path = segment.path.clone();
         self.while_disk_full(&path, || write_whole_or_nothing(segment, bytes))?;
         self.io.group_writes.fetch_add(1, Ordering::Relaxed);
-        if sync {
-            self.sync(segment)?;
-        }
-        Ok(())
-    }
-
-    /// fdatasync the segment (unless the log runs without fsync), counted.
-    pub(super) fn sync(&self, segment: &ActiveSegment) -> Result<(), WalError> {
         if !self.cfg.fsync {
             return Ok(());
         }
@@ -700,7 +636,7 @@ impl Shared {
         Ok(ActiveSegment { file, path })
     }
 
-    pub(super) fn mark_durable(&self, lsn: Lsn) {
+    fn mark_durable(&self, lsn: Lsn) {
         let mut state = self.state.lock();
         state.in_flight_bytes = 0;
         state.durable_lsn = lsn;
@@ -717,7 +653,7 @@ impl Shared {
     /// kernel may have dropped the dirty pages), so the log stops: nothing later may become durable.
     /// Said on stderr, with the file and the error; commits waiting for it are never
     /// acknowledged, and a restart recovers what was durable.
-    pub(super) fn fail(&self, error: WalError) {
+    fn fail(&self, error: WalError) {
         eprintln!(
             "dtx: error: {error} The write-ahead log in {} stopped: nothing more is acknowledged. Replace or \
              repair the disk, then restart the server: it recovers every acknowledged commit from the log.",
