@@ -144,29 +144,29 @@ impl DurabilityConfig {
         Ok(())
     }
 
-    /// Open (or create) node `node`'s log with `lanes` lanes (one WAL each; more if the
-    /// directory holds more from an earlier run): lane 0 in `dir`, lane k in `dir-lane-k`.
+    /// Open (or create) node `node`'s log in `dir`, one WAL whose `lanes` append lanes are its
+    /// lanes (a log written with another number of lanes recovers the same way).
     pub fn open_wal(&self, dir: PathBuf, node: u16, lanes: usize) -> anyhow::Result<OpenedWal> {
-        let mut opened = Vec::new();
-        let mut checkpoint = None;
-        for lane in 0.. {
-            let lane_dir = lane_dir(&dir, lane);
-            if lane >= lanes.max(1) && !lane_dir.exists() {
-                break;
-            }
-            let (wal, recovered) = wal::Wal::open(self.wal_config(lane_dir, node))?;
-            if let Some((path, offset)) = &recovered.torn_tail {
-                crate::rt::log_warn(&format!(
-                    "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
-                    path.display()
-                ));
-            }
-            if lane == 0 {
-                checkpoint = recovered.checkpoint.map(|c| c.1);
-            }
-            opened.push((wal, recovered.records.into_iter().map(|(_, r)| r).collect()));
+        let old_lane = lane_dir(&dir, 1);
+        if old_lane.exists() {
+            anyhow::bail!(
+                "node {node}: {} holds a log lane in a folder of its own, as dtx wrote them before lanes shared one \
+                 file; this version cannot read it: use another --data-dir",
+                old_lane.display()
+            );
         }
-        let reopened = NodeLog::over_wals(opened, checkpoint).map_err(|e| {
+        let mut cfg = self.wal_config(dir.clone(), node);
+        cfg.lanes = lanes.max(1);
+        let (wal, recovered) = wal::Wal::open(cfg)?;
+        if let Some((path, offset)) = &recovered.torn_tail {
+            crate::rt::log_warn(&format!(
+                "node {node}: a torn last record in {} was cut at byte {offset} (a crash during a write)",
+                path.display()
+            ));
+        }
+        let checkpoint = recovered.checkpoint.map(|c| c.1);
+        let records = recovered.records.into_iter().map(|(_, r)| r).collect();
+        let reopened = NodeLog::over_wal(wal, records, checkpoint).map_err(|e| {
             anyhow::anyhow!(
                 "node {node}: the log in {} does not recover: {e}; it was written by another version of dtx, or \
                  is corrupt: use another --data-dir",
@@ -193,16 +193,11 @@ impl DurabilityConfig {
     }
 }
 
-/// Where lane `lane` of the log in `dir` lives: `dir` itself for lane 0.
-pub fn lane_dir(dir: &std::path::Path, lane: usize) -> PathBuf {
-    match lane {
-        0 => dir.to_path_buf(),
-        k => {
-            let mut name = dir.as_os_str().to_owned();
-            name.push(format!("-lane-{k}"));
-            PathBuf::from(name)
-        }
-    }
+/// Where an earlier version kept lane `lane` (k > 0) of the log in `dir`: a folder of its own.
+fn lane_dir(dir: &std::path::Path, lane: usize) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(format!("-lane-{lane}"));
+    PathBuf::from(name)
 }
 
 /// A node's log as it was found: its newest checkpoint and the records after it.

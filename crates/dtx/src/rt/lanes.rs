@@ -99,6 +99,23 @@ impl Merged {
     }
 }
 
+/// A WAL's records (WAL order) as the lanes' runs [`merge`] takes: a cut writes each lane's
+/// records in a run, in sequence order, one lane after another, so a new run starts wherever the
+/// sequence number does not increase. (Which lane a run came from does not matter to the merge.)
+pub fn runs(records: &[Vec<u8>]) -> Vec<Vec<&[u8]>> {
+    let mut runs: Vec<Vec<&[u8]>> = Vec::new();
+    let mut previous = u64::MAX;
+    for r in records {
+        let seq = decode(r).map_or(0, |d| d.seq());
+        if seq <= previous || runs.is_empty() {
+            runs.push(Vec::new());
+        }
+        previous = seq;
+        runs.last_mut().expect("a run").push(r.as_slice());
+    }
+    runs
+}
+
 /// Merge the lanes' records (each lane oldest first) after a checkpoint that covers every
 /// sequence number up to `after`. Fails on a record that does not decode or a lane whose
 /// sequence numbers do not increase: a foreign or corrupt log, which recovery must not guess at.
@@ -125,7 +142,9 @@ where
             max_seq = max_seq.max(seq);
             match r {
                 LaneRecord::Record { body, .. } if seq > after => {
-                    bodies.insert(seq, body);
+                    if bodies.insert(seq, body).is_some() {
+                        return Err(format!("lane {lane}: sequence number {seq} is in the log twice"));
+                    }
                 }
                 LaneRecord::Record { .. } => {}
                 LaneRecord::Void { from, to, .. } => {
@@ -211,6 +230,25 @@ mod tests {
         let m = run(&lanes, 2);
         assert_eq!(m.records, vec![b"c".to_vec(), b"d".to_vec()]);
         assert_eq!(run(&[vec![], vec![]], 9), Merged { records: vec![], last_seq: 9, max_seq: 9 });
+    }
+
+    #[test]
+    fn one_file_of_cuts_splits_into_runs_that_merge() {
+        // Two cuts of two lanes: lane 0 then lane 1 in each; the second cut lost lane 1's tail.
+        let file = vec![rec(1, b"a"), rec(3, b"c"), rec(2, b"b"), rec(4, b"d"), rec(6, b"f"), rec(5, b"e")];
+        let runs = runs(&file);
+        assert_eq!(runs.len(), 3, "a run starts where the number does not increase");
+        let m = merge(runs, 0).expect("merges");
+        assert_eq!(m.records.len(), 6);
+        let torn = vec![rec(1, b"a"), rec(2, b"b"), rec(4, b"d"), rec(3, b"c")];
+        let m = merge(runs_of(&torn), 0).expect("merges");
+        assert_eq!((m.last_seq, m.orphans()), (4, None));
+        let twice = vec![rec(1, b"a"), rec(1, b"a")];
+        assert!(merge(runs_of(&twice), 0).unwrap_err().contains("twice"));
+    }
+
+    fn runs_of(file: &[Vec<u8>]) -> Vec<Vec<&[u8]>> {
+        runs(file)
     }
 
     #[test]

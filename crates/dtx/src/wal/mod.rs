@@ -23,12 +23,16 @@
 //! The module is split by concern: [`format`] the bytes of records, segment headers and
 //! checkpoints (pure, shared with the simulated disk); [`files`] the directory: atomic writes,
 //! the lock, recovery of segments and checkpoints; [`writer`] the log itself: the append buffer,
-//! the flusher thread, group commit and the durable LSN.
+//! the flusher thread, group commit and the durable LSN; [`lanes`] the append lanes (one buffer
+//! per appending thread, numbered at the flusher's cut).
 
 mod files;
 pub use files::{append_whole_or_nothing, FailedAppend};
 pub mod format;
+mod lanes;
 mod writer;
+
+use lanes::AppendLane;
 
 use files::*;
 pub use format::*;
@@ -40,7 +44,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -87,6 +91,9 @@ pub struct WalConfig {
     pub group_commit_delay_us: u64,
     /// fdatasync after each group write; false only for tests of speed (nothing is then synced).
     pub fsync: bool,
+    /// Append lanes ([`Wal::append_to_lane`]): one buffer per appending thread, cut together
+    /// into the one file.
+    pub lanes: usize,
 }
 
 impl WalConfig {
@@ -99,6 +106,7 @@ impl WalConfig {
             group_commit_bytes: 256 << 10,
             group_commit_delay_us: 200,
             fsync: true,
+            lanes: 1,
         }
     }
 

@@ -130,7 +130,7 @@ fn group_commit_shares_fsyncs() {
     let (wal, _) = Wal::open(cfg).unwrap();
     let callbacks = Arc::new(AtomicUsize::new(0));
     let seen = callbacks.clone();
-    wal.set_on_durable(Box::new(move |_| {
+    wal.set_on_durable(Box::new(move |_, _| {
         seen.fetch_add(1, Ordering::Relaxed);
     }));
     let threads: Vec<_> = (0..4)
@@ -344,4 +344,51 @@ fn oversized_record_is_refused() {
     wal.close();
     assert!(matches!(wal.append(b"late"), Err(WalError::Closed { .. })));
     assert_eq!(wal.durable_lsn(), 1);
+}
+
+/// Records appended to two lanes get their LSNs at the cut, in one file: each lane's records in
+/// order, every record once; the on-durable callback reports each lane's last durable record;
+/// a lane record's `head` runs under its lane's lock with the record's number in the lane.
+#[test]
+fn lanes_are_cut_into_one_file_and_report_their_durable_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.lanes = 2;
+    cfg.segment_bytes = 4096;
+    let (wal, _) = Wal::open(cfg.clone()).unwrap();
+    let marks = Arc::new(Mutex::new(vec![0u64, 0]));
+    let seen = marks.clone();
+    wal.set_on_durable(Box::new(move |_, m| seen.lock().copy_from_slice(m)));
+    let threads: Vec<_> = (0..2usize)
+        .map(|lane| {
+            let wal = wal.clone();
+            std::thread::spawn(move || {
+                for i in 1..=300u64 {
+                    let n = wal.append_to_lane(lane, &payload(i), |n| [lane as u8, n as u8]).unwrap();
+                    assert_eq!(n, i, "a lane numbers its own records");
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    wal.wait_durable(600).unwrap();
+    assert_eq!(*marks.lock(), vec![300, 300]);
+    assert!(wal.append_to_lane(1, b"x", |_| [0u8; 0]).is_ok());
+    wal.close();
+    assert!(wal.append_to_lane(0, b"x", |_| [0u8; 0]).is_err(), "a closed log refuses lane appends");
+    assert_eq!(wal.stats().records, 601);
+    drop(wal);
+    let (_wal, recovered) = Wal::open(cfg).unwrap();
+    let lsns: Vec<Lsn> = recovered.records.iter().map(|(lsn, _)| *lsn).collect();
+    assert_eq!(lsns, (1..=601).collect::<Vec<_>>(), "contiguous LSNs across segments");
+    assert!(segment_files(dir.path()).len() > 3);
+    for lane in 0..2u8 {
+        let numbers: Vec<u8> = recovered.records.iter().filter(|(_, r)| r[0] == lane).map(|(_, r)| r[1]).collect();
+        let expected: Vec<u8> = (1..=300u64).map(|n| n as u8).collect();
+        if lane == 0 {
+            assert_eq!(numbers, expected, "lane 0's records in its order");
+        } else {
+            assert_eq!(numbers[..300], expected[..], "lane 1's records in its order");
+        }
+    }
 }

@@ -7,7 +7,8 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 // The log.
 
-pub(super) type DurableCallback = Box<dyn Fn(Lsn) + Send + Sync>;
+/// Called with the durable LSN and, per append lane, the number of its last record now durable.
+pub(super) type DurableCallback = Box<dyn Fn(Lsn, &[u64]) + Send + Sync>;
 
 /// A point in the buffer where the appender decided the next record opens a new segment.
 pub(super) struct Roll {
@@ -43,7 +44,7 @@ pub(super) struct State {
 }
 
 impl State {
-    fn check_accepting(&self, dir: &Path) -> Result<(), WalError> {
+    pub(super) fn check_accepting(&self, dir: &Path) -> Result<(), WalError> {
         if let Some(failure) = &self.failure {
             return Err(WalError::Stopped(failure.clone()));
         }
@@ -55,7 +56,7 @@ impl State {
 
     /// Records never span segments: a record that would push a non-empty segment past its size
     /// opens the next one, which the flusher creates when it reaches this point of the buffer.
-    fn place_in_segment(&mut self, lsn: Lsn, record_bytes: u64, segment_limit_bytes: u64) {
+    pub(super) fn place_in_segment(&mut self, lsn: Lsn, record_bytes: u64, segment_limit_bytes: u64) {
         let has_records = self.segment_bytes > SEGMENT_HEADER_BYTES as u64;
         if has_records && self.segment_bytes + record_bytes > segment_limit_bytes {
             self.rolls.push(Roll { at: self.buf.len(), first_lsn: lsn });
@@ -106,6 +107,11 @@ pub(super) struct Shared {
     /// The newest checkpoint's LSN; the lock also serializes `checkpoint` calls.
     pub(super) newest_checkpoint: Mutex<Option<Lsn>>,
     pub(super) io: IoCounters,
+    /// The append lanes ([`super::lanes`]), their bytes not yet cut, and whether they refuse
+    /// appends (closing or failed).
+    pub(super) lanes: Vec<Mutex<AppendLane>>,
+    pub(super) lane_bytes: AtomicUsize,
+    pub(super) refusing: AtomicBool,
 }
 
 /// A write-ahead log with group commit; shared as `Arc<Wal>`.
@@ -263,6 +269,11 @@ impl Wal {
         Ok(lsn)
     }
 
+    /// How many append lanes the log has ([`Wal::append_to_lane`]).
+    pub fn lanes(&self) -> usize {
+        self.shared.lanes.len()
+    }
+
     /// Every record up to this LSN is on disk (fsynced).
     pub fn durable_lsn(&self) -> Lsn {
         self.shared.durable_lsn.load(Ordering::Acquire)
@@ -293,7 +304,7 @@ impl Wal {
     }
 
     /// Called from the flusher thread each time `durable_lsn` advances. Set it before appending.
-    pub fn set_on_durable(&self, f: Box<dyn Fn(Lsn) + Send + Sync>) {
+    pub fn set_on_durable(&self, f: DurableCallback) {
         *self.shared.on_durable.write() = Some(f);
     }
 
@@ -340,6 +351,7 @@ impl Wal {
     /// Idempotent; also done on drop.
     pub fn close(&self) {
         self.shared.state.lock().closing = true;
+        self.shared.refuse_lane_appends();
         self.shared.work_cv.notify_all();
         self.shared.space_cv.notify_all();
         let handle = self.flusher.lock().take();
@@ -391,6 +403,7 @@ impl Shared {
         replay: &mut Replay,
     ) -> Shared {
         let durable = next_lsn - 1;
+        let cfg_lanes = cfg.lanes.max(1);
         let state = State {
             buf: Vec::new(),
             rolls: Vec::new(),
@@ -419,13 +432,16 @@ impl Shared {
             segments: Mutex::new(std::mem::take(&mut replay.segments)),
             newest_checkpoint: Mutex::new(checkpoint_lsn),
             io: IoCounters::default(),
+            lanes: (0..cfg_lanes).map(|_| Mutex::new(AppendLane::default())).collect(),
+            lane_bytes: AtomicUsize::new(0),
+            refusing: AtomicBool::new(false),
         }
     }
 
     /// Bounded memory: while more than `max_unwritten_bytes` are buffered and not yet written,
     /// the appender blocks here until the flusher has written a group.
-    fn wait_for_space(&self, state: &mut MutexGuard<'_, State>) {
-        while state.buf.len() + state.in_flight_bytes >= self.max_unwritten_bytes
+    pub(super) fn wait_for_space(&self, state: &mut MutexGuard<'_, State>) {
+        while state.buf.len() + self.lane_bytes() + state.in_flight_bytes >= self.max_unwritten_bytes
             && state.failure.is_none()
             && !state.closing
         {
@@ -477,6 +493,8 @@ pub(super) struct Batch {
     pub(super) bytes: Vec<u8>,
     pub(super) rolls: Vec<Roll>,
     pub(super) last_lsn: Lsn,
+    /// Per append lane, the number of its last record in this group.
+    pub(super) lane_marks: Vec<u64>,
 }
 
 /// The segment file the flusher appends to.
@@ -511,7 +529,7 @@ pub(super) fn run_flusher(shared: &Shared, mut segment: ActiveSegment) {
         spare = batch.bytes;
         spare.clear();
         match written {
-            Ok(()) => shared.mark_durable(batch.last_lsn),
+            Ok(()) => shared.mark_durable(batch.last_lsn, &batch.lane_marks),
             Err(error) => return shared.fail(error),
         }
     }
@@ -524,7 +542,7 @@ impl Shared {
     fn next_batch(&self, spare: &mut Vec<u8>) -> Option<Batch> {
         let mut state = self.state.lock();
         let trigger = loop {
-            if state.buf.is_empty() {
+            if state.buf.is_empty() && self.lane_bytes() == 0 {
                 if state.closing {
                     state.flusher_done = true;
                     self.durable_cv.notify_all();
@@ -540,17 +558,18 @@ impl Shared {
             self.work_cv.wait_until(&mut state, started + Duration::from_micros(self.cfg.group_commit_delay_us));
         };
         self.count_trigger(trigger);
+        let lane_marks = self.cut_lanes(&mut state);
         let bytes = std::mem::replace(&mut state.buf, std::mem::take(spare));
         state.in_flight_bytes = bytes.len();
         state.first_unflushed_at = None;
-        Some(Batch { bytes, rolls: std::mem::take(&mut state.rolls), last_lsn: state.next_lsn - 1 })
+        Some(Batch { bytes, rolls: std::mem::take(&mut state.rolls), last_lsn: state.next_lsn - 1, lane_marks })
     }
 
     fn flush_due(&self, state: &State) -> Option<Trigger> {
         if state.closing {
             return Some(Trigger::Close);
         }
-        if state.buf.len() >= self.flush_at_bytes {
+        if state.buf.len() + self.lane_bytes() >= self.flush_at_bytes {
             return Some(Trigger::Size);
         }
         let delay = Duration::from_micros(self.cfg.group_commit_delay_us);
@@ -636,7 +655,7 @@ impl Shared {
         Ok(ActiveSegment { file, path })
     }
 
-    fn mark_durable(&self, lsn: Lsn) {
+    fn mark_durable(&self, lsn: Lsn, lane_marks: &[u64]) {
         let mut state = self.state.lock();
         state.in_flight_bytes = 0;
         state.durable_lsn = lsn;
@@ -645,7 +664,7 @@ impl Shared {
         self.durable_cv.notify_all();
         self.space_cv.notify_all();
         if let Some(on_durable) = &*self.on_durable.read() {
-            on_durable(lsn);
+            on_durable(lsn, lane_marks);
         }
     }
 
@@ -662,6 +681,7 @@ impl Shared {
         let mut state = self.state.lock();
         state.failure = Some(Arc::new(error));
         state.flusher_done = true;
+        self.refusing.store(true, Ordering::Release);
         drop(state);
         self.durable_cv.notify_all();
         self.space_cv.notify_all();

@@ -1,0 +1,142 @@
+//! Append lanes: one buffer per appending thread in one log file (`WalConfig::lanes`), as
+//! Silo's per-worker log buffers that one logger writes into one file per disk.
+//!
+//! An appender copies its record into its own lane under the lane's own lock: appenders of
+//! different lanes share no lock and no cache line. A lane record has no LSN yet; it gets one
+//! at the **cut**, when the flusher moves every lane's records into the log's buffer, numbers
+//! them, writes their LSNs and checksums into their headers, and places them in segments. The
+//! flusher then writes and syncs the group as it does any other: one file, one `write`, one
+//! `fdatasync` per group, whatever the number of lanes.
+//!
+//! The cut takes every lane's lock at once, so it is a consistent cut: whatever an appender
+//! decides under its lane's lock (`append_to_lane`'s `head`, which is where `rt::log` takes its
+//! node-wide sequence number) is either wholly in the cut or wholly after it. Each lane numbers
+//! its own records from 1; the on-durable callback reports, per lane, the number of its last
+//! record now durable.
+
+use super::writer::{Shared, State};
+use super::*;
+
+/// One lane's records not yet cut.
+#[derive(Default)]
+pub(super) struct AppendLane {
+    /// Encoded records whose LSN and checksum the cut writes.
+    bytes: Vec<u8>,
+    /// Per record: where it starts in `bytes`, and the checksum of its payload.
+    records: Vec<(usize, Hasher)>,
+    /// The number of the last record appended to this lane (its first is 1).
+    appended: u64,
+}
+
+impl Wal {
+    /// Append one record to lane `lane`, `head` then `body`: `head` is called under the lane's
+    /// lock with the record's number in its lane, so that what it decides is in the same cut as
+    /// the record. Returns that number. Never waits for I/O (only for the memory bound, as
+    /// [`Wal::append`]).
+    pub fn append_to_lane<const H: usize>(
+        &self,
+        lane: usize,
+        body: &[u8],
+        head: impl FnOnce(u64) -> [u8; H],
+    ) -> Result<u64, WalError> {
+        let payload_bytes = H + body.len();
+        if payload_bytes > MAX_RECORD_BYTES {
+            return Err(WalError::RecordTooLarge { payload_bytes });
+        }
+        let shared = &*self.shared;
+        assert!(lane < shared.lanes.len(), "lane {lane} of a log with {} lanes", shared.lanes.len());
+        let mut body_crc = Hasher::new();
+        body_crc.update(body);
+        shared.wait_for_lane_space()?;
+        let mut l = shared.lanes[lane].lock();
+        if shared.refusing.load(Ordering::Acquire) {
+            drop(l);
+            return shared.state.lock().check_accepting(&shared.cfg.dir).map(|()| 0);
+        }
+        let number = l.appended + 1;
+        let head = head(number);
+        let mut payload_crc = Hasher::new();
+        payload_crc.update(&head);
+        payload_crc.combine(&body_crc);
+        let start = l.bytes.len();
+        format::put_record(0, 0, &[&head, body], &mut l.bytes);
+        l.records.push((start, payload_crc));
+        l.appended = number;
+        let record_bytes = RECORD_HEADER_BYTES + payload_bytes;
+        // Counted under the lane's lock, so that a close's barrier (`refuse_lane_appends`) sees it.
+        let buffered = shared.lane_bytes.fetch_add(record_bytes, Ordering::AcqRel) + record_bytes;
+        drop(l);
+        let crossed = buffered >= shared.flush_at_bytes && buffered - record_bytes < shared.flush_at_bytes;
+        if start == 0 || crossed {
+            shared.lane_appended();
+        }
+        Ok(number)
+    }
+}
+
+impl Shared {
+    /// A lane went from empty to holding records, or the lanes crossed the group size: start
+    /// the group timer if it is not running, and wake the flusher.
+    fn lane_appended(&self) {
+        let mut state = self.state.lock();
+        if state.first_unflushed_at.is_none() {
+            state.first_unflushed_at = Some(Instant::now());
+        }
+        drop(state);
+        self.work_cv.notify_one();
+    }
+
+    /// Bounded memory for lanes: past half the bound, wait as [`Wal::append`] waits.
+    fn wait_for_lane_space(&self) -> Result<(), WalError> {
+        if self.lane_bytes.load(Ordering::Acquire) < self.max_unwritten_bytes / 2 {
+            return Ok(());
+        }
+        let mut state = self.state.lock();
+        self.wait_for_space(&mut state);
+        state.check_accepting(&self.cfg.dir)
+    }
+
+    /// Bytes buffered in lanes, not yet cut.
+    pub(super) fn lane_bytes(&self) -> usize {
+        self.lane_bytes.load(Ordering::Acquire)
+    }
+
+    /// No lane append starts after this returns, and every one that started is counted in
+    /// `lane_bytes` (each lane's lock is taken once, after `refusing` is set).
+    pub(super) fn refuse_lane_appends(&self) {
+        self.refusing.store(true, Ordering::Release);
+        for lane in &self.lanes {
+            drop(lane.lock());
+        }
+    }
+
+    /// The cut: move every lane's records into the log's buffer, in lane order, with their LSNs
+    /// and checksums, placed in segments. Takes every lane's lock at once (a consistent cut).
+    /// Returns, per lane, the number of its last record in the cut.
+    pub(super) fn cut_lanes(&self, state: &mut State) -> Vec<u64> {
+        let mut lanes: Vec<_> = self.lanes.iter().map(|l| l.lock()).collect();
+        let mut moved = 0;
+        for l in lanes.iter_mut() {
+            let AppendLane { bytes, records, .. } = &mut **l;
+            for (i, (start, payload_crc)) in records.iter().enumerate() {
+                let end = records.get(i + 1).map_or(bytes.len(), |next| next.0);
+                let lsn = state.next_lsn;
+                state.next_lsn += 1;
+                let mut crc = Hasher::new();
+                crc.update(&lsn.to_le_bytes());
+                crc.combine(payload_crc);
+                bytes[start + 4..start + 8].copy_from_slice(&crc.finalize().to_le_bytes());
+                bytes[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
+                state.place_in_segment(lsn, (end - start) as u64, self.cfg.segment_bytes);
+                state.buf.extend_from_slice(&bytes[*start..end]);
+                state.records += 1;
+                state.bytes += (end - start) as u64;
+            }
+            moved += bytes.len();
+            bytes.clear();
+            records.clear();
+        }
+        self.lane_bytes.fetch_sub(moved, Ordering::AcqRel);
+        lanes.iter().map(|l| l.appended).collect()
+    }
+}
