@@ -72,7 +72,12 @@ impl TempDir {
 }
 
 impl Drop for TempDir {
+    /// Removes the folder, unless `DTX_KEEP_TEMP` is set (to read a failed run's server logs).
     fn drop(&mut self) {
+        if std::env::var_os("DTX_KEEP_TEMP").is_some() {
+            eprintln!("dtx: DTX_KEEP_TEMP is set: kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

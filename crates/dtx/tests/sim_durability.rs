@@ -226,15 +226,17 @@ fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
 }
 
 /// Hosts crash (losing the nodes they serve), links are cut and lose packets; each crashed
-/// node must be taken over by a replica of its log, and nothing acknowledged may be lost.
+/// node must be taken over by a replica of its log, nothing acknowledged may be lost, and every
+/// replica of a log holds the same committed entries at the end (the check `verify` runs).
 #[test]
 fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_commit() {
     for p in ready() {
-        let (mut killed, mut failovers, mut log_waits) = (0, 0, 0);
+        let (mut killed, mut failovers, mut log_waits, mut compared) = (0, 0, 0, 0u64);
         for seed in 1..=seeds() {
             let mut spec = replicated_spec(p.name, 6000 + seed).with_faults(true, true, 0.02);
             spec.faults.fault_interval_us = 100_000;
             let out = common::run_and_check(&spec, "failover");
+            compared += replicas_compared(&out);
             killed += out.restarts;
             failovers += out.totals.failovers;
             log_waits += out.totals.log_waits;
@@ -249,7 +251,21 @@ fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_c
         assert!(killed >= seeds(), "{}: only {killed} nodes crashed over the sweep", p.name);
         assert!(failovers >= killed, "{}: {killed} nodes crashed, {failovers} were taken over", p.name);
         assert!(log_waits > 0, "{}: no commit waited for the replicas", p.name);
+        assert!(compared > 0, "{}: no committed entry was held by two replicas to compare", p.name);
     }
+}
+
+/// How many committed entries the end-of-run check compared between replicas (it passed:
+/// `run_and_check` fails a run whose check failed).
+fn replicas_compared(out: &dtx::bench::Outcome) -> u64 {
+    let (_, agree, detail) = out
+        .totals
+        .findings
+        .iter()
+        .find(|f| f.0.contains("same committed entries"))
+        .expect("a replicated run checks its replicas");
+    assert!(agree, "{detail}");
+    detail.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
 /// Hosts crash again and again (the same ones and others, one while it catches up after the

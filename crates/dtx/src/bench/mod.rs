@@ -46,7 +46,9 @@ pub fn verify(
         crate::protocols::Guarantee::Serializable => dtx_check::check_file(path)?,
         crate::protocols::Guarantee::StrictSerializable => dtx_check::check_file_realtime(path)?,
     };
+    let failed_finding = o.totals.findings.iter().find(|f| !f.1);
     let problem = match &o.final_read {
+        _ if failed_finding.is_some() => failed_finding.map(|(what, _, detail)| format!("{what}: {detail}")),
         _ if o.totals.history_dropped > 0 => Some(format!(
             "the history is incomplete: {} attempts were not recorded (a worker keeps at most {} lines); \
              verify a shorter run or one with fewer transactions in flight",

@@ -54,6 +54,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         for (name, n) in f.stats().counters() {
             totals.counters.insert(name.to_string(), n);
         }
+        totals.findings.push(f.replicas_agree());
     }
     Ok(Outcome {
         totals,
@@ -225,6 +226,46 @@ impl SimFailover {
             stats.add(&s.borrow().stats);
         }
         stats
+    }
+
+    /// Whether every replica of every log holds the same committed entries, byte for byte,
+    /// wherever two of them hold the same index (Raft's log matching, checked at the end of the
+    /// run over every host's replicas, a crashed host's last incarnation included): a finding.
+    fn replicas_agree(&self) -> (String, bool, String) {
+        use std::collections::BTreeMap;
+        let me = self.0.borrow();
+        let mut first_seen: BTreeMap<(u32, u64), (usize, crate::replication::journal::JournalEntry)> = BTreeMap::new();
+        let (mut compared, mut differ) = (0u64, Vec::new());
+        for (host, state) in me.states.iter().enumerate() {
+            for (group, entries) in state.borrow().committed_logs() {
+                for e in entries {
+                    match first_seen.get(&(group, e.index)) {
+                        None => {
+                            first_seen.insert((group, e.index), (host, e));
+                        }
+                        Some((other, seen)) => {
+                            compared += 1;
+                            if *seen != e && differ.len() < 3 {
+                                differ.push(format!(
+                                    "log {group} index {}: host {other} holds term {} ({} bytes), host {host} term {} ({} bytes)",
+                                    e.index,
+                                    seen.term,
+                                    seen.data.len(),
+                                    e.term,
+                                    e.data.len()
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let what = "every replica of a log holds the same committed entries".to_string();
+        match differ.is_empty() {
+            // None compared: every replica compacted what it committed (nothing left to differ in).
+            true => (what, true, format!("{compared} committed entries compared with another replica's")),
+            false => (what, false, differ.join("; ")),
+        }
     }
 
     /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.

@@ -952,7 +952,8 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     if lost.iter().any(|l| l.is_some()) && spec.record_history {
         notes.extend(count_killed_incarnations(&history, window_sys_us, &mut totals));
     }
-    let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
+    // The last fault may end after a server's own window did (each times it from its start):
+    // let it end, and reach again any server it restarted, before the after-run jobs.
     let (spawned, fault_events) = match nemesis {
         Some(Err(k)) => {
             let n = k.join().map_err(|_| anyhow::anyhow!("the fault thread panicked"))?;
@@ -961,6 +962,10 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         Some(Ok(s)) => (Some(s), Vec::new()),
         None => (None, Vec::new()),
     };
+    if !fault_events.is_empty() {
+        reach_restarted(&mut ctl, &addrs)?;
+    }
+    let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
     time_takeovers(&takeovers, &lost, &fault_events, t0_unix_ms, &mut totals);
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;
@@ -1046,6 +1051,17 @@ fn after_run_jobs(
         }
     }
     Ok(final_read)
+}
+
+/// Reconnect to every server whose control connection no longer answers (one the nemesis
+/// killed and started again after its run's end).
+fn reach_restarted(ctl: &mut [Control], addrs: &[SocketAddr]) -> anyhow::Result<()> {
+    for c in ctl.iter_mut() {
+        if c.call(&json!({"cmd": "ping"})).is_err() {
+            *c = Control::connect(c.node, addrs[c.node], RESTART_PATIENCE)?;
+        }
+    }
+    Ok(())
 }
 
 /// Ask the servers `cmd`, those that served a node when the run ended first, until one answers:

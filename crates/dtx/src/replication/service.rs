@@ -343,6 +343,18 @@ impl ReplicaState {
 }
 
 impl ReplicaState {
+    /// Per group this host is a voter of, the committed entries its replica still holds, for
+    /// the check that every replica of a log holds the same committed entries.
+    pub fn committed_logs(&self) -> Vec<(u32, Vec<super::journal::JournalEntry>)> {
+        self.groups
+            .group_ids()
+            .filter_map(|g| {
+                let group = self.groups.get(g)?;
+                Some((g, group.store().entries_up_to(group.commit_index()).ok()?))
+            })
+            .collect()
+    }
+
     /// A snapshot of what `group`'s committed records amount to (a fresh machine's if none
     /// applied yet); None if the protocol cannot make a machine.
     fn applied_snapshot(&self, group: u32) -> Option<Vec<u8>> {

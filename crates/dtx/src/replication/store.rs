@@ -125,6 +125,18 @@ impl ReplicaStore {
         Ok(ops)
     }
 
+    /// The entries this store still holds up to `commit` (those before its first index were
+    /// compacted into its snapshot).
+    pub fn entries_up_to(&self, commit: u64) -> Result<Vec<JournalEntry>, RaftLogError> {
+        let (first, last) = (self.mem.first_index().map_err(storage_err)?, self.mem.last_index().map_err(storage_err)?);
+        let to = commit.min(last);
+        if first > to {
+            return Ok(Vec::new());
+        }
+        let entries = self.mem.entries(first, to + 1, None, GetEntriesContext::empty(false)).map_err(storage_err)?;
+        Ok(entries.iter().map(to_journal_entry).collect())
+    }
+
     fn hard_state_op(&self, hs: &HardState) -> JournalOp {
         JournalOp::HardState { group: self.group, term: hs.term, vote: hs.vote, commit: hs.commit }
     }
