@@ -701,6 +701,20 @@ impl Drop for Spawned {
     }
 }
 
+/// Kills, when dropped, every server process a run started that is still running.
+struct Reaper(Arc<Mutex<Vec<std::process::Child>>>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in self.0.lock().iter_mut() {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
 impl Spawned {
     fn start(&mut self, n: usize) -> anyhow::Result<std::process::Child> {
         let log =
@@ -902,6 +916,9 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
             (c, Some(s))
         }
     };
+    // Whatever way this run ends (an error while the fault thread still holds the servers
+    // included), no server it started outlives it.
+    let _reaper = spawned.as_ref().map(|s| Reaper(s.children.clone()));
     let mut spec = spec.clone();
     spec.nodes = cfg.nodes.len() as u16;
     spec.workers = cfg.workers;
