@@ -51,7 +51,9 @@ impl Wal {
         let mut l = shared.lanes[lane].lock();
         if shared.refusing.load(Ordering::Acquire) {
             drop(l);
-            return shared.state.lock().check_accepting(&shared.cfg.dir).map(|()| 0);
+            // `refusing` is set only after the log closed or failed, so this always says which.
+            let refused = shared.state.lock().check_accepting(&shared.cfg.dir).err();
+            return Err(refused.unwrap_or_else(|| WalError::Closed { dir: shared.cfg.dir.clone() }));
         }
         let number = l.appended + 1;
         let head = head(number);

@@ -230,7 +230,7 @@ impl Wal {
 
     /// [`Wal::append`] of one record whose payload is `parts` one after the other (a header
     /// and a body kept apart), without joining them into one buffer first.
-    pub fn append_parts(&self, parts: &[&[u8]]) -> Result<Lsn, WalError> {
+    fn append_parts(&self, parts: &[&[u8]]) -> Result<Lsn, WalError> {
         let payload_bytes: usize = parts.iter().map(|p| p.len()).sum();
         if payload_bytes > MAX_RECORD_BYTES {
             return Err(WalError::RecordTooLarge { payload_bytes });
