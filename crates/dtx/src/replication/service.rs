@@ -99,6 +99,10 @@ const TAG_RECORD: u8 = 0;
 /// An entry that carries a new leader's `Takeover` marker (its host id): committing it proves
 /// the leadership current. No protocol sees it.
 const TAG_TAKEOVER: u8 = 1;
+/// An entry that carries a read fence (`NodeLog::read_fence`, an empty record): committing it
+/// proves that the incarnation that proposed it still led the log after the reads it fences.
+/// No protocol sees it.
+const TAG_FENCE: u8 = 2;
 
 fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + payload.len());
@@ -685,7 +689,8 @@ impl Replicator {
             let Some(g) = st.groups.get_mut(group) else { continue };
             let mut lsn = s.taken - s.backlog.len() as Lsn;
             while let Some(rec) = s.backlog.front() {
-                match g.propose(frame(TAG_RECORD, rec)) {
+                let tag = if rec.is_empty() { TAG_FENCE } else { TAG_RECORD };
+                match g.propose(frame(tag, rec)) {
                     Ok(()) => {
                         lsn += 1;
                         s.inflight.push_back((g.last_index(), g.term(), lsn));
@@ -847,7 +852,7 @@ impl Replicator {
             for e in entries.iter().filter(|e| e.index > snapshot_index) {
                 match e.data.split_first() {
                     Some((&TAG_RECORD, record)) => applied.apply(record),
-                    Some((&TAG_TAKEOVER, _)) => {}
+                    Some((&(TAG_TAKEOVER | TAG_FENCE), _)) => {}
                     // Raft's own empty entries (a new leader's first), and nothing else.
                     _ => debug_assert!(e.data.is_empty(), "an entry of group {group} with an unknown tag"),
                 }

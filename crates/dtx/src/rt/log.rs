@@ -451,6 +451,7 @@ impl NodeLog {
     /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
         if let Device::Replicated(q) = &self.lanes[0].device {
+            debug_assert!(!rec.is_empty(), "an empty record is a read fence, not a record");
             let mut q = q.lock();
             q.pending.push(rec.to_vec());
             q.appended += 1;
@@ -500,6 +501,42 @@ impl NodeLog {
         })?;
         unflushed.push_back((lane_lsn, seq));
         Ok((lane_lsn, seq))
+    }
+
+    /// What an answer that rests on reads alone (a read-only vote or commit, a coordinator's
+    /// "never heard of it") waits for before it goes out, so that it cannot come from a stale
+    /// incarnation of the node.
+    ///
+    /// A replicated log: a record proposed after now. Once a majority of the log's replicas
+    /// commit it in this incarnation's term, no other replica led the log with a later term
+    /// before the reads: such a leader's majority would share a replica with ours, which would
+    /// have refused our term's record (terms only grow, and they are on disk). A deposed
+    /// incarnation (cut off, paused, or still running after a takeover) never gets its record
+    /// committed, so it never answers from what it holds. A record appended and not yet taken by
+    /// the replicator serves (it is proposed after now); otherwise an empty record, the fence,
+    /// is appended: at most one per batch the replicator takes.
+    ///
+    /// A log of the node's own (a WAL, a simulated disk): nothing else can serve the node while
+    /// this incarnation runs, so only the undurable tail (a read may have seen a commit whose
+    /// record is not durable yet, early lock release). `None`: nothing to wait for.
+    pub fn read_fence(&self) -> Option<Lsn> {
+        match &self.lanes[0].device {
+            Device::Replicated(q) => {
+                let mut q = q.lock();
+                if q.pending.is_empty() {
+                    q.pending.push(Vec::new());
+                    q.appended += 1;
+                    if let Some(w) = q.replicator.take() {
+                        w.wake();
+                    }
+                }
+                Some(q.appended)
+            }
+            Device::Wal(_) | Device::Sim(_) => {
+                let tail = self.appended_lsn();
+                (tail > self.durable_lsn()).then_some(tail)
+            }
+        }
     }
 
     /// The LSN of the last record appended.
@@ -664,6 +701,31 @@ mod tests {
 
     fn fresh(lanes: usize) -> Arc<NodeLog> {
         NodeLog::simulated(Vec::new(), lanes).expect("an empty image").log
+    }
+
+    /// A replicated log fences reads with a record proposed after them: one not yet taken by
+    /// the replicator, or an empty record appended for the purpose (one per batch taken). A
+    /// log of the node's own fences only with its undurable tail.
+    #[test]
+    fn a_read_fence_is_a_record_proposed_after_the_reads() {
+        let waker = std::task::Waker::noop();
+        let log = NodeLog::replicated();
+        assert_eq!(log.read_fence(), Some(1), "nothing pending: a fence is appended");
+        assert_eq!(log.read_fence(), Some(1), "the fence not yet taken serves the next read too");
+        assert_eq!(log.take_for_replication(waker), vec![Vec::<u8>::new()]);
+        assert_eq!(log.append(b"rec"), Ok(2));
+        assert_eq!(log.read_fence(), Some(2), "a record not yet taken is proposed after the reads");
+        assert_eq!(log.take_for_replication(waker), vec![b"rec".to_vec()]);
+        log.replicated_upto(2);
+        assert_eq!(log.read_fence(), Some(3), "durable already, so proposed before: a new fence");
+
+        let own = fresh(1);
+        assert_eq!(own.read_fence(), None, "nothing undurable to wait for");
+        assert_eq!(own.append(b"a"), Ok(1));
+        assert_eq!(own.read_fence(), Some(1), "the undurable tail");
+        own.sim_begin_flush(0);
+        own.sim_finish_flush(0);
+        assert_eq!(own.read_fence(), None);
     }
 
     #[test]

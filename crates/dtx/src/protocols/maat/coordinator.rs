@@ -213,7 +213,8 @@ impl<'a> MaatTxn<'a> {
             return Err(self.abort(Abort::Protocol(EMPTY)));
         }
         let ts = lower;
-        if !self.touched.is_empty() || !local.writes.is_empty() {
+        let logs_decision = !self.touched.is_empty() || !local.writes.is_empty();
+        if logs_decision {
             if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local.writes, &self.touched, ts).await {
                 return Err(self.abort(a));
             }
@@ -226,6 +227,10 @@ impl<'a> MaatTxn<'a> {
         if !self.touched.is_empty() {
             wk.coord.set_committed_at(self.id, ts);
             wk.tell_commit_at(self.id, ts, std::mem::take(&mut self.touched));
+        }
+        if !logs_decision {
+            // Read-only, here only: acknowledged once the fence after its reads is durable.
+            wk.node.log.durable_counted(&wk.w, wk.node.log.read_fence()).await;
         }
         Ok(())
     }

@@ -62,3 +62,29 @@ fn durable_runs_raise_lagging_bounds_and_lose_nothing() {
     }
     assert!(raises > 0, "no commit raised a lagging bound");
 }
+
+#[test]
+fn a_decision_validated_by_an_earlier_incarnation_drops_what_a_late_read_left() {
+    // Node 0 moved: its earlier incarnation validated T (a read-only part) and T committed;
+    // a resent copy of T's read reached the new incarnation, which holds a soft lock for it and
+    // a range that another validation narrowed, never validated here. The decision, resent to
+    // the new incarnation, drops the lock and leaves the record's value alone.
+    use super::range::{Order, TimeTable};
+    use super::{Latched, MaatNode};
+    use crate::storage::{Layout, RowKey, Storage, TableDef};
+    let def = TableDef { name: "t", ordered: false, expected_rows: 1, dense: Vec::new(), layout: Layout::Tree };
+    let store = Storage::<super::meta::MaatMeta>::new(&[def]);
+    let node = MaatNode {
+        latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: 0, bound_lsn: None }),
+        floor: 0,
+    };
+    let (late_copy, writer, key) = (1, 2, RowKey::new(0, 7));
+    node.read(&store, late_copy, key, false).expect("a soft read lock");
+    let (lower, _) = node.validate(&store, writer, &[], &[key]).expect("the writer validates");
+    node.latch.lock().table.respect_validated(late_copy, writer, Order::After);
+    node.commit(&store, late_copy, lower + 5, &[key], &[], Vec::new());
+    assert!(node.latch.lock().table.get(late_copy).is_none(), "its range is gone");
+    let row = store.get(key).expect("the record exists").lock();
+    assert!(!row.meta.readers.contains(&late_copy), "its soft lock is gone");
+    assert_eq!(row.value, None, "nothing installed");
+}

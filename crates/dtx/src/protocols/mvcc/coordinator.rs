@@ -160,10 +160,14 @@ impl<'a> MvccTxn<'a> {
         if let Err(a) = self.prepare_remote(remote).await {
             return Err(self.abort(a));
         }
-        if !self.touched.is_empty() || !local.is_empty() {
+        let logs_decision = !self.touched.is_empty() || !local.is_empty();
+        if logs_decision {
             if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local, &self.touched, self.ts).await {
                 return Err(self.abort(a));
             }
+        } else {
+            // Read-only: what it read here is fenced as a remote node fences its reads.
+            wk.node.log.durable_counted(&wk.w, wk.node.log.read_fence()).await;
         }
         wk.w.charge_ops(local.len() + self.held_here.len());
         part::install(&wk.node.store, self.id, self.ts, &self.held_here, local);

@@ -149,7 +149,9 @@ impl MvccWorker {
                     move |me| scan(&me.node.store, txn, ts, s),
                     move |me, rows| {
                         me.w.charge_ops(rows.as_ref().map_or(1, |r| r.len() + 1));
-                        me.w.reply(from, rpc_id, &encode(&rows.map_or_else(Reply::No, Reply::Rows)));
+                        let fence = if rows.is_ok() { me.node.log.read_fence() } else { None };
+                        let reply = encode(&rows.map_or_else(Reply::No, Reply::Rows));
+                        me.reply_when_durable(from, rpc_id, fence, reply);
                     },
                 );
             }
@@ -195,6 +197,7 @@ impl MvccWorker {
             self.parts.remember(txn, self.w.now_ns(), |p| p.held.extend_from_slice(&writes));
         }
         let floor = self.state.floor(&self.w);
+        let reads_only = writes.is_empty();
         self.now_or_later(
             move |me| {
                 // An abort (or the orphan sweeper) may have come while it waited: take nothing again.
@@ -211,7 +214,12 @@ impl MvccWorker {
                     },
                     Reply::Values,
                 );
-                me.w.reply(from, rpc_id, &encode(&reply));
+                // Reads here are final (this node hears nothing more of a node only read from):
+                // fenced, so that a deposed incarnation cannot serve them. A node written to
+                // votes later, after a record that proves the same.
+                let fence =
+                    if reads_only && matches!(reply, Reply::Values(_)) { me.node.log.read_fence() } else { None };
+                me.reply_when_durable(from, rpc_id, fence, encode(&reply));
             },
         );
     }
@@ -223,7 +231,7 @@ impl MvccWorker {
         let prepared_before = self.parts.txns.borrow().get(&txn).is_some_and(|p| !p.0.writes.is_empty());
         if prepared_before {
             // A request resent to a node that recovered the vote: the same answer again.
-            let tail = self.node.log.undurable_tail();
+            let tail = self.node.log.read_fence();
             return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Yes));
         }
         let keys: Vec<RowKey> = writes.iter().map(|w| w.0).collect();

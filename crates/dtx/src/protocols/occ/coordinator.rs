@@ -335,7 +335,11 @@ impl<'a> OccTxn<'a> {
         let lsn = if writes.is_empty() {
             let me = wk.node.id;
             let read_here = self.reads.iter().any(|e| e.used && (e.rec.is_some() || wk.node.node_of(e.key) == me));
-            wk.node.log.undurable_tail().filter(|_| read_here)
+            if read_here {
+                wk.node.log.read_fence()
+            } else {
+                None
+            }
         } else {
             match wk.node.log.append_commit(self.id, &writes, &[]) {
                 Ok(lsn) => lsn,

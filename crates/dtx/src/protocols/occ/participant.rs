@@ -169,7 +169,7 @@ impl OccWorker {
     /// record is not durable yet (early lock release, see the coordinator's `commit_here`): the
     /// vote that lets it commit waits for the log's tail.
     fn vote_valid(&self, from: Addr, rpc_id: u64) {
-        let tail = self.node.log.undurable_tail();
+        let tail = self.node.log.read_fence();
         self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(true)));
     }
 

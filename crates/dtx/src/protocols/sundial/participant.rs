@@ -157,7 +157,7 @@ impl SundialWorker {
             drop(parts);
             self.release(txn, &held);
             // It may have read a local commit whose record is not durable yet (early release).
-            let tail = self.node.log.undurable_tail();
+            let tail = self.node.log.read_fence();
             return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly, tables)));
         }
         let Some((p, t)) = parts.get_mut(&txn) else {

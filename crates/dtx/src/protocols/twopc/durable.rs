@@ -10,7 +10,12 @@
 //!   releases only then too; a transaction that wrote nowhere but on its coordinator's node
 //!   installs and releases as soon as the record is appended (early lock release, as Silo's
 //!   epochs and Aether do), and whoever may have read such a write before it is durable waits
-//!   for the log's tail before it is acknowledged or votes (`undurable_tail`);
+//!   for the log's tail before it is acknowledged or votes (`read_fence`);
+//! - in a replicated log, every answer that rests on reads alone (a read-only vote or commit,
+//!   a coordinator's "never heard of it, so aborted") also waits for `read_fence`: a record
+//!   proposed after the reads, which commits only if this incarnation of the node still leads
+//!   its log. An incarnation deposed by a takeover (paused, cut off, or not yet told) would
+//!   otherwise answer from a state the new leader has moved past;
 //! - a participant that installs a commit logs `Outcome` and acknowledges the coordinator only
 //!   once it is durable (otherwise a crash could lose a write the coordinator has forgotten);
 //!   an abort's `Outcome` is not waited for (presumed abort: a lost one reads as abort anyway);
@@ -358,7 +363,7 @@ impl TxnLog {
     /// then waits for the returned LSN ([`TxnLog::durable_counted`]).
     pub fn local_commit_lsn(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
         if writes.is_empty() {
-            Ok(self.undurable_tail())
+            Ok(self.read_fence())
         } else {
             self.append_commit(txn, writes, &[])
         }
@@ -380,7 +385,8 @@ impl TxnLog {
             return Ok(());
         }
         if local_writes.is_empty() && writers.is_empty() {
-            self.durable_counted(w, self.undurable_tail().filter(|_| read_here)).await;
+            let fence = if read_here { self.read_fence() } else { None };
+            self.durable_counted(w, fence).await;
             return Ok(());
         }
         let t0 = w.now_ns();
@@ -440,13 +446,12 @@ impl TxnLog {
         }
     }
 
-    /// Everything appended so far, if some of it is not durable yet (`None`: nothing to wait
-    /// for). A transaction that may have seen a write whose commit record is not durable (early
-    /// lock release) waits for this before it is acknowledged.
-    pub fn undurable_tail(&self) -> Option<u64> {
-        let l = self.log.as_ref()?;
-        let tail = l.appended_lsn();
-        (tail > l.durable_lsn()).then_some(tail)
+    /// What an answer resting on reads alone waits for ([`NodeLog::read_fence`]): a transaction
+    /// that may have seen a write whose commit record is not durable (early lock release), and,
+    /// in a replicated log, a record proposed after the reads, which only an incarnation that
+    /// still leads the node's log gets committed. `None`: nothing to wait for.
+    pub fn read_fence(&self) -> Option<u64> {
+        self.log.as_ref()?.read_fence()
     }
 
     /// Wait until `lsn` is durable (nothing to do for `None`), counting the wait in `w`'s

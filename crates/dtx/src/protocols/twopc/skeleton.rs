@@ -311,8 +311,16 @@ impl<C: Cc> CcWorker<C> {
                 TerminationReply::Ack
             }
             Termination::Status { txn } => {
+                // "Aborted" is also what a coordinator answers for a transaction it never heard
+                // of: only an incarnation that still leads the node's log may say so.
                 let (status, ts) = self.coord.get_at(txn);
-                TerminationReply::Status(status, ts)
+                let fence = self.node.log.read_fence();
+                return self.reply_when_durable(
+                    from,
+                    rpc_id,
+                    fence,
+                    crate::net::encode(&TerminationReply::Status(status, ts)),
+                );
             }
         };
         self.w.reply(from, rpc_id, &crate::net::encode(&reply));

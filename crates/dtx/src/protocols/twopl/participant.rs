@@ -144,7 +144,7 @@ impl TwoPlWorker {
                         release(store, txn, held.into_iter());
                         // It may have read a local commit whose record is not durable yet
                         // (early lock release): the vote that lets it commit waits for it.
-                        let tail = self.node.log.undurable_tail();
+                        let tail = self.node.log.read_fence();
                         return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
                     }
                     Some((p, t)) => {
