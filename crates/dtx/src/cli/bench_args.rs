@@ -188,6 +188,10 @@ pub struct BenchArgs {
     /// Simulator: what one log flush (fsync) costs in virtual time.
     #[arg(long, default_value = "200us")]
     sim_fsync: String,
+    /// Simulator: each worker's append lane is a disk of its own, flushed on its own (per-worker
+    /// log files); by default a node's lanes are cut into one file together, as the real WAL does.
+    #[arg(long)]
+    sim_lane_disks: bool,
     /// Where nodes keep their logs (default: a temporary folder per run, removed after it).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -373,6 +377,7 @@ impl BenchArgs {
                 group_commit_bytes: self.group_commit_bytes,
                 fsync: !self.no_fsync,
                 sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
+                sim_lane_disks: self.sim_lane_disks,
                 data_dir: self.data_dir.clone(),
                 cluster_id: match &self.cluster_id {
                     Some(_) if self.protocol.contains(',') || self.protocol == "all" => anyhow::bail!(

@@ -7,6 +7,7 @@ use super::*;
 /// flight finish, then the after-run jobs (the final read, the final checks).
 pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
+    world.set_lane_disks(spec.durability.sim_lane_disks);
     let shared = Arc::new(RunShared::default());
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let protos: Protos = Default::default();

@@ -56,6 +56,11 @@ pub struct DurabilityConfig {
     /// What one flush costs in the simulator (docs/machine.md: fdatasync after a 4 KiB append,
     /// p50 198 µs on this machine).
     pub sim_fsync_us: u64,
+    /// In the simulator, each append lane of a log is a disk of its own, flushed on its own (as
+    /// logs in files of their own per worker would be); otherwise a log's lanes are cut together
+    /// into one file, as the real WAL writes them.
+    #[serde(default)]
+    pub sim_lane_disks: bool,
     /// Where the nodes of this process keep their logs (local and tcp runtimes); `None` = a
     /// fresh temporary directory per run, removed afterwards.
     pub data_dir: Option<PathBuf>,
@@ -107,6 +112,7 @@ impl Default for DurabilityConfig {
             group_commit_bytes: 256 << 10,
             fsync: true,
             sim_fsync_us: 200,
+            sim_lane_disks: false,
             data_dir: None,
             cluster_id: 0,
             replicas: default_replicas(),

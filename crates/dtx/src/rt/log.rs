@@ -57,6 +57,17 @@ pub struct SimDisk {
     flushing: usize,
 }
 
+impl SimDisk {
+    /// The flush in progress reached the disk; returns the lane LSN durable now.
+    fn finish_flush(&mut self) -> Lsn {
+        let n = self.flushing;
+        let done: Vec<Vec<u8>> = self.pending.drain(..n).collect();
+        self.durable.extend(done);
+        self.flushing = 0;
+        self.durable.len() as Lsn
+    }
+}
+
 /// What a simulated log's lanes kept at a crash: each lane's durable records, oldest first.
 pub type SimImage = Vec<Vec<Vec<u8>>>;
 
@@ -639,14 +650,7 @@ impl NodeLog {
     /// The flush of `lane` in progress reached the disk.
     pub fn sim_finish_flush(&self, lane: usize) {
         let Some(disk) = self.sim_disk(lane) else { return };
-        let lane_lsn = {
-            let mut d = disk.lock();
-            let n = d.flushing;
-            let done: Vec<Vec<u8>> = d.pending.drain(..n).collect();
-            d.durable.extend(done);
-            d.flushing = 0;
-            d.durable.len() as Lsn
-        };
+        let lane_lsn = disk.lock().finish_flush();
         self.lane_durable(lane, lane_lsn);
     }
 
@@ -658,17 +662,63 @@ impl NodeLog {
         })
     }
 
-    /// A crash: what was not durable is gone; returns what survived in each lane, for the
-    /// restarted node.
-    pub fn sim_crash(&self) -> SimImage {
+    /// Start one flush of every lane at once, as the real WAL's flusher cuts its lanes into one
+    /// write of one file: the cut holds every record appended so far (the simulator appends on
+    /// one thread, so every sequence number up to the largest is in it). False if nothing is
+    /// pending or a flush is under way.
+    pub fn sim_begin_cut(&self) -> bool {
+        let disks: Vec<_> = (0..self.lanes.len()).filter_map(|lane| self.sim_disk(lane)).collect();
+        if disks.iter().any(|d| d.lock().flushing > 0) {
+            return false;
+        }
+        let mut any = false;
+        for disk in disks {
+            let mut d = disk.lock();
+            d.flushing = d.pending.len();
+            any |= d.flushing > 0;
+        }
+        any
+    }
+
+    /// The cut in progress reached the disk: every lane is durable up to where it was cut.
+    pub fn sim_finish_cut(&self) {
+        let marks: Vec<Lsn> = (0..self.lanes.len())
+            .map(|lane| self.sim_disk(lane).map_or(0, |disk| disk.lock().finish_flush()))
+            .collect();
+        for (lane, mark) in marks.into_iter().enumerate() {
+            self.pop_flushed(lane, mark);
+        }
+        self.advance_to_oldest_unflushed();
+    }
+
+    /// Whether any lane holds records no flush has started on.
+    pub fn sim_has_unflushed_any(&self) -> bool {
+        (0..self.lanes.len()).any(|lane| self.sim_has_unflushed(lane))
+    }
+
+    /// A crash: what was not durable is gone, except that a write under way reached the disk
+    /// up to `torn_records` of the records it carried, taken lane after lane (the order a cut
+    /// writes them in; a lane flushed on its own writes only its own). Such records were never
+    /// acknowledged; recovery keeps those in its unbroken run and voids the rest. Returns what
+    /// survived in each lane, for the restarted node.
+    pub fn sim_crash(&self, mut torn_records: usize) -> SimImage {
         (0..self.lanes.len())
             .filter_map(|lane| {
                 let mut d = self.sim_disk(lane)?.lock();
+                let reached = d.flushing.min(torn_records);
+                torn_records -= reached;
+                let kept: Vec<Vec<u8>> = d.pending.drain(..reached).collect();
+                d.durable.extend(kept);
                 d.pending.clear();
                 d.flushing = 0;
                 Some(d.durable.clone())
             })
             .collect()
+    }
+
+    /// How many records the flushes under way carry (what a crash may tear).
+    pub fn sim_flushing(&self) -> usize {
+        (0..self.lanes.len()).filter_map(|lane| self.sim_disk(lane)).map(|d| d.lock().flushing).sum()
     }
 }
 
@@ -739,7 +789,7 @@ mod tests {
         log.sim_finish_flush(0);
         assert_eq!(log.durable_lsn(), 2);
         assert!(log.sim_has_unflushed(0));
-        let survived = log.sim_crash();
+        let survived = log.sim_crash(0);
         let Reopened { log, records, .. } = NodeLog::simulated(survived, 1).expect("reopens");
         assert_eq!(records, vec![b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(log.durable_lsn(), 2);
@@ -813,7 +863,7 @@ mod tests {
         log.sim_begin_flush(0);
         log.sim_finish_flush(0);
         assert_eq!(log.durable_lsn(), 0);
-        let Reopened { log, records, orphans, .. } = NodeLog::simulated(log.sim_crash(), 2).expect("reopens");
+        let Reopened { log, records, orphans, .. } = NodeLog::simulated(log.sim_crash(0), 2).expect("reopens");
         assert!(records.is_empty(), "2 may depend on the lost 1");
         assert_eq!(orphans, 2, "1 and 2 are voided");
         // The void (seq 3) is this boot's first record; then a new record (4) in lane 1.
@@ -824,7 +874,7 @@ mod tests {
             log.sim_finish_flush(lane);
         }
         assert_eq!(log.durable_lsn(), 4);
-        let Reopened { records, orphans, .. } = NodeLog::simulated(log.sim_crash(), 2).expect("reopens");
+        let Reopened { records, orphans, .. } = NodeLog::simulated(log.sim_crash(0), 2).expect("reopens");
         assert_eq!(records, vec![b"c".to_vec()], "the void steps over the orphan");
         assert_eq!(orphans, 0);
         enter_lane(0);

@@ -36,11 +36,13 @@ enum Ev {
     FlushDone(u16, usize, u64),
 }
 
-/// A node's simulated disk and its group commit.
-/// One lane of one of a node's logs: each lane is a disk of its own, flushed on its own.
+/// One of a node's logs on a simulated disk, with its group commit: one file whose lanes are
+/// cut together, as the real WAL writes them; or (`--sim-lane-disks`) one lane of it, a disk
+/// of its own flushed on its own, as per-worker log files would be.
 struct SimLog {
     log: Arc<NodeLog>,
-    lane: usize,
+    /// The lane this disk holds, or `None`: every lane of the log, in one file.
+    lane: Option<usize>,
     group_commit_ns: u64,
     fsync_ns: u64,
     /// A flush is scheduled or running.
@@ -117,6 +119,8 @@ pub struct SimWorld {
     pub moved: u64,
     down_since: Vec<u64>,
     logs: Vec<Vec<SimLog>>,
+    /// Each lane of a log is a disk of its own (`SimLog::lane`).
+    lane_disks: bool,
     /// Bumped at each crash of a node, so that a flush of the lost incarnation's log that
     /// completes later is ignored.
     log_generation: Vec<u64>,
@@ -161,6 +165,7 @@ impl SimWorld {
             moved: 0,
             down_since: vec![0; nodes as usize],
             logs: (0..nodes).map(|_| Vec::new()).collect(),
+            lane_disks: false,
             log_generation: vec![0; nodes as usize],
             restart: None,
             survived: vec![None; nodes as usize],
@@ -234,15 +239,23 @@ impl SimWorld {
         Executor::new(Arc::new(move || woken.lock().push(idx)))
     }
 
-    /// Give node `n` a simulated disk: the simulator flushes `log` `group_commit_us` after it
-    /// first holds unflushed records, and each flush takes `fsync_us`.
-    /// Give node `n` its logs, each on a simulated disk of its own: the simulator flushes a
-    /// log `group_commit_us` after it first holds unflushed records, and each flush takes
-    /// `fsync_us`.
+    /// Put each lane of a log on a disk of its own (before [`SimWorld::set_logs`]).
+    pub fn set_lane_disks(&mut self, on: bool) {
+        self.lane_disks = on;
+    }
+
+    /// Give node `n` its logs, each on a simulated disk of its own (or, with `lane_disks`, each
+    /// lane of each): the simulator flushes a disk `group_commit_us` after it first holds
+    /// unflushed records, and each flush takes `fsync_us`.
     pub fn set_logs(&mut self, n: u16, logs: &[Arc<NodeLog>], group_commit_us: u64, fsync_us: u64) {
+        let lane_disks = self.lane_disks;
         self.logs[n as usize] = logs
             .iter()
-            .flat_map(|log| (0..log.lanes()).map(move |lane| (log, lane)))
+            .flat_map(|log| {
+                let lanes: Vec<Option<usize>> =
+                    if lane_disks { (0..log.lanes()).map(Some).collect() } else { vec![None] };
+                lanes.into_iter().map(move |lane| (log, lane))
+            })
             .map(|(log, lane)| SimLog {
                 log: log.clone(),
                 lane,
@@ -260,7 +273,11 @@ impl SimWorld {
         let generation = self.log_generation[n as usize];
         let mut due = Vec::new();
         for (i, l) in self.logs[n as usize].iter_mut().enumerate() {
-            if !l.busy && l.log.sim_has_unflushed(l.lane) {
+            let unflushed = match l.lane {
+                Some(lane) => l.log.sim_has_unflushed(lane),
+                None => l.log.sim_has_unflushed_any(),
+            };
+            if !l.busy && unflushed {
                 l.busy = true;
                 due.push((now + l.group_commit_ns, i));
             }
@@ -276,12 +293,16 @@ impl SimWorld {
             return;
         }
         let Some(l) = self.logs[n as usize].get_mut(i) else { return };
-        match l.log.sim_begin_flush(l.lane) {
-            Some(_) => {
+        let started = match l.lane {
+            Some(lane) => l.log.sim_begin_flush(lane).is_some(),
+            None => l.log.sim_begin_cut(),
+        };
+        match started {
+            true => {
                 let at = now + l.fsync_ns;
                 self.push(at, Ev::FlushDone(n, i, generation));
             }
-            None => l.busy = false,
+            false => l.busy = false,
         }
     }
 
@@ -290,7 +311,10 @@ impl SimWorld {
             return;
         }
         let Some(l) = self.logs[n as usize].get_mut(i) else { return };
-        l.log.sim_finish_flush(l.lane);
+        match l.lane {
+            Some(lane) => l.log.sim_finish_flush(lane),
+            None => l.log.sim_finish_cut(),
+        }
         l.busy = false;
         self.maybe_flush(n);
     }
@@ -602,7 +626,13 @@ impl SimWorld {
         for s in self.slots.iter().filter(|s| s.w.addr.node as usize == n) {
             s.w.crash();
         }
-        let kept: Vec<SimImage> = self.logs[n].iter().filter(|l| l.lane == 0).map(|l| l.log.sim_crash()).collect();
+        // One image per log (its first disk stands for it); a write under way is torn anywhere.
+        let mut kept = Vec::new();
+        for l in self.logs[n].iter().filter(|l| l.lane.unwrap_or(0) == 0) {
+            let flushing = l.log.sim_flushing();
+            let torn = if flushing > 0 { self.rng.gen_range(0..=flushing) } else { 0 };
+            kept.push(l.log.sim_crash(torn));
+        }
         self.log_generation[n] += 1;
         for l in self.logs[n].iter_mut() {
             l.busy = false;

@@ -656,6 +656,11 @@ impl Shared {
     }
 
     fn mark_durable(&self, lsn: Lsn, lane_marks: &[u64]) {
+        // The callback first: whoever waits for `lsn` (`wait_durable`) finds its lanes' marks
+        // reported too.
+        if let Some(on_durable) = &*self.on_durable.read() {
+            on_durable(lsn, lane_marks);
+        }
         let mut state = self.state.lock();
         state.in_flight_bytes = 0;
         state.durable_lsn = lsn;
@@ -663,9 +668,6 @@ impl Shared {
         drop(state);
         self.durable_cv.notify_all();
         self.space_cv.notify_all();
-        if let Some(on_durable) = &*self.on_durable.read() {
-            on_durable(lsn, lane_marks);
-        }
     }
 
     /// A failed write or fsync leaves the file in an unknown state (after a failed fsync the
