@@ -49,6 +49,28 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     }
 }
 
+/// Checkpoints in the simulator: every 40 records a node's log machine snapshots what is
+/// durable and the records it covers leave the disk; a crash (anywhere, a group commit torn)
+/// recovers from the newest checkpoint and the records after it. Nothing acknowledged may be
+/// lost, and the sweep must have recovered from checkpoints.
+#[test]
+fn crashes_recover_from_checkpoints_in_the_simulator() {
+    for p in ready() {
+        let (mut restarts, mut from_checkpoint) = (0, 0);
+        for seed in 1..=seeds().div_ceil(2) {
+            let mut spec = durable_spec(p.name, 2500 + seed, "sim").with_faults(true, false, 0.0);
+            spec.workers = 2;
+            spec.faults.fault_interval_us = 50_000;
+            spec.durability.checkpoint_every = 40;
+            let out = common::run_and_check(&spec, "checkpoints");
+            restarts += out.restarts;
+            from_checkpoint += out.totals.counters.get("log-recoveries-from-checkpoint").copied().unwrap_or(0);
+        }
+        assert!(restarts >= seeds(), "{}: only {restarts} crashes over the sweep", p.name);
+        assert!(from_checkpoint > 0, "{}: no restart recovered from a checkpoint", p.name);
+    }
+}
+
 /// A node's log is one append lane per worker. A crash falls anywhere in a group commit: in
 /// the real WAL's layout (the lanes cut together into one write of one file) while the write is
 /// under way, so that it reached the disk up to any record, lane after lane; with a disk per

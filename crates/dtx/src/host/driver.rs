@@ -34,6 +34,8 @@ pub struct RunShared {
     /// Records that restarted nodes found durable in one lane of their log after a record
     /// another lane lost, and voided (see `rt::lanes`).
     pub orphans_voided: AtomicU64,
+    /// Restarts (in the simulator) that recovered from a checkpoint and the records after it.
+    pub recovered_from_checkpoint: AtomicU64,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is

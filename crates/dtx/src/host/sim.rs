@@ -51,6 +51,10 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     if orphans > 0 {
         totals.counters.insert("log-orphans-voided".to_string(), orphans);
     }
+    let from_checkpoint = shared.recovered_from_checkpoint.load(Ordering::Relaxed);
+    if from_checkpoint > 0 {
+        totals.counters.insert("log-recoveries-from-checkpoint".to_string(), from_checkpoint);
+    }
     if let Some(f) = &failover {
         for (name, n) in f.stats().counters() {
             totals.counters.insert(name.to_string(), n);
@@ -84,7 +88,7 @@ fn build_sim_node(
         Durability::Wal => {
             let lanes = spec.workers as usize;
             let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?)
-                .map(|_| NodeLog::simulated(Vec::new(), lanes).map(|r| r.log).map_err(anyhow::Error::msg))
+                .map(|_| NodeLog::simulated(Default::default(), lanes).map(|r| r.log).map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<_>>()?;
             world.set_logs(n, &logs, spec.durability.group_commit_us, spec.durability.sim_fsync_us);
             logs.into_iter().map(fresh_log).collect()
@@ -418,8 +422,11 @@ fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
             .map(|image| {
                 let r = NodeLog::simulated(image, lanes).expect("a simulated disk holds what it was given");
                 rebuild.shared.orphans_voided.fetch_add(r.orphans, Ordering::Relaxed);
-                let (log, records) = (r.log, r.records);
-                OpenedLog { log, checkpoint: None, records }
+                if r.checkpoint.is_some() {
+                    rebuild.shared.recovered_from_checkpoint.fetch_add(1, Ordering::Relaxed);
+                }
+                let (log, records, checkpoint) = (r.log, r.records, r.checkpoint);
+                OpenedLog { log, checkpoint, records }
             })
             .collect();
         let logs = opened.iter().map(|o| o.log.clone()).collect();

@@ -55,6 +55,9 @@ pub struct SimDisk {
     pending: Vec<Vec<u8>>,
     /// How many of `pending` the flush in progress covers (0 = no flush in progress).
     flushing: usize,
+    /// Records a checkpoint made redundant, dropped from the front of `durable` (lane LSNs
+    /// go on counting them).
+    compacted: usize,
 }
 
 impl SimDisk {
@@ -64,12 +67,48 @@ impl SimDisk {
         let done: Vec<Vec<u8>> = self.pending.drain(..n).collect();
         self.durable.extend(done);
         self.flushing = 0;
-        self.durable.len() as Lsn
+        self.durable_lane_lsn()
+    }
+
+    /// The lane LSN of its last durable record.
+    fn durable_lane_lsn(&self) -> Lsn {
+        (self.compacted + self.durable.len()) as Lsn
+    }
+
+    /// The durable record at lane LSN `lane_lsn`, unless it was compacted away or is not durable.
+    fn durable_at(&self, lane_lsn: usize) -> Option<&[u8]> {
+        self.durable.get(lane_lsn.checked_sub(self.compacted + 1)?).map(|r| r.as_slice())
+    }
+
+    /// Drop the durable records at the front whose sequence number is at most `seq`.
+    fn compact_through(&mut self, seq: Lsn) {
+        let covered = self.durable.iter().take_while(|r| lanes::decode(r).is_ok_and(|d| d.seq() <= seq)).count();
+        self.durable.drain(..covered);
+        self.compacted += covered;
     }
 }
 
-/// What a simulated log's lanes kept at a crash: each lane's durable records, oldest first.
-pub type SimImage = Vec<Vec<Vec<u8>>>;
+/// What a simulated log's disk kept at a crash: each lane's durable records, oldest first, and
+/// the newest checkpoint (the sequence number it covers, the log machine's snapshot).
+#[derive(Debug, Clone, Default)]
+pub struct SimImage {
+    pub lanes: Vec<Vec<Vec<u8>>>,
+    pub checkpoint: Option<(Lsn, Vec<u8>)>,
+}
+
+/// The simulator's checkpointer: the log machine applies this boot's records as they become
+/// durable, in sequence order, and every `every` records its snapshot becomes the disk's
+/// checkpoint and the records it covers are dropped, as the real checkpointer does to whole
+/// segments.
+struct SimCheckpointer {
+    machine: Box<dyn LogMachine>,
+    every: u64,
+    /// Every record up to this sequence number is in the machine.
+    applied_seq: Lsn,
+    since: u64,
+    /// Per lane, the lane LSN (1-based) of the next durable record to look at.
+    next_in_lane: Vec<usize>,
+}
 
 /// Records waiting to be proposed to the node's replicated log, and the task that proposes them.
 #[derive(Default)]
@@ -152,7 +191,7 @@ impl Lane {
                 let mut d = disk.lock();
                 let (seq, h) = head();
                 d.pending.push([&h[..], body].concat());
-                Ok(((d.durable.len() + d.pending.len()) as Lsn, seq))
+                Ok((d.durable_lane_lsn() + d.pending.len() as Lsn, seq))
             }
             Device::Replicated(_) => unreachable!("a replicated log has no lanes"),
         }
@@ -340,6 +379,9 @@ pub struct NodeLog {
     /// The WAL's durable cuts, kept only while a checkpointer runs.
     cuts: std::sync::OnceLock<Arc<Cuts>>,
     durable: AtomicU64,
+    sim_checkpointer: Mutex<Option<SimCheckpointer>>,
+    /// The simulated disk's newest checkpoint (kept across crashes in [`SimImage`]).
+    sim_checkpoint: Mutex<Option<(Lsn, Vec<u8>)>>,
 }
 
 /// A log opened from its lanes: the log, the snapshot of its newest checkpoint (without the
@@ -403,18 +445,22 @@ impl NodeLog {
     /// A log over `lanes` simulated disks that already hold `image` (what survived earlier
     /// crashes; an empty image is a fresh log), with the records recovery replays from it.
     pub fn simulated(image: SimImage, lanes: usize) -> Result<Reopened, String> {
-        let merged = lanes::merge(image.iter().map(|l| l.iter().map(|r| r.as_slice())), 0)?;
-        let mut image = image.into_iter();
-        let lanes = (0..lanes.max(image.len()))
+        let after = image.checkpoint.as_ref().map_or(0, |c| c.0);
+        let merged = lanes::merge(image.lanes.iter().map(|l| l.iter().map(|r| r.as_slice())), after)?;
+        let lane_count = lanes.max(image.lanes.len());
+        let mut kept = image.lanes.into_iter();
+        let lanes = (0..lane_count)
             .map(|_| {
-                let durable = image.next().unwrap_or_default();
+                let durable = kept.next().unwrap_or_default();
                 Lane::new(Device::Sim(Mutex::new(SimDisk { durable, ..Default::default() })))
             })
             .collect();
         let log = Arc::new(NodeLog::new(lanes, &merged));
+        *log.sim_checkpoint.lock() = image.checkpoint.clone();
         log.void_orphans(&merged)?;
         let orphans = merged.orphan_count();
-        Ok(Reopened { log, checkpoint: None, records: merged.records, orphans })
+        let checkpoint = image.checkpoint.map(|c| c.1);
+        Ok(Reopened { log, checkpoint, records: merged.records, orphans })
     }
 
     fn new(lanes: Vec<Lane>, recovered: &lanes::Merged) -> Self {
@@ -424,6 +470,8 @@ impl NodeLog {
             lanes,
             next_seq: AtomicU64::new(last + 1),
             checkpointer: std::sync::OnceLock::new(),
+            sim_checkpointer: Mutex::new(None),
+            sim_checkpoint: Mutex::new(None),
             cuts: std::sync::OnceLock::new(),
             durable: AtomicU64::new(last),
         }
@@ -443,9 +491,20 @@ impl NodeLog {
         self.lanes.len()
     }
 
-    /// Checkpoint this log every `every` records from now on (real WALs only; the simulator's
-    /// disks and replicated logs are not checkpointed).
+    /// Checkpoint this log every `every` records from now on: a real WAL on the checkpointer's
+    /// thread, a simulated disk as its flushes complete ([`SimCheckpointer`]). Replicated logs
+    /// are not checkpointed here (their replicas snapshot the applied state).
     pub fn set_checkpointer(&self, machine: Box<dyn LogMachine>, every: u64) {
+        if let (Device::Sim(_), true) = (&self.lanes[0].device, every > 0) {
+            // Records appended before (a void) are below every number it applies.
+            let next_in_lane = (0..self.lanes.len())
+                .map(|lane| self.sim_disk(lane).map_or(1, |d| d.lock().durable_lane_lsn() as usize + 1))
+                .collect();
+            let applied_seq = self.next_seq.load(Ordering::Acquire) - 1;
+            *self.sim_checkpointer.lock() =
+                Some(SimCheckpointer { machine, every, applied_seq, since: 0, next_in_lane });
+            return;
+        }
         let Device::Wal(wal) = &self.lanes[0].device else { return };
         if every > 0 {
             // Records appended before are below every sequence number the checkpointer will see,
@@ -644,7 +703,7 @@ impl NodeLog {
             return None;
         }
         d.flushing = d.pending.len();
-        Some((d.durable.len() + d.flushing) as Lsn)
+        Some(d.durable_lane_lsn() + d.flushing as Lsn)
     }
 
     /// The flush of `lane` in progress reached the disk.
@@ -652,6 +711,7 @@ impl NodeLog {
         let Some(disk) = self.sim_disk(lane) else { return };
         let lane_lsn = disk.lock().finish_flush();
         self.lane_durable(lane, lane_lsn);
+        self.sim_checkpoint_step();
     }
 
     /// Whether records of `lane` wait for a flush that has not started.
@@ -689,6 +749,52 @@ impl NodeLog {
             self.pop_flushed(lane, mark);
         }
         self.advance_to_oldest_unflushed();
+        self.sim_checkpoint_step();
+    }
+
+    /// Feed the simulator's checkpointer what became durable, in sequence order, and checkpoint
+    /// every `every` records: the snapshot becomes the disk's checkpoint, and the records it
+    /// covers leave the lanes.
+    fn sim_checkpoint_step(&self) {
+        let mut guard = self.sim_checkpointer.lock();
+        let Some(c) = guard.as_mut() else { return };
+        let durable = self.durable_lsn();
+        if durable <= c.applied_seq {
+            return;
+        }
+        // Each lane holds its records in sequence order: take what is durable from each.
+        let mut newly: std::collections::BTreeMap<Lsn, Vec<u8>> = Default::default();
+        for (lane, next) in c.next_in_lane.iter_mut().enumerate() {
+            let Some(disk) = self.sim_disk(lane) else { continue };
+            let d = disk.lock();
+            while let Some(bytes) = d.durable_at(*next) {
+                let Ok(r) = lanes::decode(bytes) else { break };
+                if r.seq() > durable {
+                    break;
+                }
+                if let (lanes::LaneRecord::Record { seq, body }, true) = (&r, r.seq() > c.applied_seq) {
+                    newly.insert(*seq, body.to_vec());
+                }
+                *next += 1;
+            }
+        }
+        c.since += newly.len() as u64;
+        for body in newly.into_values() {
+            c.machine.apply(&body);
+        }
+        // The machine holds every record up to `durable` now (what lies between its last record
+        // and `durable` are voids): the checkpoint covers `durable`.
+        c.applied_seq = durable;
+        if c.since >= c.every {
+            c.since = 0;
+            let seq = durable;
+            *self.sim_checkpoint.lock() = Some((seq, c.machine.snapshot()));
+            for lane in 0..self.lanes.len() {
+                if let Some(disk) = self.sim_disk(lane) {
+                    disk.lock().compact_through(seq);
+                }
+            }
+        }
     }
 
     /// Whether any lane holds records no flush has started on.
@@ -702,7 +808,7 @@ impl NodeLog {
     /// acknowledged; recovery keeps those in its unbroken run and voids the rest. Returns what
     /// survived in each lane, for the restarted node.
     pub fn sim_crash(&self, mut torn_records: usize) -> SimImage {
-        (0..self.lanes.len())
+        let lanes = (0..self.lanes.len())
             .filter_map(|lane| {
                 let mut d = self.sim_disk(lane)?.lock();
                 let reached = d.flushing.min(torn_records);
@@ -713,7 +819,8 @@ impl NodeLog {
                 d.flushing = 0;
                 Some(d.durable.clone())
             })
-            .collect()
+            .collect();
+        SimImage { lanes, checkpoint: self.sim_checkpoint.lock().clone() }
     }
 
     /// How many records the flushes under way carry (what a crash may tear).
@@ -750,7 +857,7 @@ mod tests {
     use super::*;
 
     fn fresh(lanes: usize) -> Arc<NodeLog> {
-        NodeLog::simulated(Vec::new(), lanes).expect("an empty image").log
+        NodeLog::simulated(SimImage::default(), lanes).expect("an empty image").log
     }
 
     /// A replicated log fences reads with a record proposed after them: one not yet taken by
@@ -776,6 +883,45 @@ mod tests {
         own.sim_begin_flush(0);
         own.sim_finish_flush(0);
         assert_eq!(own.read_fence(), None);
+    }
+
+    /// A machine whose state is every record it applied, in order.
+    struct Concat(Vec<u8>);
+
+    impl LogMachine for Concat {
+        fn apply(&mut self, record: &[u8]) {
+            self.0.extend_from_slice(record);
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            self.0.clone()
+        }
+    }
+
+    /// The simulator's checkpointer snapshots what is durable every `every` records and drops
+    /// what the snapshot covers; new records still get lane LSNs past the dropped ones (so they
+    /// are durable only once flushed); a crash recovers from the checkpoint and the records after.
+    #[test]
+    fn a_simulated_checkpoint_covers_what_is_durable_and_compacts_it() {
+        let log = fresh(1);
+        log.set_checkpointer(Box::new(Concat(Vec::new())), 2);
+        for r in [b"a", b"b", b"c"] {
+            log.append(r).unwrap();
+        }
+        assert!(log.sim_begin_cut());
+        log.sim_finish_cut();
+        assert_eq!(log.durable_lsn(), 3);
+        log.append(b"d").unwrap();
+        assert_eq!(log.durable_lsn(), 3, "an append after compaction is not durable before its flush");
+        let image = log.sim_crash(0);
+        assert_eq!(image.checkpoint, Some((3, b"abc".to_vec())));
+        assert!(image.lanes[0].is_empty(), "the checkpoint's records left the disk");
+        let Reopened { log, checkpoint, records, .. } = NodeLog::simulated(image, 1).expect("reopens");
+        assert_eq!((checkpoint, records), (Some(b"abc".to_vec()), Vec::<Vec<u8>>::new()));
+        assert_eq!(log.append(b"e"), Ok(4), "numbers go on after the checkpoint");
+        log.sim_begin_cut();
+        log.sim_finish_cut();
+        let Reopened { records, checkpoint, .. } = NodeLog::simulated(log.sim_crash(0), 1).expect("reopens");
+        assert_eq!((checkpoint, records), (Some(b"abc".to_vec()), vec![b"e".to_vec()]));
     }
 
     #[test]

@@ -175,9 +175,11 @@ impl OccWorker {
 
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(writes) = self.parts.remove(txn) {
-            unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
             // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
+            // Appended before the locks go: a later writer's vote must follow it in the log,
+            // or a crash could leave both in doubt over the same record.
             let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
         }
     }
 

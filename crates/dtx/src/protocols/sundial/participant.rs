@@ -218,6 +218,10 @@ impl SundialWorker {
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
             if p.writes.is_some() {
+                // Presumed abort: nobody waits for this record. Appended before the locks go: a
+                // later writer's vote must follow it in the log, or a crash could leave both in
+                // doubt over the same record.
+                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
                 // A recovered in-doubt writer leaves its tuples ordinary again.
                 for k in &p.held {
                     if let Some(rec) = self.node.store.get(*k) {
@@ -226,10 +230,6 @@ impl SundialWorker {
                 }
             }
             self.release(txn, &p.held);
-            if p.writes.is_some() {
-                // Presumed abort: nobody waits for this record.
-                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
-            }
         }
     }
 

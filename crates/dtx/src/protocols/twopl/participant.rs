@@ -247,11 +247,13 @@ impl TwoPlWorker {
 
     pub(super) fn abort_here(&self, txn: TxnId) {
         if let Some(p) = self.parts.remove(txn) {
-            release(&self.node.store, txn, p.held.into_iter());
             if p.writes.is_some() {
                 // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
+                // Appended before the locks go: a later writer's vote must follow it in the log,
+                // or a crash could leave both in doubt over the same record.
                 let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
             }
+            release(&self.node.store, txn, p.held.into_iter());
         }
     }
 
