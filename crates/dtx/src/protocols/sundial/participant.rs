@@ -37,7 +37,7 @@ impl SundialWorker {
                 // Reads take nothing: no state for the transaction here.
                 let _ = (txn, prio);
                 let vals = self.read_all(&reads);
-                self.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)));
+                self.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)), true);
             }
             Request::Fetch { txn, prio, reads, locks, .. } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
             Request::Scan { scan, fresh } => {
@@ -47,7 +47,7 @@ impl SundialWorker {
                     return self.w.reply(from, rpc_id, &encode(&reply));
                 }
                 let rows = self.state.scan(&self.node.store, scan);
-                self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)));
+                self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)), true);
             }
             Request::Prepare { txn, commit_ts, renew, writes } => {
                 self.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
@@ -57,8 +57,14 @@ impl SundialWorker {
 
     /// Answer with leases once the bound they may reach is durable: a coordinator may rely on
     /// them without asking this node again (a cached copy), and a crash must not forget them.
-    fn reply_lease(&self, to: Addr, rpc_id: u64, body: Vec<u8>) {
-        self.reply_when_durable(to, rpc_id, self.state.bound_lsn(), body)
+    /// A transaction that only reads here (`fenced`) may commit within the leases without this
+    /// node's vote, so the reply also waits for the read fence: a version installed by a commit
+    /// whose record is not durable yet (early lock release) must not be relied on before it is,
+    /// and a deposed incarnation of this node must not hand out leases on what it holds.
+    fn reply_lease(&self, to: Addr, rpc_id: u64, body: Vec<u8>, fenced: bool) {
+        let bound = self.state.bound_lsn();
+        let lsn = if fenced { bound.max(self.node.log.read_fence()) } else { bound };
+        self.reply_when_durable(to, rpc_id, lsn, body)
     }
 
     /// Each record's value and lease, or only its lease when the coordinator's cached version
@@ -98,7 +104,8 @@ impl SundialWorker {
                 }
                 Err(a) => Reply::Aborted(a),
             };
-            me.reply_lease(from, rpc_id, encode(&reply));
+            // It holds locks here: it votes here, after a record that covers what it read.
+            me.reply_lease(from, rpc_id, encode(&reply), false);
         });
     }
 
