@@ -327,6 +327,7 @@ impl crate::rt::sim::Failover for SimFailover {
             r.borrow_mut().adoption_refused(node);
             return false;
         };
+        let term = r.borrow().takeover_term(node).expect("an adoptable log was taken over in its term");
         let (setup, log) = adopt_node(&me.rebuild.spec, node, &me.rebuild.workload, state)
             .expect("a node that built once builds again from its log's replica");
         me.rebuild.start(node, setup, workers);
@@ -335,7 +336,9 @@ impl crate::rt::sim::Failover for SimFailover {
                 r2.borrow_mut().forget(node);
             }
         }
-        r.borrow_mut().serve(node, log);
+        // The rebuild took no simulated time: the replica still leads in that term.
+        let served = r.borrow_mut().serve(node, log, term);
+        assert!(served, "host {host} lost node {node}'s log while adopting it in one step");
         true
     }
 }

@@ -460,7 +460,9 @@ impl Hosting {
                     self.host, t.rebuild_ms
                 );
                 self.record_takeover(t);
-                self.push_to_replicator(Box::new(move |r| r.borrow_mut().serve(id, log)));
+                self.push_to_replicator(Box::new(move |r| {
+                    r.borrow_mut().serve(id, log, term);
+                }));
             }
             Err(e) => {
                 crate::rt::log_warn(&format!("host {}: cannot take node {id} over: {e}", self.host));

@@ -576,13 +576,37 @@ impl Replicator {
         self.served.clear();
     }
 
-    /// Serve `node` from now on: propose the records `log` appends to its group.
-    pub fn serve(&mut self, node: NodeId, log: Arc<NodeLog>) {
-        self.requested.remove(&(node as u32));
-        self.served.insert(node as u32, Served::new(log));
+    /// Serve `node` from now on: propose the records `log` appends to its group. `term` is the
+    /// term its state was taken in ([`Replicator::adoptable_state`]). If this replica no longer
+    /// leads the log in that term (it lost the lead while the node was rebuilt, perhaps winning a
+    /// later election meanwhile), the rebuilt incarnation is stale (the log may hold records it
+    /// never applied): it is refused, reported deposed so that the host stops it, and the node
+    /// is asked for again. Returns whether it is served.
+    pub fn serve(&mut self, node: NodeId, log: Arc<NodeLog>, term: u64) -> bool {
+        let group = node as u32;
+        self.requested.remove(&group);
+        let leads_in = self.state.borrow().groups.get(group).filter(|g| g.is_leader()).map(|g| g.term());
+        if leads_in != Some(term) {
+            log_warn(&format!(
+                "replication: host {}: node {node} was rebuilt from its log as of term {term}, but this replica {}:                  that incarnation is stopped",
+                self.state.borrow().host,
+                match leads_in {
+                    Some(t) => format!("leads it in term {t} now"),
+                    None => "no longer leads it".to_string(),
+                }
+            ));
+            if let Some(q) = &self.deposed {
+                q.borrow_mut().push(node);
+            }
+            return false;
+        }
+        let mut served = Served::new(log);
+        served.led_term = Some(term);
+        self.served.insert(group, served);
         if let Some(w) = self.loop_waker.take() {
             w.wake();
         }
+        true
     }
 
     /// Route announcements from other hosts go to `f` (their payload, past the frame header).
