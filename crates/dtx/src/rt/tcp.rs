@@ -467,14 +467,22 @@ impl TcpNet {
     }
 }
 
-/// Where this process's RPC ids start: past every id an earlier incarnation of its node (a
-/// server killed and started again) used, since a peer's de-duplication table answers a reused
-/// id with the old request's reply. The process's start time in ms since 2025 (about 2^35 for the
-/// next 30 years), shifted left by 24: an incarnation that ran for `d` ms would have to send more
-/// than 16 million requests per ms of `d` from one worker to reach its successor's first id.
+/// Where a new worker's RPC ids start: past every id an earlier incarnation of its node used
+/// (a server killed and started again, or a node this process served, gave up and took over
+/// again), since a peer's de-duplication table answers a reused id with the old request's reply
+/// (a reply to another request: the soak read one key's list as another's). The time in ms
+/// since the epoch shifted left by 24, or 2^24 past the last base this process handed out if
+/// that is larger: an incarnation that ran for `d` ms would have to send more than 16 million
+/// requests per ms of `d` from one worker to reach its successor's first id.
 fn rpc_id_base() -> u64 {
-    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| (super::system_us() / 1000).max(1) << 24)
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let by_time = (super::system_us() / 1000).max(1) << 24;
+    let previous = LAST
+        .fetch_update(std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire, |last| {
+            Some(by_time.max(last + (1 << 24)))
+        })
+        .expect("the update always succeeds");
+    by_time.max(previous + (1 << 24))
 }
 
 #[cfg(test)]
@@ -493,6 +501,14 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+
+    /// Workers made one after another in one process (a node given up and taken over again
+    /// within a millisecond) number their RPCs in ranges of their own.
+    #[test]
+    fn each_new_worker_numbers_its_rpcs_past_the_last_one() {
+        let bases: Vec<u64> = (0..4).map(|_| rpc_id_base()).collect();
+        assert!(bases.windows(2).all(|b| b[1] >= b[0] + (1 << 24)), "{bases:?}");
     }
 
     #[test]
