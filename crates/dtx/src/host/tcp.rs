@@ -856,12 +856,22 @@ struct Nemesis {
     events: Vec<FaultEvent>,
 }
 
-/// Find a base port with room for every node's control, worker and replication ports.
+/// Find a base port with room for every node's control, worker and replication ports, below
+/// the kernel's ephemeral range (32768 and up by default): a port checked free there could be
+/// taken by another process's outgoing connection before its server binds it (a CI run failed
+/// with "Address already in use" so).
 fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
+    const LOWEST: u32 = 20_000;
+    const EPHEMERAL_START: u32 = 32_768;
     let span = nodes as u32 * (workers as u32 + 2);
-    let seed = (std::process::id() as u32).wrapping_mul(2654435761) % 20_000;
+    anyhow::ensure!(
+        LOWEST + span < EPHEMERAL_START,
+        "a cluster of {span} ports does not fit below port {EPHEMERAL_START}"
+    );
+    let room = EPHEMERAL_START - span - LOWEST;
+    let seed = (std::process::id() as u32).wrapping_mul(2654435761) % room;
     for attempt in 0..200u32 {
-        let base = 20_000 + (seed + attempt * 97) % 30_000;
+        let base = LOWEST + (seed + attempt * 97) % room;
         let ok = (0..span).all(|i| TcpListener::bind(("127.0.0.1", (base + i) as u16)).is_ok());
         if ok {
             return Ok(base as u16);
