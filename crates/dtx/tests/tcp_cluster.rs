@@ -44,12 +44,15 @@ fn bench_spawns_a_tcp_cluster_and_verifies() {
     }
 }
 
+/// A block of 8 free ports below the kernel's ephemeral range (32768 and up), where no other
+/// test's outgoing connection can take one before its server binds it.
 fn free_port() -> u16 {
-    // Ask the OS for a free port, then use a block above it that is free too.
-    for _ in 0..100 {
-        let p = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if p < 60_000 && (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2654435761);
+    for _ in 0..200 {
+        let p = 20_000 + seed.wrapping_add(NEXT.fetch_add(97, std::sync::atomic::Ordering::Relaxed)) % 12_000;
+        if (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", (p + i) as u16)).is_ok()) {
+            return p as u16;
         }
     }
     panic!("no free ports");

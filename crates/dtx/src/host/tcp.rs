@@ -869,9 +869,11 @@ fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
         "a cluster of {span} ports does not fit below port {EPHEMERAL_START}"
     );
     let room = EPHEMERAL_START - span - LOWEST;
-    let seed = (std::process::id() as u32).wrapping_mul(2654435761) % room;
-    for attempt in 0..200u32 {
-        let base = LOWEST + (seed + attempt * 97) % room;
+    // Runs of one process (the tests) take turns through the counter.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seed = (std::process::id()).wrapping_mul(2654435761);
+    for _ in 0..200u32 {
+        let base = LOWEST + seed.wrapping_add(NEXT.fetch_add(97, std::sync::atomic::Ordering::Relaxed)) % room;
         let ok = (0..span).all(|i| TcpListener::bind(("127.0.0.1", (base + i) as u16)).is_ok());
         if ok {
             return Ok(base as u16);
