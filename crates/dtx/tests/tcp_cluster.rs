@@ -44,18 +44,9 @@ fn bench_spawns_a_tcp_cluster_and_verifies() {
     }
 }
 
-/// A block of 8 free ports below the kernel's ephemeral range (32768 and up), where no other
-/// test's outgoing connection can take one before its server binds it.
+/// A block of 8 free ports, as the bench picks its own (two servers of two workers: 2 x (2 + 2)).
 fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let seed = std::process::id().wrapping_mul(2654435761);
-    for _ in 0..200 {
-        let p = 20_000 + seed.wrapping_add(NEXT.fetch_add(97, std::sync::atomic::Ordering::Relaxed)) % 12_000;
-        if (0..8).all(|i| std::net::TcpListener::bind(("127.0.0.1", (p + i) as u16)).is_ok()) {
-            return p as u16;
-        }
-    }
-    panic!("no free ports");
+    dtx::host::tcp::free_base_port(2, 2).expect("free ports on 127.0.0.1")
 }
 
 fn control(addr: &str, line: &str) -> serde_json::Value {

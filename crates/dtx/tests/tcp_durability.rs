@@ -24,22 +24,10 @@ fn dtx() -> Command {
 /// Ports each server uses: control, one worker, replication.
 const PORTS_PER_SERVER: u16 = 3;
 
-/// A base port with room for `servers` servers' ports, on 127.0.0.1, below the kernel's
-/// ephemeral range (32768 and up): a port found free there can be taken by another test's
-/// outgoing connection before its server binds it. Tests of one process take turns through
-/// the counter.
+/// A base port with room for `servers` servers' ports (one worker each), as the bench picks
+/// its own: below the kernel's ephemeral range.
 fn free_port(servers: u16) -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let span = (servers * PORTS_PER_SERVER) as u32;
-    let room = 32_768 - 20_000 - span;
-    let seed = std::process::id().wrapping_mul(2654435761);
-    for _ in 0..200 {
-        let p = 20_000 + seed.wrapping_add(NEXT.fetch_add(97, std::sync::atomic::Ordering::Relaxed)) % room;
-        if (0..span).all(|i| std::net::TcpListener::bind(("127.0.0.1", (p + i) as u16)).is_ok()) {
-            return p as u16;
-        }
-    }
-    panic!("no free ports on 127.0.0.1");
+    dtx::host::tcp::free_base_port(servers, PORTS_PER_SERVER - 2).expect("free ports on 127.0.0.1")
 }
 
 /// Hand-started `dtx server` processes (1 worker each) with `--data-dir`, killed and waited

@@ -860,7 +860,7 @@ struct Nemesis {
 /// the kernel's ephemeral range (32768 and up by default): a port checked free there could be
 /// taken by another process's outgoing connection before its server binds it (a CI run failed
 /// with "Address already in use" so).
-fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
+pub fn free_base_port(nodes: u16, workers: u16) -> anyhow::Result<u16> {
     const LOWEST: u32 = 20_000;
     const EPHEMERAL_START: u32 = 32_768;
     let span = nodes as u32 * (workers as u32 + 2);
