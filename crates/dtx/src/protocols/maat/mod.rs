@@ -18,9 +18,9 @@
 //! - writes outside a one-shot declaration take their soft write locks at validation;
 //! - a write installs only over an older version (the Thomas write rule), since decisions reach
 //!   a node out of timestamp order; replay applies the same rule (`CommitAt`, `OutcomeAt`);
-//! - durability (the original assumes 2PC's logging): a yes vote logs the writes with its lower
-//!   bound (`PreparedAt`), a decision logs its timestamp, and since reads are not logged, a node
-//!   logs a bound (`Bound`) that every commit timestamp it takes part in stays below, so that
+//! - durability (the original assumes 2PC's logging): a yes vote logs the writes with its range
+//!   (`PreparedRange`: a recovered vote answers a resent request as the lost reply did), a
+//!   decision logs its timestamp, and since reads are not logged, a node logs a bound (`Bound`) that every commit timestamp it takes part in stays below, so that
 //!   after a crash every record's read timestamp can start from it: a vote reports the node's
 //!   bound, and a commit past it first raises it there (`Raise`, one more round trip, only in
 //!   durable runs and only where the bound lags).

@@ -4,7 +4,7 @@
 
 use super::messages::{Reply, Request};
 use super::meta::MaatMeta;
-use super::range::{Entry, Order, TimeTable, Validation, OPEN};
+use super::range::{Entry, Order, TimeTable, Validation};
 use super::{MaatNode, MaatWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::{InDoubt, LogRecord};
@@ -185,12 +185,13 @@ impl MaatNode {
         }
     }
 
-    /// A prepared transaction recovered from the log: validated here at `lower` (its vote's
-    /// lower bound), with an open range until its coordinator's answer comes, so that readers
-    /// of what it writes go before it and writers wait for it to end.
-    pub fn adopt(&self, store: &Store, txn: TxnId, lower: u64, writes: &Writes) {
+    /// A prepared transaction recovered from the log: validated here with the range its vote
+    /// logged, so that readers of what it writes go before it, writers after it, and a resent
+    /// request gets the answer the lost one carried (a wider range would let its coordinator
+    /// commit it past a writer its reads here were ordered before).
+    pub fn adopt(&self, store: &Store, txn: TxnId, (lower, upper): (u64, u64), writes: &Writes) {
         let mut l = self.latch.lock();
-        *l.table.entry(txn) = Entry { lower, upper: OPEN, validated: true, frozen_hit: false };
+        *l.table.entry(txn) = Entry { lower, upper, validated: true, frozen_hit: false };
         for (key, _) in writes {
             MaatMeta::hold(&mut store.get_or_create(*key).lock().meta.writers, txn);
         }
@@ -283,7 +284,7 @@ impl MaatWorker {
         let prepared = if writes.is_empty() {
             Ok(self.node.log.read_fence())
         } else {
-            self.node.log.append_prepared_at(txn, &writes, lower)
+            self.node.log.append_prepared_range(txn, &writes, (lower, upper))
         };
         let (Ok((bound, bound_lsn)), Ok(lsn)) = (granted, prepared) else {
             self.abort_here(txn);
@@ -318,8 +319,8 @@ impl MaatWorker {
     /// the lower bound their vote logged; the orphan sweeper asks their coordinators.
     pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt) {
         for (txn, writes) in in_doubt {
-            let lower = self.node.recovered_ts(txn).expect("a MaaT vote logs its lower bound");
-            self.state.adopt(&self.node.store, txn, lower, &writes);
+            let range = self.node.recovered_range(txn).expect("a MaaT vote logs its range");
+            self.state.adopt(&self.node.store, txn, range, &writes);
             let write_locks = writes.iter().map(|w| w.0).collect();
             // Last heard of "never": the sweeper asks about them on its first round.
             self.parts.txns.borrow_mut().insert(txn, (PartTxn { reads: Vec::new(), write_locks, writes }, 0));

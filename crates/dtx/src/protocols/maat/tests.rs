@@ -88,3 +88,31 @@ fn a_decision_validated_by_an_earlier_incarnation_drops_what_a_late_read_left() 
     assert!(!row.meta.readers.contains(&late_copy), "its soft lock is gone");
     assert_eq!(row.value, None, "nothing installed");
 }
+
+#[test]
+fn a_recovered_vote_answers_with_the_range_it_sent() {
+    // Seed 301 of the durable run above, with group commit at 1 ms: T validated at node 0 with
+    // [l, u] (u below a writer its read there was ordered before), the reply was lost in a
+    // crash, and the recovered vote answered the resent request with [l, ∞): its coordinator
+    // committed it after that writer. The vote logs its range, and the recovered one keeps it.
+    use super::range::OPEN;
+    use super::{Latched, MaatNode};
+    use crate::protocols::twopc::durable::{replay, LogRecord, ReplayState};
+    use crate::storage::{Layout, RowKey, Storage, TableDef};
+    let (txn, key, range) = (9, RowKey::new(0, 3), (5, 40));
+    let vote = LogRecord::PreparedRange { txn, writes: vec![(key, None)], lower: range.0, upper: range.1 };
+    let recovery = replay(ReplayState::default(), &[crate::net::encode(&vote)], &mut |_, _, _, _| {});
+    assert_eq!((recovery.in_doubt_ts[&txn], recovery.in_doubt_upper[&txn]), range);
+    let def = TableDef { name: "t", ordered: false, expected_rows: 1, dense: Vec::new(), layout: Layout::Tree };
+    let store = Storage::<super::meta::MaatMeta>::new(&[def]);
+    let node = MaatNode {
+        latch: parking_lot::Mutex::new(Latched { table: Default::default(), bound: 0, bound_lsn: None }),
+        floor: 0,
+    };
+    node.adopt(&store, txn, range, &recovery.in_doubt[0].1);
+    let e = node.latch.lock().table.get(txn).expect("adopted");
+    assert_eq!((e.lower, e.upper, e.validated), (5, 40, true));
+    // A writer of the same record now goes after the range it sent, not after ∞.
+    let (lower, upper) = node.validate(&store, 10, &[], &[key]).expect("the writer validates");
+    assert_eq!((lower, upper), (41, OPEN));
+}

@@ -61,6 +61,9 @@ pub enum LogRecord {
     CommitAt { txn: TxnId, writes: Writes, participants: Vec<NodeId>, ts: u64 },
     /// `Outcome` (committed) with the decision's timestamp, as `CommitAt`.
     OutcomeAt { txn: TxnId, ts: u64 },
+    /// A participant's yes vote with the range of timestamps it allows (MaaT): a recovered vote
+    /// answers a resent request with the range it sent, never a wider one.
+    PreparedRange { txn: TxnId, writes: Writes, lower: u64, upper: u64 },
 }
 
 /// The records of [`LogRecord`] that carry writes, borrowing them: encoded exactly as the owned
@@ -105,6 +108,17 @@ enum LogRecordRef<'a> {
         participants: &'a [NodeId],
         ts: u64,
     },
+    #[allow(dead_code)]
+    OutcomeAt {
+        txn: TxnId,
+        ts: u64,
+    },
+    PreparedRange {
+        txn: TxnId,
+        writes: &'a [(RowKey, Option<Value>)],
+        lower: u64,
+        upper: u64,
+    },
 }
 
 /// Transactions prepared here whose outcome the log does not hold, with their writes.
@@ -125,8 +139,11 @@ pub struct Recovery {
     /// Records replayed, and records that did not decode (a bug or a foreign log: reported).
     pub replayed: u64,
     pub undecodable: u64,
-    /// The timestamp each in-doubt transaction installs at, where its vote logged one.
+    /// The timestamp each in-doubt transaction installs at, where its vote logged one (the
+    /// lower end of its range, where it logged a range).
     pub in_doubt_ts: FxHashMap<TxnId, u64>,
+    /// The upper end of each in-doubt transaction's range, where its vote logged one.
+    pub in_doubt_upper: FxHashMap<TxnId, u64>,
     /// The largest bound logged (0: none).
     pub bound: u64,
 }
@@ -157,6 +174,9 @@ pub struct ReplayState {
     /// The timestamps of unended commits that logged one.
     #[serde(default)]
     pub unended_ts: FxHashMap<TxnId, u64>,
+    /// The upper ends of the ranges of prepared transactions that logged one.
+    #[serde(default)]
+    pub prepared_upper: FxHashMap<TxnId, u64>,
 }
 
 impl ReplayState {
@@ -215,9 +235,15 @@ impl ReplayState {
                 self.prepared.insert(txn, writes);
                 self.prepared_ts.insert(txn, ts);
             }
+            LogRecord::PreparedRange { txn, writes, lower, upper } => {
+                self.prepared.insert(txn, writes);
+                self.prepared_ts.insert(txn, lower);
+                self.prepared_upper.insert(txn, upper);
+            }
             LogRecord::Bound { ts } => self.bound = self.bound.max(ts),
             LogRecord::Outcome { txn, committed } => {
                 self.prepared_ts.remove(&txn);
+                self.prepared_upper.remove(&txn);
                 if let Some(writes) = self.prepared.remove(&txn) {
                     if committed {
                         self.write(writes);
@@ -237,6 +263,7 @@ impl ReplayState {
             }
             LogRecord::OutcomeAt { txn, ts } => {
                 self.prepared_ts.remove(&txn);
+                self.prepared_upper.remove(&txn);
                 if let Some(writes) = self.prepared.remove(&txn) {
                     self.write_at(writes, ts);
                 }
@@ -265,6 +292,7 @@ impl ReplayState {
             replayed: self.replayed,
             undecodable: self.undecodable,
             in_doubt_ts: self.prepared_ts.clone(),
+            in_doubt_upper: self.prepared_upper.clone(),
             bound: self.bound,
         }
     }
@@ -403,6 +431,16 @@ impl TxnLog {
         ts: u64,
     ) -> Result<Option<u64>, Abort> {
         self.append_encoded(&LogRecordRef::PreparedAt { txn, writes, ts })
+    }
+
+    /// Append a `PreparedRange` record: a yes vote with the range of timestamps it allows.
+    pub fn append_prepared_range(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        (lower, upper): (u64, u64),
+    ) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&LogRecordRef::PreparedRange { txn, writes, lower, upper })
     }
 
     /// Log a decision whose writes install at `ts` (`CommitAt`) and wait until it is durable,

@@ -124,6 +124,12 @@ impl<M: TxnMeta> NodeShared<M> {
         self.recovered.lock().in_doubt_ts.get(&txn).copied()
     }
 
+    /// The range a recovered in-doubt transaction's vote logged, if it logged one.
+    pub fn recovered_range(&self, txn: TxnId) -> Option<(u64, u64)> {
+        let r = self.recovered.lock();
+        Some((*r.in_doubt_ts.get(&txn)?, *r.in_doubt_upper.get(&txn)?))
+    }
+
     /// The largest bound the node's log holds (0: none, or a fresh node).
     pub fn recovered_bound(&self) -> u64 {
         self.recovered.lock().bound
