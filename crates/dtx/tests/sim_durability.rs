@@ -300,7 +300,8 @@ fn replicas_compared(out: &dtx::bench::Outcome) -> u64 {
 /// Hosts crash again and again (the same ones and others, one while it catches up after the
 /// last), lose their memory and reopen their replicas from their Raft journals; logs are
 /// snapshotted and compacted every 16 entries, so a host that comes back behind installs a
-/// snapshot of the applied state. Histories stay serializable and nothing acknowledged is lost.
+/// snapshot of the applied state, sent in fragments of 512 bytes (as a state over the default
+/// fragment size, 1 MiB, would be). Histories stay serializable and nothing acknowledged is lost.
 #[test]
 fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
     for p in ready() {
@@ -309,6 +310,7 @@ fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
             let mut spec = replicated_spec(p.name, 6200 + seed).with_faults(true, true, 0.01);
             spec.faults.fault_interval_us = 80_000;
             spec.durability.snapshot_every = 16;
+            spec.durability.raft_fragment_bytes = 512;
             let out = common::run_and_check(&spec, "journal");
             installed += out.totals.counters.get("raft-snapshots-installed").copied().unwrap_or(0);
             replayed += out.totals.counters.get("raft-journal-records-replayed").copied().unwrap_or(0);

@@ -208,6 +208,7 @@ pub fn failover_replica_setup(
         new_machine: machine_factory(spec)?,
         snapshot_every: d.snapshot_every,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
+        fragment_bytes: d.raft_fragment_bytes,
     })
 }
 
@@ -406,6 +407,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
         new_machine: node.machine.clone(),
         snapshot_every: 0,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
+        fragment_bytes: crate::replication::raft_log::FRAGMENT_BYTES,
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.
     let started = service::ReplicaState::new(setup, None)

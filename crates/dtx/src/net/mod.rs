@@ -34,6 +34,10 @@ impl std::fmt::Display for Addr {
 pub const MAX_ENVELOPE_BYTES: usize = 4 << 20;
 /// Largest batch frame on a TCP connection.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// A batch grows past this only by its first envelope: the next one to the same destination
+/// starts another, so that a burst (a snapshot's fragments) never makes a frame over
+/// [`MAX_FRAME_BYTES`].
+pub const MAX_BATCH_BYTES: usize = MAX_FRAME_BYTES - MAX_ENVELOPE_BYTES - 16;
 
 /// What an envelope carries.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -57,6 +57,10 @@ pub enum JournalOp {
     Snapshot { group: u32, index: u64, term: u64, installed: bool, data: Vec<u8> },
     /// Entries before `first_index_to_keep` were dropped.
     Compact { group: u32, first_index_to_keep: u64 },
+    /// The leading bytes of the next `Snapshot` op's data (of the same group and index), for a
+    /// snapshot over the record limit: [`Journal::write`] cuts it into parts, and reading the
+    /// journal joins them again (parts without their `Snapshot`, cut off by a crash, are dropped).
+    SnapshotPart { group: u32, index: u64, data: Vec<u8> },
 }
 
 /// The simulator's disk for a journal: bytes that survive the host's crash.
@@ -108,7 +112,7 @@ impl Journal {
     /// holds, oldest first.
     pub fn open_file(path: &Path, cluster_id: u64, host: u16) -> Result<(Journal, Vec<JournalOp>), JournalError> {
         let bytes = std::fs::read(path).map_err(|e| journal_err(path, format!("cannot read: {e}")))?;
-        let (ops, valid_len, torn) = decode(&bytes, cluster_id, host).map_err(|r| journal_err(path, r))?;
+        let (ops, valid_len, torn, records) = decode(&bytes, cluster_id, host).map_err(|r| journal_err(path, r))?;
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
@@ -124,7 +128,7 @@ impl Journal {
         }
         let mut j =
             Journal::with_sink(Sink::File { file, path: path.to_path_buf() }, cluster_id, host, valid_len as u64);
-        j.next_seq = ops.len() as u64 + 1;
+        j.next_seq = records + 1;
         Ok((j, ops))
     }
 
@@ -140,11 +144,11 @@ impl Journal {
         cluster_id: u64,
         host: u16,
     ) -> Result<(Journal, Vec<JournalOp>), JournalError> {
-        let (ops, valid_len, _torn) =
+        let (ops, valid_len, _torn, records) =
             decode(&disk.borrow(), cluster_id, host).map_err(|r| journal_err(Path::new("(simulated)"), r))?;
         disk.borrow_mut().truncate(valid_len);
         let mut j = Journal::with_sink(Sink::Memory(disk), cluster_id, host, valid_len as u64);
-        j.next_seq = ops.len() as u64 + 1;
+        j.next_seq = records + 1;
         Ok((j, ops))
     }
 
@@ -166,6 +170,17 @@ impl Journal {
     /// ended at). A log whose state is not compacted (over the snapshot limit) is rewritten as
     /// one `Append` of everything it holds, which outgrew one record.
     pub fn write(&mut self, op: &JournalOp) {
+        if let JournalOp::Snapshot { group, index, term, installed, data } = op {
+            if data.len() > MAX_OP_BYTES {
+                let last = (data.len() - 1) / MAX_OP_BYTES * MAX_OP_BYTES;
+                for part in data[..last].chunks(MAX_OP_BYTES) {
+                    self.write(&JournalOp::SnapshotPart { group: *group, index: *index, data: part.to_vec() });
+                }
+                let rest = data[last..].to_vec();
+                let (group, index, term, installed) = (*group, *index, *term, *installed);
+                return self.write(&JournalOp::Snapshot { group, index, term, installed, data: rest });
+            }
+        }
         let payload = postcard::to_allocvec(op).expect("a journal op always encodes");
         if let JournalOp::Append { group, entries } = op {
             if payload.len() > MAX_OP_BYTES && entries.len() > 1 {
@@ -273,9 +288,9 @@ fn header(cluster_id: u64, host: u16) -> [u8; HEADER_BYTES] {
     h
 }
 
-/// The ops of a journal's bytes, the length of its valid prefix, and whether a torn record
-/// followed it.
-fn decode(bytes: &[u8], cluster_id: u64, host: u16) -> Result<(Vec<JournalOp>, usize, bool), String> {
+/// The ops of a journal's bytes, the length of its valid prefix, whether a torn record followed
+/// it, and how many records it holds.
+fn decode(bytes: &[u8], cluster_id: u64, host: u16) -> Result<(Vec<JournalOp>, usize, bool, u64), String> {
     if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
         return Err("not a Raft journal (no header)".to_string());
     }
@@ -304,7 +319,38 @@ fn decode(bytes: &[u8], cluster_id: u64, host: u16) -> Result<(Vec<JournalOp>, u
                 .map_err(|e| format!("record {seq} at offset {} is not a journal op: {e}", range.start))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((ops, valid_len, torn))
+    let records = ops.len() as u64;
+    Ok((join_snapshot_parts(ops), valid_len, torn, records))
+}
+
+/// Joins each `Snapshot` op with the `SnapshotPart`s written just before it (see
+/// [`Journal::write`]); parts not followed by their snapshot are dropped.
+fn join_snapshot_parts(ops: Vec<JournalOp>) -> Vec<JournalOp> {
+    let mut out = Vec::with_capacity(ops.len());
+    let mut parts: Option<(u32, u64, Vec<u8>)> = None;
+    for op in ops {
+        match op {
+            JournalOp::SnapshotPart { group, index, data } => match &mut parts {
+                Some((g, i, bytes)) if (*g, *i) == (group, index) => bytes.extend_from_slice(&data),
+                _ => parts = Some((group, index, data)),
+            },
+            JournalOp::Snapshot { group, index, term, installed, data } => {
+                let data = match parts.take() {
+                    Some((g, i, mut bytes)) if (g, i) == (group, index) => {
+                        bytes.extend_from_slice(&data);
+                        bytes
+                    }
+                    _ => data,
+                };
+                out.push(JournalOp::Snapshot { group, index, term, installed, data });
+            }
+            other => {
+                parts = None;
+                out.push(other);
+            }
+        }
+    }
+    out
 }
 
 /// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path`, fsyncs
@@ -440,5 +486,41 @@ mod tests {
         let (_, back) = Journal::open_file(&path, 1, 0).unwrap();
         assert_eq!(back, vec![ops()[0].clone(), ops()[1].clone(), ops()[3].clone()]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), j.len_bytes());
+    }
+
+    #[test]
+    fn a_snapshot_over_the_record_limit_is_written_in_parts_and_read_back_whole() {
+        let big = |seed: u8| (0..2 * MAX_OP_BYTES + 5).map(|i| (i as u8).wrapping_add(seed)).collect::<Vec<u8>>();
+        let snapshot = JournalOp::Snapshot { group: 3, index: 40, term: 2, installed: false, data: big(1) };
+        let after = JournalOp::Compact { group: 3, first_index_to_keep: 41 };
+        let disk = MemoryDisk::default();
+        let mut j = Journal::create_memory(disk.clone(), 5, 0);
+        j.write(&snapshot);
+        j.write(&after);
+        j.sync().unwrap();
+        let (mut reopened, back) = Journal::open_memory(disk.clone(), 5, 0).unwrap();
+        assert_eq!(back, vec![snapshot.clone(), after.clone()]);
+        assert_eq!(reopened.next_seq, 5, "three snapshot records and the compaction");
+        let later = JournalOp::Snapshot { group: 3, index: 50, term: 2, installed: true, data: big(2) };
+        reopened.write(&later);
+        reopened.sync().unwrap();
+        assert_eq!(Journal::open_memory(disk.clone(), 5, 0).unwrap().1, vec![snapshot, after.clone(), later]);
+
+        // A crash that keeps the parts of the second snapshot but not the snapshot itself.
+        let whole = disk.borrow().clone();
+        let cut = MemoryDisk::new(RefCell::new(whole[..whole.len() - 100].to_vec()));
+        let back = Journal::open_memory(cut, 5, 0).unwrap().1;
+        assert_eq!(back.len(), 2, "the second snapshot's parts are dropped: {:?}", back.last().map(journal_op_kind));
+        assert_eq!(back[1], after);
+    }
+
+    fn journal_op_kind(op: &JournalOp) -> &'static str {
+        match op {
+            JournalOp::Append { .. } => "append",
+            JournalOp::HardState { .. } => "hard state",
+            JournalOp::Snapshot { .. } => "snapshot",
+            JournalOp::Compact { .. } => "compact",
+            JournalOp::SnapshotPart { .. } => "snapshot part",
+        }
     }
 }

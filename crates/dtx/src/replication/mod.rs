@@ -3,6 +3,7 @@
 //! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
 pub mod epoch;
+pub mod fragment;
 pub mod journal;
 pub mod raft_log;
 pub mod service;
@@ -80,6 +81,14 @@ pub struct DurabilityConfig {
     /// between snapshots of its applied state, after which the log is compacted.
     #[serde(default = "default_snapshot_every")]
     pub snapshot_every: u64,
+    /// With `Replicated`: Raft frames over this many bytes (a snapshot of the applied state)
+    /// travel as fragments of this size. Tests make it small to send every snapshot so.
+    #[serde(default = "default_raft_fragment_bytes")]
+    pub raft_fragment_bytes: u64,
+}
+
+fn default_raft_fragment_bytes() -> u64 {
+    raft_log::FRAGMENT_BYTES
 }
 
 /// A snapshot serializes a node's whole logged state (every row written so far): every 65,536
@@ -119,6 +128,7 @@ impl Default for DurabilityConfig {
             checkpoint_every: default_checkpoint_every(),
             segment_bytes: default_segment_bytes(),
             snapshot_every: default_snapshot_every(),
+            raft_fragment_bytes: default_raft_fragment_bytes(),
         }
     }
 }

@@ -64,13 +64,20 @@ pub struct RaftConfig {
     /// Print raft's own log lines to stderr (otherwise they are discarded).
     pub debug_log: bool,
     /// Bytes of the largest snapshot (the applied state a compacted log starts from) a replica
-    /// sends or accepts in one message; a larger state is not compacted (see `service`).
+    /// sends or accepts; a larger state is not compacted (see `service`).
     pub max_snapshot_bytes: u64,
+    /// A frame over this many bytes (a snapshot, a large append) goes as fragments of this size
+    /// ([`super::fragment`]); it must stay under the wire's envelope limit.
+    pub fragment_bytes: u64,
 }
 
-/// The default [`RaftConfig::max_snapshot_bytes`]: half the wire's frame limit
-/// (`net::MAX_FRAME_BYTES`, 16 MiB), so that a snapshot shares its batch with other messages.
-pub const MAX_SNAPSHOT_BYTES: u64 = 8 << 20;
+/// The default [`RaftConfig::max_snapshot_bytes`]. The leader holds a snapshot about four times
+/// while it ships it (its store, raft's message, the encoded frame, the fragments), and a
+/// connection queues at most 256 MiB (`rt::tcp`), so 128 MiB keeps both bounded.
+pub const MAX_SNAPSHOT_BYTES: u64 = 128 << 20;
+
+/// The default [`RaftConfig::fragment_bytes`]: a quarter of `net::MAX_ENVELOPE_BYTES`.
+pub const FRAGMENT_BYTES: u64 = 1 << 20;
 
 impl Default for RaftConfig {
     fn default() -> Self {
@@ -84,6 +91,7 @@ impl Default for RaftConfig {
             check_quorum: true,
             debug_log: false,
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
+            fragment_bytes: FRAGMENT_BYTES,
         }
     }
 }
@@ -100,6 +108,8 @@ impl RaftConfig {
             "max_size_per_msg must be positive"
         } else if self.max_uncommitted_bytes < self.max_size_per_msg {
             "max_uncommitted_bytes must be at least max_size_per_msg"
+        } else if self.fragment_bytes == 0 || self.fragment_bytes > (crate::net::MAX_ENVELOPE_BYTES / 2) as u64 {
+            "fragment_bytes must be positive and at most half the wire's envelope limit"
         } else {
             return Ok(());
         };
@@ -112,9 +122,15 @@ impl RaftConfig {
     /// (index and term) and its framing inside the message (a tag and a length) costs at most as
     /// much as the entry itself, so twice the entry budget plus slack for the message's other
     /// fields bounds every honest frame.
-    /// A snapshot message carries the snapshot's data, up to `max_snapshot_bytes`.
+    /// A frame over `fragment_bytes` travels as fragments, each within this limit too.
     pub fn frame_limit_bytes(&self) -> u64 {
-        self.max_size_per_msg.saturating_mul(2).max(self.max_snapshot_bytes).saturating_add(FRAME_SLACK_BYTES)
+        self.max_size_per_msg.saturating_mul(2).max(self.fragment_bytes).saturating_add(FRAME_SLACK_BYTES)
+    }
+
+    /// The largest frame put back together from fragments: a snapshot message carries the
+    /// snapshot's data, up to `max_snapshot_bytes`.
+    pub fn assembled_limit_bytes(&self) -> u64 {
+        self.frame_limit_bytes().max(self.max_snapshot_bytes.saturating_add(FRAME_SLACK_BYTES))
     }
 
     fn to_raft(&self, me: ReplicaId, applied_index: u64) -> raft::Config {
@@ -398,6 +414,12 @@ pub struct RaftGroup<S: LogStore = MemStorage> {
     /// Ticks held back from raft so far in the current wait.
     held_ticks: usize,
     frame_limit_bytes: u64,
+    assembled_limit_bytes: u64,
+    fragment_bytes: usize,
+    /// Numbers this replica's fragmented messages within its current term (the id's low half).
+    fragmented_sent: u32,
+    /// Fragments received, per sender, until their message is whole.
+    reassembly: super::fragment::Reassembly,
     max_entry_bytes: u64,
     max_uncommitted_bytes: u64,
     /// Proposals made at this leader in `pending_term` and not yet known committed:
@@ -459,6 +481,13 @@ impl<S: LogStore> RaftGroup<S> {
             extra_election_ticks,
             held_ticks: 0,
             frame_limit_bytes: cfg.frame_limit_bytes(),
+            assembled_limit_bytes: cfg.assembled_limit_bytes(),
+            fragment_bytes: cfg.fragment_bytes as usize,
+            fragmented_sent: 0,
+            reassembly: super::fragment::Reassembly::new(
+                cfg.fragment_bytes as usize,
+                cfg.assembled_limit_bytes() as usize,
+            ),
             max_entry_bytes: cfg.max_size_per_msg,
             max_uncommitted_bytes: cfg.max_uncommitted_bytes,
             pending: VecDeque::new(),
@@ -518,7 +547,22 @@ impl<S: LogStore> RaftGroup<S> {
 
     fn step_checked(&mut self, frame: &[u8], sender: Option<ReplicaId>) -> Result<(), RaftLogError> {
         self.check_alive()?;
-        let (group_id, msg) = decode_frame(frame, self.frame_limit_bytes)?;
+        if !super::fragment::is_fragment(frame) {
+            return self.step_whole(frame, sender, self.frame_limit_bytes);
+        }
+        let size_bytes = frame.len() as u64;
+        if size_bytes > self.frame_limit_bytes {
+            return Err(RaftLogError::FrameTooLarge { size_bytes, limit_bytes: self.frame_limit_bytes });
+        }
+        // Without a known sender (a caller that routes frames itself), senders share one assembly.
+        match self.reassembly.add(sender.unwrap_or(0), frame)? {
+            Some(whole) => self.step_whole(&whole, sender, self.assembled_limit_bytes),
+            None => Ok(()),
+        }
+    }
+
+    fn step_whole(&mut self, frame: &[u8], sender: Option<ReplicaId>, limit_bytes: u64) -> Result<(), RaftLogError> {
+        let (group_id, msg) = decode_frame(frame, limit_bytes)?;
         if group_id != self.group_id {
             return Err(RaftLogError::WrongGroup { expected: self.group_id, got: group_id });
         }
@@ -699,7 +743,7 @@ impl<S: LogStore> RaftGroup<S> {
         Ok(())
     }
 
-    /// A snapshot travels whole in one message here, so it is done once shipped. Raft would
+    /// A snapshot travels in one message here (in fragments or not), so it is done once shipped. Raft would
     /// otherwise stop replicating to that follower until told; if the message is lost, the
     /// follower rejects the next append and the leader sends a fresh snapshot.
     fn report_snapshots_sent(&mut self) {
@@ -724,10 +768,16 @@ impl<S: LogStore> RaftGroup<S> {
             }
             // Encoding a proto3 message cannot fail; were it to, dropping the message is safe
             // (raft tolerates lost messages) and beats taking the replica down.
-            if let Ok(frame) = encode_frame(self.group_id, &msg) {
-                let to = if early { &mut out.early_messages } else { &mut out.messages };
+            let Ok(frame) = encode_frame(self.group_id, &msg) else { continue };
+            let to = if early { &mut out.early_messages } else { &mut out.messages };
+            if frame.len() <= self.fragment_bytes {
                 to.push((msg.to, frame));
+                continue;
             }
+            self.fragmented_sent = self.fragmented_sent.wrapping_add(1);
+            let id = (self.node.raft.term << 32) | self.fragmented_sent as u64;
+            let fragments = super::fragment::split(frame, id, self.fragment_bytes);
+            to.extend(fragments.into_iter().map(|f| (msg.to, f)));
         }
     }
 
@@ -1319,7 +1369,11 @@ mod tests {
     /// Runs one seeded chaotic scenario: 5% loss, 5% duplication, reordering, a replica crashing
     /// now and then, periodic log compaction, proposals every other round.
     fn chaos_run(seed: u64, rounds: u64) -> Net {
-        let mut net = Net::new(3, seed, RaftConfig::default()).lossy(50, 50);
+        chaos_run_with(seed, rounds, RaftConfig::default())
+    }
+
+    fn chaos_run_with(seed: u64, rounds: u64, cfg: RaftConfig) -> Net {
+        let mut net = Net::new(3, seed, cfg).lossy(50, 50);
         let mut crashed: Option<(ReplicaId, u64)> = None;
         let mut proposed = 0;
         for round in 0..rounds {
@@ -1359,9 +1413,20 @@ mod tests {
 
     #[test]
     fn lossy_network_keeps_state_machine_safety_over_many_seeds() {
+        lossy_runs_converge(RaftConfig::default());
+    }
+
+    #[test]
+    fn frames_cut_into_fragments_survive_loss_duplicates_and_reordering() {
+        // Every append and snapshot of a few dozen bytes goes in fragments of 24.
+        let cfg = RaftConfig { fragment_bytes: 24, ..RaftConfig::default() };
+        lossy_runs_converge(cfg);
+    }
+
+    fn lossy_runs_converge(cfg: RaftConfig) {
         let mut snapshots = 0;
         for seed in 0..50 {
-            let mut net = chaos_run(seed, 300);
+            let mut net = chaos_run_with(seed, 300, cfg.clone());
             net.check_prefix_safety();
             // Heal the network: everyone converges to the same log.
             net.loss_per_mille = 0;

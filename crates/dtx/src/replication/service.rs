@@ -130,6 +130,9 @@ pub struct ReplicaSetup {
     pub snapshot_every: u64,
     /// The least size at which the journal is rewritten ([`JOURNAL_REWRITE_MIN_BYTES`]).
     pub journal_rewrite_bytes: u64,
+    /// Raft frames over this go as fragments ([`RaftConfig::fragment_bytes`]; the same at
+    /// every host of a cluster).
+    pub fragment_bytes: u64,
 }
 
 /// A host's replicas of the logs it is a voter of: Raft's hard state and log per group, kept
@@ -272,7 +275,11 @@ impl ReplicaState {
         // majority (check-quorum): nobody else would take over, and followers that do not tick
         // would refuse its votes forever. In failover mode everyone ticks, and a leader cut off
         // from its followers must step down so that they can elect one they reach.
-        let cfg = RaftConfig { check_quorum: self.mode == Mode::Failover, ..RaftConfig::default() };
+        let cfg = RaftConfig {
+            check_quorum: self.mode == Mode::Failover,
+            fragment_bytes: self.setup.fragment_bytes,
+            ..RaftConfig::default()
+        };
         let seed = self.setup.seed ^ ((owner as u64) << 17);
         RaftGroup::with_store(owner, replica_id(self.host), voters, &cfg, seed, store, applied_index)
     }
@@ -374,7 +381,8 @@ fn journal_op_group(op: &JournalOp) -> u32 {
         JournalOp::Append { group, .. }
         | JournalOp::HardState { group, .. }
         | JournalOp::Snapshot { group, .. }
-        | JournalOp::Compact { group, .. } => *group,
+        | JournalOp::Compact { group, .. }
+        | JournalOp::SnapshotPart { group, .. } => *group,
     }
 }
 

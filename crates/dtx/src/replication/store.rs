@@ -97,6 +97,10 @@ impl ReplicaStore {
             JournalOp::Compact { first_index_to_keep, .. } => {
                 self.mem.wl().compact(first_index_to_keep).map_err(storage_err)
             }
+            // Reading the journal joins parts into their snapshot.
+            JournalOp::SnapshotPart { index, .. } => {
+                Err(RaftLogError::Storage(format!("a part of snapshot {index} without the snapshot")))
+            }
         }
     }
 

@@ -477,7 +477,9 @@ impl Worker {
     fn push_envelope(&self, dst: Addr, kind: Kind, rpc_id: u64, body: &[u8]) {
         debug_assert_ne!(dst, self.addr, "a worker never messages itself");
         let mut out = self.outbox.borrow_mut();
-        let idx = match out.iter().position(|(a, _)| *a == dst) {
+        // The destination's latest batch, while it has room (`net::MAX_BATCH_BYTES`).
+        let open = out.iter().rposition(|(a, _)| *a == dst).filter(|&i| out[i].1.buf.len() < net::MAX_BATCH_BYTES);
+        let idx = match open {
             Some(i) => i,
             None => {
                 out.push((dst, Batch::default()));
