@@ -322,6 +322,25 @@ fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
     }
 }
 
+/// A log of large records is snapshotted by its size, long before `snapshot_every` entries: the
+/// entries since the last snapshot reach `snapshot_log_bytes` (and that snapshot's size), the log
+/// is compacted, and a host that comes back behind installs the snapshot.
+#[test]
+fn logs_are_snapshotted_by_size_and_restarted_hosts_install_the_snapshots() {
+    let p = ready().next().expect("a ready protocol");
+    let (mut taken, mut installed) = (0, 0);
+    for seed in 1..=2 {
+        let mut spec = replicated_spec(p.name, 6300 + seed).with_faults(true, true, 0.01);
+        spec.faults.fault_interval_us = 80_000;
+        spec.durability.snapshot_every = 1 << 40;
+        spec.durability.snapshot_log_bytes = 1024;
+        let out = common::run_and_check(&spec, "by-size");
+        taken += out.totals.counters.get("raft-snapshots-taken").copied().unwrap_or(0);
+        installed += out.totals.counters.get("raft-snapshots-installed").copied().unwrap_or(0);
+    }
+    assert!(taken > 0 && installed > 0, "{}: {taken} snapshots taken, {installed} installed", p.name);
+}
+
 /// Hosts stay down longer than an election: the node must move to another host (a follower
 /// that won its log's election), and serve from there.
 #[test]

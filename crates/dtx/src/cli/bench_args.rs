@@ -176,6 +176,10 @@ pub struct BenchArgs {
     /// the compacted entries (restarted, or cut off) installs the snapshot.
     #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every: u64,
+    /// With --durability replicated (sim, tcp): also snapshot a log once the entries committed
+    /// since its last snapshot hold this many bytes and at least as many as that snapshot
+    #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_log_bytes: u64,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -390,6 +394,7 @@ impl BenchArgs {
                 replicas: self.replicas,
                 checkpoint_every: self.checkpoint_every,
                 snapshot_every: self.snapshot_every,
+                snapshot_log_bytes: self.snapshot_log_bytes,
                 ..DurabilityConfig::default()
             },
             node_roles: match &self.roles {

@@ -207,6 +207,7 @@ pub fn failover_replica_setup(
         seed,
         new_machine: machine_factory(spec)?,
         snapshot_every: d.snapshot_every,
+        snapshot_log_bytes: d.snapshot_log_bytes,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: d.raft_fragment_bytes,
     })
@@ -406,6 +407,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
         seed,
         new_machine: node.machine.clone(),
         snapshot_every: 0,
+        snapshot_log_bytes: u64::MAX,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: crate::replication::raft_log::FRAGMENT_BYTES,
     };

@@ -81,10 +81,19 @@ pub struct DurabilityConfig {
     /// between snapshots of its applied state, after which the log is compacted.
     #[serde(default = "default_snapshot_every")]
     pub snapshot_every: u64,
+    /// With `Replicated` (failover): also snapshot a log once the entries committed since its
+    /// last snapshot hold this many bytes and at least as many as that snapshot (so a log of
+    /// large records stays short, and serializing the state costs no more than the log did).
+    #[serde(default = "default_snapshot_log_bytes")]
+    pub snapshot_log_bytes: u64,
     /// With `Replicated`: Raft frames over this many bytes (a snapshot of the applied state)
     /// travel as fragments of this size. Tests make it small to send every snapshot so.
     #[serde(default = "default_raft_fragment_bytes")]
     pub raft_fragment_bytes: u64,
+}
+
+fn default_snapshot_log_bytes() -> u64 {
+    16 << 20
 }
 
 fn default_raft_fragment_bytes() -> u64 {
@@ -128,6 +137,7 @@ impl Default for DurabilityConfig {
             checkpoint_every: default_checkpoint_every(),
             segment_bytes: default_segment_bytes(),
             snapshot_every: default_snapshot_every(),
+            snapshot_log_bytes: default_snapshot_log_bytes(),
             raft_fragment_bytes: default_raft_fragment_bytes(),
         }
     }

@@ -128,6 +128,13 @@ pub struct ReplicaSetup {
     /// Failover mode: committed entries between snapshots of the applied state (then the log
     /// is compacted up to the snapshot).
     pub snapshot_every: u64,
+    /// Failover mode: also snapshot once the entries committed since the last snapshot hold at
+    /// least this many bytes and as many as that snapshot. A restarted host then replays at
+    /// most about this much of the log, and serializing the state costs no more than writing
+    /// the log did (the rule of Redis's log rewrite). Without it, a list-append run (whose
+    /// records carry whole lists) grew a journal past 100 MB in a minute before
+    /// `snapshot_every` entries came, and a killed server took up to 5 s to come back.
+    pub snapshot_log_bytes: u64,
     /// The least size at which the journal is rewritten ([`JOURNAL_REWRITE_MIN_BYTES`]).
     pub journal_rewrite_bytes: u64,
     /// Raft frames over this go as fragments ([`RaftConfig::fragment_bytes`]; the same at
@@ -149,6 +156,10 @@ pub struct ReplicaState {
     applied: FxHashMap<u32, Box<dyn LogMachine>>,
     /// Per group, the index its log was last compacted to.
     compacted: FxHashMap<u32, u64>,
+    /// Per group (failover mode), the bytes of the entries applied since that compaction, and
+    /// the size of the snapshot it took.
+    log_bytes: FxHashMap<u32, u64>,
+    snapshot_bytes: FxHashMap<u32, u64>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
     journal: Option<Journal>,
@@ -246,6 +257,8 @@ impl ReplicaState {
             groups: RaftGroups::default(),
             applied: Default::default(),
             compacted: Default::default(),
+            log_bytes: Default::default(),
+            snapshot_bytes: Default::default(),
             started: false,
             rewrite_at_bytes: setup.journal_rewrite_bytes,
             journal,
@@ -324,7 +337,11 @@ impl ReplicaState {
         for id in ids {
             let g = self.groups.get(id).expect("a listed group");
             let applied = g.applied_index();
-            if applied < self.compacted.get(&id).copied().unwrap_or(0) + every {
+            let log_bytes = self.log_bytes.get(&id).copied().unwrap_or(0);
+            let last_snapshot = self.snapshot_bytes.get(&id).copied().unwrap_or(0);
+            let log_large =
+                self.mode == Mode::Failover && log_bytes >= self.setup.snapshot_log_bytes.max(last_snapshot);
+            if applied < self.compacted.get(&id).copied().unwrap_or(0) + every && !log_large {
                 continue;
             }
             let Some(term) = g.term_of(applied) else { continue };
@@ -333,6 +350,8 @@ impl ReplicaState {
                 Mode::Failover => self.applied_snapshot(id).unwrap_or_default(),
             };
             self.compacted.insert(id, applied);
+            self.log_bytes.insert(id, 0);
+            self.snapshot_bytes.insert(id, data.len() as u64);
             if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
                 if self.too_large_to_snapshot.insert(id) {
                     log_warn(&format!(
@@ -848,6 +867,8 @@ impl Replicator {
             Ok(m) => {
                 st.applied.insert(group, m);
                 st.compacted.insert(group, index);
+                st.log_bytes.insert(group, 0);
+                st.snapshot_bytes.insert(group, data.len() as u64);
                 st.stats.snapshots_installed += 1;
             }
             Err(e) => {
@@ -881,7 +902,9 @@ impl Replicator {
                     }
                 },
             };
+            let mut bytes = 0;
             for e in entries.iter().filter(|e| e.index > snapshot_index) {
+                bytes += e.data.len() as u64;
                 match e.data.split_first() {
                     Some((&TAG_RECORD, record)) => applied.apply(record),
                     Some((&(TAG_TAKEOVER | TAG_FENCE), _)) => {}
@@ -889,6 +912,7 @@ impl Replicator {
                     _ => debug_assert!(e.data.is_empty(), "an entry of group {group} with an unknown tag"),
                 }
             }
+            *st.log_bytes.entry(group).or_default() += bytes;
             self.w.charge_ops(entries.len());
         }
         let Some(s) = self.served.get_mut(&group) else { return };
