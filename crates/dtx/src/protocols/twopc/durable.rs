@@ -354,6 +354,24 @@ pub struct TxnLog {
     boot_lsn: u64,
 }
 
+/// Encodes `r` into this thread's scratch buffer and hands the bytes to `f`: a record is
+/// encoded on every commit, and the log copies it anyway, so it needs no allocation of its own.
+/// A record larger than the buffer is encoded into one.
+fn with_encoded<R: Serialize, T>(r: &R, f: impl FnOnce(&[u8]) -> T) -> T {
+    const SCRATCH_BYTES: usize = 64 << 10;
+    thread_local!(static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) });
+    SCRATCH.with(|scratch| {
+        let Ok(mut buf) = scratch.try_borrow_mut() else { return f(&crate::net::encode(r)) };
+        if buf.is_empty() {
+            buf.resize(SCRATCH_BYTES, 0);
+        }
+        match postcard::to_slice(r, &mut buf[..]) {
+            Ok(bytes) => f(bytes),
+            Err(_) => f(&crate::net::encode(r)),
+        }
+    })
+}
+
 impl TxnLog {
     /// Open the log for a booting node: append its `Boot` record.
     pub fn start(log: Option<Arc<NodeLog>>, boot: u32) -> Self {
@@ -475,7 +493,7 @@ impl TxnLog {
 
     fn append_encoded<R: Serialize>(&self, r: &R) -> Result<Option<u64>, Abort> {
         let Some(l) = &self.log else { return Ok(None) };
-        match l.append(&crate::net::encode(r)) {
+        match with_encoded(r, |bytes| l.append(bytes)) {
             Ok(lsn) => Ok(Some(lsn)),
             Err(e) => {
                 crate::rt::log_warn(&format!("log refused a record: {e}"));
