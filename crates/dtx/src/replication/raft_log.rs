@@ -416,7 +416,8 @@ pub struct RaftGroup<S: LogStore = MemStorage> {
     frame_limit_bytes: u64,
     assembled_limit_bytes: u64,
     fragment_bytes: usize,
-    /// Numbers this replica's fragmented messages within its current term (the id's low half).
+    /// Numbers this replica's fragmented messages: the low half of their ids (the term is the
+    /// high half).
     fragmented_sent: u32,
     /// Fragments received, per sender, until their message is whole.
     reassembly: super::fragment::Reassembly,
@@ -743,9 +744,10 @@ impl<S: LogStore> RaftGroup<S> {
         Ok(())
     }
 
-    /// A snapshot travels in one message here (in fragments or not), so it is done once shipped. Raft would
-    /// otherwise stop replicating to that follower until told; if the message is lost, the
-    /// follower rejects the next append and the leader sends a fresh snapshot.
+    /// A snapshot travels in one message here (in fragments or not), so it is done once
+    /// shipped. Raft would otherwise stop replicating to that follower until told; if the
+    /// message (or a fragment of it) is lost, the follower rejects the next append and the
+    /// leader sends a fresh snapshot.
     fn report_snapshots_sent(&mut self) {
         for to in std::mem::take(&mut self.snapshots_sent) {
             self.node.report_snapshot(to, raft::SnapshotStatus::Finish);

@@ -133,7 +133,7 @@ pub struct ReplicaSetup {
     /// most about this much of the log, and serializing the state costs no more than writing
     /// the log did (the rule of Redis's log rewrite). Without it, a list-append run (whose
     /// records carry whole lists) grew a journal past 100 MB in a minute before
-    /// `snapshot_every` entries came, and a killed server took up to 5 s to come back.
+    /// `snapshot_every` entries came, and a killed server took up to 24 s to come back.
     pub snapshot_log_bytes: u64,
     /// The least size at which the journal is rewritten ([`JOURNAL_REWRITE_MIN_BYTES`]).
     pub journal_rewrite_bytes: u64,
