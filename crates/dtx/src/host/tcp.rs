@@ -454,7 +454,11 @@ impl Server {
                     };
                     let serves = hosting.as_ref().is_some_and(|h| h.serves_a_node());
                     let takeovers = run.run_dir.as_deref().map(|d| read_takeovers(d, self.node)).unwrap_or_default();
-                    return Ok(json!({"totals": Totals::default(), "history": history, "stuck_workers": 0,
+                    let mut totals = Totals::default();
+                    for (name, n) in hosting.as_ref().map(|h| h.replica_counters()).unwrap_or_default() {
+                        totals.counters.insert(name.to_string(), n);
+                    }
+                    return Ok(json!({"totals": totals, "history": history, "stuck_workers": 0,
                         "resumed": true, "serves": serves, "takeovers": takeovers}));
                 }
             }
@@ -474,6 +478,9 @@ impl Server {
         super::collect(&shared, &mut totals, &mut history);
         if let (Some(a), Some(b)) = *cpu.lock() {
             totals.cpu_us = b.saturating_sub(a);
+        }
+        for (name, n) in hosting.replica_counters() {
+            totals.counters.insert(name.to_string(), n);
         }
         if let Some(p) = &history_path {
             // The file also holds what a killed earlier incarnation of this node recorded.

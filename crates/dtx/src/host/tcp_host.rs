@@ -300,6 +300,18 @@ impl Hosting {
         self.takeovers.lock().clone()
     }
 
+    /// What this process's log replicas did (snapshots, journal rewrites and replays), as the
+    /// report's counters; empty without replication, or if the replication thread does not
+    /// answer within a second. A killed earlier process's counts died with it.
+    pub fn replica_counters(&self) -> Vec<(&'static str, u64)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.push_to_replicator(Box::new(move |r| {
+            let _ = tx.send(r.borrow().stats());
+        }));
+        let stats = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap_or_default();
+        stats.counters().into_iter().filter(|c| c.1 > 0).collect()
+    }
+
     /// Append every takeover to `path` as well (one JSON line each).
     pub fn record_takeovers_in(&self, path: PathBuf) {
         *self.takeover_file.lock() = Some(path);

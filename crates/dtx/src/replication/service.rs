@@ -656,6 +656,11 @@ impl Replicator {
         }
     }
 
+    /// What this host's replicas did since they were opened in this process.
+    pub fn stats(&self) -> ReplicaStats {
+        self.state.borrow().stats
+    }
+
     /// The term this host took `node`'s log over in (its `Takeover` record's), if it did.
     pub fn takeover_term(&self, node: NodeId) -> Option<u64> {
         self.takeover_term.get(&(node as u32)).copied()
