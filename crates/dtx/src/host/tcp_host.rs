@@ -498,10 +498,16 @@ fn open_replicas(
     if !rejoin {
         return Ok(service::ReplicaState::new(setup, Some(Journal::create_file(path, cluster_id, host)?))?);
     }
+    let started = std::time::Instant::now();
     let (journal, ops) = Journal::open_file(path, cluster_id, host)?;
-    let count = ops.len();
+    let (count, read_ms, mb) = (ops.len(), started.elapsed().as_millis(), journal.len_bytes() as f64 / 1e6);
     let state = service::ReplicaState::reopen(setup, journal, ops)?;
-    eprintln!("dtx server: host {host}: its log replicas reopened from {} ({count} journal records)", path.display());
+    eprintln!(
+        "dtx server: host {host}: its log replicas reopened from {} ({count} journal records, {mb:.1} MB, read in \
+         {read_ms} ms, replayed in {} ms)",
+        path.display(),
+        started.elapsed().as_millis() - read_ms
+    );
     Ok(state)
 }
 
