@@ -415,8 +415,7 @@ fn replicated_servers_crashed_paused_and_cut_off_again_and_again_rejoin_and_lose
     let failovers: f64 = runs.iter().map(|r| r["extra"]["failovers"].as_f64().unwrap_or(0.0)).sum();
     assert!(failovers >= 1.0, "no node was taken over in {} nemesis runs", runs.len());
     // The servers report their replicas' counters: a restarted one replayed its journal.
-    let replayed: u64 =
-        runs.iter().map(|r| r["counters"]["raft-journal-records-replayed"].as_u64().unwrap_or(0)).sum();
+    let replayed: u64 = runs.iter().map(|r| r["counters"]["raft-journal-records-replayed"].as_u64().unwrap_or(0)).sum();
     assert!(replayed > 0, "no server reported reopening its Raft journal in {} nemesis runs", runs.len());
 }
 
