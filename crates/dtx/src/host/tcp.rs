@@ -455,8 +455,8 @@ impl Server {
                     let serves = hosting.as_ref().is_some_and(|h| h.serves_a_node());
                     let takeovers = run.run_dir.as_deref().map(|d| read_takeovers(d, self.node)).unwrap_or_default();
                     let mut totals = Totals::default();
-                    for (name, n) in hosting.as_ref().map(|h| h.replica_counters()).unwrap_or_default() {
-                        totals.counters.insert(name.to_string(), n);
+                    if let Some(h) = hosting {
+                        add_replica_counters(&mut totals, h);
                     }
                     return Ok(json!({"totals": totals, "history": history, "stuck_workers": 0,
                         "resumed": true, "serves": serves, "takeovers": takeovers}));
@@ -479,9 +479,7 @@ impl Server {
         if let (Some(a), Some(b)) = *cpu.lock() {
             totals.cpu_us = b.saturating_sub(a);
         }
-        for (name, n) in hosting.replica_counters() {
-            totals.counters.insert(name.to_string(), n);
-        }
+        add_replica_counters(&mut totals, &hosting);
         if let Some(p) = &history_path {
             // The file also holds what a killed earlier incarnation of this node recorded.
             history = driver::read_history_file(p).with_context(|| format!("cannot read {}", p.display()))?;
@@ -1055,6 +1053,13 @@ fn gather(waits: Vec<std::thread::JoinHandle<anyhow::Result<Waited>>>, nodes: us
         g.ctl.push(c);
     }
     Ok(g)
+}
+
+/// What this process's log replicas did, into the totals it reports.
+fn add_replica_counters(totals: &mut Totals, hosting: &Hosting) {
+    for (name, n) in hosting.replica_counters() {
+        totals.counters.insert(name.to_string(), n);
+    }
 }
 
 /// The final read and the final checks, on a server that serves a node (one killed and

@@ -154,12 +154,8 @@ pub struct ReplicaState {
     groups: RaftGroups<ReplicaStore>,
     /// Per group, the protocol's state machine over its committed records (failover mode).
     applied: FxHashMap<u32, Box<dyn LogMachine>>,
-    /// Per group, the index its log was last compacted to.
-    compacted: FxHashMap<u32, u64>,
-    /// Per group (failover mode), the bytes of the entries applied since that compaction, and
-    /// the size of the snapshot it took.
-    log_bytes: FxHashMap<u32, u64>,
-    snapshot_bytes: FxHashMap<u32, u64>,
+    /// Per group, where its log was last compacted, and what it applied since.
+    compacted: FxHashMap<u32, Compacted>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
     journal: Option<Journal>,
@@ -168,6 +164,24 @@ pub struct ReplicaState {
     /// Groups whose applied state is too large to snapshot (warned once each).
     too_large_to_snapshot: FxHashSet<u32>,
     pub stats: ReplicaStats,
+}
+
+/// A group's last compaction (its snapshot, taken here or installed from the leader), and the
+/// entries applied since (failover mode), which decide the next one.
+#[derive(Debug, Clone, Copy, Default)]
+struct Compacted {
+    /// The index the log was compacted to.
+    index: u64,
+    /// The size of the snapshot's data.
+    snapshot_bytes: u64,
+    /// Bytes of the entries applied since.
+    log_bytes: u64,
+}
+
+impl Compacted {
+    fn at(index: u64, snapshot_bytes: u64) -> Compacted {
+        Compacted { index, snapshot_bytes, log_bytes: 0 }
+    }
 }
 
 /// What a host's replicas did, for the report's counters.
@@ -242,7 +256,7 @@ impl ReplicaState {
                     .map_err(|e| anyhow::anyhow!("log {owner}: {e:#}"))?;
                 state.applied.insert(owner, machine);
             }
-            state.compacted.insert(owner, store.snapshot_index());
+            state.compacted.insert(owner, Compacted::at(store.snapshot_index(), 0));
             let group = state.open_group(owner, &voters, store, commit)?;
             state.groups.add(group)?;
         }
@@ -257,8 +271,6 @@ impl ReplicaState {
             groups: RaftGroups::default(),
             applied: Default::default(),
             compacted: Default::default(),
-            log_bytes: Default::default(),
-            snapshot_bytes: Default::default(),
             started: false,
             rewrite_at_bytes: setup.journal_rewrite_bytes,
             journal,
@@ -337,11 +349,10 @@ impl ReplicaState {
         for id in ids {
             let g = self.groups.get(id).expect("a listed group");
             let applied = g.applied_index();
-            let log_bytes = self.log_bytes.get(&id).copied().unwrap_or(0);
-            let last_snapshot = self.snapshot_bytes.get(&id).copied().unwrap_or(0);
+            let last = self.compacted.get(&id).copied().unwrap_or_default();
             let log_large =
-                self.mode == Mode::Failover && log_bytes >= self.setup.snapshot_log_bytes.max(last_snapshot);
-            if applied < self.compacted.get(&id).copied().unwrap_or(0) + every && !log_large {
+                self.mode == Mode::Failover && last.log_bytes >= self.setup.snapshot_log_bytes.max(last.snapshot_bytes);
+            if applied < last.index + every && !log_large {
                 continue;
             }
             let Some(term) = g.term_of(applied) else { continue };
@@ -349,9 +360,7 @@ impl ReplicaState {
                 Mode::OwnerLeads => Vec::new(),
                 Mode::Failover => self.applied_snapshot(id).unwrap_or_default(),
             };
-            self.compacted.insert(id, applied);
-            self.log_bytes.insert(id, 0);
-            self.snapshot_bytes.insert(id, data.len() as u64);
+            self.compacted.insert(id, Compacted::at(applied, data.len() as u64));
             if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
                 if self.too_large_to_snapshot.insert(id) {
                     log_warn(&format!(
@@ -615,7 +624,8 @@ impl Replicator {
         let leads_in = self.state.borrow().groups.get(group).filter(|g| g.is_leader()).map(|g| g.term());
         if leads_in != Some(term) {
             log_warn(&format!(
-                "replication: host {}: node {node} was rebuilt from its log as of term {term}, but this replica {}:                  that incarnation is stopped",
+                "replication: host {}: node {node} was rebuilt from its log as of term {term}, but this replica {}: \
+                 that incarnation is stopped",
                 self.state.borrow().host,
                 match leads_in {
                     Some(t) => format!("leads it in term {t} now"),
@@ -871,9 +881,7 @@ impl Replicator {
         match (st.setup.new_machine)(Some(data)) {
             Ok(m) => {
                 st.applied.insert(group, m);
-                st.compacted.insert(group, index);
-                st.log_bytes.insert(group, 0);
-                st.snapshot_bytes.insert(group, data.len() as u64);
+                st.compacted.insert(group, Compacted::at(index, data.len() as u64));
                 st.stats.snapshots_installed += 1;
             }
             Err(e) => {
@@ -917,7 +925,7 @@ impl Replicator {
                     _ => debug_assert!(e.data.is_empty(), "an entry of group {group} with an unknown tag"),
                 }
             }
-            *st.log_bytes.entry(group).or_default() += bytes;
+            st.compacted.entry(group).or_default().log_bytes += bytes;
             self.w.charge_ops(entries.len());
         }
         let Some(s) = self.served.get_mut(&group) else { return };
