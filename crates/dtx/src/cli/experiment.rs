@@ -75,7 +75,7 @@ pub struct ReportArgs {
     /// Write the page here.
     #[arg(long, default_value = "results/report.html")]
     pub out: PathBuf,
-    /// Also write the claims as a Markdown table here (the README's figures).
+    /// Also write the claims as a Markdown table here (the table in docs/experiments.md).
     #[arg(long)]
     pub markdown: Option<PathBuf>,
     /// The COCO comparison's JSON (`scripts/compare-coco.sh` writes it), shown as a table.
