@@ -128,11 +128,20 @@ pub(super) fn checksum_reason(what: &str, stored: u32, computed: u32) -> String 
     format!("the {what} checksum does not match (stored {stored:#010x}, computed {computed:#010x})")
 }
 
+/// A record's checksum covers its payload, then its LSN (so that a stale record left in a reused
+/// file reads as stale). The LSN goes last because appenders checksum the payload before the
+/// record is numbered: numbering then only continues that checksum over 8 bytes
+/// ([`record_crc_of`]), where LSN-first would need a `combine`, about 180 ns a record.
 pub(super) fn record_crc(lsn: Lsn, payload: &[u8]) -> u32 {
     let mut crc = Hasher::new();
-    crc.update(&lsn.to_le_bytes());
     crc.update(payload);
-    crc.finalize()
+    record_crc_of(lsn, crc)
+}
+
+/// The record checksum from the payload's running checksum (see [`record_crc`]).
+pub(super) fn record_crc_of(lsn: Lsn, mut payload_crc: Hasher) -> u32 {
+    payload_crc.update(&lsn.to_le_bytes());
+    payload_crc.finalize()
 }
 
 /// Encode a record whose payload is `parts` one after the other.

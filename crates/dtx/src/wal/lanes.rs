@@ -45,8 +45,6 @@ impl Wal {
         }
         let shared = &*self.shared;
         assert!(lane < shared.lanes.len(), "lane {lane} of a log with {} lanes", shared.lanes.len());
-        let mut body_crc = Hasher::new();
-        body_crc.update(body);
         shared.wait_for_lane_space()?;
         let mut l = shared.lanes[lane].lock();
         if shared.refusing.load(Ordering::Acquire) {
@@ -57,9 +55,10 @@ impl Wal {
         }
         let number = l.appended + 1;
         let head = head(number);
+        // The payload's checksum, head first: under the lock, which only a cut's swap contends.
         let mut payload_crc = Hasher::new();
         payload_crc.update(&head);
-        payload_crc.combine(&body_crc);
+        payload_crc.update(body);
         let start = l.bytes.len();
         format::put_record(0, 0, &[&head, body], &mut l.bytes);
         l.records.push((start, payload_crc));
@@ -112,33 +111,56 @@ impl Shared {
         }
     }
 
-    /// The cut: move every lane's records into the log's buffer, in lane order, with their LSNs
-    /// and checksums, placed in segments. Takes every lane's lock at once (a consistent cut).
-    /// Returns, per lane, the number of its last record in the cut.
-    pub(super) fn cut_lanes(&self, state: &mut State) -> Vec<u64> {
-        let mut lanes: Vec<_> = self.lanes.iter().map(|l| l.lock()).collect();
-        let mut moved = 0;
-        for l in lanes.iter_mut() {
-            let AppendLane { bytes, records, .. } = &mut **l;
-            for (i, (start, payload_crc)) in records.iter().enumerate() {
-                let end = records.get(i + 1).map_or(bytes.len(), |next| next.0);
-                let lsn = state.next_lsn;
-                state.next_lsn += 1;
-                let mut crc = Hasher::new();
-                crc.update(&lsn.to_le_bytes());
-                crc.combine(payload_crc);
-                bytes[start + 4..start + 8].copy_from_slice(&crc.finalize().to_le_bytes());
-                bytes[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
-                state.place_in_segment(lsn, (end - start) as u64, self.cfg.segment_bytes);
-                state.buf.extend_from_slice(&bytes[*start..end]);
-                state.records += 1;
-                state.bytes += (end - start) as u64;
+    /// The cut, under the log's state lock: every lane's records are taken at once (each lane's
+    /// lock is held only to swap its buffers with the emptied ones in `taken`), numbered from
+    /// the next LSN and placed in segments as if they followed the `base` bytes the log's own
+    /// buffer held. Their LSNs and checksums are written by [`fill_cut`] once the state lock is
+    /// released, so neither lock is held while records are copied. Returns, per lane, the
+    /// number of its last record in the cut; the LSN of the cut's first record; and its bytes.
+    pub(super) fn cut_lanes(&self, state: &mut State, base: usize, taken: &mut [AppendLane]) -> (Vec<u64>, Lsn, usize) {
+        assert_eq!(taken.len(), self.lanes.len(), "one spare buffer per lane");
+        let mut marks = Vec::with_capacity(taken.len());
+        {
+            let mut lanes: Vec<_> = self.lanes.iter().map(|l| l.lock()).collect();
+            for (l, t) in lanes.iter_mut().zip(taken.iter_mut()) {
+                debug_assert!(t.bytes.is_empty() && t.records.is_empty(), "a spare lane buffer holds records");
+                std::mem::swap(&mut l.bytes, &mut t.bytes);
+                std::mem::swap(&mut l.records, &mut t.records);
+                marks.push(l.appended);
             }
-            moved += bytes.len();
-            bytes.clear();
-            records.clear();
         }
+        let first_lsn = state.next_lsn;
+        let mut at = base;
+        for t in taken.iter() {
+            for (i, (start, _)) in t.records.iter().enumerate() {
+                let end = t.records.get(i + 1).map_or(t.bytes.len(), |next| next.0);
+                state.place_in_segment_at(at, state.next_lsn, (end - start) as u64, self.cfg.segment_bytes);
+                state.next_lsn += 1;
+                at += end - start;
+            }
+            state.records += t.records.len() as u64;
+        }
+        let moved = at - base;
+        state.bytes += moved as u64;
         self.lane_bytes.fetch_sub(moved, Ordering::AcqRel);
-        lanes.iter().map(|l| l.appended).collect()
+        (marks, first_lsn, moved)
+    }
+}
+
+/// Writes the LSNs (from `first_lsn` on, in lane order) and checksums of the records a cut took
+/// ([`Shared::cut_lanes`]) and appends them to `out`, leaving `taken` empty for the next cut.
+pub(super) fn fill_cut(taken: &mut [AppendLane], first_lsn: Lsn, out: &mut Vec<u8>) {
+    let mut lsn = first_lsn;
+    for t in taken.iter_mut() {
+        let AppendLane { bytes, records, .. } = t;
+        for (start, payload_crc) in records.iter() {
+            let crc = format::record_crc_of(lsn, payload_crc.clone());
+            bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+            bytes[start + 8..start + 16].copy_from_slice(&lsn.to_le_bytes());
+            lsn += 1;
+        }
+        out.extend_from_slice(bytes);
+        bytes.clear();
+        records.clear();
     }
 }

@@ -67,7 +67,8 @@ pub const CHECKPOINT_HEADER_BYTES: usize = 44;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"DTXWAL01";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DTXCKP01";
-const FORMAT_VERSION: u32 = 1;
+/// 2: a record's checksum covers its payload, then its LSN (1 had the LSN first).
+const FORMAT_VERSION: u32 = 2;
 const SEGMENT_PREFIX: &str = "wal-";
 const SEGMENT_SUFFIX: &str = ".log";
 const CHECKPOINT_PREFIX: &str = "checkpoint-";

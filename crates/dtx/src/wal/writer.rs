@@ -57,9 +57,14 @@ impl State {
     /// Records never span segments: a record that would push a non-empty segment past its size
     /// opens the next one, which the flusher creates when it reaches this point of the buffer.
     pub(super) fn place_in_segment(&mut self, lsn: Lsn, record_bytes: u64, segment_limit_bytes: u64) {
+        self.place_in_segment_at(self.buf.len(), lsn, record_bytes, segment_limit_bytes)
+    }
+
+    /// [`State::place_in_segment`] for a record that starts `at` bytes into the next group.
+    pub(super) fn place_in_segment_at(&mut self, at: usize, lsn: Lsn, record_bytes: u64, segment_limit_bytes: u64) {
         let has_records = self.segment_bytes > SEGMENT_HEADER_BYTES as u64;
         if has_records && self.segment_bytes + record_bytes > segment_limit_bytes {
-            self.rolls.push(Roll { at: self.buf.len(), first_lsn: lsn });
+            self.rolls.push(Roll { at, first_lsn: lsn });
             self.segment_bytes = SEGMENT_HEADER_BYTES as u64;
         }
         self.segment_bytes += record_bytes;
@@ -236,7 +241,7 @@ impl Wal {
             return Err(WalError::RecordTooLarge { payload_bytes });
         }
         // The payload's checksum is computed before the lock; under it only the 8 LSN bytes are
-        // hashed and combined with it.
+        // added to it.
         let mut payload_crc = Hasher::new();
         for p in parts {
             payload_crc.update(p);
@@ -253,10 +258,7 @@ impl Wal {
         if was_empty {
             state.first_unflushed_at = Some(Instant::now());
         }
-        let mut crc = Hasher::new();
-        crc.update(&lsn.to_le_bytes());
-        crc.combine(&payload_crc);
-        put_record(lsn, crc.finalize(), parts, &mut state.buf);
+        put_record(lsn, format::record_crc_of(lsn, payload_crc), parts, &mut state.buf);
         state.records += 1;
         state.bytes += record_bytes as u64;
         let crossed =
@@ -495,6 +497,8 @@ pub(super) struct Batch {
     pub(super) last_lsn: Lsn,
     /// Per append lane, the number of its last record in this group.
     pub(super) lane_marks: Vec<u64>,
+    /// The LSN of the first lane record (they follow the records in `bytes`).
+    pub(super) first_lane_lsn: Lsn,
 }
 
 /// The segment file the flusher appends to.
@@ -524,7 +528,9 @@ pub(super) fn spawn_flusher(shared: Arc<Shared>, file: File) -> Result<JoinHandl
 
 pub(super) fn run_flusher(shared: &Shared, mut segment: ActiveSegment) {
     let mut spare = Vec::new();
-    while let Some(batch) = shared.next_batch(&mut spare) {
+    let mut taken: Vec<lanes::AppendLane> = (0..shared.lanes.len()).map(|_| Default::default()).collect();
+    while let Some(mut batch) = shared.next_batch(&mut spare, &mut taken) {
+        lanes::fill_cut(&mut taken, batch.first_lane_lsn, &mut batch.bytes);
         let written = shared.write_batch(&mut segment, &batch);
         spare = batch.bytes;
         spare.clear();
@@ -539,7 +545,7 @@ impl Shared {
     /// Waits until a flush is due (size, time or close) and takes the whole buffer, leaving
     /// `spare` (an emptied earlier buffer) in its place so appenders rarely reallocate.
     /// None once closing and everything is written.
-    fn next_batch(&self, spare: &mut Vec<u8>) -> Option<Batch> {
+    fn next_batch(&self, spare: &mut Vec<u8>, taken: &mut [lanes::AppendLane]) -> Option<Batch> {
         let mut state = self.state.lock();
         let trigger = loop {
             if state.buf.is_empty() && self.lane_bytes() == 0 {
@@ -558,11 +564,12 @@ impl Shared {
             self.work_cv.wait_until(&mut state, started + Duration::from_micros(self.cfg.group_commit_delay_us));
         };
         self.count_trigger(trigger);
-        let lane_marks = self.cut_lanes(&mut state);
         let bytes = std::mem::replace(&mut state.buf, std::mem::take(spare));
-        state.in_flight_bytes = bytes.len();
+        let (lane_marks, first_lane_lsn, lane_bytes) = self.cut_lanes(&mut state, bytes.len(), taken);
+        state.in_flight_bytes = bytes.len() + lane_bytes;
         state.first_unflushed_at = None;
-        Some(Batch { bytes, rolls: std::mem::take(&mut state.rolls), last_lsn: state.next_lsn - 1, lane_marks })
+        let rolls = std::mem::take(&mut state.rolls);
+        Some(Batch { bytes, rolls, last_lsn: state.next_lsn - 1, lane_marks, first_lane_lsn })
     }
 
     fn flush_due(&self, state: &State) -> Option<Trigger> {
