@@ -61,7 +61,7 @@ fn client(
             let first_start_us = w2.now_us();
             let mut number = 0;
             loop {
-                match proto.execute(&req, Attempt { first_start_us, number, fresh: false }).await {
+                match proto.execute(&req, Attempt { first_start_us, number, fresh: false, defer_ack: false }).await {
                     Ok(out) => {
                         wl.on_commit(&req, &out);
                         *stats.borrow_mut().committed.entry(wl.txn_kind(&req)).or_default() += 1;
@@ -153,7 +153,7 @@ pub fn run(spec: &BenchSpec) -> SimRun {
                 let first_start_us = w2.now_us();
                 let mut committed = None;
                 for number in 0..200 {
-                    match proto.execute(&req, Attempt { first_start_us, number, fresh: true }).await {
+                    match proto.execute(&req, Attempt { first_start_us, number, fresh: true, defer_ack: false }).await {
                         Ok(out) => {
                             committed = Some(out);
                             break;

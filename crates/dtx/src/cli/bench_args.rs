@@ -56,6 +56,12 @@ pub struct BenchArgs {
     /// specification's 10 terminals per warehouse (clause 4.2.2) of the worker's warehouses.
     #[arg(long)]
     inflight: Option<u32>,
+    /// Commits per worker that may wait for the disk (or the replicas) while their clients go
+    /// on to the next transaction, as Silo's workers go on while their epoch is persisted; each
+    /// is acknowledged (counted, its latency taken) once durable. 0: every client waits for its
+    /// own commit's flush.
+    #[arg(long, default_value_t = crate::host::DEFAULT_MAX_UNACKED)]
+    max_unacked: u32,
     /// Measured seconds (or a duration: 500ms, 2s).
     #[arg(long, default_value = "3")]
     duration: String,
@@ -364,6 +370,7 @@ impl BenchArgs {
             workers: self.workers() + crate::host::service_workers(protocol),
             partitions_per_node: self.partitions_per_node,
             inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
+            max_unacked: self.max_unacked,
             duration_us: secs_us(&self.duration, "duration")?,
             warmup_us: secs_us(&self.warmup, "warmup")?,
             latency,

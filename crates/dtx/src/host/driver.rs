@@ -1,7 +1,10 @@
 //! The closed-loop driver that runs on every worker: `inflight` client tasks, each issuing a
 //! transaction, retrying it after an abort (with randomized exponential backoff) until it
-//! commits, then issuing the next. Metrics count what finishes inside the measured window.
+//! commits, then issuing the next. A commit that waits only for the log is handed to the
+//! worker's ack queue ([`super::acks`], at most `max_unacked`) and acknowledged from there, so
+//! its client goes on at once. Metrics count what is acknowledged inside the measured window.
 
+use super::acks::{Acknowledge, Acks, Pending};
 use super::metrics::{HistLine, Metrics};
 use crate::protocols::{Attempt, WorkerProtocol};
 use crate::rt::Worker;
@@ -71,6 +74,8 @@ pub fn read_history_file(path: &std::path::Path) -> std::io::Result<Vec<HistLine
 
 pub struct DriverConfig {
     pub inflight: u32,
+    /// Commits that may wait for the log while their clients go on ([`super::acks`]).
+    pub max_unacked: u32,
     pub max_retries: u32,
     pub record_history: bool,
     pub window: Window,
@@ -96,15 +101,25 @@ pub fn start(
     }
     let cfg = Rc::new(cfg);
     let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
-    on_crash_report(w, &metrics, &live, &attempts, &shared, cfg.window);
+    let acks = proto.ack_log().filter(|_| cfg.max_unacked > 0).map(|log| {
+        let ack = acknowledge(w.clone(), metrics.clone(), wl.clone(), shared.clone());
+        Acks::new(log, cfg.max_unacked as usize, ack)
+    });
+    on_crash_report(w, &metrics, &live, &attempts, (&acks, &wl), &shared, cfg.window);
     for i in 0..cfg.inflight as usize {
         let home = homes[i % homes.len()];
         let (w2, p2, wl2, m2, live2, sh2, cfg2) =
             (w.clone(), proto.clone(), wl.clone(), metrics.clone(), live.clone(), shared.clone(), cfg.clone());
-        let at2 = attempts.clone();
+        let (at2, acks2) = (attempts.clone(), acks.clone());
         w.spawn(async move {
-            let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2 };
+            let acks = acks2.as_ref();
+            let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2, acks };
             me.run(&at2, i).await;
+            // Every commit is acknowledged (or, at a crash, reported unknown) before the worker
+            // reports: a history must hold every transaction the final read may see.
+            while acks.is_some_and(|a| !a.is_empty()) {
+                w2.sleep_us(ACK_DRAIN_POLL_US).await;
+            }
             live2.set(live2.get() - 1);
             if live2.get() == 0 {
                 let m = std::mem::replace(&mut *m2.borrow_mut(), Metrics::new(cfg2.window));
@@ -114,6 +129,10 @@ pub fn start(
         });
     }
 }
+
+/// How often a client that finished looks whether its worker's deferred commits are all
+/// acknowledged.
+const ACK_DRAIN_POLL_US: u64 = 500;
 
 /// Per client: the attempt in flight (its operations and start time as histories record it,
 /// µs), when histories are kept.
@@ -171,10 +190,12 @@ fn on_crash_report(
     metrics: &Rc<RefCell<Metrics>>,
     live: &Rc<std::cell::Cell<usize>>,
     attempts: &Attempts,
+    (acks, wl): (&Option<Rc<Acks>>, &Arc<dyn Workload>),
     shared: &Arc<RunShared>,
     window: Window,
 ) {
     let (m, live, attempts, shared, w2) = (metrics.clone(), live.clone(), attempts.clone(), shared.clone(), w.clone());
+    let (acks, wl) = (acks.clone(), wl.clone());
     w.on_crash(Box::new(move || {
         if live.get() == 0 {
             return;
@@ -185,6 +206,19 @@ fn on_crash_report(
         for (ops, start_us) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
             let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
             m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
+        }
+        // Committed in memory, not known to be durable: maybe lost with the crash.
+        for p in acks.as_ref().map(|a| a.take_all()).unwrap_or_default() {
+            if let Some((id, start_us)) = p.history {
+                let ops = wl.attempted_ops(&p.req);
+                m.record_history(HistLine {
+                    id,
+                    status: "unknown".into(),
+                    ops,
+                    start_us,
+                    end_us: now_us.max(start_us),
+                });
+            }
         }
         shared.reports.lock().push(m);
         shared.running.fetch_sub(1, Ordering::AcqRel);
@@ -200,76 +234,96 @@ struct Client<'a> {
     home: u32,
     cfg: &'a DriverConfig,
     shared: &'a RunShared,
+    /// Where commits wait for the disk, when the protocol defers acknowledgements.
+    acks: Option<&'a Rc<Acks>>,
 }
 
 impl Client<'_> {
+    /// Issue transactions until the window ends, each retried after an abort (with randomized
+    /// exponential backoff) until it commits or gives up. `attempts[i]` holds the attempt in
+    /// flight (histories only), for a crash to report.
     async fn run(&self, attempts: &Attempts, i: usize) {
-        client(self.w, self.proto, self.wl, self.m, self.home, self.cfg, self.shared, &mut |req, start| {
-            attempts.borrow_mut()[i] = start.map(|us| (self.wl.attempted_ops(req), us));
-        })
-        .await
-    }
-}
-
-/// `track(req, Some(start_us))` before an attempt and `track(req, None)` after it (histories only).
-#[allow(clippy::too_many_arguments)]
-async fn client(
-    w: &Rc<Worker>,
-    proto: &dyn WorkerProtocol,
-    wl: &dyn Workload,
-    m: &RefCell<Metrics>,
-    home: u32,
-    cfg: &DriverConfig,
-    shared: &RunShared,
-    track: &mut dyn FnMut(&TxnRequest, Option<u64>),
-) {
-    while w.now_ns() < cfg.window.end_ns {
-        let mut req = wl.next(&mut w.rng.borrow_mut(), home);
-        let first_ns = w.now_ns();
-        let mut number = 0;
-        loop {
-            let attempt = Attempt { first_start_us: first_ns / 1000, number, fresh: false };
-            let start_us = w.history_now_us();
-            let mut id = 0;
-            if cfg.record_history {
-                track(&req, Some(start_us));
-                id = history_id(m, shared);
-                if shared.history_file.is_some() {
-                    let ops = wl.attempted_ops(&req);
-                    let us = start_us;
-                    persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
+        let (w, wl, m, cfg, shared) = (self.w, self.wl, self.m, self.cfg, self.shared);
+        let track = |req: &TxnRequest, start: Option<u64>| {
+            attempts.borrow_mut()[i] = start.map(|us| (wl.attempted_ops(req), us));
+        };
+        while w.now_ns() < cfg.window.end_ns {
+            let mut req = wl.next(&mut w.rng.borrow_mut(), self.home);
+            let first_ns = w.now_ns();
+            let mut number = 0;
+            loop {
+                let defer_ack = self.acks.is_some();
+                let attempt = Attempt { first_start_us: first_ns / 1000, number, fresh: false, defer_ack };
+                let start_us = w.history_now_us();
+                let mut id = 0;
+                if cfg.record_history {
+                    track(&req, Some(start_us));
+                    id = history_id(m, shared);
+                    if shared.history_file.is_some() {
+                        let ops = wl.attempted_ops(&req);
+                        let us = start_us;
+                        persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
+                    }
                 }
-            }
-            let result = proto.execute(&req, attempt).await;
-            let end_ns = w.now_ns();
-            if cfg.record_history {
-                track(&req, None);
-                record(m, shared, id, (wl, &req), &result, (start_us, w.history_now_us()));
-            }
-            match result {
-                Ok(out) => {
-                    wl.on_commit(&req, &out);
-                    m.borrow_mut().commit(end_ns, end_ns - first_ns, wl.txn_kind(&req));
-                    // Give message handlers and other clients a turn: a run of local
-                    // transactions must not starve the replies other nodes wait for.
+                let mut result = self.proto.execute(&req, attempt).await;
+                let end_ns = w.now_ns();
+                if cfg.record_history {
+                    track(&req, None);
+                }
+                if let Some(lsn) = result.as_mut().ok().and_then(|out| out.ack_after.take()) {
+                    let acks = self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
+                    let out = result.expect("a deferred acknowledgement is a commit's");
+                    let history = cfg.record_history.then_some((id, start_us));
+                    // Queued before any wait: a crash must find it (its record may be durable).
+                    acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
+                    acks.room(w).await;
                     crate::rt::yield_now().await;
                     break;
                 }
-                Err(reason) => {
-                    m.borrow_mut().abort(end_ns, reason);
-                    number += 1;
-                    if !reason.retryable() || number > cfg.max_retries || w.now_ns() >= cfg.window.end_ns {
-                        if reason.retryable() && number > cfg.max_retries {
-                            m.borrow_mut().gave_up += 1;
-                        }
+                if cfg.record_history {
+                    record(m, shared, id, (wl, &req), &result, (start_us, w.history_now_us()));
+                }
+                match result {
+                    Ok(out) => {
+                        wl.on_commit(&req, &out);
+                        m.borrow_mut().commit(end_ns, end_ns - first_ns, wl.txn_kind(&req));
+                        // Give message handlers and other clients a turn: a run of local
+                        // transactions must not starve the replies other nodes wait for.
+                        crate::rt::yield_now().await;
                         break;
                     }
-                    backoff(w, number).await;
-                    wl.before_retry(&mut req, &mut w.rng.borrow_mut());
+                    Err(reason) => {
+                        m.borrow_mut().abort(end_ns, reason);
+                        number += 1;
+                        if !reason.retryable() || number > cfg.max_retries || w.now_ns() >= cfg.window.end_ns {
+                            if reason.retryable() && number > cfg.max_retries {
+                                m.borrow_mut().gave_up += 1;
+                            }
+                            break;
+                        }
+                        backoff(w, number).await;
+                        wl.before_retry(&mut req, &mut w.rng.borrow_mut());
+                    }
                 }
             }
         }
     }
+}
+
+/// What acknowledging a deferred commit does: what a client does for a commit it waited for,
+/// at the time the log made it durable.
+fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Acknowledge {
+    Box::new(move |p: Pending, now_ns: u64| {
+        w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
+        let result = Ok(p.out);
+        if let Some((id, start_us)) = p.history {
+            record(&m, &shared, id, (&*wl, &p.req), &result, (start_us, w.history_now_us()));
+        }
+        if let Ok(out) = &result {
+            wl.on_commit(&p.req, out);
+        }
+        m.borrow_mut().commit(now_ns, now_ns.saturating_sub(p.first_ns), wl.txn_kind(&p.req));
+    })
 }
 
 /// How often an after-run transaction (final read, final checks) is tried before giving up;
@@ -312,7 +366,10 @@ pub fn final_checks(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn W
             let first = w2.now_us();
             let mut done = false;
             for number in 0..FINAL_ATTEMPTS {
-                match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true }).await {
+                match proto
+                    .execute(&req, Attempt { first_start_us: first, number, fresh: true, defer_ack: false })
+                    .await
+                {
                     Ok(out) => {
                         findings.extend(wl.check_output(&req, &out));
                         done = true;
@@ -375,7 +432,7 @@ pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Wor
         // coordinators answer (the orphan sweeper's period), which can take a second or two.
         for number in 0..FINAL_ATTEMPTS {
             let start = w2.history_now_us();
-            match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true }).await {
+            match proto.execute(&req, Attempt { first_start_us: first, number, fresh: true, defer_ack: false }).await {
                 Ok(out) => {
                     let id = ((w2.addr.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
                     let line = HistLine {

@@ -108,6 +108,13 @@ pub struct Attempt {
     /// one instead; serializability alone would let such a read-only transaction take its place
     /// before writes that committed earlier in real time.
     pub fresh: bool,
+    /// The caller acknowledges a commit itself once the node's log is durable up to
+    /// [`TxnOutput::ack_after`](crate::txn::TxnOutput): a protocol that committed in memory
+    /// (early lock release) returns without waiting for the flush. The benchmark driver's
+    /// clients do, so that a commit waiting for the disk holds no client slot (as Silo's
+    /// workers go on while their epoch is persisted); callers that use the result at once
+    /// (the final read and checks, tests) do not, and get it only once it is durable.
+    pub defer_ack: bool,
 }
 
 /// A protocol: builds the per-node state (storage with its record metadata, loaded).
@@ -157,6 +164,11 @@ pub trait NodeProtocol: Send + Sync {
 /// A worker's protocol instance: it coordinates transactions and serves remote requests.
 pub trait WorkerProtocol: Handler {
     fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>>;
+    /// The log whose LSNs [`TxnOutput::ack_after`](crate::txn::TxnOutput) names, for a protocol
+    /// that defers acknowledgements ([`Attempt::defer_ack`]); `None` for one that never does.
+    fn ack_log(&self) -> Option<Arc<crate::rt::log::NodeLog>> {
+        None
+    }
     /// Start background tasks (orphan sweeping, epochs...).
     fn start(&self) {}
 }

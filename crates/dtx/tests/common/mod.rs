@@ -16,6 +16,9 @@ pub fn append_spec(protocol: &str, seed: u64, runtime: &str, duration_us: u64) -
     s.nodes = 3;
     s.workers = 2;
     s.inflight = 6;
+    // As many commits may wait for the log as clients run: the deferred path is exercised (a
+    // crash finds commits waiting) while the load stays what the sweeps were sized for.
+    s.max_unacked = 6;
     s.duration_us = duration_us;
     s.warmup_us = 0;
     s.latency.delay_us = 150;

@@ -10,6 +10,7 @@ use super::participant::{self as part, Writes};
 use super::range::EMPTY;
 use super::MaatWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -181,7 +182,7 @@ impl<'a> MaatTxn<'a> {
 
     /// Validate everywhere, take the lowest timestamp every range allows, log the decision,
     /// install here and tell every touched node.
-    pub async fn commit(&mut self) -> TxnResult<()> {
+    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         let mut local = Part::default();
@@ -228,11 +229,8 @@ impl<'a> MaatTxn<'a> {
             wk.coord.set_committed_at(self.id, ts);
             wk.tell_commit_at(self.id, ts, std::mem::take(&mut self.touched));
         }
-        if !logs_decision {
-            // Read-only, here only: acknowledged once the fence after its reads is durable.
-            wk.node.log.durable_counted(&wk.w, wk.node.log.read_fence()).await;
-        }
-        Ok(())
+        // Read-only, here only: acknowledged once the fence after its reads is durable.
+        Ok(if logs_decision { None } else { wk.node.log.read_fence() })
     }
 
     /// Validate here (inline) and at every remote node (in parallel); the intersection of the
@@ -411,7 +409,7 @@ impl<'a> CoordTxn for MaatTxn<'a> {
         MaatTxn::prefetch(self, keys).await
     }
 
-    async fn commit(&mut self) -> TxnResult<()> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         MaatTxn::commit(self).await
     }
 

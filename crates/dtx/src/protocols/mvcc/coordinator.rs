@@ -7,6 +7,7 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, waiting, Writes};
 use super::MvccWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -137,7 +138,7 @@ impl<'a> MvccTxn<'a> {
 
     /// Prewrite what is not held yet (here, and by a `Prepare` at every node it writes to),
     /// log the decision, install here and tell every node holding prewrites.
-    pub async fn commit(&mut self) -> TxnResult<()> {
+    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         let mut local: Writes = Vec::new();
@@ -161,13 +162,14 @@ impl<'a> MvccTxn<'a> {
             return Err(self.abort(a));
         }
         let logs_decision = !self.touched.is_empty() || !local.is_empty();
+        let mut ack = None;
         if logs_decision {
             if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local, &self.touched, self.ts).await {
                 return Err(self.abort(a));
             }
         } else {
             // Read-only: what it read here is fenced as a remote node fences its reads.
-            wk.node.log.durable_counted(&wk.w, wk.node.log.read_fence()).await;
+            ack = wk.node.log.read_fence();
         }
         wk.w.charge_ops(local.len() + self.held_here.len());
         part::install(&wk.node.store, self.id, self.ts, &self.held_here, local);
@@ -176,7 +178,7 @@ impl<'a> MvccTxn<'a> {
             wk.coord.set_committed_at(self.id, self.ts);
             wk.tell_commit_at(self.id, self.ts, std::mem::take(&mut self.touched));
         }
-        Ok(())
+        Ok(ack)
     }
 
     /// `Prepare` at every remote node the transaction writes to, in parallel: all must vote yes.
@@ -299,7 +301,7 @@ impl<'a> CoordTxn for MvccTxn<'a> {
         MvccTxn::prefetch(self, keys).await
     }
 
-    async fn commit(&mut self) -> TxnResult<()> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         MvccTxn::commit(self).await
     }
 

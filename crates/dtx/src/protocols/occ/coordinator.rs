@@ -8,6 +8,7 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -163,7 +164,7 @@ impl<'a> OccTxn<'a> {
         Ok(())
     }
 
-    pub async fn commit(&mut self) -> TxnResult<()> {
+    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         // Group the remote keys by node: what each remote participant must lock and validate.
@@ -210,7 +211,7 @@ impl<'a> OccTxn<'a> {
             _ => self.lock_all_then_validate(&nodes, &local_recs, &remote_writers).await?,
         }
         if remote_writers.is_empty() {
-            return self.commit_here(local_recs, local_writes).await;
+            return self.commit_here(local_recs, local_writes);
         }
         // Decision: commit. With a log, the decision is durable before anyone learns it.
         if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
@@ -220,7 +221,7 @@ impl<'a> OccTxn<'a> {
         self.install(local_recs, local_writes);
         wk.coord.set(self.id, TxnStatus::Committed);
         wk.tell_commit(self.id, remote_writers);
-        Ok(())
+        Ok(None)
     }
 
     /// Install this node's writes (unlocking their records). The read set is done with:
@@ -324,13 +325,14 @@ impl<'a> OccTxn<'a> {
 
     /// Commit a transaction that writes nowhere but here, with early lock release (Silo's
     /// epochs, Aether's ELR): append the commit record, install and unlock at once, and
-    /// acknowledge once the record is durable, so that the locks are not held across a flush.
+    /// acknowledge once the record is durable (returned: the caller waits), so that the locks
+    /// are not held across a flush.
     /// Still safe: the record is appended under the locks, so log order is install order, and a
     /// transaction that read one of these writes and writes itself logs after it (durable only
     /// with it); one that logs nothing here (read-only) waits for the log's tail, and a remote
     /// reader's validation vote does too (`participant`). A crash before the flush loses the
     /// commit with everything that saw it, none of it acknowledged.
-    async fn commit_here(&mut self, recs: Vec<&'a Rec>, writes: Writes) -> TxnResult<()> {
+    fn commit_here(&mut self, recs: Vec<&'a Rec>, writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let lsn = if writes.is_empty() {
             let me = wk.node.id;
@@ -347,8 +349,7 @@ impl<'a> OccTxn<'a> {
             }
         };
         self.install(recs, writes);
-        wk.node.log.durable_counted(&wk.w, lsn).await;
-        Ok(())
+        Ok(lsn)
     }
 
     /// Log the commit decision (this node's writes, the remote writers) and wait until it is
@@ -503,7 +504,7 @@ impl<'a> CoordTxn for OccTxn<'a> {
         OccTxn::prefetch(self, keys).await
     }
 
-    async fn commit(&mut self) -> TxnResult<()> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         OccTxn::commit(self).await
     }
 

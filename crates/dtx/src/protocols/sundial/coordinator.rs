@@ -11,6 +11,7 @@ use super::participant::Writes;
 use super::policy::CachePolicy;
 use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
+use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
 use crate::protocols::twopl::participant::{self as locks, LockStep};
@@ -347,15 +348,14 @@ impl<'a> SundialTxn<'a> {
     }
 
     /// A transaction that touched no other node: with early lock release, as 2PL's and OCC's.
-    async fn commit_here(&mut self, local_writes: Writes) -> TxnResult<()> {
+    fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let lsn = match wk.node.log.local_commit_lsn(self.id, &local_writes) {
             Ok(lsn) => lsn,
             Err(a) => return Err(self.abort(a)),
         };
         self.install_and_release(local_writes);
-        wk.node.log.durable_counted(&wk.w, lsn).await;
-        Ok(())
+        Ok(lsn)
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.
@@ -600,7 +600,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         Ok(())
     }
 
-    async fn commit(&mut self) -> TxnResult<()> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let ts = self.commit_ts.0;
         // Leases extended to the commit timestamp here, and writes installed at it, are granted
@@ -641,7 +641,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
             }
         }
         if remote.is_empty() {
-            return self.commit_here(local_writes).await;
+            return self.commit_here(local_writes);
         }
         let writers = self.prepare(remote).await?;
         // With a log, the decision is durable before anyone learns it.
@@ -657,7 +657,7 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         }
         self.update_cache(&remote_writes);
         self.install_and_release(local_writes);
-        Ok(())
+        Ok(None)
     }
 
     fn abandon(&mut self, reason: Abort) -> Abort {

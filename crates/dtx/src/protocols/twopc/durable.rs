@@ -345,6 +345,10 @@ pub fn machine(checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::l
     Ok(Box::new(state))
 }
 
+/// Where a commit's acknowledgement waits in the node's log: the LSN of its commit record, or of
+/// the fence after its reads; `None` when nothing must be durable first.
+pub type AckAfter = Option<u64>;
+
 /// A node's durable log as the 2PC protocols use it: `None` when the run is not durable.
 #[derive(Clone, Default)]
 pub struct TxnLog {

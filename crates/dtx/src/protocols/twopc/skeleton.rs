@@ -10,7 +10,7 @@
 //! prepared transaction. OCC and 2PL are the two today; Sundial, MaaT and TicToc plug in the same
 //! way.
 
-use super::durable::{InDoubt, TxnLog};
+use super::durable::{AckAfter, InDoubt, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
@@ -43,8 +43,9 @@ pub const ORPHAN_OPTION: crate::protocols::OptionSpec = crate::protocols::Option
 pub trait CoordTxn: Access {
     /// Fetch (and, for a locking protocol, lock) a declared key set, one message per participant.
     async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()>;
-    /// Two-phase commit of what execution did.
-    async fn commit(&mut self) -> TxnResult<()>;
+    /// Two-phase commit of what execution did; returns where in the node's log the commit's
+    /// acknowledgement waits (the skeleton waits there, or hands it to a deferring caller).
+    async fn commit(&mut self) -> TxnResult<AckAfter>;
     /// Execution failed with `reason`: release whatever is held and tell the participants.
     fn abandon(&mut self, reason: Abort) -> Abort;
 }
@@ -228,8 +229,13 @@ where
             wl.run(req, &mut Ctx::new(&mut txn)).await
         };
         match result {
-            Ok(out) => {
-                txn.commit().await?;
+            Ok(mut out) => {
+                let ack = txn.commit().await?;
+                if attempt.defer_ack && self.node.log.enabled() {
+                    out.ack_after = ack;
+                } else {
+                    self.node.log.durable_counted(&self.w, ack).await;
+                }
                 Ok(out)
             }
             Err(a) => Err(txn.abandon(a)),
@@ -333,6 +339,10 @@ where
 {
     fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(self.run(req, attempt))
+    }
+
+    fn ack_log(&self) -> Option<Arc<crate::rt::log::NodeLog>> {
+        self.node.log.node_log().cloned()
     }
 
     fn start(&self) {

@@ -8,6 +8,7 @@ use super::meta::{Mode, Prio};
 use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::rt::{join_all, LocalBoxFuture};
 use crate::storage::{RowKey, Value};
@@ -288,7 +289,7 @@ impl<'a> TplTxn<'a> {
         Ok(())
     }
 
-    pub async fn commit(&mut self) -> TxnResult<()> {
+    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         let mut remote_writes: FxHashMap<NodeId, Writes> = FxHashMap::default();
@@ -303,7 +304,7 @@ impl<'a> TplTxn<'a> {
             }
         }
         if self.touched.is_empty() {
-            return self.commit_here(local_writes).await;
+            return self.commit_here(local_writes);
         }
         // Phase one: prepare everywhere we hold locks.
         let id = self.id;
@@ -338,7 +339,7 @@ impl<'a> TplTxn<'a> {
             wk.tell_commit(self.id, writers);
         }
         self.install_and_release(local_writes);
-        Ok(())
+        Ok(None)
     }
 
     /// Apply this node's writes and release every local lock. The values read are done with:
@@ -359,15 +360,14 @@ impl<'a> TplTxn<'a> {
     /// order), apply and release at once, and acknowledge once the record is durable. A
     /// read-only one waits for the log's tail instead, since it may have read a write whose
     /// record is not durable yet; so does a remote reader's read-only vote (`participant`).
-    async fn commit_here(&mut self, local_writes: Writes) -> TxnResult<()> {
+    fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let lsn = match wk.node.log.local_commit_lsn(self.id, &local_writes) {
             Ok(lsn) => lsn,
             Err(a) => return Err(self.abort(a)),
         };
         self.install_and_release(local_writes);
-        wk.node.log.durable_counted(&wk.w, lsn).await;
-        Ok(())
+        Ok(lsn)
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.
@@ -495,7 +495,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
         TplTxn::prefetch(self, keys).await
     }
 
-    async fn commit(&mut self) -> TxnResult<()> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         TplTxn::commit(self).await
     }
 
