@@ -118,3 +118,70 @@ impl Acks {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::{Addr, FaultPlan, LatencyModel};
+    use crate::rt::log::SimImage;
+    use crate::rt::sim::SimWorld;
+    use crate::rt::WorkerConfig;
+
+    fn pending(lsn: u64) -> Pending {
+        let req = TxnRequest::new("test", 0, ());
+        Pending { lsn, req, out: TxnOutput::default(), first_ns: 0, committed_ns: 0, history: None }
+    }
+
+    /// Flush everything appended to the simulated log's only lane.
+    fn flush(log: &NodeLog) {
+        assert!(log.sim_begin_flush(0).is_some(), "something to flush");
+        log.sim_finish_flush(0);
+    }
+
+    #[test]
+    fn a_commit_is_acknowledged_once_its_lsn_is_durable_and_never_before_one_queued_ahead() {
+        let mut world = SimWorld::new(1, 1, LatencyModel::default(), FaultPlan::default(), 1);
+        let addr = Addr::new(0, 0);
+        let w = Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
+        world.add_worker(w.clone());
+        let log = NodeLog::simulated(SimImage::default(), 1).expect("an empty image").log;
+        let acked = Rc::new(RefCell::new(Vec::new()));
+        let seen = acked.clone();
+        let acks = Acks::new(log.clone(), 4, Box::new(move |p: Pending, _now_ns| seen.borrow_mut().push(p.lsn)));
+
+        let first = log.append(b"first").expect("appended");
+        acks.push(&w, pending(first));
+        world.run_until(1_000_000, || false);
+        assert!(acked.borrow().is_empty(), "acknowledged before its record is durable");
+        flush(&log);
+        let second = log.append(b"second").expect("appended");
+        // Queued behind a later LSN: it waits for that one, acknowledged late rather than early.
+        let later = log.append(b"later").expect("appended");
+        acks.push(&w, pending(later));
+        acks.push(&w, pending(first));
+        world.run_until(2_000_000, || false);
+        assert_eq!(*acked.borrow(), vec![first], "only the durable commit at the front");
+        assert_eq!(acks.len(), 2);
+        flush(&log);
+        world.run_until(3_000_000, || false);
+        assert_eq!(*acked.borrow(), vec![first, later, first]);
+        assert!(acks.is_empty() && second < later);
+    }
+
+    #[test]
+    fn a_crash_takes_every_waiting_commit() {
+        let log = NodeLog::simulated(SimImage::default(), 1).expect("an empty image").log;
+        let acks = Acks::new(log.clone(), 1, Box::new(|_, _| panic!("nothing is durable")));
+        let mut world = SimWorld::new(1, 1, LatencyModel::default(), FaultPlan::default(), 1);
+        let addr = Addr::new(0, 0);
+        let w = Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
+        world.add_worker(w.clone());
+        for record in [b"a", b"b"] {
+            acks.push(&w, pending(log.append(record).expect("appended")));
+        }
+        world.run_until(1_000_000, || false);
+        let taken: Vec<u64> = acks.take_all().iter().map(|p| p.lsn).collect();
+        assert_eq!(taken, vec![1, 2]);
+        assert!(acks.is_empty());
+    }
+}
