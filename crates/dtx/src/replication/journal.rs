@@ -29,7 +29,11 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-const MAGIC: &[u8; 8] = b"DTXRAFT1";
+/// 2: records carry the write-ahead log's format 2 (a checksum over the payload, then the LSN).
+const MAGIC: &[u8; 8] = b"DTXRAFT2";
+/// Journals of earlier formats: refused by name, never read (their records would fail the
+/// checksum and read as a torn tail, forgetting votes and entries).
+const OLDER_MAGICS: [&[u8; 8]; 1] = [b"DTXRAFT1"];
 const HEADER_BYTES: usize = 24;
 /// An `Append` op encoding to more than this is split (half the WAL's record limit, so that
 /// each half of one just over it is well under the limit).
@@ -291,6 +295,13 @@ fn header(cluster_id: u64, host: u16) -> [u8; HEADER_BYTES] {
 /// The ops of a journal's bytes, the length of its valid prefix, whether a torn record followed
 /// it, and how many records it holds.
 fn decode(bytes: &[u8], cluster_id: u64, host: u16) -> Result<(Vec<JournalOp>, usize, bool, u64), String> {
+    if bytes.len() >= 8 && OLDER_MAGICS.iter().any(|m| &bytes[..8] == *m) {
+        return Err(format!(
+            "it was written by an earlier dtx (journal format {}, this build reads format 2): start it with the dtx \
+             that wrote it, or give this one an empty --data-dir",
+            bytes[7] as char
+        ));
+    }
     if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
         return Err("not a Raft journal (no header)".to_string());
     }
@@ -442,6 +453,11 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let e = Journal::open_file(&path, 1, 0).err().unwrap().to_string();
         assert!(e.contains("corrupt at offset"), "{e}");
+        // A journal of the earlier format: refused, never read as a torn (empty) one.
+        bytes[..8].copy_from_slice(b"DTXRAFT1");
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open_file(&path, 1, 0).err().unwrap().to_string();
+        assert!(e.contains("earlier dtx") && e.contains("--data-dir"), "{e}");
     }
 
     /// A log's entries that outgrew one record (a group whose state is over the snapshot limit

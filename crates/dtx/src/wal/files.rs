@@ -164,6 +164,7 @@ pub(super) fn load_checkpoint(cfg: &WalConfig, found: &[(Lsn, PathBuf)]) -> Resu
 
 pub(super) fn read_checkpoint(cfg: &WalConfig, path: &Path, name_lsn: Lsn) -> Result<Vec<u8>, WalError> {
     let mut bytes = fs::read(path).map_err(io_error("read the checkpoint", path))?;
+    format::check_version(path, &bytes, CHECKPOINT_MAGIC)?;
     let (header, snapshot) = decode_checkpoint(&bytes).map_err(|e| corrupt(path, e.offset, e.reason))?;
     check_owner(cfg, path, WalOwner { cluster_id: header.cluster_id, node: header.node })?;
     if header.lsn != name_lsn {
@@ -237,6 +238,7 @@ pub(super) fn read_segment_header(
     bytes: &[u8],
     name_lsn: Lsn,
 ) -> Result<SegmentHeader, WalError> {
+    format::check_version(path, bytes, SEGMENT_MAGIC)?;
     let header = decode_segment_header(bytes).map_err(|e| corrupt(path, e.offset, e.reason))?;
     check_owner(cfg, path, WalOwner { cluster_id: header.cluster_id, node: header.node })?;
     if header.first_lsn != name_lsn || header.first_lsn == 0 {

@@ -102,6 +102,20 @@ pub(super) fn checkpoint_header_bytes(header: &CheckpointHeader, snapshot: &[u8]
     out
 }
 
+/// The format version a segment or checkpoint says it has, when it is not this build's: a file
+/// of another version is refused as such, not as a corrupt one.
+pub(super) fn other_version(bytes: &[u8], magic: &[u8; 8]) -> Option<u32> {
+    (bytes.len() >= 12 && &bytes[..8] == magic).then(|| le_u32(bytes, 8)).filter(|&v| v != FORMAT_VERSION)
+}
+
+/// [`other_version`] as the error recovery stops with.
+pub(super) fn check_version(path: &Path, bytes: &[u8], magic: &[u8; 8]) -> Result<(), WalError> {
+    match other_version(bytes, magic) {
+        Some(found) => Err(WalError::OtherVersion { path: path.to_path_buf(), found, expected: FORMAT_VERSION }),
+        None => Ok(()),
+    }
+}
+
 pub(super) fn check_magic_and_version(
     bytes: &[u8],
     magic: &[u8; 8],

@@ -161,6 +161,12 @@ pub enum WalError {
     )]
     ForeignCluster { path: PathBuf, found: WalOwner, expected: WalOwner },
     #[error(
+        "The write-ahead log file {} has format version {found}, and this build of dtx reads version \
+         {expected}: open it with the dtx that wrote it, or give this one an empty --data-dir.",
+        path.display()
+    )]
+    OtherVersion { path: PathBuf, found: u32, expected: u32 },
+    #[error(
         "A write-ahead log record of {payload_bytes} bytes was refused: a record carries at most \
          {MAX_RECORD_BYTES} bytes (16 MiB); split the payload."
     )]

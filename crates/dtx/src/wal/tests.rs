@@ -264,6 +264,25 @@ fn missing_segment_is_a_gap() {
     assert!(message.contains(segments[2].to_str().unwrap()) && message.contains("missing"), "{message}");
 }
 
+/// A log written by a build of another format version is refused as such (not as a corrupt
+/// log, and never read: format 1's checksums would fail and read as a torn tail).
+#[test]
+fn a_log_of_another_format_version_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (wal, _) = Wal::open(cfg.clone()).unwrap();
+    append_all(&wal, 1..4);
+    drop(wal);
+    let segment = &segment_files(dir.path())[0];
+    let mut bytes = fs::read(segment).unwrap();
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    fs::write(segment, &bytes).unwrap();
+    let error = Wal::open(cfg).err().expect("another version must be refused");
+    assert!(matches!(error, WalError::OtherVersion { found: 1, .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains(segment.to_str().unwrap()) && message.contains("--data-dir"), "{message}");
+}
+
 #[test]
 fn checkpoint_replaces_old_segments() {
     let dir = tempfile::tempdir().unwrap();
