@@ -8,7 +8,7 @@ use super::acks::{Acknowledge, Acks, Pending};
 use super::metrics::{HistLine, Metrics};
 use crate::protocols::{Attempt, WorkerProtocol};
 use crate::rt::Worker;
-use crate::txn::{Abort, TxnRequest};
+use crate::txn::{TxnOutput, TxnRequest};
 use crate::workloads::Workload;
 use parking_lot::Mutex;
 use rand::Rng as _;
@@ -265,34 +265,40 @@ impl Client<'_> {
                         persist(shared, &HistLine { id, status: "unknown".into(), ops, start_us: us, end_us: us });
                     }
                 }
-                let mut result = self.proto.execute(&req, attempt).await;
+                let result = self.proto.execute(&req, attempt).await;
                 let end_ns = w.now_ns();
                 if cfg.record_history {
                     track(&req, None);
                 }
-                if let Some(lsn) = result.as_mut().ok().and_then(|out| out.ack_after.take()) {
-                    let acks = self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
-                    let out = result.expect("a deferred acknowledgement is a commit's");
-                    let history = cfg.record_history.then_some((id, start_us));
-                    // Queued before any wait: a crash must find it (its record may be durable).
-                    acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
-                    acks.room(w).await;
-                    crate::rt::yield_now().await;
-                    break;
-                }
-                if cfg.record_history {
-                    record(m, shared, id, (wl, &req), &result, (start_us, w.history_now_us()));
-                }
+                let history = cfg.record_history.then_some((id, start_us));
                 match result {
-                    Ok(out) => {
-                        wl.on_commit(&req, &out);
-                        m.borrow_mut().commit(end_ns, end_ns - first_ns, wl.txn_kind(&req));
+                    Ok(mut out) => {
+                        match out.ack_after.take() {
+                            Some(lsn) => {
+                                let acks =
+                                    self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
+                                // Queued before any wait: a crash must find it (its record may be durable).
+                                acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
+                                acks.room(w).await;
+                            }
+                            None => acknowledged(w, m, shared, (wl, &req, &out), history, (first_ns, end_ns)),
+                        }
                         // Give message handlers and other clients a turn: a run of local
                         // transactions must not starve the replies other nodes wait for.
                         crate::rt::yield_now().await;
                         break;
                     }
                     Err(reason) => {
+                        if let Some((id, start_us)) = history {
+                            let line = HistLine {
+                                id,
+                                status: "aborted".into(),
+                                ops: wl.attempted_ops(&req),
+                                start_us,
+                                end_us: w.history_now_us(),
+                            };
+                            record(m, shared, line);
+                        }
                         m.borrow_mut().abort(end_ns, reason);
                         number += 1;
                         if !reason.retryable() || number > cfg.max_retries || w.now_ns() >= cfg.window.end_ns {
@@ -310,19 +316,30 @@ impl Client<'_> {
     }
 }
 
-/// What acknowledging a deferred commit does: what a client does for a commit it waited for,
-/// at the time the log made it durable.
+/// A commit acknowledged at `end_ns`, by its client at once or later by the ack queue: its
+/// history line when histories are kept (`history`: its id and start, µs), the workload's
+/// bookkeeping, and the metrics (latency from the first attempt's start).
+fn acknowledged(
+    w: &Worker,
+    m: &RefCell<Metrics>,
+    shared: &RunShared,
+    (wl, req, out): (&dyn Workload, &TxnRequest, &TxnOutput),
+    history: Option<(u64, u64)>,
+    (first_ns, end_ns): (u64, u64),
+) {
+    if let Some((id, start_us)) = history {
+        let ops = out.history.clone();
+        record(m, shared, HistLine { id, status: "committed".into(), ops, start_us, end_us: w.history_now_us() });
+    }
+    wl.on_commit(req, out);
+    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req));
+}
+
+/// What the ack queue does with a commit once the log made it durable.
 fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Acknowledge {
     Box::new(move |p: Pending, now_ns: u64| {
         w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
-        let result = Ok(p.out);
-        if let Some((id, start_us)) = p.history {
-            record(&m, &shared, id, (&*wl, &p.req), &result, (start_us, w.history_now_us()));
-        }
-        if let Ok(out) = &result {
-            wl.on_commit(&p.req, out);
-        }
-        m.borrow_mut().commit(now_ns, now_ns.saturating_sub(p.first_ns), wl.txn_kind(&p.req));
+        acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
     })
 }
 
@@ -339,19 +356,8 @@ async fn backoff(w: &Rc<Worker>, attempt: u32) {
     }
 }
 
-fn record(
-    m: &RefCell<Metrics>,
-    shared: &RunShared,
-    id: u64,
-    (wl, req): (&dyn Workload, &TxnRequest),
-    result: &Result<crate::txn::TxnOutput, Abort>,
-    (start_us, end_us): (u64, u64),
-) {
-    let (status, ops) = match result {
-        Ok(out) => ("committed", out.history.clone()),
-        Err(_) => ("aborted", wl.attempted_ops(req)),
-    };
-    let line = HistLine { id, status: status.into(), ops, start_us, end_us };
+/// An attempt's final history line, kept in memory and in the run's history file.
+fn record(m: &RefCell<Metrics>, shared: &RunShared, line: HistLine) {
     persist(shared, &line);
     m.borrow_mut().record_history(line);
 }

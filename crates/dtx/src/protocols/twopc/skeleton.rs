@@ -231,7 +231,8 @@ where
         match result {
             Ok(mut out) => {
                 let ack = txn.commit().await?;
-                if attempt.defer_ack && self.node.log.enabled() {
+                // Without a log there is nothing to wait for (`ack` is `None`).
+                if attempt.defer_ack {
                     out.ack_after = ack;
                 } else {
                     self.node.log.durable_counted(&self.w, ack).await;
