@@ -44,6 +44,9 @@ pub enum Abort {
     ParticipantLost,
     /// The log refused the transaction's record (larger than its record limit).
     LogRefused,
+    /// A participant's reply did not decode as an answer to what was asked (a bug, or a peer
+    /// of another build): retried, and counted apart from timeouts.
+    BadReply,
     /// A reason a protocol defines for itself (its registry entry lists it with its meaning);
     /// retried like the shared ones.
     Protocol(Reason),
@@ -113,6 +116,7 @@ impl Abort {
             Abort::User => "user",
             Abort::ParticipantLost => "participant-lost",
             Abort::LogRefused => "log-refused",
+            Abort::BadReply => "bad-reply",
             Abort::Protocol(r) => r.name(),
         }
     }
