@@ -627,6 +627,11 @@ impl NodeLog {
         DurableWait { log: self.clone(), lsn }
     }
 
+    /// [`NodeLog::wait`], borrowing the log.
+    pub fn wait_ref(&self, lsn: Lsn) -> DurableWait<&NodeLog> {
+        DurableWait { log: self, lsn }
+    }
+
     /// Lane `lane` is durable up to its LSN `lane_lsn`: the log is durable up to the sequence
     /// number before the oldest one that some lane has not made durable yet. The next number
     /// is read first: a number taken before that read is queued in its lane before the lane's
@@ -830,21 +835,22 @@ impl NodeLog {
 }
 
 /// Future returned by [`NodeLog::wait`].
-pub struct DurableWait {
-    log: Arc<NodeLog>,
+pub struct DurableWait<L: std::ops::Deref<Target = NodeLog> = Arc<NodeLog>> {
+    log: L,
     lsn: Lsn,
 }
 
-impl Future for DurableWait {
+impl<L: std::ops::Deref<Target = NodeLog>> Future for DurableWait<L> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.log.durable_lsn() >= self.lsn {
+        let log: &NodeLog = &self.log;
+        if log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
-        let lane = &self.log.lanes[current_lane(self.log.lanes.len())];
+        let lane = &log.lanes[current_lane(log.lanes.len())];
         let mut waiters = lane.waiters.lock();
         // Check again under the lock: `advance` may have run between the check and the lock.
-        if self.log.durable_lsn() >= self.lsn {
+        if log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
         waiters.push(Waiter { lsn: self.lsn, waker: cx.waker().clone() });
