@@ -42,3 +42,24 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         assert!(folder.join("experiment.svg").is_file());
     }
 }
+
+/// `--json FILE` from a folder without `results/`: the run's results folder (its plot) is made
+/// too, so that a finished run is never lost at the end (it once failed writing the SVG).
+#[test]
+fn json_elsewhere_from_a_folder_without_results() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dtx"))
+        .current_dir(cwd.path())
+        .env_remove("DTX_EXPERIMENTS")
+        .args(["experiment", "run", "message-counts", "--quick", "--json", "e.json"])
+        .args(["--set", "duration=0.05", "--set", "warmup=0.01"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let r = ExperimentReport::read(&cwd.path().join("e.json")).unwrap();
+    assert_eq!(r.experiment, "message-counts");
+    let results: Vec<_> = std::fs::read_dir(cwd.path().join("results")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].join("experiment.svg").is_file(), "{text}");
+}

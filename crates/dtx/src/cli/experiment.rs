@@ -385,6 +385,9 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     report.claims = report.evaluate();
     let json = a.json.clone().unwrap_or_else(|| out.join("experiment.json"));
     let plot = out.join("experiment.svg");
+    // The plot always goes into the results folder, also when the JSON goes elsewhere (--json):
+    // make it, so that a finished run is never lost for want of a folder.
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     report.write(&json)?;
     std::fs::write(&plot, svg::render(&report)?).with_context(|| format!("writing {}", plot.display()))?;
     print_result(&report);
