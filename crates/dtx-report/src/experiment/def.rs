@@ -10,19 +10,21 @@
 //! takes = { full_s = 60, quick_s = 5 }     # wall time, measured on the reference machine
 //! notes = "why the measured value differs from the paper's"
 //! [bench]                                  # `dtx bench` flags without the dashes
-//! workload = "ycsb"
-//! [quick]                                  # what --quick changes
+//! workload = "ycsb"                        # (a latency-matrix path is relative to this file)
+//! [bench.protocol.occ]                     # optional: one protocol's flags, over [bench]
+//! inflight = 64
+//! [quick]                                  # what --quick changes ([quick.protocol.NAME] too)
 //! duration = "0.3"
 //! [sweep]                                  # optional: one parameter and its values
-//! param = "theta"
-//! values = [0.0, 0.9, 0.99]
+//! param = "theta"                          # or option = "lock_wait_us", protocols = [...]:
+//! values = [0.0, 0.9, 0.99]                #   each point runs NAME:lock_wait_us=VALUE
 //! quick = [0.0, 0.99]                      # optional: the values --quick runs
 //! [plot]
 //! panels = ["throughput", "throughput/occ"] # metrics, or a metric as a ratio to a protocol
 //! [[claim]]
 //! text = "2PL WAIT_DIE beats OCC under high contention"
 //! kind = "value"                           # value | rising | falling | crossing | between
-//! metric = "throughput"
+//! metric = "throughput"                    # or latency.class.new-order.p50, counter.a / counter.b
 //! of = "2pl-waitdie"
 //! over = "occ"                             # optional: the denominator
 //! at = 0.99                                # the point (ratio), or two points (between)
