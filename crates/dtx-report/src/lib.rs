@@ -42,6 +42,14 @@ pub struct RunReport {
     pub throughput_tps: f64,
     pub abort_rate: f64,
     pub latency_us: LatencyUs,
+    /// latency percentiles per class of transaction, by the class's name (TPC-C: `new-order`,
+    /// `payment`, ...; YCSB: `single-node`, `distributed`; bank: `transfer`, `audit`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_us_by_class: BTreeMap<String, LatencyUs>,
+    /// latency percentiles per region of the clients' nodes (with `--latency-matrix`), by the
+    /// region's number (`"0"`, `"1"`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_us_by_region: BTreeMap<String, LatencyUs>,
     pub msgs_per_txn: f64,
     pub bytes_per_txn: f64,
     /// abort reason name -> count of aborted attempts
@@ -148,6 +156,8 @@ pub(crate) mod test_support {
             throughput_tps: tps,
             abort_rate,
             latency_us: LatencyUs { p50, p95: (p50 + p99) / 2.0, p99, max: p99 * 3.0 },
+            latency_us_by_class: BTreeMap::new(),
+            latency_us_by_region: BTreeMap::new(),
             msgs_per_txn: 6.0,
             bytes_per_txn: 1229.0,
             aborts_by_reason: BTreeMap::new(),

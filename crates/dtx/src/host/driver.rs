@@ -94,6 +94,7 @@ pub fn start(
     assert!(!homes.is_empty(), "a worker needs at least one home partition");
     let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
     metrics.borrow_mut().node = w.addr.node;
+    metrics.borrow_mut().classes = wl.txn_classes();
     let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
     {
         let (w2, m2, win) = (w.clone(), metrics.clone(), cfg.window);
@@ -332,7 +333,7 @@ fn acknowledged(
         record(m, shared, HistLine { id, status: "committed".into(), ops, start_us, end_us: w.history_now_us() });
     }
     wl.on_commit(req, out);
-    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req));
+    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req), wl.txn_class(req));
 }
 
 /// What the ack queue does with a commit once the log made it durable.
