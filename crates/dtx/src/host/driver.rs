@@ -102,9 +102,9 @@ pub fn start(
     }
     let cfg = Rc::new(cfg);
     let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
-    let acks = proto.ack_log().filter(|_| cfg.max_unacked > 0).map(|log| {
+    let acks = proto.ack_source().filter(|_| cfg.max_unacked > 0).map(|source| {
         let ack = acknowledge(w.clone(), metrics.clone(), wl.clone(), shared.clone());
-        Acks::new(log, cfg.max_unacked as usize, ack)
+        Acks::new(source, cfg.max_unacked as usize, ack)
     });
     on_crash_report(w, &metrics, &live, &attempts, (&acks, &wl), &shared, cfg.window);
     for i in 0..cfg.inflight as usize {
@@ -275,11 +275,11 @@ impl Client<'_> {
                 match result {
                     Ok(mut out) => {
                         match out.ack_after.take() {
-                            Some(lsn) => {
+                            Some(point) => {
                                 let acks =
                                     self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
                                 // Queued before any wait: a crash must find it (its record may be durable).
-                                acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
+                                acks.push(w, Pending { point, req, out, first_ns, committed_ns: end_ns, history });
                                 acks.room(w).await;
                             }
                             None => acknowledged(w, m, shared, (wl, &req, &out), history, (first_ns, end_ns)),
@@ -336,11 +336,20 @@ fn acknowledged(
     m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req), wl.txn_class(req));
 }
 
-/// What the ack queue does with a commit once the log made it durable.
+/// What the ack queue does with a commit once its point is decided: acknowledge it once
+/// released; report it aborted (`rolled-back`) once rolled back, with the operations it
+/// attempted, since none of its effects remain.
 fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Acknowledge {
-    Box::new(move |p: Pending, now_ns: u64| {
+    Box::new(move |p: Pending, released: bool, now_ns: u64| {
         w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
-        acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
+        if released {
+            return acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
+        }
+        if let Some((id, start_us)) = p.history {
+            let ops = wl.attempted_ops(&p.req);
+            record(&m, &shared, HistLine { id, status: "aborted".into(), ops, start_us, end_us: w.history_now_us() });
+        }
+        m.borrow_mut().abort(now_ns, crate::txn::Abort::RolledBack);
     })
 }
 

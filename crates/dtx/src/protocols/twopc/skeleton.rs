@@ -432,8 +432,8 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
         Box::pin(self.run(req, attempt))
     }
 
-    fn ack_log(&self) -> Option<Arc<crate::rt::log::NodeLog>> {
-        self.node.log.node_log().cloned()
+    fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
+        self.node.log.node_log().map(|log| log.clone() as Arc<dyn crate::rt::release::AckSource>)
     }
 
     fn start(&self) {
