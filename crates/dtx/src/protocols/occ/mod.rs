@@ -10,6 +10,9 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
+#[cfg(test)]
+mod tests;
+
 use crate::net::Addr;
 use crate::protocols::twopc::durable::{InDoubt, PlainLog};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
