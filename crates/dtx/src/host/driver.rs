@@ -39,6 +39,11 @@ pub struct RunShared {
     pub orphans_voided: AtomicU64,
     /// Restarts (in the simulator) that recovered from a checkpoint and the records after it.
     pub recovered_from_checkpoint: AtomicU64,
+    /// Commits committed in memory and waiting in the workers' ack queues for the log, now.
+    pub held_for_log: AtomicU64,
+    /// Clients that have not finished their last transaction yet, now (not kept up to date
+    /// across a simulated crash, whose clients never finish: read by the real-time runtimes).
+    pub clients_live: AtomicU64,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is
@@ -95,6 +100,7 @@ pub fn start(
     let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
     metrics.borrow_mut().node = w.addr.node;
     let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
+    shared.clients_live.fetch_add(cfg.inflight as u64, Ordering::Relaxed);
     {
         let (w2, m2, win) = (w.clone(), metrics.clone(), cfg.window);
         w.spawn(async move { measure_window(&w2, &m2, win).await });
@@ -115,6 +121,7 @@ pub fn start(
             let acks = acks2.as_ref();
             let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2, acks };
             me.run(&at2, i).await;
+            sh2.clients_live.fetch_sub(1, Ordering::Relaxed);
             // Every commit is acknowledged (or, at a crash, reported unknown) before the worker
             // reports: a history must hold every transaction the final read may see.
             while acks.is_some_and(|a| !a.is_empty()) {
@@ -208,7 +215,9 @@ fn on_crash_report(
             m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
         }
         // Committed in memory, not known to be durable: maybe lost with the crash.
-        for p in acks.as_ref().map(|a| a.take_all()).unwrap_or_default() {
+        let held = acks.as_ref().map(|a| a.take_all()).unwrap_or_default();
+        shared.held_for_log.fetch_sub(held.len() as u64, Ordering::Relaxed);
+        for p in held {
             if let Some((id, start_us)) = p.history {
                 let ops = wl.attempted_ops(&p.req);
                 m.record_history(HistLine {
@@ -278,6 +287,7 @@ impl Client<'_> {
                                 let acks =
                                     self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
                                 // Queued before any wait: a crash must find it (its record may be durable).
+                                shared.held_for_log.fetch_add(1, Ordering::Relaxed);
                                 acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
                                 acks.room(w).await;
                             }
@@ -338,6 +348,7 @@ fn acknowledged(
 /// What the ack queue does with a commit once the log made it durable.
 fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Acknowledge {
     Box::new(move |p: Pending, now_ns: u64| {
+        shared.held_for_log.fetch_sub(1, Ordering::Relaxed);
         w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
         acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
     })

@@ -478,6 +478,9 @@ pub struct Outcome {
     pub moved: u64,
     /// Faults injected into server processes (tcp), in order.
     pub fault_events: Vec<dtx_report::FaultEvent>,
+    /// Why the run could not end whole (a full disk held commits past the window): the
+    /// command fails, whatever its checks say.
+    pub failed: Option<String>,
 }
 
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {

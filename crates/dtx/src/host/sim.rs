@@ -69,6 +69,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         restarts: world.restarts,
         moved: world.moved,
         fault_events: Vec::new(),
+        failed: None,
     })
 }
 

@@ -1010,7 +1010,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
     notes.extend(fault_notes(&totals, &takeovers, &fault_events));
-    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events })
+    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events, failed: None })
 }
 
 /// What the servers reported at the end of a run, gathered.
