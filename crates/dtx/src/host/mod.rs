@@ -170,8 +170,11 @@ impl BenchSpec {
             );
         }
         workloads::build(&self.workload, &topo)?;
-        self.durability.validate(self.nodes, self.faults.crashes)?;
-        if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
+        if let Some(f) = self.faults.targeted.iter().find(|f| f.node >= self.nodes) {
+            bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.node, self.nodes);
+        }
+        self.durability.validate(self.nodes, self.faults.may_crash())?;
+        if self.runtime == "tcp" && self.faults.may_crash() && self.durability.mode == Durability::None {
             bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
         }
         Ok(())
@@ -476,7 +479,7 @@ pub struct Outcome {
     pub restarts: u64,
     /// Nodes taken over by another host while their own was down (sim, replicated).
     pub moved: u64,
-    /// Faults injected into server processes (tcp), in order.
+    /// Faults injected into server processes (tcp), or into nodes (sim), in order.
     pub fault_events: Vec<dtx_report::FaultEvent>,
     /// Why the run could not end whole (a full disk held commits past the window): the
     /// command fails, whatever its checks say.
