@@ -134,6 +134,18 @@ impl Cluster {
         }
     }
 
+    /// Wait (up to 60 s) until the run of cluster id `id` started on server 0: its clients
+    /// wrote their first attempt to the server's history file. A test that acts mid-run counts
+    /// from here, not from spawning the bench, whose start-up takes longer on a busy machine.
+    fn wait_run_started(&self, id: &str) {
+        let path = self.data.join(id).join("history-node-0.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::fs::metadata(&path).map_or(true, |m| m.len() == 0) {
+            assert!(Instant::now() < deadline, "the run never started: {} stayed empty", path.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `dtx bench` against this cluster with durable logs under the cluster id `id`.
     fn bench(&self, protocol: &str, id: &str, duration: &str, history: &Path, verify: bool) -> Output {
         self.bench_command(protocol, id, duration, history, verify).output().unwrap()
@@ -389,7 +401,8 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
         // Mid-run: kill -9 node 1, then start it again over its data folder. It resumes the run
         // from its log (its clients died with it; new ones run to the window's end) and the
         // bench reconnects.
-        std::thread::sleep(Duration::from_millis(1500));
+        cluster.wait_run_started(id);
+        std::thread::sleep(Duration::from_millis(1200));
         cluster.kill_server(1);
         cluster.start_some(&[1]);
         let out = bench.wait_with_output().unwrap();
@@ -581,7 +594,8 @@ fn a_replicated_node_whose_server_is_killed_is_taken_over_and_loses_no_acknowled
         // new leader, whose server rebuilds node 1 from its replica and serves it. Node 1's
         // server is started again: it reopens its replicas from its Raft journal and rejoins
         // every log it is a voter of.
-        std::thread::sleep(Duration::from_millis(1500));
+        cluster.wait_run_started(id);
+        std::thread::sleep(Duration::from_millis(1200));
         cluster.kill_server(1);
         std::thread::sleep(Duration::from_millis(500));
         cluster.start_some(&[1]);
@@ -611,12 +625,14 @@ fn signal(child: &Child, signal: &str) {
 fn a_replicated_server_that_stalls_gives_its_node_up_to_the_new_leader() {
     let cluster = Cluster::start_n(3);
     let h = cluster.dir.path().join("stall.jsonl");
-    let bench = replicated_bench(&cluster, "occ", "d7a3000000000001", &h);
+    let id = "d7a3000000000001";
+    let bench = replicated_bench(&cluster, "occ", id, &h);
     // Mid-run: stop node 1's server for longer than an election takes (a stalled VM, a long
     // pause), then let it go on. A follower of node 1's log leads it meanwhile and waits for
     // node 1's ports; the old server, told of the new term when it runs again, gives the node
     // up (its incarnation can make nothing durable any more), and the new leader serves it.
-    std::thread::sleep(Duration::from_millis(1200));
+    cluster.wait_run_started(id);
+    std::thread::sleep(Duration::from_millis(900));
     let server = cluster.servers[1].as_ref().unwrap();
     signal(server, "-STOP");
     std::thread::sleep(Duration::from_millis(700));
