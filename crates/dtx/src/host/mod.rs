@@ -170,6 +170,9 @@ impl BenchSpec {
             );
         }
         workloads::build(&self.workload, &topo)?;
+        if self.runtime == "local" && !self.faults.targeted.is_empty() {
+            bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
+        }
         if let Some(f) = self.faults.targeted.iter().find(|f| f.node >= self.nodes) {
             bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.node, self.nodes);
         }
