@@ -113,13 +113,19 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         notes.push("some clients were still running 120 s after the window closed".into());
     }
     if failed.is_some() {
-        // The workers' clients are stuck on the log: close it first (a worker blocked on its
-        // memory bound gets an error), then stop the workers. Their metrics die with them.
-        notes.push(
-            "no final read or checks, and the counts of the workers still waiting for the log are lost: the run \
-             ended with commits held by a full disk"
-                .into(),
-        );
+        // The clients stuck on the log stop waiting and report what they hold as of unknown
+        // outcome; then the log is closed (a worker blocked on its memory bound gets an error)
+        // and the workers stop. A worker that did not report by then loses its counts.
+        shared.abandon.store(true, Ordering::Release);
+        driver::wait_until(Duration::from_secs(2), || shared.running.load(Ordering::Acquire) == 0);
+        let unreported = shared.running.load(Ordering::Acquire);
+        notes.push(format!(
+            "no final read or checks: the run ended with commits held by a full disk{}",
+            match unreported {
+                0 => String::new(),
+                n => format!("; the counts of {n} workers that did not stop waiting for it are lost"),
+            }
+        ));
         net.stop();
         for n in &nodes {
             n.shutdown();

@@ -195,6 +195,7 @@ impl BenchSpec {
             max_retries: self.max_retries,
             record_history: self.record_history,
             window,
+            abandonable: self.runtime == "local",
         }
     }
 }
