@@ -75,25 +75,29 @@ pub struct RunReport {
     /// queries...), totals over every worker; the table shows them per committed transaction
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
-    /// every fault the run injected into real processes (`--runtime tcp`), in order
+    /// every fault the run injected into real processes (`--runtime tcp`) or into simulated
+    /// nodes (`--runtime sim`: its crashes and every `--fault-at` fault), in order
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fault_events: Vec<FaultEvent>,
 }
 
-/// One fault injected into a server process: what, where, when, and how long until the node
-/// answered again.
+/// One fault injected into a server process (or a simulated node): what, where, when, and how
+/// long until the node answered again.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FaultEvent {
-    /// `crash` (kill -9, then started again over its data folder) or `pause` (SIGSTOP, then
-    /// SIGCONT)
+    /// `crash` (kill -9, then started again over its data folder), `pause` (SIGSTOP, then
+    /// SIGCONT), `partition`, `delay` (what the node sends held longer) or `cpu` (sim: its CPU
+    /// costs multiplied)
     pub kind: String,
     pub node: u32,
-    /// When it was injected, ms after the run started (warm-up included)
+    /// When it was injected, ms after the run started (warm-up included; virtual time in sim)
     pub at_ms: f64,
-    /// How long the process was down or stopped
+    /// How long the process was down or stopped (0 in sim for a fault that lasted until the
+    /// window's end)
     pub down_ms: f64,
     /// From the fault to the node's server answering its control connection again (after
-    /// recovering from its log, for a crash); null if it did not within the bench's patience
+    /// recovering from its log, for a crash); null if it did not within the bench's patience,
+    /// and in sim
     pub served_again_ms: Option<f64>,
 }
 

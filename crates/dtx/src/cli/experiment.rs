@@ -377,9 +377,12 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         });
         let t = Instant::now();
         match run_spec(spec, req.cluster.as_deref(), history.as_deref()) {
-            Ok((mut run, passed)) => {
+            Ok((mut run, passed, whole)) => {
                 if !passed {
                     failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
+                }
+                if !whole {
+                    failures.push(format!("{at}{} repeat {}: the run failed (see above)", j.protocol, j.repeat + 1));
                 }
                 mark(&mut run, e, j);
                 runs.push(run);

@@ -350,6 +350,14 @@ impl NodeLog {
         }
     }
 
+    /// While its disk is full (a WAL's write waits for room): the file it waits for.
+    pub fn disk_full_file(&self) -> Option<std::path::PathBuf> {
+        match &self.lanes[0].device {
+            Device::Wal(wal) => wal.disk_full_file(),
+            Device::Sim(_) | Device::Replicated(_) => None,
+        }
+    }
+
     /// The run is over: stop the checkpointer and close the WALs (flushing what they buffered
     /// and releasing their directory locks), even if tasks that never finished still hold this log.
     pub fn shutdown(&self) {
