@@ -81,7 +81,9 @@ pub struct BenchArgs {
     /// Region latency matrix file (one row per region, one-way delays).
     #[arg(long)]
     latency_matrix: Option<PathBuf>,
-    /// Region of each node, comma-separated (with --latency-matrix); default round-robin.
+    /// Region of each node, comma-separated: where --placement per-region puts copies and a
+    /// replicated log's voters are chosen; with --latency-matrix, the delays between nodes
+    /// (default there: round-robin over its regions).
     #[arg(long)]
     regions: Option<String>,
     /// Each node's roles, comma-separated by node, `+` within a node (roles: data, client,
@@ -89,6 +91,12 @@ pub struct BenchArgs {
     /// node `data+client`. Partitions go to data nodes; clients run on client nodes.
     #[arg(long)]
     roles: Option<String>,
+    /// Where partitions' copies live: single (one copy, the default), per-region (a full copy
+    /// in every region, given by --regions; its home region leads) or groups=N (groups of N
+    /// data nodes hold the same partitions). The protocol must keep the copies; those that
+    /// keep one copy refuse the others.
+    #[arg(long, default_value = "single")]
+    placement: String,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, every
@@ -370,20 +378,22 @@ impl BenchArgs {
             jitter_us: parse_duration_us(&self.jitter).context("--jitter")?,
             ..Default::default()
         };
+        // Regions place copies and logs' voters (--placement per-region), and, with a latency
+        // matrix, set the delays between nodes.
+        if let Some(r) = &self.regions {
+            latency.node_region = r
+                .split(',')
+                .map(|x| x.trim().parse::<u16>().with_context(|| format!("--regions: `{x}` is not a region number")))
+                .collect::<anyhow::Result<_>>()?;
+            if latency.node_region.len() != self.nodes as usize {
+                anyhow::bail!("--regions names {} nodes but --nodes is {}", latency.node_region.len(), self.nodes);
+            }
+        }
         if let Some(m) = &self.latency_matrix {
             latency.region_delay_us = LatencyModel::load_matrix(m)?;
             let regions = latency.region_delay_us.len() as u16;
-            latency.node_region = match &self.regions {
-                Some(r) => r
-                    .split(',')
-                    .map(|x| {
-                        x.trim().parse::<u16>().with_context(|| format!("--regions: `{x}` is not a region number"))
-                    })
-                    .collect::<anyhow::Result<_>>()?,
-                None => (0..self.nodes).map(|n| n % regions).collect(),
-            };
-            if latency.node_region.len() != self.nodes as usize {
-                anyhow::bail!("--regions names {} nodes but --nodes is {}", latency.node_region.len(), self.nodes);
+            if latency.node_region.is_empty() {
+                latency.node_region = (0..self.nodes).map(|n| n % regions).collect();
             }
             if let Some(r) = latency.node_region.iter().find(|r| **r >= regions) {
                 anyhow::bail!("--regions uses region {r} but the latency matrix has {regions} regions");
@@ -520,6 +530,7 @@ impl BenchArgs {
                 None => Vec::new(),
             },
             clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
+            placement: crate::cluster::Placement::parse(&self.placement).context("--placement")?,
         };
         spec.validate()?;
         Ok(spec)

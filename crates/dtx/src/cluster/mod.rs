@@ -1,13 +1,15 @@
-//! Cluster topology (regions → nodes → partitions, replicas later), the partition → node map,
-//! and the TOML config `dtx server` reads.
+//! Cluster topology (regions → nodes → partitions → their copies), the partition → node map,
+//! and the TOML config `dtx server` reads. Where copies live is [`placement`]'s.
 //!
 //! Keys map to partitions through the workload (it knows how its keys encode a warehouse or a
 //! key range); partitions map to nodes here.
 
+pub mod placement;
 pub mod roles;
 
 use crate::net::NodeId;
 use anyhow::{bail, Context};
+pub use placement::Placement;
 pub use roles::{Role, Roles};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -157,6 +159,9 @@ pub struct Topology {
     node_roles: Vec<Roles>,
     /// The nodes with the `data` role, in order: partitions are dealt to them alone.
     data_nodes: Vec<NodeId>,
+    /// How partitions' copies are placed, and where they are (leader first).
+    placement: Placement,
+    copies: placement::Copies,
 }
 
 impl Topology {
@@ -169,7 +174,47 @@ impl Topology {
             node_region: vec![0; nodes as usize],
             node_roles: vec![Roles::DEFAULT; nodes as usize],
             data_nodes: (0..nodes).collect(),
+            placement: Placement::Single,
+            copies: placement::Copies::default(),
         }
+    }
+
+    /// Place every partition's copies (after the roles and regions are set): a placement that
+    /// leaves a partition without a copy or a region without a data node is refused.
+    pub fn with_placement(mut self, placement: Placement) -> anyhow::Result<Self> {
+        let regions = self.node_region.clone();
+        let region_of = |n: NodeId| regions.get(n as usize).copied().unwrap_or(0);
+        self.copies = placement::Copies::place(placement, self.partitions(), &self.data_nodes, region_of)?;
+        self.placement = placement;
+        Ok(self)
+    }
+
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// The region of `node` (0 unless regions are given).
+    pub fn region_of(&self, node: NodeId) -> u16 {
+        self.node_region.get(node as usize).copied().unwrap_or(0)
+    }
+
+    /// Partition `p`'s copies, leader first (one, the leader, with the single placement).
+    pub fn copies_of(&self, p: PartitionId) -> Vec<NodeId> {
+        match self.placement {
+            Placement::Single => vec![self.node_of(p)],
+            _ => self.copies.of(p).to_vec(),
+        }
+    }
+
+    /// The copy of `p` a client in `region` reads from: its region's, or the leader.
+    pub fn copy_in_region(&self, p: PartitionId, region: u16) -> NodeId {
+        self.copies_of(p).into_iter().find(|&n| self.region_of(n) == region).unwrap_or_else(|| self.node_of(p))
+    }
+
+    /// The hosts that vote in node `owner`'s replicated log (`count` of them, `owner` first,
+    /// its region's hosts before others: [`placement::log_voters`]).
+    pub fn log_voters(&self, owner: NodeId, count: u16) -> Vec<NodeId> {
+        placement::log_voters(owner, count, self.nodes, |n| self.region_of(n))
     }
 
     /// Give every node its roles (one set per node): at least one node must hold data and one
@@ -187,7 +232,11 @@ impl Topology {
         }
         self.node_roles = roles;
         self.data_nodes = data;
-        Ok(self)
+        // Copies follow the data nodes.
+        match self.placement {
+            Placement::Single => Ok(self),
+            p => self.with_placement(p),
+        }
     }
 
     pub fn roles_of(&self, node: NodeId) -> Roles {
@@ -198,11 +247,15 @@ impl Topology {
         self.data_nodes.len() as u32 * self.partitions_per_node
     }
 
-    /// Partitions are dealt round-robin over the data nodes: with every node holding data,
-    /// partition p lives on node p % nodes.
+    /// The node that leads partition `p`. With the single placement partitions are dealt
+    /// round-robin over the data nodes: with every node holding data, partition p lives on node
+    /// p % nodes.
     #[inline]
     pub fn node_of(&self, p: PartitionId) -> NodeId {
-        self.data_nodes[(p % self.data_nodes.len() as u32) as usize]
+        match self.placement {
+            Placement::Single => self.data_nodes[(p % self.data_nodes.len() as u32) as usize],
+            _ => self.copies.leader(p),
+        }
     }
 
     pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
@@ -268,5 +321,25 @@ mod tests {
         let t = Topology::new(3, 1, 2);
         assert_eq!(t.partitions(), 6);
         assert_eq!(t.partitions_of(1), vec![1, 4]);
+    }
+
+    #[test]
+    fn a_placement_per_region_gives_every_region_a_copy_and_clients_their_region_s() {
+        let mut t = Topology::new(4, 1, 1);
+        t.node_region = vec![0, 0, 1, 1];
+        let t = t.with_placement(Placement::PerRegion).unwrap();
+        for p in 0..t.partitions() {
+            let copies = t.copies_of(p);
+            assert_eq!(copies.len(), 2, "partition {p}: a copy per region");
+            assert_eq!(t.node_of(p), copies[0], "the leader routes");
+            for region in 0..2 {
+                assert_eq!(t.region_of(t.copy_in_region(p, region)), region, "partition {p}: region {region}'s copy");
+            }
+        }
+        // Roles given after the placement: the copies follow the data nodes.
+        let roles = vec![Roles::of(&[Role::Client]), Roles::DEFAULT, Roles::DEFAULT, Roles::DEFAULT];
+        let t = t.with_roles(roles).unwrap();
+        assert!((0..t.partitions()).all(|p| !t.copies_of(p).contains(&0)), "node 0 holds no data");
+        assert_eq!(t.log_voters(3, 2), vec![3, 2], "a log's voters stay in its region");
     }
 }

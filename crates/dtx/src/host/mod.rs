@@ -75,6 +75,9 @@ pub struct BenchSpec {
     /// The skew injected into the nodes' wall clocks (`--clock-skew-us`, see [`ClockSkew`]).
     #[serde(default)]
     pub clock_skew_us: u64,
+    /// Where partitions' copies live (`--placement`; the protocol must keep them).
+    #[serde(default)]
+    pub placement: crate::cluster::Placement,
 }
 
 impl BenchSpec {
@@ -103,6 +106,7 @@ impl BenchSpec {
             max_retries: 1000,
             durability: DurabilityConfig::default(),
             node_roles: Vec::new(),
+            placement: crate::cluster::Placement::Single,
             clock_skew_us: 0,
         }
     }
@@ -131,6 +135,9 @@ impl BenchSpec {
         }
         if !self.node_roles.is_empty() {
             t = t.with_roles(self.node_roles.clone())?;
+        }
+        if self.placement != crate::cluster::Placement::Single {
+            t = t.with_placement(self.placement)?;
         }
         Ok(t)
     }
@@ -161,6 +168,14 @@ impl BenchSpec {
         let variant = protocols::Variant::parse(&self.protocol)?;
         let protocol = variant.make();
         protocol.check_topology(&topo)?;
+        if !protocol.keeps_copies(self.placement) {
+            bail!(
+                "protocol `{}` keeps one copy of each partition: it cannot run --placement {} (the other copies \
+                 would never be written); use --placement single",
+                self.protocol,
+                self.placement
+            );
+        }
         let logs = protocol.logs(&topo);
         if self.durability.mode == Durability::Replicated && logs > 1 {
             bail!(
@@ -226,6 +241,7 @@ pub fn failover_replica_setup(
         cluster_id: d.cluster_id,
         nodes: spec.nodes,
         replicas: d.replicas,
+        regions: spec.topology().node_region,
         mode: service::Mode::Failover,
         seed,
         new_machine: machine_factory(spec)?,
@@ -426,6 +442,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
         cluster_id: node.cluster_id,
         nodes: node.topo.nodes,
         replicas: *replicas,
+        regions: node.topo.node_region.clone(),
         mode: service::Mode::OwnerLeads,
         seed,
         new_machine: node.machine.clone(),

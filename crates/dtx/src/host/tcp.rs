@@ -1021,6 +1021,10 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         // The cluster file says what each node does (every node `data` and `client` unless it
         // gives `roles`) and how many workers it runs in all.
         spec.node_roles = cfg.node_roles();
+        // And where each node is: a placement per region and the logs' voters follow it.
+        if spec.latency.node_region.is_empty() && cfg.nodes.iter().any(|n| n.region > 0) {
+            spec.latency.node_region = cfg.nodes.iter().map(|n| n.region).collect();
+        }
         let protocol = crate::protocols::Variant::parse_including_planned(&spec.protocol)?.make();
         let path = cluster.map(|p| p.display().to_string()).unwrap_or_default();
         protocol.check_topology(&spec.topology()).with_context(|| format!("the cluster in {path}"))?;

@@ -133,6 +133,13 @@ pub trait Protocol: Send + Sync + 'static {
     fn log_machine(&self, _checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
         Ok(Box::new(crate::rt::log::NoLog))
     }
+    /// Whether the protocol keeps partitions' copies as `placement` places them (every copy
+    /// written, the leader found by `Topology::node_of`): only the single placement unless it
+    /// says otherwise. Calvin, SLOG and Detock keep a copy per region; Janus and TAPIR one per
+    /// replica of a shard.
+    fn keeps_copies(&self, placement: crate::cluster::Placement) -> bool {
+        placement == crate::cluster::Placement::Single
+    }
     /// How many logs each node keeps when the run is durable: one (the node's log, as the 2PC
     /// protocols keep) unless the protocol keeps one per worker (Silo, Rolis), per partition
     /// (Primo) or per region (Calvin, SLOG, Detock). Log 0 is the one [`Protocol::log_machine`]

@@ -1,6 +1,7 @@
 //! Log replication for `--durability replicated`: every node's log is a Raft group whose voters
-//! are the node's host and the next `replicas - 1` hosts (mod the cluster size), so each host
-//! leads its own node's log and follows `replicas - 1` others. A record is durable once a
+//! are the node's host and `replicas - 1` others, its own region's first, each in order after it
+//! (mod the cluster size; `cluster::placement::log_voters`), so each host leads its own node's
+//! log and, in one region, follows the `replicas - 1` before it. A record is durable once a
 //! majority of the group holds it; the protocol's commit waits for exactly that, as it waits for
 //! an fsync with `--durability wal`.
 //!
@@ -69,9 +70,10 @@ pub enum Mode {
     Failover,
 }
 
-/// The nodes that hold node `owner`'s log: its own host first, then the next ones.
-pub fn replicas_of(owner: NodeId, nodes: u16, replicas: u16) -> Vec<NodeId> {
-    (0..replicas).map(|i| (owner + i) % nodes).collect()
+/// The nodes that hold node `owner`'s log: its own host first, then its region's next ones,
+/// then others' (`regions[n]`: node n's region; empty: one region).
+pub fn replicas_of(owner: NodeId, nodes: u16, replicas: u16, regions: &[u16]) -> Vec<NodeId> {
+    crate::cluster::placement::log_voters(owner, replicas, nodes, |n| regions.get(n as usize).copied().unwrap_or(0))
 }
 
 fn replica_id(n: NodeId) -> ReplicaId {
@@ -121,6 +123,8 @@ pub struct ReplicaSetup {
     pub cluster_id: u64,
     pub nodes: u16,
     pub replicas: u16,
+    /// Each node's region (empty: one region): a log's voters are its region's first.
+    pub regions: Vec<u16>,
     pub mode: Mode,
     pub seed: u64,
     /// Makes the protocol's state machine (fresh, or from a snapshot's data).
@@ -282,10 +286,11 @@ impl ReplicaState {
 
     /// The logs this host holds a replica of, with their voters.
     fn voted_groups(&self) -> Vec<(u32, Vec<ReplicaId>)> {
-        let (nodes, replicas, host) = (self.setup.nodes, self.setup.replicas, self.host);
+        let (nodes, replicas, host, regions) = (self.setup.nodes, self.setup.replicas, self.host, &self.setup.regions);
         (0..nodes)
-            .filter(|&g| replicas_of(g, nodes, replicas).contains(&host))
-            .map(|g| (g as u32, replicas_of(g, nodes, replicas).into_iter().map(replica_id).collect()))
+            .map(|g| (g, replicas_of(g, nodes, replicas, regions)))
+            .filter(|(_, voters)| voters.contains(&host))
+            .map(|(g, voters)| (g as u32, voters.into_iter().map(replica_id).collect()))
             .collect()
     }
 
@@ -1033,9 +1038,13 @@ mod tests {
 
     #[test]
     fn every_node_leads_its_log_and_follows_the_next_ones() {
-        assert_eq!(replicas_of(0, 4, 3), vec![0, 1, 2]);
-        assert_eq!(replicas_of(3, 4, 3), vec![3, 0, 1]);
-        let hosted = |n: NodeId| (0..4).filter(|&g| replicas_of(g, 4, 3).contains(&n)).count();
+        assert_eq!(replicas_of(0, 4, 3, &[]), vec![0, 1, 2]);
+        assert_eq!(replicas_of(3, 4, 3, &[]), vec![3, 0, 1]);
+        let hosted = |n: NodeId| (0..4).filter(|&g| replicas_of(g, 4, 3, &[]).contains(&n)).count();
         assert!((0..4).all(|n| hosted(n) == 3), "each node holds three logs");
+        // Two regions of three: a log stays in its region.
+        let regions = [0, 0, 0, 1, 1, 1];
+        assert_eq!(replicas_of(2, 6, 3, &regions), vec![2, 0, 1]);
+        assert_eq!(replicas_of(3, 6, 3, &regions), vec![3, 4, 5]);
     }
 }
