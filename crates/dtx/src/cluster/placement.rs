@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn per_region_keeps_a_copy_in_every_region_led_by_the_home_region() {
         // Nodes 0, 1 in region 0; 2, 3 in region 1.
-        let region = |n: NodeId| (n / 2) as u16;
+        let region = |n: NodeId| n / 2;
         let c = Copies::place(Placement::PerRegion, 4, &[0, 1, 2, 3], region).unwrap();
         for p in 0..4 {
             let regions: Vec<u16> = c.of(p).iter().map(|&n| region(n)).collect();
@@ -181,7 +181,7 @@ mod tests {
     fn a_log_votes_in_its_region_first_and_next_hosts_in_one_region() {
         assert_eq!(log_voters(3, 3, 4, |_| 0), vec![3, 0, 1], "one region: the next hosts, as before");
         // Nodes 0-2 in region 0, 3-5 in region 1.
-        let region = |n: NodeId| (n / 3) as u16;
+        let region = |n: NodeId| n / 3;
         assert_eq!(log_voters(4, 3, 6, region), vec![4, 5, 3]);
         assert_eq!(log_voters(2, 4, 6, region), vec![2, 0, 1, 3], "past its region when it must");
     }
