@@ -88,7 +88,19 @@ fn reexec_with_malloc_tunables() {
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     reexec_with_malloc_tunables();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // A value a flag refuses is one line naming the flag and why; everything else (help,
+        // a missing or unknown flag) as clap shows it, with its usage.
+        Err(e)
+            if matches!(e.kind(), clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue) =>
+        {
+            let text = e.render().to_string();
+            eprintln!("dtx: {}", text.lines().next().unwrap_or_default());
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let result = match cli.cmd {
         Cmd::Bench(args) => dtx::cli::bench(&(*args).into()),
         Cmd::Protocols { options: None } => {

@@ -277,7 +277,7 @@ pub(crate) fn loaded(wl: &dyn Workload, partitions: &[PartitionId]) -> Storage<(
 /// A protocol's own end-to-end test run: `variant` on `workload` in the simulator, 3 nodes with 8
 /// clients per worker and 200 µs one-way delays, for 0.3 virtual seconds.
 pub fn protocol_spec(variant: &str, workload: crate::workloads::WorkloadParams, seed: u64) -> BenchSpec {
-    let mut s = BenchSpec::new(variant, workload, "sim");
+    let mut s = BenchSpec::new(variant, workload, crate::host::Runtime::Sim);
     s.nodes = 3;
     s.inflight = 8;
     s.duration_us = 300_000;

@@ -25,7 +25,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--keys", "0"], "--keys"),
         (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),
-        (&["bench", "--runtime", "cloud"], "--runtime"),
+        (&["bench", "--runtime", "cloud"], "unknown runtime `cloud`: use sim, local or tcp"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),
         (&["bench", "--faults", "crash"], "--runtime sim"),
         (&["bench", "--faults", "loss", "--runtime", "tcp"], "only --faults crash, pause and partition"),

@@ -8,7 +8,7 @@ use dtx::workloads::WorkloadParams;
 fn every_protocol_commits_and_verifies_on_threads() {
     for p in REGISTRY {
         let wl = WorkloadParams { name: "append".into(), keys: 32, ops: 4, read_ratio: 0.5, ..Default::default() };
-        let mut s = BenchSpec::new(p.name, wl, "local");
+        let mut s = BenchSpec::new(p.name, wl, dtx::host::Runtime::Local);
         s.nodes = 2;
         s.workers = 2;
         s.inflight = 8;
@@ -28,7 +28,11 @@ fn every_protocol_commits_and_verifies_on_threads() {
 
 #[test]
 fn ycsb_on_threads_reports_messages_and_latency() {
-    let mut s = BenchSpec::new("occ", WorkloadParams { keys: 10_000, distributed: 0.2, ..Default::default() }, "local");
+    let mut s = BenchSpec::new(
+        "occ",
+        WorkloadParams { keys: 10_000, distributed: 0.2, ..Default::default() },
+        dtx::host::Runtime::Local,
+    );
     s.nodes = 2;
     s.duration_us = 300_000;
     s.warmup_us = 50_000;

@@ -13,7 +13,7 @@ fn seeds() -> u64 {
 }
 
 fn append_spec(protocol: &str, seed: u64) -> BenchSpec {
-    common::append_spec(protocol, seed, "sim", 300_000)
+    common::append_spec(protocol, seed, dtx::bench::Runtime::Sim, 300_000)
 }
 
 fn check(spec: &BenchSpec, tag: &str) {

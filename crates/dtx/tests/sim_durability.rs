@@ -18,7 +18,7 @@ fn seeds() -> u64 {
     common::seeds(12)
 }
 
-fn durable_spec(protocol: &str, seed: u64, runtime: &str) -> BenchSpec {
+fn durable_spec(protocol: &str, seed: u64, runtime: dtx::bench::Runtime) -> BenchSpec {
     let mut s = common::append_spec(protocol, seed, runtime, 400_000);
     s.durability.mode = Durability::Wal;
     s.durability.cluster_id = seed;
@@ -38,7 +38,7 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     for p in ready() {
         let (mut restarts, mut log_waits) = (0, 0);
         for seed in 1..=seeds() {
-            let mut spec = durable_spec(p.name, 2000 + seed, "sim").with_faults(true, true, 0.02);
+            let mut spec = durable_spec(p.name, 2000 + seed, dtx::bench::Runtime::Sim).with_faults(true, true, 0.02);
             spec.faults.fault_interval_us = 100_000;
             let (r, l) = check(&spec, "crash");
             restarts += r;
@@ -58,7 +58,7 @@ fn crashes_recover_from_checkpoints_in_the_simulator() {
     for p in ready() {
         let (mut restarts, mut from_checkpoint) = (0, 0);
         for seed in 1..=seeds().div_ceil(2) {
-            let mut spec = durable_spec(p.name, 2500 + seed, "sim").with_faults(true, false, 0.0);
+            let mut spec = durable_spec(p.name, 2500 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
             spec.workers = 2;
             spec.faults.fault_interval_us = 50_000;
             spec.durability.checkpoint_every = 40;
@@ -88,7 +88,8 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
         for p in ready() {
             let (mut restarts, mut orphans) = (0, 0);
             for seed in 1..=seeds().div_ceil(2) {
-                let mut spec = durable_spec(p.name, 2700 + seed, "sim").with_faults(true, false, 0.0);
+                let mut spec =
+                    durable_spec(p.name, 2700 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
                 spec.workload.keys = 400;
                 spec.workers = 3;
                 spec.inflight = 8;
@@ -118,7 +119,7 @@ fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
     for p in ready() {
         let mut restarts = 0;
         for seed in 1..=seeds().div_ceil(3) {
-            let mut spec = durable_spec(p.name, 2500 + seed, "sim").with_faults(true, false, 0.0);
+            let mut spec = durable_spec(p.name, 2500 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
             spec.nodes = 1;
             spec.faults.fault_interval_us = 50_000;
             restarts += check(&spec, "one-node crash").0;
@@ -136,7 +137,7 @@ fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
     use dtx::net::{TargetedFault, TargetedKind};
     for p in ready() {
         for seed in 1..=3 {
-            let mut spec = durable_spec(p.name, 2900 + seed, "sim");
+            let mut spec = durable_spec(p.name, 2900 + seed, dtx::bench::Runtime::Sim);
             let crash = TargetedFault { kind: TargetedKind::Crash, node: 1, at_us: 150_000, for_us: Some(50_000) };
             spec.faults.targeted = vec![crash];
             spec = spec.with_faults(false, false, 0.0);
@@ -153,7 +154,7 @@ fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
 fn a_durable_run_without_faults_is_serializable() {
     for p in ready() {
         for seed in 1..=seeds().div_ceil(3) {
-            let (_, log_waits) = check(&durable_spec(p.name, 3000 + seed, "sim"), "clean");
+            let (_, log_waits) = check(&durable_spec(p.name, 3000 + seed, dtx::bench::Runtime::Sim), "clean");
             assert!(log_waits > 0, "{} seed {}: no commit waited for the log", p.name, 3000 + seed);
         }
     }
@@ -161,7 +162,7 @@ fn a_durable_run_without_faults_is_serializable() {
 
 #[test]
 fn a_crashy_durable_run_replays_exactly_from_its_seed() {
-    let spec = durable_spec("2pl-waitdie", 77, "sim").with_faults(true, false, 0.01);
+    let spec = durable_spec("2pl-waitdie", 77, dtx::bench::Runtime::Sim).with_faults(true, false, 0.01);
     let a = bench::run_sim(&spec).unwrap();
     let b = bench::run_sim(&spec).unwrap();
     assert!(a.restarts > 0, "the seed should crash a node");
@@ -231,7 +232,7 @@ const COMMITS_TIME_CAP: std::time::Duration = std::time::Duration::from_secs(120
 fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec)) {
     let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}-{tag}", std::process::id()));
     for p in ready() {
-        let mut spec = durable_spec(p.name, 5, "local");
+        let mut spec = durable_spec(p.name, 5, dtx::bench::Runtime::Local);
         spec.nodes = 2;
         spec.workers = 1;
         spec.latency.delay_us = 0;
@@ -315,7 +316,7 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize, usize) {
 }
 
 fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
-    let mut spec = durable_spec(protocol, seed, "sim");
+    let mut spec = durable_spec(protocol, seed, dtx::bench::Runtime::Sim);
     spec.durability.mode = Durability::Replicated;
     spec.durability.replicas = 3;
     spec
@@ -462,7 +463,7 @@ fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
 
 #[test]
 fn replicated_durability_runs_on_threads() {
-    let mut spec = durable_spec("occ", 9, "local");
+    let mut spec = durable_spec("occ", 9, dtx::bench::Runtime::Local);
     spec.durability.mode = Durability::Replicated;
     spec.latency.delay_us = 0;
     spec.latency.jitter_us = 0;

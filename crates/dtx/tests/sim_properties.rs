@@ -8,7 +8,7 @@ use std::time::Instant;
 
 fn ycsb(protocol: &str, nodes: u16, distributed: f64, read_ratio: f64) -> BenchSpec {
     let wl = WorkloadParams { keys: 100_000, distributed, read_ratio, ..Default::default() };
-    let mut s = BenchSpec::new(protocol, wl, "sim");
+    let mut s = BenchSpec::new(protocol, wl, dtx::host::Runtime::Sim);
     s.nodes = nodes;
     s.duration_us = 200_000;
     s.warmup_us = 20_000;
@@ -145,7 +145,7 @@ fn a_delay_holds_the_named_nodes_messages() {
 fn a_paused_node_goes_on_where_it_stopped() {
     use dtx::net::{TargetedFault, TargetedKind};
     let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
-    let mut s = BenchSpec::new("2pl-waitdie", wl, "sim");
+    let mut s = BenchSpec::new("2pl-waitdie", wl, dtx::host::Runtime::Sim);
     s.duration_us = 400_000;
     s.warmup_us = 0;
     s.latency.delay_us = 150;

@@ -11,7 +11,7 @@ fn seeds() -> u64 {
 }
 
 fn spec(protocol: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
-    let mut s = BenchSpec::new(protocol, workload, "sim");
+    let mut s = BenchSpec::new(protocol, workload, dtx::host::Runtime::Sim);
     s.nodes = 2;
     s.inflight = 8;
     s.duration_us = 200_000;

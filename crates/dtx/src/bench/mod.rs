@@ -4,7 +4,7 @@
 
 pub use crate::host::{
     build_node, build_workload, data_dir, driver, finish_checks, homes, machine_factory, metrics, open_node_logs,
-    progress, run_local, run_sim, tcp, tcp_host, BenchSpec, NodeSetup, OpenedLog, Outcome,
+    progress, run_local, run_sim, tcp, tcp_host, BenchSpec, NodeSetup, OpenedLog, Outcome, Runtime,
 };
 
 use anyhow::Context;
@@ -124,7 +124,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
     RunReport {
         protocol: spec.protocol.clone(),
         workload: spec.workload.name.clone(),
-        runtime: spec.runtime.clone(),
+        runtime: spec.runtime.to_string(),
         nodes: spec.nodes as u32,
         duration_s: secs,
         committed: t.committed,

@@ -2,7 +2,7 @@
 //! the library, not the binary, so that an experiment (`dtx experiment`) builds its runs from the
 //! same flags, parsed and checked by the same code, as a user typing `dtx bench`.
 
-use crate::bench::BenchSpec;
+use crate::host::{BenchSpec, Runtime};
 use crate::net::{FaultPlan, LatencyModel, TargetedFault, TargetedKind};
 use crate::protocols::ProtoOptions;
 use crate::replication::DurabilityConfig;
@@ -45,7 +45,7 @@ pub struct BenchArgs {
     audit_ratio: f64,
     /// sim | local | tcp
     #[arg(long, default_value = "local")]
-    runtime: String,
+    runtime: Runtime,
     #[arg(long, default_value_t = 2)]
     nodes: u16,
     /// Worker threads per node. Default: the machine's cores shared among the nodes (at least
@@ -353,7 +353,7 @@ impl BenchArgs {
 
     fn workers(&self) -> u16 {
         self.workers.unwrap_or_else(|| {
-            if self.runtime == "sim" {
+            if self.runtime == Runtime::Sim {
                 return 1;
             }
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -420,10 +420,12 @@ impl BenchArgs {
         }
         faults.targeted = parse_fault_at(&self.fault_at, self.nodes)?;
         if !faults.targeted.is_empty() {
-            if self.runtime != "sim" && self.runtime != "tcp" {
+            if self.runtime != Runtime::Sim && self.runtime != Runtime::Tcp {
                 anyhow::bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
             }
-            if self.runtime == "tcp" && faults.targeted.iter().any(|f| matches!(f.kind, TargetedKind::Cpu { .. })) {
+            if self.runtime == Runtime::Tcp
+                && faults.targeted.iter().any(|f| matches!(f.kind, TargetedKind::Cpu { .. }))
+            {
                 anyhow::bail!("--fault-at cpu multiplies simulated CPU costs: it needs --runtime sim");
             }
             let end_us = secs_us(&self.warmup, "warmup")? + secs_us(&self.duration, "duration")?;
@@ -436,18 +438,18 @@ impl BenchArgs {
                 );
             }
         }
-        let tcp_processes = self.runtime == "tcp" && faults.loss == 0.0;
-        if faults.pauses && self.runtime != "tcp" {
+        let tcp_processes = self.runtime == Runtime::Tcp && faults.loss == 0.0;
+        if faults.pauses && self.runtime != Runtime::Tcp {
             anyhow::bail!("--faults pause stops a server process (SIGSTOP): add --runtime tcp");
         }
-        if faults.any() && self.runtime != "sim" && !tcp_processes {
+        if faults.any() && self.runtime != Runtime::Sim && !tcp_processes {
             anyhow::bail!(
                 "--faults are injected by the simulator (add --runtime sim); with --runtime tcp, only \
                  --faults crash, pause and partition (kill -9, SIGSTOP or cut off a server, then restart, \
                  continue or reconnect it) are possible"
             );
         }
-        if self.runtime == "tcp" && faults.any() && self.cluster.is_some() {
+        if self.runtime == Runtime::Tcp && faults.any() && self.cluster.is_some() {
             anyhow::bail!("--faults on tcp act on servers the bench starts itself: leave out --cluster");
         }
         let mut rpc = RpcConfig {
@@ -486,7 +488,7 @@ impl BenchArgs {
                 audit_ratio: self.audit_ratio,
                 process: 0,
             },
-            runtime: self.runtime.clone(),
+            runtime: self.runtime,
             nodes: self.nodes,
             workers: self.workers() + crate::host::service_workers(protocol),
             partitions_per_node: self.partitions_per_node,

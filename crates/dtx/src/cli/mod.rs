@@ -18,7 +18,7 @@ pub struct BenchRequest {
     pub protocols: String,
     /// Builds (and validates) the spec of one protocol's run.
     pub make_spec: SpecMaker,
-    pub runtime: String,
+    pub runtime: crate::host::Runtime,
     pub workload: String,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
@@ -60,7 +60,7 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     // Validate every spec before running anything, so a bad flag fails at once.
     let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(&p.name)).collect::<anyhow::Result<_>>()?;
     let partitions = specs.first().is_some_and(|s| s.faults.partitions);
-    if req.runtime == "tcp" && partitions && !crate::host::netns::inside() {
+    if req.runtime == crate::host::Runtime::Tcp && partitions && !crate::host::netns::inside() {
         // The servers' links are cut by firewall rules in a network namespace of the run's own.
         match crate::host::netns::rerun_inside()? {}
     }
@@ -94,16 +94,13 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
 
 /// The checks of a bench's flags that span several of them.
 pub(crate) fn check_request(req: &BenchRequest) -> anyhow::Result<()> {
-    if !["sim", "local", "tcp"].contains(&req.runtime.as_str()) {
-        bail!("--runtime `{}`: use sim, local or tcp", req.runtime);
-    }
     if req.verify && !["append", "tpcc", "bank"].contains(&req.workload.as_str()) {
         bail!("--verify has no checker for {}: use --workload append, tpcc or bank", req.workload);
     }
     if req.history.is_some() && req.workload != "append" {
         bail!("--history records list-append histories: add --workload append");
     }
-    if req.cluster.is_some() && req.runtime != "tcp" {
+    if req.cluster.is_some() && req.runtime != crate::host::Runtime::Tcp {
         bail!("--cluster runs against running servers: add --runtime tcp");
     }
     Ok(())
@@ -145,10 +142,10 @@ pub(crate) fn run_spec(
     cluster: Option<&Path>,
     history: Option<&Path>,
 ) -> anyhow::Result<(RunReport, bool, bool)> {
-    let outcome = match spec.runtime.as_str() {
-        "sim" => bench::run_sim(spec)?,
-        "local" => bench::run_local(spec)?,
-        _ => bench::tcp::run(spec, cluster)?,
+    let outcome = match spec.runtime {
+        bench::Runtime::Sim => bench::run_sim(spec)?,
+        bench::Runtime::Local => bench::run_local(spec)?,
+        bench::Runtime::Tcp => bench::tcp::run(spec, cluster)?,
     };
     for n in &outcome.notes {
         eprintln!("dtx: {}: {n}", spec.protocol);

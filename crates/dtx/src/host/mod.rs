@@ -40,12 +40,44 @@ pub const DEFAULT_MAX_UNACKED: u32 = 4096;
 /// The most `--max-unacked` may say: the commits wait in memory with their requests.
 pub const MAX_UNACKED_LIMIT: u32 = 1 << 20;
 
+/// Where a run's nodes run: the deterministic simulator, threads of one process, or one
+/// `dtx server` process per node over TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Sim,
+    Local,
+    Tcp,
+}
+
+impl std::str::FromStr for Runtime {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "sim" => Ok(Runtime::Sim),
+            "local" => Ok(Runtime::Local),
+            "tcp" => Ok(Runtime::Tcp),
+            _ => bail!("unknown runtime `{s}`: use sim, local or tcp"),
+        }
+    }
+}
+
+impl std::fmt::Display for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Runtime::Sim => "sim",
+            Runtime::Local => "local",
+            Runtime::Tcp => "tcp",
+        })
+    }
+}
+
 /// Everything that defines one protocol's run. It crosses process boundaries (tcp runtime).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchSpec {
     pub protocol: String,
     pub workload: WorkloadParams,
-    pub runtime: String,
+    pub runtime: Runtime,
     pub nodes: u16,
     pub workers: u16,
     pub partitions_per_node: u32,
@@ -82,12 +114,12 @@ pub struct BenchSpec {
 
 impl BenchSpec {
     /// A spec with the defaults `dtx bench` uses, for one protocol and workload.
-    pub fn new(protocol: &str, workload: WorkloadParams, runtime: &str) -> Self {
+    pub fn new(protocol: &str, workload: WorkloadParams, runtime: Runtime) -> Self {
         let record_history = workload.name == "append";
         BenchSpec {
             protocol: protocol.to_string(),
             workload,
-            runtime: runtime.to_string(),
+            runtime,
             nodes: 2,
             workers: 1 + service_workers(protocol),
             partitions_per_node: 1,
@@ -185,14 +217,14 @@ impl BenchSpec {
             );
         }
         workloads::build(&self.workload, &topo)?;
-        if self.runtime == "local" && !self.faults.targeted.is_empty() {
+        if self.runtime == Runtime::Local && !self.faults.targeted.is_empty() {
             bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
         }
         if let Some(f) = self.faults.targeted.iter().find(|f| f.node >= self.nodes) {
             bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.node, self.nodes);
         }
         self.durability.validate(self.nodes, self.faults.may_crash())?;
-        if self.runtime == "tcp" && self.faults.may_crash() && self.durability.mode == Durability::None {
+        if self.runtime == Runtime::Tcp && self.faults.may_crash() && self.durability.mode == Durability::None {
             bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
         }
         Ok(())
@@ -210,7 +242,7 @@ impl BenchSpec {
             max_retries: self.max_retries,
             record_history: self.record_history,
             window,
-            abandonable: self.runtime == "local",
+            abandonable: self.runtime == Runtime::Local,
         }
     }
 }

@@ -136,7 +136,7 @@ mod tests {
     use crate::replication::Durability;
     use crate::workloads::WorkloadParams;
 
-    fn spec(runtime: &str, seed: u64) -> BenchSpec {
+    fn spec(runtime: crate::host::Runtime, seed: u64) -> BenchSpec {
         let wl = WorkloadParams { name: "append".into(), keys: 16, ops: 4, read_ratio: 0.5, ..Default::default() };
         let mut s = BenchSpec::new("multilog:logs=3", wl, runtime);
         s.nodes = 1;
@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn crashes_keep_what_each_log_flushed_and_lose_nothing_acknowledged() {
         for seed in 1..=6 {
-            let s = spec("sim", seed).with_faults(true, false, 0.0);
+            let s = spec(crate::host::Runtime::Sim, seed).with_faults(true, false, 0.0);
             let out = bench::run_sim(&s).expect("the simulation runs");
             assert!(out.restarts > 0, "seed {seed}: no crash lost memory");
             assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn each_log_is_a_write_ahead_log_of_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = spec("local", 1);
+        let mut s = spec(crate::host::Runtime::Local, 1);
         s.durability.data_dir = Some(dir.path().to_path_buf());
         let out = bench::run_local(&s).expect("the run");
         assert!(out.totals.committed > 0);

@@ -1,6 +1,6 @@
 //! What the simulation test files share: run a spec, check its history, fail with the seed.
 
-use dtx::bench::{self, BenchSpec, Outcome};
+use dtx::bench::{self, BenchSpec, Outcome, Runtime};
 use dtx::workloads::WorkloadParams;
 
 /// Seeds per sweep: `DTX_SEEDS` or `default`.
@@ -10,7 +10,7 @@ pub fn seeds(default: u64) -> u64 {
 
 /// A contended list-append run on 3 nodes x 2 workers, 6 clients each, 150 µs delay with 100 µs
 /// jitter, no warm-up, for `duration_us`.
-pub fn append_spec(protocol: &str, seed: u64, runtime: &str, duration_us: u64) -> BenchSpec {
+pub fn append_spec(protocol: &str, seed: u64, runtime: Runtime, duration_us: u64) -> BenchSpec {
     let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
     let mut s = BenchSpec::new(protocol, wl, runtime);
     s.nodes = 3;

@@ -61,5 +61,5 @@ fn worker_0_is_the_schedulers_and_runs_no_clients() {
     assert!(calvin.check_topology(&Topology::new(2, 2, 1)).is_ok());
     // A spec made for calvin gives it the scheduler beside one client worker.
     assert_eq!(spec("calvin", append(), 1).workers, 2);
-    assert_eq!(BenchSpec::new("calvin", append(), "sim").workers, 2);
+    assert_eq!(BenchSpec::new("calvin", append(), crate::host::Runtime::Sim).workers, 2);
 }

@@ -389,7 +389,7 @@ fn the_check_finds_violations() {
 
 fn sim_spec(protocol: &str, mix: &str, seed: u64) -> crate::bench::BenchSpec {
     let wl = WorkloadParams { name: "tpcc".into(), warehouses: 2, mix: mix.into(), ..Default::default() };
-    let mut spec = crate::bench::BenchSpec::new(protocol, wl, "sim");
+    let mut spec = crate::bench::BenchSpec::new(protocol, wl, crate::host::Runtime::Sim);
     spec.nodes = 2;
     spec.inflight = 16;
     spec.duration_us = 200_000;
