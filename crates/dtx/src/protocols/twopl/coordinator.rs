@@ -111,19 +111,23 @@ impl<'a> TplTxn<'a> {
         }
     }
 
-    fn touch(&mut self, n: NodeId) {
-        if !self.touched.contains(&n) {
-            if self.touched.is_empty() {
-                self.wk.coord.set(self.id, TxnStatus::Active);
-            }
-            self.touched.push(n);
+    /// Count node `n` among the participants; returns whether it was one already (the
+    /// transaction may hold locks there, which a request says as `again`).
+    fn touch(&mut self, n: NodeId) -> bool {
+        if self.touched.contains(&n) {
+            return true;
         }
+        if self.touched.is_empty() {
+            self.wk.coord.set(self.id, TxnStatus::Active);
+        }
+        self.touched.push(n);
+        false
     }
 
     /// Lock `keys` on remote node `n` in one round trip; returns their values in order.
     async fn lock_remote(&mut self, n: NodeId, keys: Vec<(RowKey, Mode)>) -> TxnResult<Vec<Option<Value>>> {
-        self.touch(n);
-        let req = Request::Lock { txn: self.id, prio: self.prio, keys: keys.clone() };
+        let again = self.touch(n);
+        let req = Request::Lock { txn: self.id, prio: self.prio, keys: keys.clone(), again };
         match self.wk.ask(n, &req).await? {
             Reply::Values(vals) if vals.len() == keys.len() => {
                 for ((k, m), v) in keys.into_iter().zip(vals.iter()) {
@@ -235,15 +239,14 @@ impl<'a> TplTxn<'a> {
         // Remote participants first, in parallel; then the local keys.
         let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
             by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();
-        for (n, _) in &remote {
-            self.touch(*n);
-        }
+        let again: Vec<bool> = remote.iter().map(|(n, _)| self.touch(*n)).collect();
         let wk = self.wk;
         let (id, prio) = (self.id, self.prio);
         let calls: Vec<_> = remote
             .iter()
-            .map(|(n, ks)| {
-                let req = Request::Lock { txn: id, prio, keys: ks.clone() };
+            .zip(again)
+            .map(|((n, ks), again)| {
+                let req = Request::Lock { txn: id, prio, keys: ks.clone(), again };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })
@@ -430,8 +433,8 @@ impl<'a> Access for TplTxn<'a> {
                 }
                 rows
             } else {
-                self.touch(n);
-                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s }).await? {
+                let again = self.touch(n);
+                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s, again }).await? {
                     Reply::Rows(rows) => {
                         for (k, v) in &rows {
                             self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
@@ -460,7 +463,7 @@ impl recon::SnapshotReader for TwoPlWorker {
             }
             // A lock-free peek: a shared lock taken and released at once by a throwaway txn id.
             let txn = self.coord.new_txn(self.w.addr);
-            let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)] };
+            let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)], again: false };
             let r = self.ask(n, &req).await;
             self.tell_abort(txn, vec![n]);
             match r? {
@@ -479,7 +482,7 @@ impl recon::SnapshotReader for TwoPlWorker {
                 return Ok(rows.into_iter().filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v))).collect());
             }
             let txn = self.coord.new_txn(self.w.addr);
-            let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s }).await;
+            let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s, again: false }).await;
             self.tell_abort(txn, vec![n]);
             match r? {
                 Reply::Rows(rows) => Ok(rows),
