@@ -61,7 +61,17 @@ struct ActiveRun {
     run_dir: Option<std::path::PathBuf>,
     /// Resumed after a restart: this incarnation runs no clients.
     resumed: bool,
+    /// This server's replicas of the logs, started at `start`, not at `prepare`.
+    pending_replicas: Option<PendingReplicas>,
 }
+
+/// A host's log replicas of a fresh replicated run, waiting for the run's `start`: its own
+/// node's log and where to journal. Started at `prepare`, the replicas of the servers prepared
+/// first saw no leader for a log whose server was still loading its data (TPC-C takes
+/// seconds), elected one of their own and took that node over, and the server then found
+/// its own node's ports taken ("Address already in use"). The bench sends `start` to every
+/// server right after the last `prepare`, well within an election timeout.
+type PendingReplicas = (Arc<crate::rt::log::NodeLog>, std::path::PathBuf);
 
 /// Files a server keeps in a run's folder under `--data-dir`.
 const RUN_SPEC_FILE: &str = "run.json";
@@ -244,6 +254,7 @@ impl Server {
         };
         let run_dir = self.data_dir.as_ref().map(|_| dir.clone());
         let shared = self.run_shared(&spec, run_dir.as_deref(), resumed)?;
+        let mut pending_replicas = None;
         let hosting = if resumed && spec.durability.mode == Durability::Replicated {
             // A follower took the node over from its replica of the node's log; this process
             // rejoins every log it is a voter of from its journal, and serves whichever node's
@@ -253,7 +264,9 @@ impl Server {
             Some((h, process.is_some()))
         } else {
             let process = if resumed { self.next_process(run_dir.as_deref(), spec.nodes)? } else { Some(self.node) };
-            Some(self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?).map(|h| (h, process.is_some()))
+            let (h, replicas) = self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?;
+            pending_replicas = replicas;
+            Some((h, process.is_some()))
         };
         let (hosting, runs_clients) = match hosting {
             Some((h, clients)) => (Some(h), clients),
@@ -269,6 +282,7 @@ impl Server {
             _tmp_logs: tmp,
             run_dir,
             resumed,
+            pending_replicas,
         });
         if resumed && self.run.lock().as_ref().is_some_and(|r| r.hosting.is_some()) {
             let what = match spec_mode {
@@ -322,24 +336,22 @@ impl Server {
         eprintln!("dtx server: node {}: clients running again for {} ms", self.node, end - now_unix);
     }
 
-    /// Build this server's own node (recovered from its log, with `--durability wal`), serve
-    /// it, and start its replicas of the logs with `--durability replicated`.
+    /// Build this server's own node (recovered from its log, with `--durability wal`) and serve
+    /// it; with `--durability replicated`, also returns its replicas of the logs to start at
+    /// the run's `start` ([`PendingReplicas`]).
     fn host_own_node(
         &self,
         spec: &BenchSpec,
         dir: &Path,
         shared: RunShared,
         process: u16,
-    ) -> anyhow::Result<Arc<Hosting>> {
+    ) -> anyhow::Result<(Arc<Hosting>, Option<PendingReplicas>)> {
         let hosting = self.hosting_for(spec, dir, shared, process)?;
         let logs = super::open_node_logs(spec, dir, self.node)?;
         let mut node = build_node(spec, self.node, hosting.workload(), logs)?;
-        let own_replicated = node.replicated.take();
-        let journal = dir.join(raft_journal_file_name(self.node));
-        let started = hosting
-            .serve_node(self.node, node, Duration::ZERO)
-            .and_then(|_| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(Some(log), journal)));
-        stop_unless_started(hosting, started)
+        let replicas = node.replicated.take().map(|(log, _)| (log, dir.join(raft_journal_file_name(self.node))));
+        let started = hosting.serve_node(self.node, node, Duration::ZERO).map(|_| ());
+        Ok((stop_unless_started(hosting, started)?, replicas))
     }
 
     /// After a restart in a replicated run: no node of its own (a follower took it over), its
@@ -419,6 +431,12 @@ impl Server {
         };
         run.window = Some(window);
         if let Some(h) = &run.hosting {
+            if let Some((log, journal)) = run.pending_replicas.take() {
+                if let Err(e) = h.start_replication(Some(log), journal) {
+                    h.stop();
+                    return Err(e);
+                }
+            }
             h.start_clients(window);
         }
         if let Some(dir) = &run.run_dir {
