@@ -42,6 +42,14 @@ pub struct RunReport {
     pub throughput_tps: f64,
     pub abort_rate: f64,
     pub latency_us: LatencyUs,
+    /// latency percentiles per class of transaction, by the class's name (TPC-C: `new-order`,
+    /// `payment`, ...; YCSB: `single-node`, `distributed`; bank: `transfer`, `audit`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_us_by_class: BTreeMap<String, LatencyUs>,
+    /// latency percentiles per region of the clients' nodes (with `--latency-matrix`), by the
+    /// region's number (`"0"`, `"1"`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_us_by_region: BTreeMap<String, LatencyUs>,
     pub msgs_per_txn: f64,
     pub bytes_per_txn: f64,
     /// abort reason name -> count of aborted attempts
@@ -67,25 +75,29 @@ pub struct RunReport {
     /// queries...), totals over every worker; the table shows them per committed transaction
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
-    /// every fault the run injected into real processes (`--runtime tcp`), in order
+    /// every fault the run injected into real processes (`--runtime tcp`) or into simulated
+    /// nodes (`--runtime sim`: its crashes and every `--fault-at` fault), in order
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fault_events: Vec<FaultEvent>,
 }
 
-/// One fault injected into a server process: what, where, when, and how long until the node
-/// answered again.
+/// One fault injected into a server process (or a simulated node): what, where, when, and how
+/// long until the node answered again.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FaultEvent {
-    /// `crash` (kill -9, then started again over its data folder) or `pause` (SIGSTOP, then
-    /// SIGCONT)
+    /// `crash` (kill -9, then started again over its data folder), `pause` (SIGSTOP, then
+    /// SIGCONT), `partition`, `delay` (what the node sends held longer) or `cpu` (sim: its CPU
+    /// costs multiplied)
     pub kind: String,
     pub node: u32,
-    /// When it was injected, ms after the run started (warm-up included)
+    /// When it was injected, ms after the run started (warm-up included; virtual time in sim)
     pub at_ms: f64,
-    /// How long the process was down or stopped
+    /// How long the process was down or stopped (0 in sim for a fault that lasted until the
+    /// window's end)
     pub down_ms: f64,
     /// From the fault to the node's server answering its control connection again (after
-    /// recovering from its log, for a crash); null if it did not within the bench's patience
+    /// recovering from its log, for a crash); null if it did not within the bench's patience,
+    /// and in sim
     pub served_again_ms: Option<f64>,
 }
 
@@ -148,6 +160,8 @@ pub(crate) mod test_support {
             throughput_tps: tps,
             abort_rate,
             latency_us: LatencyUs { p50, p95: (p50 + p99) / 2.0, p99, max: p99 * 3.0 },
+            latency_us_by_class: BTreeMap::new(),
+            latency_us_by_region: BTreeMap::new(),
             msgs_per_txn: 6.0,
             bytes_per_txn: 1229.0,
             aborts_by_reason: BTreeMap::new(),

@@ -44,6 +44,21 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--protocol", "2pl-waitdie:lock_wait_us=soon"], "not a whole number"),
         (&["bench", "--protocol", "2pl-waitdie:lock_wait_us"], "not KEY=VALUE"),
         (&["protocols", "--options", "nope"], "unknown protocol `nope`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=5@1s"], "`crash:node=5@1s`: there is no node 5"),
+        (&["bench", "--runtime", "sim", "--fault-at", "meteor:node=1@1s"], "unknown kind `meteor`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1@soon"], "time: `soon` is not a time"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1@2"], "`2` has no unit"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1@1s+fast"], "duration: `fast` is not a time"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1"], "no time"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash@1s"], "which node?"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=x@1s"], "node `x` is not a node number"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1,by=2ms@1s"], "a crash takes no `by`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "delay:node=1@1s"], "add by=DURATION"),
+        (&["bench", "--runtime", "sim", "--fault-at", "cpu:node=1,factor=-2@0s"], "factor -2 must be above 0"),
+        (&["bench", "--runtime", "sim", "--fault-at", "pause:node=0@9s"], "after the run's end"),
+        (&["bench", "--fault-at", "crash:node=1@1s"], "add --runtime sim or tcp"),
+        (&["bench", "--runtime", "tcp", "--fault-at", "cpu:node=1,factor=3@0s"], "needs --runtime sim"),
+        (&["bench", "--runtime", "tcp", "--fault-at", "crash:node=1@1s"], "add --durability wal or replicated"),
     ];
     for (args, want) in cases {
         let (code, _out, err) = dtx(args);

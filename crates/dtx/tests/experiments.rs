@@ -42,3 +42,94 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         assert!(folder.join("experiment.svg").is_file());
     }
 }
+
+/// `--json FILE` from a folder without `results/`: the run's results folder (its plot) is made
+/// too, so that a finished run is never lost at the end (it once failed writing the SVG).
+#[test]
+fn json_elsewhere_from_a_folder_without_results() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dtx"))
+        .current_dir(cwd.path())
+        .env_remove("DTX_EXPERIMENTS")
+        .args(["experiment", "run", "message-counts", "--quick", "--json", "e.json"])
+        .args(["--set", "duration=0.05", "--set", "warmup=0.01"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    let r = ExperimentReport::read(&cwd.path().join("e.json")).unwrap();
+    assert_eq!(r.experiment, "message-counts");
+    let results: Vec<_> = std::fs::read_dir(cwd.path().join("results")).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].join("experiment.svg").is_file(), "{text}");
+}
+
+/// Writes `files` into a fresh folder; returns it.
+fn folder_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+const HEAD: &str = r#"
+title = "t"
+paper = "dtx"
+figure = "f"
+measures = "m"
+takes = { full_s = 1, quick_s = 1 }
+"#;
+
+/// Sweeping an option a protocol lacks is one line naming the protocol and the option, and
+/// listing its options, before anything runs.
+#[test]
+fn an_option_sweep_over_a_protocol_without_it_is_refused_at_once() {
+    let text = format!(
+        "name = \"bad\"\nprotocols = [\"2pl-waitdie\", \"occ\"]\n{HEAD}\n[bench]\nruntime = \"sim\"\n\
+         [sweep]\noption = \"lock_wait_us\"\nvalues = [50, 500]\n"
+    );
+    let dir = folder_with(&[("bad.toml", &text)]);
+    let err = format!("{:#}", load_all(dir.path()).unwrap_err());
+    assert!(!err.contains('\n'), "one line: {err}");
+    assert!(err.contains("`occ`") && err.contains("lock_wait_us") && err.contains("its options"), "{err}");
+    assert!(err.contains("bad.toml") && err.contains("[sweep] option"), "{err}");
+}
+
+/// A latency matrix named in an experiment file is found beside the file, whatever the
+/// current folder; with regions, each run reports latency per region and per class.
+#[test]
+fn a_latency_matrix_is_relative_to_its_file_and_latency_comes_per_region() {
+    let text = format!(
+        "name = \"wan\"\nprotocols = [\"occ\", \"2pl-nowait\"]\n{HEAD}\n[bench]\nruntime = \"sim\"\nnodes = 2\n\
+         latency-matrix = \"wan.txt\"\nregions = \"0,1\"\ndistributed = 0.5\nkeys = 2000\nduration = \"0.1\"\n\
+         warmup = \"0.02\"\n[bench.protocol.\"2pl-nowait\"]\ndistributed = 0.0\n\
+         [[claim]]\ntext = \"distributed transactions wait for the WAN\"\nkind = \"value\"\n\
+         metric = \"latency.class.distributed.p50 / latency.class.single-node.p50\"\nof = \"occ\"\nband = [10, inf]\n"
+    );
+    let dir = folder_with(&[("wan.toml", &text), ("wan.txt", "0 100us\n2ms 0\n")]);
+    let out = dir.path().join("out");
+    let args = RunArgs {
+        name: Some("wan".into()),
+        all: false,
+        quick: false,
+        repeat: 1,
+        runtime: None,
+        set: Vec::new(),
+        json: None,
+        out: Some(out.clone()),
+        dir: DirArg { dir: Some(dir.path().to_path_buf()) },
+    };
+    assert!(experiment(ExperimentCmd::Run(args), "test").unwrap());
+    let r = ExperimentReport::read(&out.join("experiment.json")).unwrap();
+    for run in &r.runs {
+        assert_eq!(run.latency_us_by_region.len(), 2, "{}: regions 0 and 1", run.protocol);
+        let classes: Vec<&String> = run.latency_us_by_class.keys().collect();
+        if run.protocol == "occ" {
+            assert_eq!(classes, ["distributed", "single-node"]);
+        } else {
+            assert_eq!(classes, ["single-node"], "[bench.protocol] set distributed = 0 for it alone");
+        }
+    }
+    assert!(r.claims[0].measured.is_some_and(|m| m > 10.0), "{:?}", r.claims[0]);
+}

@@ -89,3 +89,76 @@ fn one_shot_batches_remote_reads_into_one_round_trip() {
     let one_shot = msgs_per_txn("occ", 1.0, true);
     assert!(interactive > one_shot, "interactive {interactive} vs one-shot {one_shot}");
 }
+
+/// `--fault-at cpu:node=1,factor=3@0s`: node 1's charged CPU is tripled, node 0's is not. The
+/// CPU the simulator charged per committed transaction grows (half the cluster's work costs
+/// three times as much), and fewer transactions commit (node 1's workers are busy longer).
+#[test]
+fn a_cpu_factor_slows_the_named_node_down() {
+    use dtx::net::{TargetedFault, TargetedKind};
+    let run = |factor: Option<f64>| {
+        let mut s = ycsb("occ", 2, 0.1, 0.8);
+        s.inflight = 32;
+        if let Some(factor) = factor {
+            s.faults.targeted =
+                vec![TargetedFault { kind: TargetedKind::Cpu { factor }, node: 1, at_us: 0, for_us: None }];
+        }
+        let out = bench::run_sim(&s).unwrap();
+        (out.totals.cpu_us as f64 / out.totals.committed as f64, out.totals.committed, out.fault_events)
+    };
+    let (plain_cpu, plain_commits, none) = run(None);
+    let (slow_cpu, slow_commits, events) = run(Some(3.0));
+    assert!(none.is_empty());
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].kind.as_str(), events[0].node, events[0].at_ms), ("cpu", 1, 0.0));
+    assert!(slow_cpu > 1.5 * plain_cpu, "CPU per transaction {slow_cpu} µs with node 1 at 3x, {plain_cpu} µs without");
+    assert!(slow_commits < plain_commits, "{slow_commits} commits with node 1 at 3x, {plain_commits} without");
+}
+
+/// `--fault-at delay:node=0,by=20ms@50ms+100ms`: every message node 0 sends in that window
+/// arrives 20 ms later, so distributed transactions take 20 ms or more there; no other fault.
+#[test]
+fn a_delay_holds_the_named_nodes_messages() {
+    use dtx::net::{TargetedFault, TargetedKind};
+    let run = |delay: bool| {
+        let mut s = ycsb("occ", 2, 0.5, 0.8);
+        s.latency.delay_us = 100;
+        if delay {
+            let kind = TargetedKind::Delay { by_us: 20_000 };
+            s.faults.targeted = vec![TargetedFault { kind, node: 0, at_us: 50_000, for_us: Some(100_000) }];
+        }
+        let out = bench::run_sim(&s).unwrap();
+        (out.totals.histogram().value_at_quantile(0.99), out.fault_events)
+    };
+    let ((plain_p99, _), (delayed_p99, events)) = (run(false), run(true));
+    let events: Vec<(String, u32, f64, f64)> =
+        events.iter().map(|e| (e.kind.clone(), e.node, e.at_ms, e.down_ms)).collect();
+    assert_eq!(events, [("delay".to_string(), 0, 50.0, 100.0)]);
+    assert!(plain_p99 < 5_000, "p99 {plain_p99} µs without the delay");
+    assert!(delayed_p99 >= 20_000, "p99 {delayed_p99} µs with node 0's messages held 20 ms");
+}
+
+/// `--fault-at pause:node=1@50ms+100ms`: node 1 runs nothing for 100 ms (what reaches it
+/// waits), then goes on, losing nothing: the run commits after the pause and its history is
+/// serializable; only that pause is listed.
+#[test]
+fn a_paused_node_goes_on_where_it_stopped() {
+    use dtx::net::{TargetedFault, TargetedKind};
+    let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
+    let mut s = BenchSpec::new("2pl-waitdie", wl, "sim");
+    s.duration_us = 400_000;
+    s.warmup_us = 0;
+    s.latency.delay_us = 150;
+    s.faults.targeted =
+        vec![TargetedFault { kind: TargetedKind::Pause, node: 1, at_us: 50_000, for_us: Some(100_000) }];
+    let out = bench::run_sim(&s).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), dtx::protocols::guarantee_of(&s.protocol))
+        .expect("the history checks");
+    assert!(problem.is_none(), "{problem:?} {:?}", report.anomalies.first());
+    let events: Vec<(String, u32, f64)> = out.fault_events.iter().map(|e| (e.kind.clone(), e.node, e.at_ms)).collect();
+    assert_eq!(events, [("pause".to_string(), 1, 50.0)]);
+    // Commits per 100 ms tick: node 1's clients commit nothing while paused; the cluster goes on after.
+    let ticks = &out.totals.per_tick;
+    assert!(ticks.len() >= 4 && ticks[2] > 0 && ticks[3] > 0, "commits per 100 ms: {ticks:?}");
+}

@@ -12,35 +12,34 @@ fn dtx() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtx"))
 }
 
+/// Every ready protocol on a cluster the bench spawns: each run verified, with more than 100
+/// commits (on a busy machine the run is made twice as long, up to 8 s, rather than the test
+/// depending on how much one second gets done).
 #[test]
 fn bench_spawns_a_tcp_cluster_and_verifies() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dtx()
-        .args([
-            "bench",
-            "--runtime",
-            "tcp",
-            "--nodes",
-            "2",
-            "--workload",
-            "append",
-            "--verify",
-            "--duration",
-            "1",
-            "--warmup",
-            "0.2",
-        ])
-        .args(["--inflight", "8", "--out", dir.path().to_str().unwrap()])
-        .output()
-        .unwrap();
-    let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{o}\n{e}");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).unwrap()).unwrap();
-    for r in v["runs"].as_array().unwrap() {
-        assert_eq!(r["runtime"], "tcp");
-        assert!(r["committed"].as_u64().unwrap() > 100, "{r}");
-        assert_eq!(r["verified"], true);
+    let mut duration = 1.0;
+    loop {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dtx()
+            .args(["bench", "--runtime", "tcp", "--nodes", "2", "--workload", "append", "--verify", "--warmup", "0.2"])
+            .args(["--duration", &duration.to_string(), "--inflight", "8", "--out", dir.path().to_str().unwrap()])
+            .output()
+            .unwrap();
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{o}\n{e}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("bench.json")).unwrap()).unwrap();
+        let runs = v["runs"].as_array().unwrap();
+        for r in runs {
+            assert_eq!(r["runtime"], "tcp");
+            assert_eq!(r["verified"], true, "{r}");
+        }
+        let fewest = runs.iter().map(|r| r["committed"].as_u64().unwrap()).min().unwrap_or(0);
+        if fewest > 100 {
+            return;
+        }
+        assert!(duration < 8.0, "a {duration} s run committed only {fewest} transactions: the machine is too busy");
+        duration *= 2.0;
     }
 }
 

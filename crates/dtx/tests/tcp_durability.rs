@@ -134,6 +134,18 @@ impl Cluster {
         }
     }
 
+    /// Wait (up to 60 s) until the run of cluster id `id` started on server 0: its clients
+    /// wrote their first attempt to the server's history file. A test that acts mid-run counts
+    /// from here, not from spawning the bench, whose start-up takes longer on a busy machine.
+    fn wait_run_started(&self, id: &str) {
+        let path = self.data.join(id).join("history-node-0.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::fs::metadata(&path).map_or(true, |m| m.len() == 0) {
+            assert!(Instant::now() < deadline, "the run never started: {} stayed empty", path.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `dtx bench` against this cluster with durable logs under the cluster id `id`.
     fn bench(&self, protocol: &str, id: &str, duration: &str, history: &Path, verify: bool) -> Output {
         self.bench_command(protocol, id, duration, history, verify).output().unwrap()
@@ -299,17 +311,38 @@ fn segments(data: &Path, id: &str, n: usize) -> Vec<PathBuf> {
 fn a_corrupt_record_in_the_middle_of_a_log_is_refused_naming_file_and_offset() {
     let mut cluster = Cluster::start();
     let id = "d7a0000000000003";
-    let h1 = cluster.dir.path().join("h1.jsonl");
-    let out = cluster.bench("occ", id, "0.5", &h1, true);
-    assert!(out.status.success(), "first run failed: {}", describe(&out));
-    cluster.kill_servers();
+    // Runs of 0.5 s, each over the logs of the last (the servers killed and started again in
+    // between), until node 1's first segment holds more than 64 KiB: how much one run logs
+    // depends on the machine's load.
+    // The first run is verified; the later ones are not (the values of the earlier runs have no
+    // writer in their histories), so only an error (exit 2) fails them.
+    let t0 = Instant::now();
+    let mut runs = 0;
+    let (seg, len) = loop {
+        runs += 1;
+        let h1 = cluster.dir.path().join(format!("h1-{runs}.jsonl"));
+        let out = cluster.bench("occ", id, "0.5", &h1, runs == 1);
+        let ok = if runs == 1 { out.status.success() } else { out.status.code() != Some(2) };
+        assert!(ok, "run {runs} before the corruption failed: {}", describe(&out));
+        cluster.kill_servers();
+        let segs = segments(&cluster.data, id, 1);
+        let seg = segs.first().unwrap_or_else(|| panic!("no wal-*.log under {}", cluster.data.display())).clone();
+        let len = std::fs::metadata(&seg).unwrap().len();
+        if len > 64 << 10 {
+            break (seg, len);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{}: only {len} bytes after {:?} of runs, too few records to corrupt one in the middle: the machine \
+             is too busy",
+            seg.display(),
+            t0.elapsed()
+        );
+        cluster.start_servers();
+    };
 
     // Flip a byte in the middle of node 1's first segment: far from its last record.
-    let segs = segments(&cluster.data, id, 1);
-    let seg = segs.first().unwrap_or_else(|| panic!("no wal-*.log under {}", cluster.data.display())).clone();
     let mut f = OpenOptions::new().read(true).write(true).open(&seg).unwrap();
-    let len = f.metadata().unwrap().len();
-    assert!(len > 64 << 10, "{}: only {len} bytes, too few records to corrupt one in the middle", seg.display());
     let at = len / 2;
     let mut byte = [0u8];
     f.seek(SeekFrom::Start(at)).unwrap();
@@ -368,7 +401,8 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
         // Mid-run: kill -9 node 1, then start it again over its data folder. It resumes the run
         // from its log (its clients died with it; new ones run to the window's end) and the
         // bench reconnects.
-        std::thread::sleep(Duration::from_millis(1500));
+        cluster.wait_run_started(id);
+        std::thread::sleep(Duration::from_millis(1200));
         cluster.kill_server(1);
         cluster.start_some(&[1]);
         let out = bench.wait_with_output().unwrap();
@@ -543,6 +577,44 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
     runs
 }
 
+/// `--fault-at` on tcp: the servers named, at the times named, and no others: node 1's
+/// stopped (SIGSTOP) at 0.6 s for 200 ms, node 2's killed (kill -9) at 1.1 s and started again
+/// 300 ms later, node 0's messages held 2 ms longer from 1.7 s for 300 ms. The JSON's
+/// `fault_events` lists exactly these, in order, none before its time; the history is
+/// serializable with every acknowledged append in the final read.
+#[test]
+fn targeted_faults_hit_the_named_servers_at_their_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("targeted.json");
+    let child = dtx()
+        .current_dir(dir.path())
+        .args(["bench", "--runtime", "tcp", "--nodes", "3", "--durability", "wal", "--protocol", "occ"])
+        .args(["--fault-at", "pause:node=1@600ms+200ms; crash:node=2@1100ms+300ms"])
+        .args(["--fault-at", "delay:node=0,by=2ms@1700ms+300ms"])
+        .args(["--duration", "2", "--warmup", "0.2", "--workload", "append", "--inflight", "4", "--verify"])
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = output_within(child, Duration::from_secs(180));
+    assert!(out.status.success(), "the run with targeted faults failed: {}", describe(&out));
+    let report: Value = serde_json::from_str(&read(&json)).unwrap();
+    let run = &report["runs"][0];
+    assert_eq!(run["verified"], Value::Bool(true), "{}", describe(&out));
+    let events = run["fault_events"].as_array().unwrap_or_else(|| panic!("no fault_events: {run}"));
+    let got: Vec<(&str, u64)> =
+        events.iter().map(|e| (e["kind"].as_str().unwrap(), e["node"].as_u64().unwrap())).collect();
+    assert_eq!(got, [("pause", 1), ("crash", 2), ("delay", 0)], "{}", describe(&out));
+    for (e, (at, down)) in events.iter().zip([(600.0, 200.0), (1100.0, 300.0), (1700.0, 300.0)]) {
+        assert!(e["at_ms"].as_f64().unwrap() >= at, "{e}: before its time");
+        assert_eq!(e["down_ms"].as_f64(), Some(down), "{e}");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("killed node 2's server"), "{}", describe(&out));
+}
+
 /// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the
 /// background.
 fn replicated_bench(cluster: &Cluster, protocol: &str, id: &str, history: &Path) -> Child {
@@ -579,7 +651,8 @@ fn a_replicated_node_whose_server_is_killed_is_taken_over_and_loses_no_acknowled
         // new leader, whose server rebuilds node 1 from its replica and serves it. Node 1's
         // server is started again: it reopens its replicas from its Raft journal and rejoins
         // every log it is a voter of.
-        std::thread::sleep(Duration::from_millis(1500));
+        cluster.wait_run_started(id);
+        std::thread::sleep(Duration::from_millis(1200));
         cluster.kill_server(1);
         std::thread::sleep(Duration::from_millis(500));
         cluster.start_some(&[1]);
@@ -609,12 +682,14 @@ fn signal(child: &Child, signal: &str) {
 fn a_replicated_server_that_stalls_gives_its_node_up_to_the_new_leader() {
     let cluster = Cluster::start_n(3);
     let h = cluster.dir.path().join("stall.jsonl");
-    let bench = replicated_bench(&cluster, "occ", "d7a3000000000001", &h);
+    let id = "d7a3000000000001";
+    let bench = replicated_bench(&cluster, "occ", id, &h);
     // Mid-run: stop node 1's server for longer than an election takes (a stalled VM, a long
     // pause), then let it go on. A follower of node 1's log leads it meanwhile and waits for
     // node 1's ports; the old server, told of the new term when it runs again, gives the node
     // up (its incarnation can make nothing durable any more), and the new leader serves it.
-    std::thread::sleep(Duration::from_millis(1200));
+    cluster.wait_run_started(id);
+    std::thread::sleep(Duration::from_millis(900));
     let server = cluster.servers[1].as_ref().unwrap();
     signal(server, "-STOP");
     std::thread::sleep(Duration::from_millis(700));

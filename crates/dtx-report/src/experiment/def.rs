@@ -10,19 +10,21 @@
 //! takes = { full_s = 60, quick_s = 5 }     # wall time, measured on the reference machine
 //! notes = "why the measured value differs from the paper's"
 //! [bench]                                  # `dtx bench` flags without the dashes
-//! workload = "ycsb"
-//! [quick]                                  # what --quick changes
+//! workload = "ycsb"                        # (a latency-matrix path is relative to this file)
+//! [bench.protocol.occ]                     # optional: one protocol's flags, over [bench]
+//! inflight = 64
+//! [quick]                                  # what --quick changes ([quick.protocol.NAME] too)
 //! duration = "0.3"
 //! [sweep]                                  # optional: one parameter and its values
-//! param = "theta"
-//! values = [0.0, 0.9, 0.99]
+//! param = "theta"                          # or option = "lock_wait_us", protocols = [...]:
+//! values = [0.0, 0.9, 0.99]                #   each point runs NAME:lock_wait_us=VALUE
 //! quick = [0.0, 0.99]                      # optional: the values --quick runs
 //! [plot]
 //! panels = ["throughput", "throughput/occ"] # metrics, or a metric as a ratio to a protocol
 //! [[claim]]
 //! text = "2PL WAIT_DIE beats OCC under high contention"
 //! kind = "value"                           # value | rising | falling | crossing | between
-//! metric = "throughput"
+//! metric = "throughput"                    # or latency.class.new-order.p50, counter.a / counter.b
 //! of = "2pl-waitdie"
 //! over = "occ"                             # optional: the denominator
 //! at = 0.99                                # the point (ratio), or two points (between)
@@ -57,6 +59,12 @@ pub struct Experiment {
     pub bench: BTreeMap<String, String>,
     /// What `--quick` changes.
     pub quick: BTreeMap<String, String>,
+    /// Flags for one protocol's runs (`[bench.protocol.NAME]`), over `bench`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bench_by_protocol: BTreeMap<String, BTreeMap<String, String>>,
+    /// What `--quick` changes for one protocol (`[quick.protocol.NAME]`), over `quick`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quick_by_protocol: BTreeMap<String, BTreeMap<String, String>>,
     pub sweep: Option<Sweep>,
     pub plot: PlotSpec,
     pub claims: Vec<Claim>,
@@ -64,10 +72,25 @@ pub struct Experiment {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sweep {
-    /// A `dtx bench` flag, without `--`.
+    /// A `dtx bench` flag, without `--`; or, when `option`, a protocol option's name.
     pub param: String,
     pub values: Vec<PointValue>,
     pub quick: Vec<PointValue>,
+    /// `param` is a protocol option (`option = "lock_wait_us"`): each point runs the variant
+    /// `NAME:param=VALUE` of every protocol in `protocols`.
+    #[serde(default)]
+    pub option: bool,
+    /// The protocols whose option is swept (an option sweep; default: every protocol); the
+    /// others run the same at every point.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protocols: Vec<String>,
+}
+
+impl Sweep {
+    /// Whether this sweep sets `protocol`'s option (an option sweep over it).
+    pub fn sweeps_option_of(&self, protocol: &str) -> bool {
+        self.option && self.protocols.iter().any(|p| p == protocol)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -111,6 +134,13 @@ pub enum Metric {
     Counter(String),
     /// The share of attempts aborted for this reason.
     Aborts(String),
+    /// A latency percentile (`p50`, `p95`, `p99`, `max`; µs) of one class of transaction
+    /// (`latency.class.new-order.p50`).
+    ClassLatency(String, String),
+    /// A latency percentile of the clients in one region (`latency.region.1.p99`).
+    RegionLatency(String, String),
+    /// One metric of a run over another of the same run (`counter.a / counter.b`).
+    Ratio(Box<Metric>, Box<Metric>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -146,7 +176,38 @@ pub struct Claim {
 
 impl Metric {
     pub fn parse(s: &str) -> anyhow::Result<Metric> {
+        match s.split_once('/') {
+            Some((a, b)) => {
+                let side = |x: &str| {
+                    Metric::parse_one(x).with_context(|| format!("`{}`: a ratio is METRIC / METRIC", s.trim()))
+                };
+                Ok(Metric::Ratio(Box::new(side(a)?), Box::new(side(b)?)))
+            }
+            None => Metric::parse_one(s),
+        }
+    }
+
+    fn parse_one(s: &str) -> anyhow::Result<Metric> {
         let t = s.trim();
+        if let Some(rest) = t.strip_prefix("latency.") {
+            let split = rest.split_once('.').and_then(|(by, r)| Some((by, r.rsplit_once('.')?)));
+            return match split {
+                Some((by, (name, q)))
+                    if !name.is_empty() && ["p50", "p95", "p99", "max"].contains(&q) && by == "class" =>
+                {
+                    Ok(Metric::ClassLatency(name.into(), q.into()))
+                }
+                Some((by, (name, q)))
+                    if !name.is_empty() && ["p50", "p95", "p99", "max"].contains(&q) && by == "region" =>
+                {
+                    Ok(Metric::RegionLatency(name.into(), q.into()))
+                }
+                _ => bail!(
+                    "unknown metric `{t}` (use latency.class.CLASS.Q or latency.region.REGION.Q, Q one of p50, \
+                     p95, p99, max)"
+                ),
+            };
+        }
         Ok(match t {
             "throughput" => Metric::Throughput,
             "abort_rate" => Metric::AbortRate,
@@ -162,7 +223,8 @@ impl Metric {
                 Some(("aborts", k)) if !k.is_empty() => Metric::Aborts(k.into()),
                 _ => bail!(
                     "unknown metric `{t}` (use throughput, abort_rate, p50, p95, p99, msgs_per_txn, \
-                     bytes_per_txn, cpu_us_per_txn, extra.KEY, counter.NAME or aborts.REASON)"
+                     bytes_per_txn, cpu_us_per_txn, extra.KEY, counter.NAME, aborts.REASON, \
+                     latency.class.CLASS.p50, latency.region.REGION.p99, or METRIC / METRIC)"
                 ),
             },
         })
@@ -182,6 +244,9 @@ impl Metric {
             Metric::Extra(k) => k.clone(),
             Metric::Counter(k) => format!("{k} per txn"),
             Metric::Aborts(k) => format!("{k} aborts (share of attempts)"),
+            Metric::ClassLatency(c, q) => format!("{q} latency of {c} (µs)"),
+            Metric::RegionLatency(r, q) => format!("{q} latency in region {r} (µs)"),
+            Metric::Ratio(a, b) => format!("{} / {}", a.key(), b.key()),
         }
     }
 
@@ -212,6 +277,9 @@ impl From<Metric> for String {
             Metric::Extra(k) => format!("extra.{k}"),
             Metric::Counter(k) => format!("counter.{k}"),
             Metric::Aborts(k) => format!("aborts.{k}"),
+            Metric::ClassLatency(c, q) => format!("latency.class.{c}.{q}"),
+            Metric::RegionLatency(r, q) => format!("latency.region.{r}.{q}"),
+            Metric::Ratio(a, b) => format!("{} / {}", a.key(), b.key()),
         }
     }
 }
@@ -264,7 +332,9 @@ struct RawTakes {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSweep {
-    param: String,
+    param: Option<String>,
+    option: Option<String>,
+    protocols: Option<Vec<String>>,
     values: Vec<toml::Value>,
     quick: Option<Vec<toml::Value>>,
 }
@@ -317,6 +387,22 @@ fn flags(table: &toml::Table, section: &str) -> anyhow::Result<BTreeMap<String, 
     table.iter().map(|(k, v)| Ok((k.clone(), flag_text(k, v).with_context(|| format!("[{section}]"))?))).collect()
 }
 
+/// Takes `[SECTION.protocol.NAME]` tables out of a section: each protocol's own flags.
+fn per_protocol(table: &mut toml::Table, section: &str) -> anyhow::Result<BTreeMap<String, BTreeMap<String, String>>> {
+    if !matches!(table.get("protocol"), Some(toml::Value::Table(_))) {
+        return Ok(BTreeMap::new());
+    }
+    let Some(toml::Value::Table(by)) = table.remove("protocol") else { unreachable!("matched above") };
+    by.iter()
+        .map(|(name, v)| match v {
+            toml::Value::Table(t) => Ok((name.clone(), flags(t, &format!("{section}.protocol.\"{name}\""))?)),
+            _ => bail!(
+                "[{section}.protocol] {name}: give the protocol's flags as a table, [{section}.protocol.\"{name}\"]"
+            ),
+        })
+        .collect()
+}
+
 impl Experiment {
     /// Reads and checks one experiment file; an error names the file and the field.
     pub fn load(path: &Path) -> anyhow::Result<Experiment> {
@@ -336,7 +422,9 @@ impl Experiment {
 
     /// Parses and checks an experiment's text.
     pub fn parse(text: &str) -> anyhow::Result<Experiment> {
-        let raw: RawExperiment = toml::from_str(text).map_err(|e| anyhow!("{}", e.to_string().trim_end()))?;
+        let mut raw: RawExperiment = toml::from_str(text).map_err(|e| anyhow!("{}", e.to_string().trim_end()))?;
+        let bench_by_protocol = per_protocol(&mut raw.bench, "bench")?;
+        let quick_by_protocol = per_protocol(&mut raw.quick, "quick")?;
         let sweep = raw.sweep.map(|s| -> anyhow::Result<Sweep> {
             let values =
                 s.values.iter().map(point_value).collect::<anyhow::Result<Vec<_>>>().context("[sweep] values")?;
@@ -350,7 +438,19 @@ impl Experiment {
             if let Some(q) = quick.iter().find(|q| !values.iter().any(|v| same_point(v, q))) {
                 bail!("[sweep] quick: {q} is not among the values");
             }
-            Ok(Sweep { param: s.param, values, quick })
+            let (param, option) = match (s.param, s.option) {
+                (Some(p), None) => (p, false),
+                (None, Some(o)) => (o, true),
+                _ => bail!("[sweep]: give param (a bench flag) or option (a protocol option), one of them"),
+            };
+            let protocols = match s.protocols {
+                Some(_) if !option => bail!("[sweep] protocols: only an option sweep names its protocols"),
+                Some(p) if p.is_empty() => bail!("[sweep] protocols: name at least one protocol"),
+                Some(p) => p,
+                None if option => raw.protocols.clone(),
+                None => Vec::new(),
+            };
+            Ok(Sweep { param, values, quick, option, protocols })
         });
         let sweep = sweep.transpose()?;
         let plot = parse_plot(raw.plot, &raw.protocols)?;
@@ -366,6 +466,8 @@ impl Experiment {
             takes_quick_s: raw.takes.quick_s,
             bench: flags(&raw.bench, "bench")?,
             quick: flags(&raw.quick, "quick")?,
+            bench_by_protocol,
+            quick_by_protocol,
             claims: raw
                 .claims
                 .into_iter()
@@ -392,9 +494,42 @@ impl Experiment {
                 bail!("[bench] {key}: an experiment sets this itself (protocols = [...] names the runs)");
             }
         }
+        let by_protocol = [("bench", &self.bench_by_protocol), ("quick", &self.quick_by_protocol)];
+        for (section, by) in by_protocol {
+            for (p, flags) in by {
+                let here = format!("[{section}.protocol.\"{p}\"]");
+                if !self.protocols.contains(p) {
+                    bail!("{here}: `{p}` is not among protocols = {:?}", self.protocols);
+                }
+                for key in ["protocol", "json", "plot", "out", "history", "json-stdout", "json_stdout"] {
+                    if flags.contains_key(key) {
+                        bail!("{here} {key}: an experiment sets this itself");
+                    }
+                }
+                if let Some(s) = self.sweep.as_ref().filter(|s| !s.option) {
+                    if flags.keys().any(|k| k.replace('_', "-") == s.param.replace('_', "-")) {
+                        bail!("{here} {}: the sweep sets it at each point", s.param);
+                    }
+                }
+            }
+        }
         if let Some(s) = &self.sweep {
             if s.param == "protocol" {
                 bail!("[sweep] param: sweep a bench flag; list protocols and variants in protocols = [...]");
+            }
+            if s.option {
+                if s.param.is_empty() || s.param.contains([':', '=', ' ']) {
+                    bail!("[sweep] option: `{}` is not an option's name", s.param);
+                }
+                for p in &s.protocols {
+                    if !self.protocols.contains(p) {
+                        bail!("[sweep] protocols: `{p}` is not among protocols = {:?}", self.protocols);
+                    }
+                    let sets = p.split(':').skip(1).any(|kv| kv.split('=').next().map(str::trim) == Some(&s.param));
+                    if sets {
+                        bail!("[sweep] option: `{p}` sets {} itself, which the sweep sets at each point", s.param);
+                    }
+                }
             }
         }
         for (i, c) in self.claims.iter().enumerate() {
@@ -447,6 +582,33 @@ impl Experiment {
         Ok(())
     }
 
+    /// The variant `protocol` runs at `point`: itself, or with the swept option set
+    /// (`2pl-waitdie:lock_wait_us=50`).
+    pub fn variant_at(&self, protocol: &str, point: Option<&PointValue>) -> String {
+        match (&self.sweep, point) {
+            (Some(s), Some(v)) if s.sweeps_option_of(protocol) => format!("{protocol}:{}={}", s.param, point_text(v)),
+            _ => protocol.to_string(),
+        }
+    }
+
+    /// The bench flags of `protocol`'s runs from the file: `[bench]` with
+    /// `[bench.protocol.NAME]` over it, and with `quick`, `[quick]` and `[quick.protocol.NAME]`
+    /// over those; keys as the file writes them.
+    pub fn flags_of(&self, protocol: &str, quick: bool) -> Vec<(String, String)> {
+        let none = BTreeMap::new();
+        let mut layers = vec![&self.bench, self.bench_by_protocol.get(protocol).unwrap_or(&none)];
+        if quick {
+            layers.extend([&self.quick, self.quick_by_protocol.get(protocol).unwrap_or(&none)]);
+        }
+        let mut out: Vec<(String, String)> = Vec::new();
+        for (k, v) in layers.into_iter().flatten() {
+            let norm = k.replace('_', "-");
+            out.retain(|(f, _)| f.replace('_', "-") != norm);
+            out.push((k.clone(), v.clone()));
+        }
+        out
+    }
+
     /// The points a run visits: the sweep's values (or its quick ones), or one point.
     pub fn points(&self, quick: bool) -> Vec<Option<PointValue>> {
         match &self.sweep {
@@ -494,9 +656,12 @@ fn parse_plot(p: RawPlot, protocols: &[String]) -> anyhow::Result<PlotSpec> {
     let panels = names
         .iter()
         .map(|n| -> anyhow::Result<Panel> {
-            let (m, over) = match n.split_once('/') {
-                Some((m, o)) => (m, Some(o.trim().to_string())),
-                None => (n.as_str(), None),
+            // `metric/protocol` is a ratio to that protocol; `a / b` of two metrics is a metric.
+            let (m, over) = match n.rsplit_once('/') {
+                Some((m, o)) if protocols.iter().any(|p| p == o.trim()) || Metric::parse_one(o).is_err() => {
+                    (m, Some(o.trim().to_string()))
+                }
+                _ => (n.as_str(), None),
             };
             if let Some(o) = &over {
                 if !protocols.contains(o) {

@@ -183,3 +183,71 @@ fn three_significant_digits() {
     assert_eq!(sig3(231_000.0), "231.0k");
     assert_eq!(sig3(0.0), "0");
 }
+
+#[test]
+fn per_protocol_flags_go_over_the_shared_ones() {
+    let text = FILE.replace(
+        "[bench]\nworkload = \"ycsb\"",
+        "[bench]\nworkload = \"ycsb\"\nnodes = 2\n[bench.protocol.b]\nnodes = 3\nread_ratio = 0.5\n\
+         [quick]\nduration = \"0.3\"\n[quick.protocol.\"b\"]\nduration = \"0.2\"",
+    );
+    let e = Experiment::parse(&text).unwrap();
+    let get = |p: &str, quick: bool, k: &str| {
+        e.flags_of(p, quick).into_iter().find(|(f, _)| f == k).map(|(_, v)| v).unwrap_or_default()
+    };
+    assert_eq!((get("a", false, "nodes"), get("b", false, "nodes")), ("2".into(), "3".into()));
+    assert_eq!((get("a", true, "duration"), get("b", true, "duration")), ("0.3".into(), "0.2".into()));
+    assert_eq!(get("a", false, "read_ratio"), "");
+    let bad = text.replace("[bench.protocol.b]", "[bench.protocol.c]");
+    let err = format!("{:#}", Experiment::parse(&bad).unwrap_err());
+    assert!(err.contains("[bench.protocol.\"c\"]") && err.contains("not among protocols"), "{err}");
+    let swept = text.replace("read_ratio = 0.5", "theta = 0.5");
+    let err = format!("{:#}", Experiment::parse(&swept).unwrap_err());
+    assert!(err.contains("theta: the sweep sets it"), "{err}");
+}
+
+#[test]
+fn an_option_sweep_runs_variants_of_its_protocols() {
+    let text = FILE.replace("[sweep]\nparam = \"theta\"", "[sweep]\noption = \"lock_wait_us\"\nprotocols = [\"a\"]");
+    let e = Experiment::parse(&text).unwrap();
+    let s = e.sweep.as_ref().unwrap();
+    assert!(s.option && s.param == "lock_wait_us");
+    let v = serde_json::json!(0.5);
+    assert_eq!(e.variant_at("a", Some(&v)), "a:lock_wait_us=0.5");
+    assert_eq!(e.variant_at("b", Some(&v)), "b", "b is not swept");
+    let all = Experiment::parse(&FILE.replace("[sweep]\nparam = \"theta\"", "sweep.option = \"x\"\n[sweep]"));
+    assert!(all.is_err(), "a table is given once");
+    let e = Experiment::parse(&FILE.replace("[sweep]\nparam = \"theta\"", "[sweep]\noption = \"x\"")).unwrap();
+    assert_eq!(e.sweep.as_ref().unwrap().protocols, ["a", "b"], "by default every protocol");
+    let both = FILE.replace("param = \"theta\"", "param = \"theta\"\noption = \"x\"");
+    assert!(format!("{:#}", Experiment::parse(&both).unwrap_err()).contains("one of them"));
+}
+
+#[test]
+fn class_region_and_ratio_metrics() {
+    for m in ["latency.class.new-order.p50", "latency.region.1.p99", "counter.a / counter.b", "p99 / p50"] {
+        assert_eq!(Metric::parse(m).unwrap().key(), m);
+    }
+    assert!(Metric::parse("latency.class.new-order.p42").is_err());
+    assert!(Metric::parse("latency.zone.1.p50").is_err());
+    assert!(Metric::parse("counter.a / speed").is_err());
+    let mut r = RunReport { committed: 10, ..Default::default() };
+    r.counters.insert("a".into(), 30);
+    r.counters.insert("b".into(), 10);
+    let l = |p50| crate::LatencyUs { p50, p95: 0.0, p99: 0.0, max: 0.0 };
+    r.latency_us_by_class.insert("distributed".into(), l(400.0));
+    r.latency_us_by_class.insert("single-node".into(), l(100.0));
+    r.latency_us_by_region.insert("1".into(), l(7.0));
+    let v = |m: &str| metric_value(&Metric::parse(m).unwrap(), &r);
+    assert_eq!(v("counter.a / counter.b"), Some(3.0));
+    assert_eq!(v("latency.class.distributed.p50 / latency.class.single-node.p50"), Some(4.0));
+    assert_eq!(v("latency.region.1.p50"), Some(7.0));
+    assert_eq!(v("latency.class.payment.p50"), None, "no such class in the run");
+    assert_eq!(v("counter.a / counter.c"), None, "a denominator of 0");
+    // A panel of a ratio of metrics, beside one over a protocol.
+    let text =
+        FILE.replacen("[[claim]]", "[plot]\npanels = [\"counter.a / counter.b\", \"throughput/b\"]\n[[claim]]", 1);
+    let e = Experiment::parse(&text).unwrap();
+    assert_eq!(e.plot.panels[0].over, None);
+    assert_eq!(e.plot.panels[1].over.as_deref(), Some("b"));
+}

@@ -93,8 +93,23 @@ pub fn metric_value(m: &Metric, r: &RunReport) -> Option<f64> {
             let attempts = r.committed + r.aborted;
             (attempts > 0).then(|| r.aborts_by_reason.get(k).copied().unwrap_or(0) as f64 / attempts as f64)
         }
+        Metric::ClassLatency(c, q) => r.latency_us_by_class.get(c).map(|l| percentile(l, q)),
+        Metric::RegionLatency(g, q) => r.latency_us_by_region.get(g).map(|l| percentile(l, q)),
+        Metric::Ratio(a, b) => {
+            let (x, y) = (metric_value(a, r)?, metric_value(b, r)?);
+            (y != 0.0).then(|| x / y)
+        }
     };
     v.filter(|x| x.is_finite())
+}
+
+fn percentile(l: &crate::LatencyUs, q: &str) -> f64 {
+    match q {
+        "p50" => l.p50,
+        "p95" => l.p95,
+        "p99" => l.p99,
+        _ => l.max,
+    }
 }
 
 /// The median, minimum and maximum of the finite values, or None.

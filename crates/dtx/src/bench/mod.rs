@@ -131,12 +131,13 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         aborted: t.aborted(),
         throughput_tps: t.committed as f64 / secs,
         abort_rate: if attempts > 0 { t.aborted() as f64 / attempts as f64 } else { 0.0 },
-        latency_us: LatencyUs {
-            p50: h.value_at_quantile(0.50) as f64,
-            p95: h.value_at_quantile(0.95) as f64,
-            p99: h.value_at_quantile(0.99) as f64,
-            max: h.max() as f64,
-        },
+        latency_us: percentiles(&h),
+        latency_us_by_class: t
+            .class_latency
+            .iter()
+            .map(|(class, counts)| (class.clone(), percentiles(&metrics::histogram_of(counts))))
+            .collect(),
+        latency_us_by_region: by_region(spec, t),
         msgs_per_txn: per(t.msgs),
         bytes_per_txn: per(t.bytes),
         aborts_by_reason: t.aborts.clone(),
@@ -149,6 +150,29 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         counters: t.counters.clone(),
         fault_events: o.fault_events.clone(),
     }
+}
+
+fn percentiles(h: &hdrhistogram::Histogram<u64>) -> LatencyUs {
+    LatencyUs {
+        p50: h.value_at_quantile(0.50) as f64,
+        p95: h.value_at_quantile(0.95) as f64,
+        p99: h.value_at_quantile(0.99) as f64,
+        max: h.max() as f64,
+    }
+}
+
+/// Latency per region of the clients' nodes, when the run places nodes in regions.
+fn by_region(spec: &BenchSpec, t: &metrics::Totals) -> std::collections::BTreeMap<String, LatencyUs> {
+    let regions = &spec.latency.node_region;
+    if regions.is_empty() {
+        return Default::default();
+    }
+    let mut counts: std::collections::BTreeMap<u16, Vec<(u64, u64)>> = Default::default();
+    for (node, c) in &t.node_latency {
+        let region = regions.get(*node as usize).copied().unwrap_or(0);
+        counts.entry(region).or_default().extend_from_slice(c);
+    }
+    counts.iter().map(|(r, c)| (r.to_string(), percentiles(&metrics::histogram_of(c)))).collect()
 }
 
 /// Commits in each second of the window, from the counts per tick.

@@ -3,7 +3,7 @@
 //! same flags, parsed and checked by the same code, as a user typing `dtx bench`.
 
 use crate::bench::BenchSpec;
-use crate::net::{FaultPlan, LatencyModel};
+use crate::net::{FaultPlan, LatencyModel, TargetedFault, TargetedKind};
 use crate::protocols::ProtoOptions;
 use crate::replication::DurabilityConfig;
 use crate::rt::{CpuCost, RpcConfig};
@@ -107,6 +107,16 @@ pub struct BenchArgs {
     /// How long a crashed host stays down, a paused one stopped, or a partition lasts, e.g. 100ms.
     #[arg(long, default_value = "100ms")]
     fault_duration: String,
+    /// A fault on a given node at a given time (sim and tcp), besides --faults' random ones:
+    /// `KIND:node=N[,KEY=VALUE]@TIME[+DURATION]`, TIME from the run's start (warm-up included),
+    /// DURATION left out: until the measured window ends. KIND: `crash` (with --durability wal
+    /// or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
+    /// (tcp: SIGSTOP, then SIGCONT), `delay:node=N,by=5ms` (every message the node sends is held
+    /// that much longer; all kinds of message alike), `cpu:node=N,factor=3` (sim: the node's
+    /// CPU costs are multiplied). Repeat the flag, or separate faults with `;`:
+    /// `--fault-at 'crash:node=1@2s+500ms;cpu:node=0,factor=3@0s'`.
+    #[arg(long = "fault-at", value_name = "FAULT")]
+    fault_at: Vec<String>,
     /// Write the JSON report here (default: in the results folder).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -227,6 +237,89 @@ fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
     u64::from_str_radix(digits, 16).map_err(|_| anyhow::anyhow!("--cluster-id: `{s}` is not a hexadecimal number"))
 }
 
+/// `--fault-at`: every fault of every occurrence of the flag (each may hold several, separated
+/// by `;`), checked against the run's `nodes`. Each error is one line naming the fault and what
+/// is wrong with it.
+pub fn parse_fault_at(values: &[String], nodes: u16) -> anyhow::Result<Vec<TargetedFault>> {
+    values
+        .iter()
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(|f| parse_one_fault(f, nodes).with_context(|| format!("--fault-at `{f}`")))
+        .collect()
+}
+
+fn parse_one_fault(f: &str, nodes: u16) -> anyhow::Result<TargetedFault> {
+    let Some((what, when)) = f.split_once('@') else {
+        anyhow::bail!("no time: give KIND:node=N@TIME[+DURATION], e.g. crash:node=1@2s+500ms");
+    };
+    let (kind_name, params) = what.split_once(':').unwrap_or((what, ""));
+    let mut node = None;
+    let (mut by_us, mut factor) = (None, None);
+    let kind_name = kind_name.trim();
+    let keys: &[&str] = match kind_name {
+        "crash" | "pause" => &["node"],
+        "delay" => &["node", "by"],
+        "cpu" => &["node", "factor"],
+        other => anyhow::bail!("unknown kind `{other}` (use crash, pause, delay or cpu)"),
+    };
+    for kv in params.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+        let Some((k, v)) = kv.split_once('=') else {
+            anyhow::bail!("`{kv}` is not KEY=VALUE (a {kind_name} takes {})", keys.join(", "));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            _ if !keys.contains(&k) => anyhow::bail!("a {kind_name} takes no `{k}` (it takes {})", keys.join(", ")),
+            "node" => {
+                let n: u16 = v.parse().map_err(|_| anyhow::anyhow!("node `{v}` is not a node number"))?;
+                if n >= nodes {
+                    anyhow::bail!("there is no node {n}: the run has nodes 0 to {}", nodes.saturating_sub(1));
+                }
+                node = Some(n);
+            }
+            "by" => by_us = Some(fault_time_us(v).context("by")?),
+            _ => {
+                let x: f64 = v.parse().map_err(|_| anyhow::anyhow!("factor `{v}` is not a number"))?;
+                if !(x.is_finite() && x > 0.0 && x <= 1000.0) {
+                    anyhow::bail!("factor {v} must be above 0 and at most 1000");
+                }
+                factor = Some(x);
+            }
+        }
+    }
+    let node = node.ok_or_else(|| anyhow::anyhow!("which node? add node=N (e.g. {kind_name}:node=1)"))?;
+    let kind = match kind_name {
+        "crash" => TargetedKind::Crash,
+        "pause" => TargetedKind::Pause,
+        "delay" => TargetedKind::Delay { by_us: by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))? },
+        _ => TargetedKind::Cpu { factor: factor.ok_or_else(|| anyhow::anyhow!("how much? add factor=X"))? },
+    };
+    let (at, dur) = match when.split_once('+') {
+        Some((at, dur)) => (at, Some(dur)),
+        None => (when, None),
+    };
+    let at_us = fault_time_us(at).context("time")?;
+    let for_us = dur.map(|d| fault_time_us(d).context("duration")).transpose()?;
+    if for_us == Some(0) {
+        anyhow::bail!("a duration of 0 does nothing: leave `+...` out to last until the window ends");
+    }
+    Ok(TargetedFault { kind, node, at_us, for_us })
+}
+
+/// A time or duration of `--fault-at`: a number with its unit (a bare number is refused: 2
+/// could mean seconds or µs).
+fn fault_time_us(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    if t.is_empty() {
+        anyhow::bail!("is missing (try 2s, 500ms)");
+    }
+    if t.parse::<f64>().is_ok() {
+        anyhow::bail!("`{t}` has no unit (try {t}s or {t}ms)");
+    }
+    parse_duration_us(t).map_err(|_| anyhow::anyhow!("`{t}` is not a time (try 2s, 500ms, 100us)"))
+}
+
 fn secs_us(s: &str, what: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     if let Ok(v) = t.parse::<f64>() {
@@ -313,6 +406,24 @@ impl BenchArgs {
                 other => {
                     anyhow::bail!("--faults: unknown fault `{other}` (use crash, pause, partition, loss)")
                 }
+            }
+        }
+        faults.targeted = parse_fault_at(&self.fault_at, self.nodes)?;
+        if !faults.targeted.is_empty() {
+            if self.runtime != "sim" && self.runtime != "tcp" {
+                anyhow::bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
+            }
+            if self.runtime == "tcp" && faults.targeted.iter().any(|f| matches!(f.kind, TargetedKind::Cpu { .. })) {
+                anyhow::bail!("--fault-at cpu multiplies simulated CPU costs: it needs --runtime sim");
+            }
+            let end_us = secs_us(&self.warmup, "warmup")? + secs_us(&self.duration, "duration")?;
+            if let Some(f) = faults.targeted.iter().find(|f| f.at_us >= end_us) {
+                anyhow::bail!(
+                    "--fault-at: a {} at {} ms is after the run's end ({} ms: warm-up and duration)",
+                    f.kind.name(),
+                    f.at_us / 1000,
+                    end_us / 1000
+                );
             }
         }
         let tcp_processes = self.runtime == "tcp" && faults.loss == 0.0;

@@ -162,7 +162,13 @@ fn flag_words(key: &str, value: &str) -> Vec<String> {
 
 /// Each flag of the file parses on its own, so that an error names its section and key.
 fn check_flags(e: &Experiment) -> anyhow::Result<()> {
-    let sections = [("bench", &e.bench), ("quick", &e.quick)];
+    let mut sections = vec![("bench".to_string(), &e.bench), ("quick".to_string(), &e.quick)];
+    for (p, flags) in &e.bench_by_protocol {
+        sections.push((format!("bench.protocol.\"{p}\""), flags));
+    }
+    for (p, flags) in &e.quick_by_protocol {
+        sections.push((format!("quick.protocol.\"{p}\""), flags));
+    }
     for (section, flags) in sections {
         for (k, v) in flags.iter() {
             let mut argv = vec!["bench".to_string()];
@@ -171,7 +177,17 @@ fn check_flags(e: &Experiment) -> anyhow::Result<()> {
                 .map_err(|err| anyhow!("[{section}] {k}: {}", first_line(&err.to_string())))?;
         }
     }
-    if let Some(s) = &e.sweep {
+    if let Some(s) = e.sweep.as_ref().filter(|s| s.option) {
+        // Every swept protocol has the option, and takes every value, before anything runs.
+        for p in &s.protocols {
+            for v in &s.values {
+                let variant = e.variant_at(p, Some(v));
+                crate::protocols::Variant::parse(&variant)
+                    .map_err(|err| anyhow!("[sweep] option {}: {err}", s.param))?;
+            }
+        }
+    }
+    if let Some(s) = e.sweep.as_ref().filter(|s| !s.option) {
         for v in &s.values {
             let argv: Vec<String> =
                 std::iter::once("bench".to_string()).chain(flag_words(&s.param, &point_text(v))).collect();
@@ -212,20 +228,29 @@ fn jobs(e: &Experiment, quick: bool, repeat: u32) -> Vec<Job> {
     out
 }
 
+/// A flag's value as the file gives it: a latency matrix's path is relative to the file's folder.
+fn from_file(e: &Experiment, key: &str, value: &str) -> String {
+    let dir = e.file.parent().filter(|d| !d.as_os_str().is_empty());
+    match dir {
+        Some(d) if key.replace('_', "-") == "latency-matrix" && Path::new(value).is_relative() => {
+            d.join(value).display().to_string()
+        }
+        _ => value.to_string(),
+    }
+}
+
 /// The bench command line of one job.
 fn argv(e: &Experiment, a: &RunArgs, job: &Job) -> anyhow::Result<Vec<String>> {
-    let mut flags: Vec<(String, String)> = e.bench.iter().map(|(k, v)| (k.replace('_', "-"), v.clone())).collect();
+    let mut flags: Vec<(String, String)> = Vec::new();
     fn set(flags: &mut Vec<(String, String)>, k: &str, v: String) {
         let k = k.replace('_', "-");
         flags.retain(|(f, _)| *f != k);
         flags.push((k, v));
     }
-    if a.quick {
-        for (k, v) in &e.quick {
-            set(&mut flags, k, v.clone());
-        }
+    for (k, v) in e.flags_of(&job.protocol, a.quick) {
+        set(&mut flags, &k, from_file(e, &k, &v));
     }
-    let swept = e.sweep.as_ref().map(|s| s.param.replace('_', "-"));
+    let swept = e.sweep.as_ref().filter(|s| !s.option).map(|s| s.param.replace('_', "-"));
     if let Some(rt) = &a.runtime {
         if swept.as_deref() == Some("runtime") {
             bail!("--runtime: {} sweeps the runtime itself", e.name);
@@ -239,14 +264,14 @@ fn argv(e: &Experiment, a: &RunArgs, job: &Job) -> anyhow::Result<Vec<String>> {
         }
         set(&mut flags, k.trim(), v.trim().to_string());
     }
-    if let (Some(s), Some(p)) = (&e.sweep, &job.point) {
-        set(&mut flags, &s.param, point_text(p));
+    if let (Some(s), Some(p)) = (e.sweep.as_ref().filter(|s| !s.option), &job.point) {
+        set(&mut flags, &s.param, from_file(e, &s.param, &point_text(p)));
     }
     if job.repeat > 0 {
         let seed: u64 = flags.iter().find(|(k, _)| k == "seed").and_then(|(_, v)| v.parse().ok()).unwrap_or(1);
         set(&mut flags, "seed", (seed + job.repeat as u64).to_string());
     }
-    set(&mut flags, "protocol", job.protocol.clone());
+    set(&mut flags, "protocol", e.variant_at(&job.protocol, job.point.as_ref()));
     let mut out = vec!["bench".to_string()];
     for (k, v) in &flags {
         out.extend(flag_words(k, v));
@@ -311,7 +336,8 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
             .args;
         let req: BenchRequest = args.into();
         check_request(&req).with_context(|| e.name.clone())?;
-        let spec = (req.make_spec)(&j.protocol).with_context(|| format!("{}: {}", e.name, j.protocol))?;
+        let variant = e.variant_at(&j.protocol, j.point.as_ref());
+        let spec = (req.make_spec)(&variant).with_context(|| format!("{}: {variant}", e.name))?;
         parsed.push((req, spec));
     }
     let out = a
@@ -351,9 +377,12 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         });
         let t = Instant::now();
         match run_spec(spec, req.cluster.as_deref(), history.as_deref()) {
-            Ok((mut run, passed)) => {
+            Ok((mut run, passed, whole)) => {
                 if !passed {
                     failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
+                }
+                if !whole {
+                    failures.push(format!("{at}{} repeat {}: the run failed (see above)", j.protocol, j.repeat + 1));
                 }
                 mark(&mut run, e, j);
                 runs.push(run);
@@ -385,6 +414,9 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     report.claims = report.evaluate();
     let json = a.json.clone().unwrap_or_else(|| out.join("experiment.json"));
     let plot = out.join("experiment.svg");
+    // The plot always goes into the results folder, also when the JSON goes elsewhere (--json):
+    // make it, so that a finished run is never lost for want of a folder.
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     report.write(&json)?;
     std::fs::write(&plot, svg::render(&report)?).with_context(|| format!("writing {}", plot.display()))?;
     print_result(&report);
@@ -392,8 +424,11 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     Ok(report)
 }
 
-/// Names a run by its point and repeat in its params, as the experiment JSON's contract says.
+/// Names a run by its point and repeat in its params, as the experiment JSON's contract says,
+/// and by the protocol as the file lists it (an option sweep ran a variant of it, which the
+/// params keep under `protocol`).
 fn mark(run: &mut RunReport, e: &Experiment, j: &Job) {
+    run.protocol = j.protocol.clone();
     let point = j.point.clone().unwrap_or(serde_json::Value::Null);
     if let Some(s) = &e.sweep {
         run.params.insert(s.param.clone(), point.clone());

@@ -69,10 +69,11 @@ pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
     let mut all_ok = true;
     for spec in &specs {
         let history = history_path(spec, req, &dir);
-        let (run, passed) = run_spec(spec, req.cluster.as_deref(), history.as_deref())?;
+        let (run, passed, whole) = run_spec(spec, req.cluster.as_deref(), history.as_deref())?;
         // Only `--verify` makes a failed check fail the command; `--history` alone records and
-        // reports (a history of a restarted cluster holds values appended before it).
-        if !passed && req.verify {
+        // reports (a history of a restarted cluster holds values appended before it). A run that
+        // could not end whole (a full disk held its commits) always fails it.
+        if (!passed && req.verify) || !whole {
             all_ok = false;
         }
         runs.push(run);
@@ -137,12 +138,13 @@ fn history_path(spec: &BenchSpec, req: &BenchRequest, dir: &Path) -> Option<Path
 }
 
 /// Runs one spec on its runtime and checks it as it asks (its history written to `history`);
-/// the report, and false when a check failed.
+/// the report, false when a check failed, and false when the run could not end whole
+/// ([`Outcome::failed`]: said on stderr).
 pub(crate) fn run_spec(
     spec: &BenchSpec,
     cluster: Option<&Path>,
     history: Option<&Path>,
-) -> anyhow::Result<(RunReport, bool)> {
+) -> anyhow::Result<(RunReport, bool, bool)> {
     let outcome = match spec.runtime.as_str() {
         "sim" => bench::run_sim(spec)?,
         "local" => bench::run_local(spec)?,
@@ -151,12 +153,15 @@ pub(crate) fn run_spec(
     for n in &outcome.notes {
         eprintln!("dtx: {}: {n}", spec.protocol);
     }
+    if let Some(why) = &outcome.failed {
+        eprintln!("dtx: {}: the run failed: {why}", spec.protocol);
+    }
     let verified = match history {
         Some(path) if spec.record_history => Some(check_outcome(spec, &outcome, path)?),
         _ if spec.run_checks => Some(print_findings(spec, &outcome.totals.findings)),
         _ => None,
     };
-    Ok((bench::report(spec, &outcome, verified), verified != Some(false)))
+    Ok((bench::report(spec, &outcome, verified), verified != Some(false), outcome.failed.is_none()))
 }
 
 /// Write the run's history and check it; true when it is serializable and complete.

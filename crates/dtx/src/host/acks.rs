@@ -1,16 +1,19 @@
-//! Commits waiting for the disk, so that their clients do not ([`Attempt::defer_ack`]).
+//! Commits waiting for their release, so that their clients do not ([`Attempt::defer_ack`]).
 //!
-//! A protocol with early lock release commits in memory and names the LSN its acknowledgement
-//! waits for. The driver's client hands such a commit here and starts its next transaction at
-//! once, as Silo's workers go on while their epoch is persisted; the commit is acknowledged
-//! (counted, its history line written, its latency taken from the client's first attempt to
-//! now) once the log is durable up to that LSN. One task per worker waits for the oldest
-//! pending LSN, so a flush wakes one task per worker rather than one per commit. A crash leaves
-//! the pending commits of unknown outcome, as it leaves the attempts in flight.
+//! A protocol with early lock release (or epochs, or watermarks) commits in memory and names
+//! the point its acknowledgement waits for in its acknowledgement source
+//! ([`crate::rt::release`]: an LSN of the node's log, an epoch, a watermark timestamp). The
+//! driver's client hands such a commit here and starts its next transaction at once, as Silo's
+//! workers go on while their epoch is persisted; the commit is acknowledged (counted, its
+//! history line written, its latency taken from the client's first attempt to now) once its
+//! point is released, or reported aborted (`rolled-back`) once the source rolls it back. One
+//! task per worker waits for the oldest pending point, so a flush wakes one task per worker
+//! rather than one per commit. A crash leaves the pending commits of unknown outcome, as it
+//! leaves the attempts in flight.
 //!
 //! [`Attempt::defer_ack`]: crate::protocols::Attempt
 
-use crate::rt::log::NodeLog;
+use crate::rt::release::{AckSource, Release};
 use crate::rt::Worker;
 use crate::txn::{TxnOutput, TxnRequest};
 use std::cell::{Cell, RefCell};
@@ -21,10 +24,10 @@ use std::sync::Arc;
 /// How often a client waiting for room looks again.
 const ROOM_POLL_US: u64 = 200;
 
-/// A commit waiting for the log.
+/// A commit waiting for its release.
 pub struct Pending {
-    /// Acknowledged once the log is durable up to here.
-    pub lsn: u64,
+    /// Acknowledged once the source releases this point.
+    pub point: u64,
     pub req: TxnRequest,
     pub out: TxnOutput,
     /// When the client's first attempt of this transaction started, ns.
@@ -35,12 +38,13 @@ pub struct Pending {
     pub history: Option<(u64, u64)>,
 }
 
-/// What acknowledging a commit does (the driver's bookkeeping), given the time it happens (ns).
-pub type Acknowledge = Box<dyn Fn(Pending, u64)>;
+/// What deciding a commit does (the driver's bookkeeping): released (true) or rolled back,
+/// and the time it happens (ns).
+pub type Acknowledge = Box<dyn Fn(Pending, bool, u64)>;
 
-/// One worker's commits waiting for its node's log, oldest first.
+/// One worker's commits waiting for their release, oldest first.
 pub struct Acks {
-    log: Arc<NodeLog>,
+    source: Arc<dyn AckSource>,
     queue: RefCell<VecDeque<Pending>>,
     /// While more than this many wait, a client that queued one more waits for room (the disk
     /// cannot keep up, and acknowledging later than committing must stay bounded).
@@ -51,10 +55,10 @@ pub struct Acks {
 }
 
 impl Acks {
-    pub fn new(log: Arc<NodeLog>, capacity: usize, acknowledge: Acknowledge) -> Rc<Acks> {
+    pub fn new(source: Arc<dyn AckSource>, capacity: usize, acknowledge: Acknowledge) -> Rc<Acks> {
         assert!(capacity > 0, "an ack queue with no room");
         let queue = RefCell::new(VecDeque::new());
-        Rc::new(Acks { log, queue, capacity, pumping: Cell::new(false), acknowledge })
+        Rc::new(Acks { source, queue, capacity, pumping: Cell::new(false), acknowledge })
     }
 
     /// Wait while more commits wait than the capacity (a client pushes first, then waits here:
@@ -65,7 +69,7 @@ impl Acks {
         }
     }
 
-    /// Hand a commit over; it is acknowledged once its LSN is durable.
+    /// Hand a commit over; it is decided once its point is.
     pub fn push(self: &Rc<Self>, w: &Rc<Worker>, pending: Pending) {
         self.queue.borrow_mut().push_back(pending);
         if !self.pumping.replace(true) {
@@ -88,30 +92,29 @@ impl Acks {
         self.queue.borrow_mut().drain(..).collect()
     }
 
-    /// Wait for the oldest commit's LSN, acknowledge every commit durable by then, again until
-    /// none waits. A commit queued behind one with a later LSN waits for it: acknowledged late,
-    /// never early.
+    /// Wait for the oldest commit's point, decide every commit decided by then, again until
+    /// none waits. A commit queued behind one with a later point waits for it: acknowledged
+    /// late, never early.
     async fn pump(&self, w: &Rc<Worker>) {
         loop {
-            let oldest = self.queue.borrow().front().map(|p| p.lsn);
-            let Some(lsn) = oldest else {
+            let oldest = self.queue.borrow().front().map(|p| p.point);
+            let Some(point) = oldest else {
                 self.pumping.set(false);
                 return;
             };
-            self.log.wait(lsn).await;
-            let durable = self.log.durable_lsn();
+            self.source.decided(point).await;
             let now_ns = w.now_ns();
             loop {
                 let next = {
                     let mut q = self.queue.borrow_mut();
-                    if q.front().is_some_and(|p| p.lsn <= durable) {
-                        q.pop_front()
-                    } else {
-                        None
+                    match q.front().map(|p| self.source.outcome(p.point)) {
+                        Some(Release::Released) => q.pop_front().map(|p| (p, true)),
+                        Some(Release::RolledBack) => q.pop_front().map(|p| (p, false)),
+                        Some(Release::Pending) | None => None,
                     }
                 };
                 match next {
-                    Some(p) => (self.acknowledge)(p, now_ns),
+                    Some((p, released)) => (self.acknowledge)(p, released, now_ns),
                     None => break,
                 }
             }
@@ -123,13 +126,22 @@ impl Acks {
 mod tests {
     use super::*;
     use crate::net::{Addr, FaultPlan, LatencyModel};
-    use crate::rt::log::SimImage;
+    use crate::rt::log::{NodeLog, SimImage};
+    use crate::rt::release::ReleasePoints;
     use crate::rt::sim::SimWorld;
     use crate::rt::WorkerConfig;
 
-    fn pending(lsn: u64) -> Pending {
+    fn pending(point: u64) -> Pending {
         let req = TxnRequest::new("test", 0, ());
-        Pending { lsn, req, out: TxnOutput::default(), first_ns: 0, committed_ns: 0, history: None }
+        Pending { point, req, out: TxnOutput::default(), first_ns: 0, committed_ns: 0, history: None }
+    }
+
+    fn world_with_worker() -> (SimWorld, Rc<Worker>) {
+        let mut world = SimWorld::new(1, 1, LatencyModel::default(), FaultPlan::default(), 1);
+        let addr = Addr::new(0, 0);
+        let w = Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
+        world.add_worker(w.clone());
+        (world, w)
     }
 
     /// Flush everything appended to the simulated log's only lane.
@@ -140,14 +152,18 @@ mod tests {
 
     #[test]
     fn a_commit_is_acknowledged_once_its_lsn_is_durable_and_never_before_one_queued_ahead() {
-        let mut world = SimWorld::new(1, 1, LatencyModel::default(), FaultPlan::default(), 1);
-        let addr = Addr::new(0, 0);
-        let w = Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
-        world.add_worker(w.clone());
+        let (mut world, w) = world_with_worker();
         let log = NodeLog::simulated(SimImage::default(), 1).expect("an empty image").log;
         let acked = Rc::new(RefCell::new(Vec::new()));
         let seen = acked.clone();
-        let acks = Acks::new(log.clone(), 4, Box::new(move |p: Pending, _now_ns| seen.borrow_mut().push(p.lsn)));
+        let acks = Acks::new(
+            log.clone(),
+            4,
+            Box::new(move |p: Pending, released, _now_ns| {
+                assert!(released, "a log never rolls back");
+                seen.borrow_mut().push(p.point)
+            }),
+        );
 
         let first = log.append(b"first").expect("appended");
         acks.push(&w, pending(first));
@@ -171,17 +187,46 @@ mod tests {
     #[test]
     fn a_crash_takes_every_waiting_commit() {
         let log = NodeLog::simulated(SimImage::default(), 1).expect("an empty image").log;
-        let acks = Acks::new(log.clone(), 1, Box::new(|_, _| panic!("nothing is durable")));
-        let mut world = SimWorld::new(1, 1, LatencyModel::default(), FaultPlan::default(), 1);
-        let addr = Addr::new(0, 0);
-        let w = Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
-        world.add_worker(w.clone());
+        let acks = Acks::new(log.clone(), 1, Box::new(|_, _, _| panic!("nothing is durable")));
+        let (mut world, w) = world_with_worker();
         for record in [b"a", b"b"] {
             acks.push(&w, pending(log.append(record).expect("appended")));
         }
         world.run_until(1_000_000, || false);
-        let taken: Vec<u64> = acks.take_all().iter().map(|p| p.lsn).collect();
+        let taken: Vec<u64> = acks.take_all().iter().map(|p| p.point).collect();
         assert_eq!(taken, vec![1, 2]);
+        assert!(acks.is_empty());
+    }
+
+    /// Commits released by epoch: acknowledged in order once their epoch is released, and
+    /// those of an epoch rolled back after a failure reported as such, never acknowledged.
+    #[test]
+    fn commits_of_a_rolled_back_epoch_are_reported_rolled_back_in_order() {
+        let (mut world, w) = world_with_worker();
+        let epochs = ReleasePoints::new();
+        let decided = Rc::new(RefCell::new(Vec::new()));
+        let seen = decided.clone();
+        let acks = Acks::new(
+            epochs.clone(),
+            8,
+            Box::new(move |p: Pending, released, _| seen.borrow_mut().push((p.point, released))),
+        );
+        for epoch in [1, 1, 2, 3, 3, 4] {
+            acks.push(&w, pending(epoch));
+        }
+        world.run_until(1_000_000, || false);
+        assert!(decided.borrow().is_empty(), "no epoch is decided yet");
+        epochs.release_through(1);
+        world.run_until(2_000_000, || false);
+        assert_eq!(*decided.borrow(), vec![(1, true), (1, true)]);
+        // Epoch 3 failed: its commits are undone; 2 and 4 commit.
+        epochs.roll_back(3, 3);
+        world.run_until(3_000_000, || false);
+        assert_eq!(decided.borrow().len(), 2, "epoch 2 still undecided holds back what follows it");
+        epochs.release_through(4);
+        world.run_until(4_000_000, || false);
+        let expected = vec![(1, true), (1, true), (2, true), (3, false), (3, false), (4, true)];
+        assert_eq!(*decided.borrow(), expected);
         assert!(acks.is_empty());
     }
 }

@@ -39,6 +39,15 @@ pub struct RunShared {
     pub orphans_voided: AtomicU64,
     /// Restarts (in the simulator) that recovered from a checkpoint and the records after it.
     pub recovered_from_checkpoint: AtomicU64,
+    /// Commits committed in memory and waiting in the workers' ack queues for the log, now.
+    pub held_for_log: AtomicU64,
+    /// Clients that have not finished their last transaction yet, now (not kept up to date
+    /// across a simulated crash, whose clients never finish: read by the real-time runtimes).
+    pub clients_live: AtomicU64,
+    /// The run gave up waiting for its log (a full disk, `local`): clients of a driver started
+    /// with [`DriverConfig::abandonable`] stop waiting, report what they hold as of unknown
+    /// outcome, and their worker reports its metrics.
+    pub abandon: std::sync::atomic::AtomicBool,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is
@@ -79,6 +88,38 @@ pub struct DriverConfig {
     pub max_retries: u32,
     pub record_history: bool,
     pub window: Window,
+    /// Clients still waiting after the window stop when the run sets [`RunShared::abandon`]
+    /// (they look every [`ABANDON_POLL_US`]; the real-time runtimes only, so that a simulation
+    /// schedules nothing more).
+    pub abandonable: bool,
+}
+
+/// How often, past the window, a client of an abandonable run looks whether the run gave up.
+const ABANDON_POLL_US: u64 = 20_000;
+
+/// Polls `a`, and `b` while `a` is not done: `Some` of `a`'s output, or `None` once `b` is ready.
+struct Race<A, B> {
+    a: std::pin::Pin<Box<A>>,
+    b: std::pin::Pin<Box<B>>,
+}
+
+impl<A: std::future::Future, B: std::future::Future<Output = ()>> std::future::Future for Race<A, B> {
+    type Output = Option<A::Output>;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        if let std::task::Poll::Ready(v) = self.a.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        self.b.as_mut().poll(cx).map(|()| None)
+    }
+}
+
+/// Ready once the run gave up on its log ([`RunShared::abandon`]), looked at from the window's
+/// end on.
+async fn abandoned(w: &Rc<Worker>, shared: &RunShared, window: Window) {
+    w.sleep_us(window.end_ns.saturating_sub(w.now_ns()) / 1000).await;
+    while !shared.abandon.load(Ordering::Acquire) {
+        w.sleep_us(ABANDON_POLL_US).await;
+    }
 }
 
 /// Start the clients of one worker. When all of them finished, the worker's metrics land in
@@ -94,16 +135,18 @@ pub fn start(
     assert!(!homes.is_empty(), "a worker needs at least one home partition");
     let metrics = Rc::new(RefCell::new(Metrics::new(cfg.window)));
     metrics.borrow_mut().node = w.addr.node;
+    metrics.borrow_mut().classes = wl.txn_classes();
     let live = Rc::new(std::cell::Cell::new(cfg.inflight as usize));
+    shared.clients_live.fetch_add(cfg.inflight as u64, Ordering::Relaxed);
     {
         let (w2, m2, win) = (w.clone(), metrics.clone(), cfg.window);
         w.spawn(async move { measure_window(&w2, &m2, win).await });
     }
     let cfg = Rc::new(cfg);
     let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
-    let acks = proto.ack_log().filter(|_| cfg.max_unacked > 0).map(|log| {
+    let acks = proto.ack_source().filter(|_| cfg.max_unacked > 0).map(|source| {
         let ack = acknowledge(w.clone(), metrics.clone(), wl.clone(), shared.clone());
-        Acks::new(log, cfg.max_unacked as usize, ack)
+        Acks::new(source, cfg.max_unacked as usize, ack)
     });
     on_crash_report(w, &metrics, &live, &attempts, (&acks, &wl), &shared, cfg.window);
     for i in 0..cfg.inflight as usize {
@@ -114,15 +157,26 @@ pub fn start(
         w.spawn(async move {
             let acks = acks2.as_ref();
             let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2, acks };
-            me.run(&at2, i).await;
-            // Every commit is acknowledged (or, at a crash, reported unknown) before the worker
-            // reports: a history must hold every transaction the final read may see.
-            while acks.is_some_and(|a| !a.is_empty()) {
+            if cfg2.abandonable {
+                // A client stuck on the log when the run gives up leaves its attempt in
+                // `attempts`, reported below as of unknown outcome.
+                Race { a: Box::pin(me.run(&at2, i)), b: Box::pin(abandoned(&w2, &sh2, cfg2.window)) }.await;
+            } else {
+                me.run(&at2, i).await;
+            }
+            sh2.clients_live.fetch_sub(1, Ordering::Relaxed);
+            // Every commit is acknowledged (or, at a crash or when the run gives up on its log,
+            // reported unknown) before the worker reports: a history must hold every
+            // transaction the final read may see.
+            while acks.is_some_and(|a| !a.is_empty()) && !(cfg2.abandonable && sh2.abandon.load(Ordering::Acquire)) {
                 w2.sleep_us(ACK_DRAIN_POLL_US).await;
             }
             live2.set(live2.get() - 1);
             if live2.get() == 0 {
-                let m = std::mem::replace(&mut *m2.borrow_mut(), Metrics::new(cfg2.window));
+                let mut m = std::mem::replace(&mut *m2.borrow_mut(), Metrics::new(cfg2.window));
+                if cfg2.abandonable && sh2.abandon.load(Ordering::Acquire) {
+                    report_unknown(&mut m, &at2, acks, &*wl2, &sh2, w2.history_now_us());
+                }
                 sh2.reports.lock().push(m);
                 sh2.running.fetch_sub(1, Ordering::AcqRel);
             }
@@ -202,27 +256,35 @@ fn on_crash_report(
         }
         live.set(0);
         let mut m = std::mem::replace(&mut *m.borrow_mut(), Metrics::new(window));
-        let now_us = w2.history_now_us();
-        for (ops, start_us) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
-            let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
-            m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
-        }
-        // Committed in memory, not known to be durable: maybe lost with the crash.
-        for p in acks.as_ref().map(|a| a.take_all()).unwrap_or_default() {
-            if let Some((id, start_us)) = p.history {
-                let ops = wl.attempted_ops(&p.req);
-                m.record_history(HistLine {
-                    id,
-                    status: "unknown".into(),
-                    ops,
-                    start_us,
-                    end_us: now_us.max(start_us),
-                });
-            }
-        }
+        report_unknown(&mut m, &attempts, acks.as_ref(), &*wl, &shared, w2.history_now_us());
         shared.reports.lock().push(m);
         shared.running.fetch_sub(1, Ordering::AcqRel);
     }));
+}
+
+/// The attempts in flight and the commits held for the log (committed in memory, not known to
+/// be durable) when a worker's clients die (a crash) or stop waiting (the run gave up on its
+/// log): each a history line of unknown outcome in `m`, since it may or may not have committed.
+fn report_unknown(
+    m: &mut Metrics,
+    attempts: &Attempts,
+    acks: Option<&Rc<Acks>>,
+    wl: &dyn Workload,
+    shared: &RunShared,
+    now_us: u64,
+) {
+    for (ops, start_us) in attempts.borrow_mut().iter_mut().filter_map(Option::take) {
+        let id = ((m.node as u64) << 40) | shared.history_ids.fetch_add(1, Ordering::Relaxed);
+        m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
+    }
+    let held = acks.map(|a| a.take_all()).unwrap_or_default();
+    shared.held_for_log.fetch_sub(held.len() as u64, Ordering::Relaxed);
+    for p in held {
+        if let Some((id, start_us)) = p.history {
+            let ops = wl.attempted_ops(&p.req);
+            m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
+        }
+    }
 }
 
 /// One closed-loop client.
@@ -274,11 +336,12 @@ impl Client<'_> {
                 match result {
                     Ok(mut out) => {
                         match out.ack_after.take() {
-                            Some(lsn) => {
+                            Some(point) => {
                                 let acks =
                                     self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
                                 // Queued before any wait: a crash must find it (its record may be durable).
-                                acks.push(w, Pending { lsn, req, out, first_ns, committed_ns: end_ns, history });
+                                shared.held_for_log.fetch_add(1, Ordering::Relaxed);
+                                acks.push(w, Pending { point, req, out, first_ns, committed_ns: end_ns, history });
                                 acks.room(w).await;
                             }
                             None => acknowledged(w, m, shared, (wl, &req, &out), history, (first_ns, end_ns)),
@@ -332,14 +395,24 @@ fn acknowledged(
         record(m, shared, HistLine { id, status: "committed".into(), ops, start_us, end_us: w.history_now_us() });
     }
     wl.on_commit(req, out);
-    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req));
+    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req), wl.txn_class(req));
 }
 
-/// What the ack queue does with a commit once the log made it durable.
+/// What the ack queue does with a commit once its point is decided: acknowledge it once
+/// released; report it aborted (`rolled-back`) once rolled back, with the operations it
+/// attempted, since none of its effects remain.
 fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) -> Acknowledge {
-    Box::new(move |p: Pending, now_ns: u64| {
+    Box::new(move |p: Pending, released: bool, now_ns: u64| {
+        shared.held_for_log.fetch_sub(1, Ordering::Relaxed);
         w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
-        acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
+        if released {
+            return acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
+        }
+        if let Some((id, start_us)) = p.history {
+            let ops = wl.attempted_ops(&p.req);
+            record(&m, &shared, HistLine { id, status: "aborted".into(), ops, start_us, end_us: w.history_now_us() });
+        }
+        m.borrow_mut().abort(now_ns, crate::txn::Abort::RolledBack);
     })
 }
 

@@ -3,6 +3,15 @@
 use super::*;
 use crate::rt::local;
 
+/// How long a run whose window is over waits for room on a full disk (its log holding commits
+/// back) before it gives them up and ends, failing.
+pub const DISK_FULL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Some node's log waits for room on a full disk: the file it waits for.
+fn disk_full_file(nodes: &[Arc<NodeSetup>]) -> Option<std::path::PathBuf> {
+    nodes.iter().flat_map(|n| n.logs.iter()).find_map(|l| l.disk_full_file())
+}
+
 /// Run every node as threads of this process.
 pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     crate::util::return_free_memory();
@@ -52,6 +61,10 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let t0 = Instant::now();
     let mut cpu_at_start = None;
     let mut cpu_at_end = None;
+    // Past the window, on a full disk: since when, and the file. `failed`: the run gave the
+    // commits the disk held up.
+    let mut full_since: Option<Instant> = None;
+    let mut failed = None;
     while shared.running.load(Ordering::Acquire) > 0 {
         std::thread::sleep(Duration::from_millis(10));
         let now = net.epoch.elapsed().as_nanos() as u64;
@@ -62,14 +75,61 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
             cpu_at_end = Some(crate::util::process_cpu_us());
         }
         pb.set_position(t0.elapsed().as_millis() as u64);
+        if now >= window.end_ns {
+            match (disk_full_file(&nodes), full_since) {
+                (Some(file), None) => {
+                    pb.suspend(|| {
+                        eprintln!(
+                            "dtx: {}: the window is over and the disk under {} is full: waiting up to {} s for room",
+                            spec.protocol,
+                            file.display(),
+                            DISK_FULL_PATIENCE.as_secs()
+                        )
+                    });
+                    full_since = Some(Instant::now());
+                }
+                (Some(file), Some(since)) if since.elapsed() > DISK_FULL_PATIENCE => {
+                    let held = shared.held_for_log.load(Ordering::Relaxed);
+                    let waiting = shared.clients_live.load(Ordering::Relaxed);
+                    failed = Some(format!(
+                        "the disk is full ({} could not be written): {held} commits were held, never acknowledged \
+                         (clients still waiting for the log: {waiting}) {} s after the window ended",
+                        file.display(),
+                        DISK_FULL_PATIENCE.as_secs()
+                    ));
+                    break;
+                }
+                (None, Some(_)) => full_since = None,
+                _ => {}
+            }
+        }
         if t0.elapsed() > total + Duration::from_secs(120) {
             break;
         }
     }
     pb.finish_and_clear();
     let mut notes = Vec::new();
-    if shared.running.load(Ordering::Acquire) > 0 {
+    if failed.is_none() && shared.running.load(Ordering::Acquire) > 0 {
         notes.push("some clients were still running 120 s after the window closed".into());
+    }
+    if failed.is_some() {
+        // The clients stuck on the log stop waiting and report what they hold as of unknown
+        // outcome; then the log is closed (a worker blocked on its memory bound gets an error)
+        // and the workers stop. A worker that did not report by then loses its counts.
+        shared.abandon.store(true, Ordering::Release);
+        driver::wait_until(Duration::from_secs(2), || shared.running.load(Ordering::Acquire) == 0);
+        let unreported = shared.running.load(Ordering::Acquire);
+        notes.push(format!(
+            "no final read or checks: the run ended with commits held by a full disk{}",
+            match unreported {
+                0 => String::new(),
+                n => format!("; the counts of {n} workers that did not stop waiting for it are lost"),
+            }
+        ));
+        net.stop();
+        for n in &nodes {
+            n.shutdown();
+        }
     }
     let mut final_read = None;
     if spec.record_history && notes.is_empty() {
@@ -100,7 +160,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         _ => 0,
     };
     totals.findings = findings;
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new() })
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
 }
 
 /// A worker and the protocol instance running on it.

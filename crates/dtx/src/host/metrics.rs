@@ -66,6 +66,11 @@ pub struct Metrics {
     pub by_kind: BTreeMap<&'static str, u64>,
     /// The protocol's own counters over the window (`rt::Worker::count`).
     pub counters: BTreeMap<&'static str, u64>,
+    /// The workload's classes of transaction ([`crate::workloads::Workload::txn_classes`]),
+    /// and the latency of each class's commits, indexed by class id (made at a class's first
+    /// commit, so a commit costs one more record and no allocation).
+    pub classes: &'static [&'static str],
+    pub class_latency: Vec<Histogram<u64>>,
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -91,6 +96,8 @@ impl Metrics {
             history_dropped: 0,
             by_kind: BTreeMap::new(),
             counters: BTreeMap::new(),
+            classes: &[],
+            class_latency: Vec::new(),
         }
     }
 
@@ -98,11 +105,20 @@ impl Metrics {
         t_ns >= self.window.start_ns && t_ns < self.window.end_ns
     }
 
-    pub fn commit(&mut self, t_ns: u64, latency_ns: u64, kind: &'static str) {
+    /// A commit at `t_ns`; `class` indexes [`Metrics::classes`] (ignored when out of range).
+    pub fn commit(&mut self, t_ns: u64, latency_ns: u64, kind: &'static str, class: u8) {
         if self.in_window(t_ns) {
             self.committed += 1;
             *self.by_kind.entry(kind).or_default() += 1;
-            self.latency.saturating_record((latency_ns / 1000).max(1));
+            let us = (latency_ns / 1000).max(1);
+            self.latency.saturating_record(us);
+            let class = class as usize;
+            if class < self.classes.len() {
+                if self.class_latency.len() <= class {
+                    self.class_latency.resize_with(class + 1, new_hist);
+                }
+                self.class_latency[class].saturating_record(us);
+            }
             let tick = ((t_ns - self.window.start_ns) / TICK_NS) as usize;
             if let Some(c) = self.per_tick.get_mut(tick) {
                 *c += 1;
@@ -154,6 +170,12 @@ pub struct Totals {
     /// History lines not recorded because a worker's history was full.
     #[serde(default)]
     pub history_dropped: u64,
+    /// Latency counts (as `latency_counts`) per class of transaction, by the class's name.
+    #[serde(default)]
+    pub class_latency: BTreeMap<String, Vec<(u64, u64)>>,
+    /// Latency counts per node of the clients (for the latency per client region).
+    #[serde(default)]
+    pub node_latency: BTreeMap<u16, Vec<(u64, u64)>>,
 }
 
 impl Totals {
@@ -164,6 +186,14 @@ impl Totals {
         }
         for v in m.latency.iter_recorded() {
             self.latency_counts.push((v.value_iterated_to(), v.count_at_value()));
+        }
+        if !m.latency.is_empty() {
+            let node = self.node_latency.entry(m.node).or_default();
+            node.extend(m.latency.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
+        }
+        for (name, h) in m.classes.iter().zip(&m.class_latency).filter(|(_, h)| !h.is_empty()) {
+            let class = self.class_latency.entry(name.to_string()).or_default();
+            class.extend(h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
         }
         if self.per_tick.len() < m.per_tick.len() {
             self.per_tick.resize(m.per_tick.len(), 0);
@@ -211,6 +241,12 @@ impl Totals {
         }
         self.history_dropped += o.history_dropped;
         self.findings.extend_from_slice(&o.findings);
+        for (k, v) in &o.class_latency {
+            self.class_latency.entry(k.clone()).or_default().extend_from_slice(v);
+        }
+        for (k, v) in &o.node_latency {
+            self.node_latency.entry(*k).or_default().extend_from_slice(v);
+        }
     }
 
     pub fn aborted(&self) -> u64 {
@@ -218,12 +254,17 @@ impl Totals {
     }
 
     pub fn histogram(&self) -> Histogram<u64> {
-        let mut h = new_hist();
-        for &(v, c) in &self.latency_counts {
-            let _ = h.record_n(v.max(1), c);
-        }
-        h
+        histogram_of(&self.latency_counts)
     }
+}
+
+/// A histogram of latency counts (`(µs, count)`, as [`Totals`] carries them).
+pub fn histogram_of<'a>(counts: impl IntoIterator<Item = &'a (u64, u64)>) -> Histogram<u64> {
+    let mut h = new_hist();
+    for &(v, c) in counts {
+        let _ = h.record_n(v.max(1), c);
+    }
+    h
 }
 
 #[cfg(test)]
@@ -242,5 +283,22 @@ mod tests {
         let mut t = Totals::default();
         t.add_metrics(&m);
         assert_eq!(t.history_dropped, 2);
+    }
+
+    #[test]
+    fn a_commit_counts_in_its_class_and_its_node() {
+        let mut m = Metrics::new(Window { start_ns: 0, end_ns: 1_000_000 });
+        m.node = 3;
+        m.classes = &["single-node", "distributed"];
+        m.commit(10, 5_000, "ycsb", 1);
+        m.commit(20, 7_000, "ycsb", 1);
+        m.commit(30, 1_000, "ycsb", 0);
+        m.commit(40, 1_000, "ycsb", 9); // no such class: counted, not classed
+        let mut t = Totals::default();
+        t.add_metrics(&m);
+        assert_eq!(t.committed, 4);
+        assert_eq!(histogram_of(&t.class_latency["distributed"]).len(), 2);
+        assert_eq!(histogram_of(&t.class_latency["single-node"]).len(), 1);
+        assert_eq!(histogram_of(&t.node_latency[&3]).len(), 4);
     }
 }

@@ -170,8 +170,14 @@ impl BenchSpec {
             );
         }
         workloads::build(&self.workload, &topo)?;
-        self.durability.validate(self.nodes, self.faults.crashes)?;
-        if self.runtime == "tcp" && self.faults.crashes && self.durability.mode == Durability::None {
+        if self.runtime == "local" && !self.faults.targeted.is_empty() {
+            bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
+        }
+        if let Some(f) = self.faults.targeted.iter().find(|f| f.node >= self.nodes) {
+            bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.node, self.nodes);
+        }
+        self.durability.validate(self.nodes, self.faults.may_crash())?;
+        if self.runtime == "tcp" && self.faults.may_crash() && self.durability.mode == Durability::None {
             bail!("--faults crash on --runtime tcp kills a server: add --durability wal or replicated, or it loses its data");
         }
         Ok(())
@@ -189,6 +195,7 @@ impl BenchSpec {
             max_retries: self.max_retries,
             record_history: self.record_history,
             window,
+            abandonable: self.runtime == "local",
         }
     }
 }
@@ -476,8 +483,11 @@ pub struct Outcome {
     pub restarts: u64,
     /// Nodes taken over by another host while their own was down (sim, replicated).
     pub moved: u64,
-    /// Faults injected into server processes (tcp), in order.
+    /// Faults injected into server processes (tcp), or into nodes (sim), in order.
     pub fault_events: Vec<dtx_report::FaultEvent>,
+    /// Why the run could not end whole (a full disk held commits past the window): the
+    /// command fails, whatever its checks say.
+    pub failed: Option<String>,
 }
 
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {

@@ -13,7 +13,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let protos: Protos = Default::default();
     let workload = build_workload(spec)?;
     let rebuild = SimRebuild::new(spec, &workload, &shared, window, &protos);
-    if spec.durability.mode == Durability::Wal && spec.faults.crashes {
+    if spec.durability.mode == Durability::Wal && spec.faults.may_crash() {
         world.set_restart(sim_restart(rebuild.clone()), spec.worker_config());
     }
     let failover = (spec.durability.mode == Durability::Replicated).then(|| SimFailover::new(rebuild.clone()));
@@ -68,8 +68,22 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         notes,
         restarts: world.restarts,
         moved: world.moved,
-        fault_events: Vec::new(),
+        fault_events: world.fault_events.iter().map(fault_event).collect(),
+        failed: None,
     })
+}
+
+/// A fault the simulator injected, as the JSON's `fault_events` lists it (times in virtual ms;
+/// `down_ms` 0 for one that lasted until the window's end, when every fault is healed; no
+/// `served_again_ms`: a node the simulator brings back serves at once).
+fn fault_event(e: &crate::rt::sim::SimFaultEvent) -> dtx_report::FaultEvent {
+    dtx_report::FaultEvent {
+        kind: e.kind.to_string(),
+        node: e.node as u32,
+        at_ms: e.at_ns as f64 / 1e6,
+        down_ms: e.for_ns.unwrap_or(0) as f64 / 1e6,
+        served_again_ms: None,
+    }
 }
 
 /// Build node `n` with its log, start its workers and their clients, and (with failover) its

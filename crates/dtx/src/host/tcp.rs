@@ -36,7 +36,9 @@ const MAX_CONTROL_LINE: usize = 1 << 20;
 #[serde(tag = "cmd", rename_all = "snake_case")]
 enum ControlRequest {
     Ping,
-    Prepare { spec: Box<BenchSpec> },
+    Prepare {
+        spec: Box<BenchSpec>,
+    },
     Start,
     Wait,
     FinalRead,
@@ -44,6 +46,11 @@ enum ControlRequest {
     Findings,
     Stop,
     Shutdown,
+    /// Hold every message this server's workers send `us` µs longer (0: no more), for
+    /// `--fault-at delay`.
+    Delay {
+        us: u64,
+    },
 }
 
 /// A run in progress on this server.
@@ -206,6 +213,10 @@ impl Server {
                 Ok(json!({}))
             }
             ControlRequest::Shutdown => Ok(json!({})),
+            ControlRequest::Delay { us } => {
+                crate::rt::tcp::set_send_delay_us(us);
+                Ok(json!({}))
+            }
         }
     }
 
@@ -829,35 +840,24 @@ impl Spawned {
     /// `fault_interval_us`, the next of the kinds asked for (they take turns) hits a random
     /// server (from the run's seed) for `fault_duration_us`: it is killed with `kill -9` and started again over
     /// its data folder, stopped with SIGSTOP and continued with SIGCONT, or cut off from the
-    /// other servers by firewall rules and reconnected ([`netns`]). Each event is timed until
-    /// the server answers its control connection again. A restarted server of a replicated run
-    /// rejoins its logs from its Raft journal.
+    /// other servers by firewall rules and reconnected ([`netns`]). The faults of `--fault-at`
+    /// join them at their own times, on their own servers (one without a duration lasts until
+    /// the measured window ends). One fault at a time: one due while another lasts starts when
+    /// that one ends (its `at_ms` says when). Each event is timed until the server answers its
+    /// control connection again. A restarted server of a replicated run rejoins its logs from
+    /// its Raft journal.
     fn nemesis(mut self, spec: &BenchSpec, addrs: Vec<SocketAddr>, t0: Instant) -> std::thread::JoinHandle<Nemesis> {
-        let plan = spec.faults.clone();
-        let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
-        let (every, down) =
-            (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
-        let mut rng = crate::util::rng_from_seed(spec.seed ^ 0x006e_656d_6573_6973);
-        let kinds: Vec<&'static str> =
-            [(plan.crashes, "crash"), (plan.pauses, "pause"), (plan.partitions, "partition")]
-                .into_iter()
-                .filter_map(|(asked, kind)| asked.then_some(kind))
-                .collect();
-        let first_kind = rng.gen_range(0..kinds.len());
+        let schedule = nemesis_schedule(spec, addrs.len());
         std::thread::spawn(move || {
             let mut events = Vec::new();
-            let end = warmup + duration;
-            let mut at = warmup + every / 2;
-            while at + down + Duration::from_millis(100) < end {
+            for (at, node, action, down) in schedule {
                 std::thread::sleep(at.saturating_sub(t0.elapsed()));
-                let node = rng.gen_range(0..addrs.len());
-                // The kinds take turns (from a random first one), so a short run sees each.
-                let kind = kinds[(first_kind + events.len()) % kinds.len()];
                 let started = t0.elapsed();
-                let undone = match kind {
-                    "crash" => self.crash(node, down),
-                    "pause" => self.pause(node, down),
-                    _ => partition(node, addrs.len(), down),
+                let undone = match action {
+                    NemesisAction::Crash => self.crash(node, down),
+                    NemesisAction::Pause => self.pause(node, down),
+                    NemesisAction::Partition => partition(node, addrs.len(), down),
+                    NemesisAction::Delay(by) => delay(node, addrs[node], by, down),
                 };
                 if let Err(e) = undone {
                     eprintln!("dtx: --faults: node {node}: {e:#}");
@@ -867,13 +867,12 @@ impl Spawned {
                     .and_then(|mut c| c.call(&json!({"cmd": "ping"})))
                     .map(|_| t0.elapsed().saturating_sub(started));
                 events.push(FaultEvent {
-                    kind: kind.to_string(),
+                    kind: action.name().to_string(),
                     node: node as u32,
                     at_ms: started.as_secs_f64() * 1e3,
                     down_ms: down.as_secs_f64() * 1e3,
                     served_again_ms: back.ok().map(|d| d.as_secs_f64() * 1e3),
                 });
-                at += every;
             }
             Nemesis { spawned: self, events }
         })
@@ -951,6 +950,84 @@ fn partition(n: usize, servers: usize, down: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the nemesis does to a server.
+#[derive(Clone, Copy, Debug)]
+enum NemesisAction {
+    Crash,
+    Pause,
+    Partition,
+    /// Hold every message the server sends this much longer.
+    Delay(Duration),
+}
+
+impl NemesisAction {
+    fn name(&self) -> &'static str {
+        match self {
+            NemesisAction::Crash => "crash",
+            NemesisAction::Pause => "pause",
+            NemesisAction::Partition => "partition",
+            NemesisAction::Delay(_) => "delay",
+        }
+    }
+}
+
+/// The nemesis's plan, in time order: (when from the run's start, server, what, for how long).
+/// `--faults`' random ones: every `fault_interval_us` from half of it after the warm-up, the
+/// kinds asked for taking turns (from a random first one) on servers drawn from the seed, each
+/// ending 100 ms before the run does; and `--fault-at`'s, one without a duration lasting until
+/// the measured window ends.
+fn nemesis_schedule(spec: &BenchSpec, servers: usize) -> Vec<(Duration, usize, NemesisAction, Duration)> {
+    let plan = &spec.faults;
+    let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
+    let (every, down) = (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
+    let end = warmup + duration;
+    let mut rng = crate::util::rng_from_seed(spec.seed ^ 0x006e_656d_6573_6973);
+    let kinds: Vec<NemesisAction> = [
+        (plan.crashes, NemesisAction::Crash),
+        (plan.pauses, NemesisAction::Pause),
+        (plan.partitions, NemesisAction::Partition),
+    ]
+    .into_iter()
+    .filter_map(|(asked, kind)| asked.then_some(kind))
+    .collect();
+    let mut schedule = Vec::new();
+    if !kinds.is_empty() && servers > 0 && !every.is_zero() {
+        let first_kind = rng.gen_range(0..kinds.len());
+        let mut at = warmup + every / 2;
+        while at + down + Duration::from_millis(100) < end {
+            let node = rng.gen_range(0..servers);
+            // The kinds take turns (from a random first one), so a short run sees each.
+            schedule.push((at, node, kinds[(first_kind + schedule.len()) % kinds.len()], down));
+            at += every;
+        }
+    }
+    let end_us = spec.warmup_us + spec.duration_us;
+    for f in plan.targeted.iter().filter(|f| (f.node as usize) < servers) {
+        let action = match f.kind {
+            crate::net::TargetedKind::Crash => NemesisAction::Crash,
+            crate::net::TargetedKind::Pause => NemesisAction::Pause,
+            crate::net::TargetedKind::Delay { by_us } => NemesisAction::Delay(Duration::from_micros(by_us)),
+            // Refused by the CLI on tcp: simulated CPU has no meaning for a real process.
+            crate::net::TargetedKind::Cpu { .. } => continue,
+        };
+        let lasts = Duration::from_micros(f.end_us(end_us) - f.at_us);
+        schedule.push((Duration::from_micros(f.at_us), f.node as usize, action, lasts));
+    }
+    schedule.sort_by_key(|s| s.0);
+    schedule
+}
+
+/// Hold every message server `n` sends `by` longer, for `down`, through its control connection.
+fn delay(n: usize, addr: SocketAddr, by: Duration, down: Duration) -> anyhow::Result<()> {
+    let mut c = Control::connect(n, addr, Duration::from_secs(5))?;
+    c.call(&json!({"cmd": "delay", "us": by.as_micros() as u64}))?;
+    eprintln!("dtx: --fault-at delay: node {n}'s server holds what it sends {by:?} longer, for {down:?}");
+    std::thread::sleep(down);
+    c.call(&json!({"cmd": "delay", "us": 0}))?;
+    eprintln!("dtx: --fault-at delay: node {n}'s server sends without delay again");
+    Ok(())
+}
+
 /// What the fault thread hands back: the servers, and what it did to them.
 struct Nemesis {
     spawned: Spawned,
@@ -1003,7 +1080,7 @@ fn spawn_cluster(spec: &BenchSpec) -> anyhow::Result<(ClusterConfig, Spawned)> {
         .map(|n| {
             let mut cmd = std::process::Command::new(&exe);
             cmd.args(["server", "--config"]).arg(&path).args(["--node", &n.to_string()]);
-            if spec.faults.crashes {
+            if spec.faults.may_crash() {
                 cmd.arg("--data-dir").arg(dir.0.join(format!("data-{n}")));
             }
             cmd
@@ -1107,7 +1184,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     drop(spawned);
     let restarts = lost.iter().filter(|l| l.is_some()).count() as u64;
     notes.extend(fault_notes(&totals, &takeovers, &fault_events));
-    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events })
+    Ok(Outcome { totals, history, final_read, notes, restarts, moved: 0, fault_events, failed: None })
 }
 
 /// What the servers reported at the end of a run, gathered.
@@ -1270,12 +1347,13 @@ fn fault_notes(totals: &Totals, takeovers: &[Takeover], events: &[FaultEvent]) -
         let back = served_again_sorted(events);
         let median = back.get(back.len() / 2).map_or("-".to_string(), |m| format!("{m:.0} ms"));
         notes.push(format!(
-            "faults: {} injected ({} crashes, {} pauses, {} partitions); median time from a fault to the server \
-             answering again {median}",
+            "faults: {} injected ({} crashes, {} pauses, {} partitions, {} delays); median time from a fault to the \
+             server answering again {median}",
             events.len(),
             events.iter().filter(|e| e.kind == "crash").count(),
             events.iter().filter(|e| e.kind == "pause").count(),
             events.iter().filter(|e| e.kind == "partition").count(),
+            events.iter().filter(|e| e.kind == "delay").count(),
         ));
     }
     notes

@@ -94,11 +94,77 @@ pub struct FaultPlan {
     /// Mean time between fault events, and how long a fault lasts, microseconds.
     pub fault_interval_us: u64,
     pub fault_duration_us: u64,
+    /// Faults at given times on given nodes (`--fault-at`), besides the random ones.
+    #[serde(default)]
+    pub targeted: Vec<TargetedFault>,
 }
 
 impl FaultPlan {
     pub fn any(&self) -> bool {
-        self.loss > 0.0 || self.partitions || self.crashes || self.pauses
+        self.loss > 0.0 || self.partitions || self.crashes || self.pauses || !self.targeted.is_empty()
+    }
+
+    /// Whether some node may crash in the run: random crashes, or a targeted one.
+    pub fn may_crash(&self) -> bool {
+        self.crashes || self.targeted.iter().any(|f| f.kind == TargetedKind::Crash)
+    }
+}
+
+/// What a targeted fault does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetedKind {
+    /// The node crashes (with a log, losing its memory: it restarts from its log); on `tcp` its
+    /// server is killed with `kill -9` and started again over its data folder.
+    Crash,
+    /// The node stops and goes on later, losing nothing (`tcp`: SIGSTOP, then SIGCONT; `sim`:
+    /// it runs nothing, and what reaches it waits in its inbox).
+    Pause,
+    /// Every message the node sends is held this much longer (a batch mixes the messages of
+    /// every kind, so the kinds are not told apart).
+    Delay { by_us: u64 },
+    /// `sim` only: the CPU the node's workers are charged is multiplied by this factor.
+    Cpu { factor: f64 },
+}
+
+impl TargetedKind {
+    /// The name `--fault-at` gives the kind, and the fault events report.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TargetedKind::Crash => "crash",
+            TargetedKind::Pause => "pause",
+            TargetedKind::Delay { .. } => "delay",
+            TargetedKind::Cpu { .. } => "cpu",
+        }
+    }
+}
+
+/// A fault at a given time on a given node (`--fault-at 'crash:node=1@2s+500ms'`), parsed once
+/// by the CLI (`cli::bench_args`) and carried in the run's spec to the simulator and the `tcp`
+/// nemesis.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TargetedFault {
+    pub kind: TargetedKind,
+    pub node: NodeId,
+    /// When it starts, µs from the run's start (warm-up included).
+    pub at_us: u64,
+    /// How long it lasts; `None`: until the measured window ends (then it is healed, so that
+    /// the run's final read and checks find every node up).
+    pub for_us: Option<u64>,
+}
+
+impl TargetedFault {
+    /// When it ends, µs from the run's start, given when the measured window ends.
+    pub fn end_us(&self, window_end_us: u64) -> u64 {
+        match self.for_us {
+            Some(d) => self.at_us + d,
+            None => window_end_us.max(self.at_us),
+        }
+    }
+
+    /// Whether it is in force at `t_us` (µs from the run's start).
+    pub fn active_at(&self, t_us: u64, window_end_us: u64) -> bool {
+        t_us >= self.at_us && t_us < self.end_us(window_end_us)
     }
 }
 

@@ -4,7 +4,7 @@
 
 pub mod latency;
 
-pub use latency::{FaultPlan, LatencyModel};
+pub use latency::{FaultPlan, LatencyModel, TargetedFault, TargetedKind};
 
 use serde::{de::DeserializeOwned, Serialize};
 

@@ -164,9 +164,11 @@ pub trait NodeProtocol: Send + Sync {
 /// A worker's protocol instance: it coordinates transactions and serves remote requests.
 pub trait WorkerProtocol: Handler {
     fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>>;
-    /// The log whose LSNs [`TxnOutput::ack_after`](crate::txn::TxnOutput) names, for a protocol
-    /// that defers acknowledgements ([`Attempt::defer_ack`]); `None` for one that never does.
-    fn ack_log(&self) -> Option<Arc<crate::rt::log::NodeLog>> {
+    /// The source whose points [`TxnOutput::ack_after`](crate::txn::TxnOutput) names, for a
+    /// protocol that defers acknowledgements ([`Attempt::defer_ack`]): its node's log (LSNs),
+    /// or epochs or watermarks that may also be rolled back ([`crate::rt::release`]); `None`
+    /// for one that never defers.
+    fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
         None
     }
     /// Start background tasks (orphan sweeping, epochs...).

@@ -30,10 +30,12 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// 2: records carry the write-ahead log's format 2 (a checksum over the payload, then the LSN).
-const MAGIC: &[u8; 8] = b"DTXRAFT2";
-/// Journals of earlier formats: refused by name, never read (their records would fail the
-/// checksum and read as a torn tail, forgetting votes and entries).
-const OLDER_MAGICS: [&[u8; 8]; 1] = [b"DTXRAFT1"];
+/// 3: the entries carry the 2PC protocols' records of WAL format 3.
+const MAGIC: &[u8; 8] = b"DTXRAFT3";
+/// Journals of earlier formats: refused by name, never read (format 1's records would fail the
+/// checksum and read as a torn tail, forgetting votes and entries; format 2's entries would not
+/// decode).
+const OLDER_MAGICS: [&[u8; 8]; 2] = [b"DTXRAFT1", b"DTXRAFT2"];
 const HEADER_BYTES: usize = 24;
 /// An `Append` op encoding to more than this is split (half the WAL's record limit, so that
 /// each half of one just over it is well under the limit).

@@ -350,6 +350,14 @@ impl NodeLog {
         }
     }
 
+    /// While its disk is full (a WAL's write waits for room): the file it waits for.
+    pub fn disk_full_file(&self) -> Option<std::path::PathBuf> {
+        match &self.lanes[0].device {
+            Device::Wal(wal) => wal.disk_full_file(),
+            Device::Sim(_) | Device::Replicated(_) => None,
+        }
+    }
+
     /// The run is over: stop the checkpointer and close the WALs (flushing what they buffered
     /// and releasing their directory locks), even if tasks that never finished still hold this log.
     pub fn shutdown(&self) {
@@ -627,6 +635,11 @@ impl NodeLog {
         DurableWait { log: self.clone(), lsn }
     }
 
+    /// [`NodeLog::wait`], borrowing the log.
+    pub fn wait_ref(&self, lsn: Lsn) -> DurableWait<&NodeLog> {
+        DurableWait { log: self, lsn }
+    }
+
     /// Lane `lane` is durable up to its LSN `lane_lsn`: the log is durable up to the sequence
     /// number before the oldest one that some lane has not made durable yet. The next number
     /// is read first: a number taken before that read is queued in its lane before the lane's
@@ -830,21 +843,22 @@ impl NodeLog {
 }
 
 /// Future returned by [`NodeLog::wait`].
-pub struct DurableWait {
-    log: Arc<NodeLog>,
+pub struct DurableWait<L: std::ops::Deref<Target = NodeLog> = Arc<NodeLog>> {
+    log: L,
     lsn: Lsn,
 }
 
-impl Future for DurableWait {
+impl<L: std::ops::Deref<Target = NodeLog>> Future for DurableWait<L> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.log.durable_lsn() >= self.lsn {
+        let log: &NodeLog = &self.log;
+        if log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
-        let lane = &self.log.lanes[current_lane(self.log.lanes.len())];
+        let lane = &log.lanes[current_lane(log.lanes.len())];
         let mut waiters = lane.waiters.lock();
         // Check again under the lock: `advance` may have run between the check and the lock.
-        if self.log.durable_lsn() >= self.lsn {
+        if log.durable_lsn() >= self.lsn {
             return Poll::Ready(());
         }
         waiters.push(Waiter { lsn: self.lsn, waker: cx.waker().clone() });

@@ -7,6 +7,7 @@
 pub mod lanes;
 pub mod local;
 pub mod log;
+pub mod release;
 pub mod sim;
 pub mod tcp;
 

@@ -14,7 +14,7 @@
 
 use super::log::{NodeLog, SimImage};
 use super::{Clock, Executor, Worker, STEP_TASKS};
-use crate::net::{Addr, FaultPlan, LatencyModel, Packet};
+use crate::net::{Addr, FaultPlan, LatencyModel, Packet, TargetedKind};
 use crate::util::Rng;
 use parking_lot::Mutex;
 use rand::Rng as _;
@@ -29,6 +29,8 @@ enum Ev {
     Wake(usize),
     Fault,
     Heal(FaultKind),
+    /// Targeted fault `i` of the plan (`--fault-at`) starts (true) or ends (false).
+    Targeted(usize, bool),
     /// A node's group-commit timer fired: start a flush of what its log (node, log, generation)
     /// buffered.
     FlushStart(u16, usize, u64),
@@ -76,6 +78,21 @@ pub trait Failover {
 enum FaultKind {
     Partition,
     Restart(u16),
+}
+
+/// A fault the simulator injected on one node (random crashes and every `--fault-at` fault),
+/// for the run's `fault_events`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimFaultEvent {
+    /// `crash`, `pause`, `delay` or `cpu`.
+    pub kind: &'static str,
+    pub node: u16,
+    /// Virtual time it took effect, and how long it lasted (`None`: until the faults healed at
+    /// the window's end).
+    pub at_ns: u64,
+    pub for_ns: Option<u64>,
+    /// Asked for by `--fault-at` (not drawn from the seed).
+    pub targeted: bool,
 }
 
 struct Slot {
@@ -137,10 +154,23 @@ pub struct SimWorld {
     pub packets_delivered: u64,
     /// CPU time charged to all workers so far (virtual ns).
     pub busy_ns: u64,
+    /// Per host: stopped by a `pause` fault (runs nothing; what reaches it waits in its inbox).
+    paused: Vec<bool>,
+    /// Per host: its workers' charged CPU is multiplied by this (`cpu` faults; 1.0 otherwise).
+    cpu_factor: Vec<f64>,
+    /// Per host: extra delay of every packet it sends (`delay` faults), ns.
+    send_delay_ns: Vec<u64>,
+    /// Targeted faults no longer start (the run's faults were healed).
+    targeted_off: bool,
+    /// Per targeted fault: it started (one that found its host down already is not undone).
+    targeted_started: Vec<bool>,
+    /// Every fault injected on one node, in order.
+    pub fault_events: Vec<SimFaultEvent>,
 }
 
 impl SimWorld {
     pub fn new(nodes: u16, workers_per_node: u16, latency: LatencyModel, faults: FaultPlan, seed: u64) -> Self {
+        let targeted_faults = faults.targeted.len();
         let mut w = SimWorld {
             now: Rc::new(Cell::new(0)),
             slots: Vec::new(),
@@ -175,10 +205,24 @@ impl SimWorld {
             packets_dropped: 0,
             packets_delivered: 0,
             busy_ns: 0,
+            paused: vec![false; nodes as usize],
+            cpu_factor: vec![1.0; nodes as usize],
+            send_delay_ns: vec![0; nodes as usize],
+            targeted_off: false,
+            targeted_started: vec![false; targeted_faults],
+            fault_events: Vec::new(),
         };
         if w.faults.partitions || w.faults.crashes {
             let first = w.fault_gap();
             w.push(first, Ev::Fault);
+        }
+        // A fault without a duration lasts until `heal_all` (the window's end).
+        let targeted: Vec<(u64, Option<u64>)> = w.faults.targeted.iter().map(|f| (f.at_us, f.for_us)).collect();
+        for (i, (at_us, for_us)) in targeted.into_iter().enumerate() {
+            w.push(at_us * 1000, Ev::Targeted(i, true));
+            if let Some(d) = for_us {
+                w.push((at_us + d) * 1000, Ev::Targeted(i, false));
+            }
         }
         w
     }
@@ -394,6 +438,7 @@ impl SimWorld {
                 }
                 Ev::Fault => self.inject_fault(),
                 Ev::Heal(k) => self.heal(k),
+                Ev::Targeted(i, start) => self.targeted(i, start),
                 Ev::FlushStart(n, i, g) => self.flush_start(n, i, g),
                 Ev::FlushDone(n, i, g) => self.flush_done(n, i, g),
             }
@@ -413,9 +458,12 @@ impl SimWorld {
     /// Let one worker run everything it can, charging the work as busy time.
     fn step(&mut self, i: usize) {
         let now = self.now.get();
-        if self.slot_down(self.slots[i].w.addr) {
+        let addr = self.slots[i].w.addr;
+        // A paused host's workers run nothing; `resume` wakes them.
+        if self.slot_down(addr) || self.paused[self.host_of(addr)] {
             return;
         }
+        let factor = self.cpu_factor[self.host_of(addr)];
         let slot = &mut self.slots[i];
         if slot.busy_until > now {
             let t = slot.busy_until;
@@ -435,7 +483,10 @@ impl SimWorld {
         w.executor().run_ready(STEP_TASKS);
         let mut out = Vec::new();
         w.take_outbox(&mut out);
-        let charged = w.take_charged_ns();
+        let mut charged = w.take_charged_ns();
+        if factor != 1.0 {
+            charged = (charged as f64 * factor) as u64;
+        }
         self.busy_ns += charged;
         let busy_until = now + charged;
         self.slots[i].busy_until = busy_until;
@@ -460,7 +511,7 @@ impl SimWorld {
             self.packets_dropped += 1;
             return;
         }
-        let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng);
+        let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + self.send_delay_ns[s];
         let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
         at = at.max(*last);
         *last = at;
@@ -485,6 +536,9 @@ impl SimWorld {
             if !self.host_down[n] {
                 self.crash_host(n);
                 self.push(now + dur, Ev::Heal(FaultKind::Restart(n as u16)));
+                let event =
+                    SimFaultEvent { kind: "crash", node: n as u16, at_ns: now, for_ns: Some(dur), targeted: false };
+                self.fault_events.push(event);
             }
         }
         let next = self.fault_gap();
@@ -498,12 +552,78 @@ impl SimWorld {
         }
     }
 
+    /// Targeted fault `i` (`--fault-at`) starts or ends. A crash of a host that is down
+    /// already, or a pause of one paused already, does nothing (and is not recorded).
+    fn targeted(&mut self, i: usize, start: bool) {
+        let f = self.faults.targeted[i].clone();
+        let h = f.node as usize;
+        if h >= self.host_down.len() || (start && self.targeted_off) || (!start && !self.targeted_started[i]) {
+            return;
+        }
+        let now = self.now.get();
+        let applies = match (f.kind, start) {
+            (TargetedKind::Crash, true) => !self.host_down[h],
+            (TargetedKind::Pause, true) => !self.paused[h],
+            _ => true,
+        };
+        if !applies {
+            super::log_warn(&format!(
+                "sim: --fault-at {} of node {h} at {} µs: it is down already",
+                f.kind.name(),
+                f.at_us
+            ));
+            return;
+        }
+        match (f.kind, start) {
+            (TargetedKind::Crash, true) => self.crash_host(h),
+            // Unless the window's end brought it back already.
+            (TargetedKind::Crash, false) if self.host_down[h] => self.restart_node(f.node),
+            (TargetedKind::Crash, false) => {}
+            (TargetedKind::Pause, true) => self.paused[h] = true,
+            (TargetedKind::Pause, false) => self.resume(h),
+            (TargetedKind::Delay { by_us }, true) => self.send_delay_ns[h] = by_us * 1000,
+            (TargetedKind::Delay { .. }, false) => self.send_delay_ns[h] = 0,
+            (TargetedKind::Cpu { factor }, true) => self.cpu_factor[h] = factor,
+            (TargetedKind::Cpu { .. }, false) => self.cpu_factor[h] = 1.0,
+        }
+        self.targeted_started[i] = start;
+        if start {
+            let for_ns = f.for_us.map(|d| d * 1000);
+            self.fault_events.push(SimFaultEvent {
+                kind: f.kind.name(),
+                node: f.node,
+                at_ns: now,
+                for_ns,
+                targeted: true,
+            });
+        }
+    }
+
+    /// A paused host goes on: its workers run what waited for them.
+    fn resume(&mut self, h: usize) {
+        if !std::mem::replace(&mut self.paused[h], false) {
+            return;
+        }
+        let now = self.now.get();
+        for i in 0..self.slots.len() {
+            if self.host_of(self.slots[i].w.addr) == h {
+                self.wake(i, now);
+            }
+        }
+    }
+
     /// Stop injecting faults and heal everything (the end of a faulty run, before checking).
     pub fn heal_all(&mut self) {
         self.faults.partitions = false;
         self.faults.crashes = false;
         self.faults.loss = 0.0;
         self.side = None;
+        self.targeted_off = true;
+        self.cpu_factor.iter_mut().for_each(|f| *f = 1.0);
+        self.send_delay_ns.iter_mut().for_each(|d| *d = 0);
+        for h in 0..self.paused.len() {
+            self.resume(h);
+        }
         for n in 0..self.host_down.len() {
             if self.host_down[n] {
                 self.restart_node(n as u16);

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -385,6 +385,9 @@ impl TcpNet {
     pub fn run(mut self, w: &Rc<Worker>) {
         let mut events = Events::with_capacity(1024);
         let mut delayed = DelayQueue::default();
+        // What this worker sends while `--fault-at delay` holds its server's messages back
+        // ([`set_send_delay_us`]); one sender, so it leaves in the order it was sent.
+        let mut held_out = DelayQueue::default();
         let delay = !self.latency.is_zero();
         let mut out = Vec::new();
         let mut received = Vec::new();
@@ -399,8 +402,21 @@ impl TcpNet {
                 c();
             }
             let mut timeout = run_quantum(w, &mut delayed, &mut out);
-            for p in out.drain(..) {
+            let send_delay_ns = SEND_DELAY_US.load(Ordering::Relaxed) * 1000;
+            let now = w.now_ns();
+            while let Some(p) = held_out.pop_due(now) {
                 self.send(p);
+            }
+            for p in out.drain(..) {
+                // Behind held packets too, even once the delay is over: links stay FIFO.
+                if send_delay_ns > 0 || held_out.next_due().is_some() {
+                    held_out.hold(now + send_delay_ns, p);
+                } else {
+                    self.send(p);
+                }
+            }
+            if let Some(due) = held_out.next_due() {
+                timeout = timeout.min(Duration::from_nanos(due.saturating_sub(now)));
             }
             if !self.handle.commands.lock().is_empty() {
                 timeout = Duration::ZERO;
@@ -465,6 +481,15 @@ impl TcpNet {
             }
         }
     }
+}
+
+/// Extra delay of every packet this process's workers send, µs (`--fault-at delay`, set over
+/// the server's control connection); 0: none.
+static SEND_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+/// Hold every packet this process's workers send `us` µs longer from now on (0: no longer).
+pub fn set_send_delay_us(us: u64) {
+    SEND_DELAY_US.store(us, Ordering::Relaxed);
 }
 
 /// Where a new worker's RPC ids start: past every id an earlier incarnation of its node used

@@ -44,6 +44,13 @@ pub enum Abort {
     ParticipantLost,
     /// The log refused the transaction's record (larger than its record limit).
     LogRefused,
+    /// Committed in memory and queued for its acknowledgement, then undone by a failure before
+    /// its release point (an epoch that failed, a watermark agreed below it): reported to its
+    /// client as aborted, never as committed; the client has moved on, so it is not retried.
+    RolledBack,
+    /// A participant's reply did not decode as an answer to what was asked (a bug, or a peer
+    /// of another build): retried, and counted apart from timeouts.
+    BadReply,
     /// A reason a protocol defines for itself (its registry entry lists it with its meaning);
     /// retried like the shared ones.
     Protocol(Reason),
@@ -113,13 +120,15 @@ impl Abort {
             Abort::User => "user",
             Abort::ParticipantLost => "participant-lost",
             Abort::LogRefused => "log-refused",
+            Abort::BadReply => "bad-reply",
+            Abort::RolledBack => "rolled-back",
             Abort::Protocol(r) => r.name(),
         }
     }
 
     /// Whether the driver should run the same transaction again.
     pub fn retryable(&self) -> bool {
-        !matches!(self, Abort::User | Abort::LogRefused)
+        !matches!(self, Abort::User | Abort::LogRefused | Abort::RolledBack)
     }
 }
 

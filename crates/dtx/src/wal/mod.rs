@@ -67,8 +67,10 @@ pub const CHECKPOINT_HEADER_BYTES: usize = 44;
 
 const SEGMENT_MAGIC: &[u8; 8] = b"DTXWAL01";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DTXCKP01";
-/// 2: a record's checksum covers its payload, then its LSN (1 had the LSN first).
-const FORMAT_VERSION: u32 = 2;
+/// 2: a record's checksum covers its payload, then its LSN (1 had the LSN first). 3: the 2PC
+/// protocols' records changed layout (a protocol's own records and votes, a checkpoint that
+/// names its protocol): read by version 2 they would not decode and be skipped.
+const FORMAT_VERSION: u32 = 3;
 const SEGMENT_PREFIX: &str = "wal-";
 const SEGMENT_SUFFIX: &str = ".log";
 const CHECKPOINT_PREFIX: &str = "checkpoint-";

@@ -81,6 +81,8 @@ pub(super) struct IoCounters {
     pub(super) flushes_by_time: AtomicU64,
     pub(super) flushes_by_close: AtomicU64,
     pub(super) disk_full_waits: AtomicU64,
+    /// The file a write waits for room for, while the disk is full.
+    pub(super) full_file: Mutex<Option<PathBuf>>,
 }
 
 /// How long the flusher waits before it tries a write again on a full disk.
@@ -327,6 +329,11 @@ impl Wal {
         *newest = Some(lsn);
         remove_checkpoints_before(&cfg.dir, lsn)?;
         shared.remove_segments_covered_by(lsn)
+    }
+
+    /// While the disk is full: the file a write of this log waits for room for.
+    pub fn disk_full_file(&self) -> Option<PathBuf> {
+        self.shared.io.full_file.lock().clone()
     }
 
     pub fn stats(&self) -> WalStats {
@@ -637,6 +644,7 @@ impl Shared {
                     if !waited {
                         waited = true;
                         self.io.disk_full_waits.fetch_add(1, Ordering::Relaxed);
+                        *self.io.full_file.lock() = Some(path.to_path_buf());
                         eprintln!(
                             "dtx: warning: {e} The disk is full: commits wait, unacknowledged, and the log tries \
                              again every {} ms until space is freed.",
@@ -648,6 +656,7 @@ impl Shared {
                 Err(e) => return Err(e),
                 Ok(v) => {
                     if waited {
+                        *self.io.full_file.lock() = None;
                         eprintln!("dtx: the disk has room again: the write-ahead log {} goes on.", path.display());
                     }
                     return Ok(v);
@@ -682,11 +691,15 @@ impl Shared {
     /// Said on stderr, with the file and the error; commits waiting for it are never
     /// acknowledged, and a restart recovers what was durable.
     fn fail(&self, error: WalError) {
-        eprintln!(
-            "dtx: error: {error} The write-ahead log in {} stopped: nothing more is acknowledged. Replace or \
-             repair the disk, then restart the server: it recovers every acknowledged commit from the log.",
-            self.cfg.dir.display()
-        );
+        // A log closed while its disk was full gives up its write on purpose (`while_disk_full`):
+        // whoever closed it says so.
+        if !(is_disk_full(&error) && self.state.lock().closing) {
+            eprintln!(
+                "dtx: error: {error} The write-ahead log in {} stopped: nothing more is acknowledged. Replace or \
+                 repair the disk, then restart the server: it recovers every acknowledged commit from the log.",
+                self.cfg.dir.display()
+            );
+        }
         let mut state = self.state.lock();
         state.failure = Some(Arc::new(error));
         state.flusher_done = true;

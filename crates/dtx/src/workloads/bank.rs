@@ -211,6 +211,14 @@ impl Workload for Bank {
         "bank"
     }
 
+    fn txn_classes(&self) -> &'static [&'static str] {
+        &[TRANSFER_PROC, AUDIT_PROC]
+    }
+
+    fn txn_class(&self, req: &TxnRequest) -> u8 {
+        u8::from(req.proc != TRANSFER_PROC)
+    }
+
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
         if rng.gen_bool(self.audit_ratio) {
             self.audits_issued.fetch_add(1, Ordering::Relaxed);

@@ -39,6 +39,17 @@ pub trait Workload: Procedures {
     fn txn_kind(&self, req: &TxnRequest) -> &'static str {
         req.proc
     }
+    /// The classes of transaction whose latency the run reports apart (TPC-C: its five
+    /// transactions; YCSB: single-node and distributed), named for `latency_us_by_class`;
+    /// empty when the workload reports none.
+    fn txn_classes(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// The class of a request: its index in [`Workload::txn_classes`]. Called once per
+    /// committed transaction, so it must be cheap.
+    fn txn_class(&self, _req: &TxnRequest) -> u8 {
+        0
+    }
     /// Read-only requests that check the workload's invariants after the measured period (TPC-C:
     /// consistency conditions 1-4 per warehouse; bank: a final audit of the total). Run each on
     /// node 0, in order, until it commits, then pass it to [`Workload::check_output`].

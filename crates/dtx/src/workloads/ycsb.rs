@@ -116,6 +116,18 @@ impl Workload for Ycsb {
         "ycsb"
     }
 
+    fn txn_classes(&self) -> &'static [&'static str] {
+        &["single-node", "distributed"]
+    }
+
+    /// Distributed when an operation's partition lives on another node than the home's.
+    fn txn_class(&self, req: &TxnRequest) -> u8 {
+        let home = self.topo.node_of(req.home);
+        let remote =
+            |ops: &YcsbArgs| ops.ops.iter().any(|(k, _)| self.topo.node_of((k / self.p.keys) as PartitionId) != home);
+        u8::from(req.args.downcast_ref::<YcsbArgs>().is_some_and(remote))
+    }
+
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
         let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
         let n = self.p.ops as usize;

@@ -6,15 +6,16 @@
 //! node hears the decision with it.
 
 use super::messages::{Reply, Request};
-use super::participant::{self as part, Writes};
+use super::participant::Writes;
 use super::range::EMPTY;
 use super::MaatWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
-use crate::rt::{join_all, LocalBoxFuture};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry {
@@ -63,20 +64,10 @@ impl<'a> MaatTxn<'a> {
         }
     }
 
-    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
-        let n = self.wk.node.node_of(key);
-        (n != self.wk.node.id).then_some(n)
-    }
-
     /// Note that `n` will hold state of this attempt (before the message that makes it hold
     /// any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {
-        if self.touched.is_empty() {
-            self.wk.coord.set(self.id, TxnStatus::Active);
-        }
-        if !self.touched.contains(&n) {
-            self.touched.push(n);
-        }
+        self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
     fn find_read(&self, key: RowKey) -> Option<usize> {
@@ -115,122 +106,6 @@ impl<'a> MaatTxn<'a> {
         self.local_keys.push(key);
         self.push_read(ReadEntry { key, value: value.clone(), wts, used });
         Ok(value)
-    }
-
-    /// One-shot: read every declared key (a declared write too: its procedure reads it first)
-    /// and hold soft write locks on the declared writes, one message per remote participant.
-    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        let wk = self.wk;
-        let mut by_node: FxHashMap<NodeId, (Vec<RowKey>, Vec<RowKey>)> = FxHashMap::default();
-        for &k in keys.reads.iter().chain(&keys.writes) {
-            match self.remote_node(k) {
-                Some(n) => by_node.entry(n).or_default().0.push(k),
-                None if self.find_read(k).is_none() => {
-                    self.read_here(k, false)?;
-                }
-                None => {}
-            }
-        }
-        for &k in &keys.writes {
-            match self.remote_node(k) {
-                Some(n) => by_node.entry(n).or_default().1.push(k),
-                None => {
-                    wk.state.lock_write(&wk.node.store, self.id, k);
-                    self.local_keys.push(k);
-                }
-            }
-        }
-        if by_node.is_empty() {
-            return Ok(());
-        }
-        let mut nodes: Vec<(NodeId, Vec<RowKey>, Vec<RowKey>)> = by_node
-            .into_iter()
-            .map(|(n, (mut reads, writes))| {
-                reads.sort_unstable();
-                reads.dedup();
-                (n, reads, writes)
-            })
-            .collect();
-        nodes.sort_unstable_by_key(|e| e.0);
-        for (n, _, _) in &nodes {
-            self.touch(*n);
-        }
-        let calls: Vec<_> = nodes
-            .iter()
-            .map(|(n, reads, writes)| {
-                let req =
-                    Request::Read { txn: self.id, keys: reads.clone(), writes: writes.clone(), fresh: self.fresh };
-                let n = *n;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        for ((_, ks, _), reply) in nodes.iter().zip(join_all(calls).await) {
-            let vals = match reply? {
-                Reply::Values(vals) => vals,
-                Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
-            };
-            if vals.len() != ks.len() {
-                return Err(Abort::Timeout);
-            }
-            for (k, (value, wts)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, wts, used: false });
-            }
-        }
-        Ok(())
-    }
-
-    /// Validate everywhere, take the lowest timestamp every range allows, log the decision,
-    /// install here and tell every touched node.
-    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
-        let wk = self.wk;
-        let me = wk.node.id;
-        let mut local = Part::default();
-        let mut remote: Vec<(NodeId, Part)> = self.touched.iter().map(|n| (*n, Part::default())).collect();
-        for (k, v) in std::mem::take(&mut self.writes) {
-            match wk.node.node_of(k) {
-                n if n == me => local.writes.push((k, v)),
-                n => {
-                    if !self.touched.contains(&n) {
-                        self.touch(n);
-                        remote.push((n, Part::default()));
-                    }
-                    let i = remote.iter().position(|r| r.0 == n).expect("touched");
-                    remote[i].1.writes.push((k, v));
-                }
-            }
-        }
-        for e in self.reads.iter().filter(|e| e.used) {
-            match wk.node.node_of(e.key) {
-                n if n == me => local.reads.push((e.key, e.wts)),
-                n => {
-                    let i = remote.iter().position(|r| r.0 == n).expect("a remote read touched its node");
-                    remote[i].1.reads.push((e.key, e.wts));
-                }
-            }
-        }
-        let (lower, upper) = self.validate_all(&local, remote).await?;
-        if lower > upper {
-            return Err(self.abort(Abort::Protocol(EMPTY)));
-        }
-        let ts = lower;
-        let logs_decision = !self.touched.is_empty() || !local.writes.is_empty();
-        if logs_decision {
-            if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local.writes, &self.touched, ts).await {
-                return Err(self.abort(a));
-            }
-        }
-        self.reads.clear();
-        self.read_index.clear();
-        wk.w.charge_ops(self.local_keys.len() + local.writes.len());
-        let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
-        wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);
-        if !self.touched.is_empty() {
-            wk.coord.set_committed_at(self.id, ts);
-            wk.tell_commit_at(self.id, ts, std::mem::take(&mut self.touched));
-        }
-        // Read-only, here only: acknowledged once the fence after its reads is durable.
-        Ok(if logs_decision { None } else { wk.node.log.read_fence() })
     }
 
     /// Validate here (inline) and at every remote node (in parallel); the intersection of the
@@ -302,10 +177,7 @@ impl<'a> MaatTxn<'a> {
     fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
         wk.state.abort(&wk.node.store, self.id, self.local_keys.drain(..));
-        if !self.touched.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_abort(self.id, std::mem::take(&mut self.touched));
-        }
+        wk.abort_remote(self.id, &mut self.touched);
         reason
     }
 }
@@ -315,7 +187,7 @@ impl<'a> Access for MaatTxn<'a> {
         if let Some(v) = self.cached(key) {
             return Step::Ready(Ok(v));
         }
-        match self.remote_node(key) {
+        match self.wk.node.remote_node(key) {
             None => Step::Ready(self.read_here(key, true)),
             Some(n) => Step::Wait(Box::pin(async move {
                 self.touch(n);
@@ -333,10 +205,7 @@ impl<'a> Access for MaatTxn<'a> {
     }
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        match self.writes.iter_mut().find(|(k, _)| *k == key) {
-            Some(w) => w.1 = value,
-            None => self.writes.push((key, value)),
-        }
+        buffer_write(&mut self.writes, key, value);
         Step::Ready(Ok(()))
     }
 
@@ -372,45 +241,121 @@ impl<'a> Access for MaatTxn<'a> {
     }
 }
 
-impl recon::SnapshotReader for MaatWorker {
-    /// Reconnaissance reads the committed state without soft locks: the transaction that
-    /// follows reads (and soft-locks) what it declared.
-    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(key);
-            if n == self.node.id {
-                return Ok(part::peek(&self.node.store, key).0);
-            }
-            match self.ask(n, &Request::Peek { keys: vec![key] }).await? {
-                Reply::Values(mut v) => Ok(v.pop().ok_or(Abort::Timeout)?.0),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-
-    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(RowKey::new(s.table, s.lo));
-            let rows = if n == self.node.id {
-                part::peek_scan(&self.node.store, s)
-            } else {
-                match self.ask(n, &Request::PeekScan { scan: s }).await? {
-                    Reply::Rows(r) => r,
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
-        })
-    }
-}
-
 impl<'a> CoordTxn for MaatTxn<'a> {
+    /// One-shot: read every declared key (a declared write too: its procedure reads it first)
+    /// and hold soft write locks on the declared writes, one message per remote participant.
     async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        MaatTxn::prefetch(self, keys).await
+        let wk = self.wk;
+        let mut by_node: FxHashMap<NodeId, (Vec<RowKey>, Vec<RowKey>)> = FxHashMap::default();
+        for &k in keys.reads.iter().chain(&keys.writes) {
+            match self.wk.node.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().0.push(k),
+                None if self.find_read(k).is_none() => {
+                    self.read_here(k, false)?;
+                }
+                None => {}
+            }
+        }
+        for &k in &keys.writes {
+            match self.wk.node.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().1.push(k),
+                None => {
+                    wk.state.lock_write(&wk.node.store, self.id, k);
+                    self.local_keys.push(k);
+                }
+            }
+        }
+        if by_node.is_empty() {
+            return Ok(());
+        }
+        let mut nodes: Vec<(NodeId, Vec<RowKey>, Vec<RowKey>)> = by_node
+            .into_iter()
+            .map(|(n, (mut reads, writes))| {
+                reads.sort_unstable();
+                reads.dedup();
+                (n, reads, writes)
+            })
+            .collect();
+        nodes.sort_unstable_by_key(|e| e.0);
+        for (n, _, _) in &nodes {
+            self.touch(*n);
+        }
+        let calls: Vec<_> = nodes
+            .iter()
+            .map(|(n, reads, writes)| {
+                let req =
+                    Request::Read { txn: self.id, keys: reads.clone(), writes: writes.clone(), fresh: self.fresh };
+                let n = *n;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        for ((_, ks, _), reply) in nodes.iter().zip(join_all(calls).await) {
+            let vals = match reply? {
+                Reply::Values(vals) => vals,
+                Reply::No(a) => return Err(a),
+                _ => return Err(Abort::Timeout),
+            };
+            if vals.len() != ks.len() {
+                return Err(Abort::Timeout);
+            }
+            for (k, (value, wts)) in ks.iter().zip(vals) {
+                self.push_read(ReadEntry { key: *k, value, wts, used: false });
+            }
+        }
+        Ok(())
     }
 
+    /// Validate everywhere, take the lowest timestamp every range allows, log the decision,
+    /// install here and tell every touched node.
     async fn commit(&mut self) -> TxnResult<AckAfter> {
-        MaatTxn::commit(self).await
+        let wk = self.wk;
+        let me = wk.node.id;
+        let mut local = Part::default();
+        let mut remote: Vec<(NodeId, Part)> = self.touched.iter().map(|n| (*n, Part::default())).collect();
+        for (k, v) in std::mem::take(&mut self.writes) {
+            match wk.node.node_of(k) {
+                n if n == me => local.writes.push((k, v)),
+                n => {
+                    if !self.touched.contains(&n) {
+                        self.touch(n);
+                        remote.push((n, Part::default()));
+                    }
+                    let i = remote.iter().position(|r| r.0 == n).expect("touched");
+                    remote[i].1.writes.push((k, v));
+                }
+            }
+        }
+        for e in self.reads.iter().filter(|e| e.used) {
+            match wk.node.node_of(e.key) {
+                n if n == me => local.reads.push((e.key, e.wts)),
+                n => {
+                    let i = remote.iter().position(|r| r.0 == n).expect("a remote read touched its node");
+                    remote[i].1.reads.push((e.key, e.wts));
+                }
+            }
+        }
+        let (lower, upper) = self.validate_all(&local, remote).await?;
+        if lower > upper {
+            return Err(self.abort(Abort::Protocol(EMPTY)));
+        }
+        let ts = lower;
+        let logs_decision = !self.touched.is_empty() || !local.writes.is_empty();
+        if logs_decision {
+            if let Err(a) = wk.node.log.log_decision_at(&wk.w, self.id, &local.writes, &self.touched, ts).await {
+                return Err(self.abort(a));
+            }
+        }
+        self.reads.clear();
+        self.read_index.clear();
+        wk.w.charge_ops(self.local_keys.len() + local.writes.len());
+        let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
+        wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);
+        if !self.touched.is_empty() {
+            wk.coord.set_committed_at(self.id, ts);
+            wk.tell_commit_at(self.id, ts, std::mem::take(&mut self.touched));
+        }
+        // Read-only, here only: acknowledged once the fence after its reads is durable.
+        Ok(if logs_decision { None } else { wk.node.log.read_fence() })
     }
 
     /// Execution failed: the soft locks it holds anywhere go.

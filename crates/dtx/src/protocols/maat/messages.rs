@@ -17,37 +17,15 @@ pub enum Request {
     /// Read `keys` (committed value and write timestamp, holding a soft read lock) and hold a
     /// soft write lock on each of `writes`. `fresh`: the transaction must see every
     /// acknowledged write; a validated writer's soft lock refuses the read (`No`).
-    Read {
-        txn: TxnId,
-        keys: Vec<RowKey>,
-        writes: Vec<RowKey>,
-        fresh: bool,
-    },
+    Read { txn: TxnId, keys: Vec<RowKey>, writes: Vec<RowKey>, fresh: bool },
     /// The existing rows of a range, each read as `Read` reads.
-    Scan {
-        txn: TxnId,
-        scan: Scan,
-        fresh: bool,
-    },
-    /// Reconnaissance before a transaction: committed values, no soft locks.
-    Peek {
-        keys: Vec<RowKey>,
-    },
-    PeekScan {
-        scan: Scan,
-    },
+    Scan { txn: TxnId, scan: Scan, fresh: bool },
     /// Validate here: the versions read here (key, write timestamp) and the writes to keep
     /// until the decision.
-    Validate {
-        txn: TxnId,
-        reads: Vec<(RowKey, u64)>,
-        writes: Vec<(RowKey, Option<Value>)>,
-    },
+    Validate { txn: TxnId, reads: Vec<(RowKey, u64)>, writes: Vec<(RowKey, Option<Value>)> },
     /// In a durable run: log a bound past `ts` before the transaction commits there (its
     /// range allows `ts`, but the bound the node had logged did not reach it).
-    Raise {
-        ts: u64,
-    },
+    Raise { ts: u64 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -17,15 +17,16 @@
 //!   workers never contend for it, in `local` they do;
 //! - writes outside a one-shot declaration take their soft write locks at validation;
 //! - a write installs only over an older version (the Thomas write rule), since decisions reach
-//!   a node out of timestamp order; replay applies the same rule (`CommitAt`, `OutcomeAt`);
+//!   a node out of timestamp order; replay applies the same rule (2PC's decisions at a timestamp);
 //! - durability (the original assumes 2PC's logging): a yes vote logs the writes with its range
-//!   (`PreparedRange`: a recovered vote answers a resent request as the lost reply did), a
-//!   decision logs its timestamp, and since reads are not logged, a node logs a bound (`Bound`) that every commit timestamp it takes part in stays below, so that
+//!   ([`log`]: a recovered vote answers a resent request as the lost reply did), a
+//!   decision logs its timestamp, and since reads are not logged, a node logs a bound (MaaT's own `Bound` record) that every commit timestamp it takes part in stays below, so that
 //!   after a crash every record's read timestamp can start from it: a vote reports the node's
 //!   bound, and a commit past it first raises it there (`Raise`, one more round trip, only in
 //!   durable runs and only where the bound lags).
 
 pub mod coordinator;
+pub mod log;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -38,6 +39,9 @@ use crate::net::Addr;
 use crate::protocols::twopc::durable::{InDoubt, TxnLog};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
+use crate::storage::RowKey;
+use crate::storage::Value;
+use crate::txn::Scan;
 use crate::txn::{Abort, TxnResult};
 use coordinator::MaatTxn;
 use meta::MaatMeta;
@@ -85,14 +89,14 @@ impl MaatNode {
     /// In a durable run, the bound the log holds past a range validated here at `lower`
     /// (logged first when `lower` comes near it), with the position to wait for before the
     /// vote goes out; `u64::MAX` without a log.
-    pub fn grant(&self, log: &TxnLog, lower: u64) -> TxnResult<(u64, Option<u64>)> {
-        if !log.enabled() {
+    pub fn grant(&self, txn_log: &TxnLog, lower: u64) -> TxnResult<(u64, Option<u64>)> {
+        if !txn_log.enabled() {
             return Ok((u64::MAX, None));
         }
         let mut l = self.latch.lock();
         if lower.saturating_add(BOUND_STEP / 2) > l.bound {
             let new = lower.saturating_add(BOUND_STEP);
-            l.bound_lsn = log.append_bound(new)?;
+            l.bound_lsn = txn_log.append_own(&log::MaatRecord::Bound { ts: new })?;
             l.bound = new;
         }
         Ok((l.bound, l.bound_lsn))
@@ -130,9 +134,10 @@ impl Cc for Maat {
     type Part = PartTxn;
     type Txn<'a> = MaatTxn<'a>;
     type NodeState = MaatNode;
+    type Log = log::MaatLog;
 
-    fn node_state(&self, node: &NodeShared<MaatMeta>) -> MaatNode {
-        let floor = node.recovered_bound();
+    fn node_state(&self, _node: &NodeShared<MaatMeta>, recovered: &log::MaatLog) -> MaatNode {
+        let floor = recovered.bound;
         MaatNode {
             latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: floor, bound_lsn: None }),
             floor,
@@ -155,7 +160,15 @@ impl Cc for Maat {
         wk.abort_here(txn)
     }
 
-    fn adopt_in_doubt(wk: &MaatWorker, in_doubt: InDoubt) {
+    fn adopt_in_doubt(wk: &MaatWorker, in_doubt: InDoubt<(u64, u64)>) {
         wk.adopt_in_doubt(in_doubt)
+    }
+
+    fn peek(wk: &MaatWorker, key: RowKey) -> Option<Value> {
+        participant::peek(&wk.node.store, key).0
+    }
+
+    fn peek_scan(wk: &MaatWorker, scan: Scan) -> Vec<(u64, Value)> {
+        participant::peek_scan(&wk.node.store, scan).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

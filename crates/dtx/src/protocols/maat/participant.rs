@@ -7,7 +7,7 @@ use super::meta::MaatMeta;
 use super::range::{Entry, Order, TimeTable, Validation};
 use super::{MaatNode, MaatWorker};
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::durable::{InDoubt, LogRecord};
+use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan};
@@ -234,15 +234,6 @@ impl MaatWorker {
                     Reply::No(a)
                 }
             },
-            Request::Peek { keys } => {
-                self.w.charge_ops(keys.len());
-                Reply::Values(keys.iter().map(|k| peek(store, *k)).collect())
-            }
-            Request::PeekScan { scan } => {
-                let rows = peek_scan(store, scan);
-                self.w.charge_ops(rows.len() + 1);
-                Reply::Rows(rows)
-            }
             Request::Validate { txn, reads, writes } => return self.validate(from, rpc_id, txn, reads, writes, now),
             Request::Raise { ts } => {
                 let reply = match self.state.grant(&self.node.log, ts) {
@@ -284,7 +275,7 @@ impl MaatWorker {
         let prepared = if writes.is_empty() {
             Ok(self.node.log.read_fence())
         } else {
-            self.node.log.append_prepared_range(txn, &writes, (lower, upper))
+            self.node.log.append_prepared(txn, &writes, &(lower, upper))
         };
         let (Ok((bound, bound_lsn)), Ok(lsn)) = (granted, prepared) else {
             self.abort_here(txn);
@@ -298,7 +289,7 @@ impl MaatWorker {
         let Some(p) = self.parts.remove(txn) else { return };
         self.w.charge_ops(p.reads.len() + p.writes.len());
         if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::OutcomeAt { txn, ts }) {
+            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
                 self.last_outcome_lsn.set(lsn);
             }
         }
@@ -309,7 +300,7 @@ impl MaatWorker {
         let Some(p) = self.parts.remove(txn) else { return };
         if !p.writes.is_empty() {
             // Presumed abort: nobody waits for this record.
-            let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            let _ = self.node.log.append_outcome(txn, false, 0);
         }
         let keys = p.reads.into_iter().chain(p.write_locks);
         self.state.abort(&self.node.store, txn, keys);
@@ -317,9 +308,8 @@ impl MaatWorker {
 
     /// Transactions prepared here before a crash hold their soft write locks again, frozen at
     /// the lower bound their vote logged; the orphan sweeper asks their coordinators.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt) {
-        for (txn, writes) in in_doubt {
-            let range = self.node.recovered_range(txn).expect("a MaaT vote logs its range");
+    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt<(u64, u64)>) {
+        for (txn, writes, range) in in_doubt {
             self.state.adopt(&self.node.store, txn, range, &writes);
             let write_locks = writes.iter().map(|w| w.0).collect();
             // Last heard of "never": the sweeper asks about them on its first round.

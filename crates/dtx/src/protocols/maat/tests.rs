@@ -100,9 +100,10 @@ fn a_recovered_vote_answers_with_the_range_it_sent() {
     use crate::protocols::twopc::durable::{replay, LogRecord, ReplayState};
     use crate::storage::{Layout, RowKey, Storage, TableDef};
     let (txn, key, range) = (9, RowKey::new(0, 3), (5, 40));
-    let vote = LogRecord::PreparedRange { txn, writes: vec![(key, None)], lower: range.0, upper: range.1 };
-    let recovery = replay(ReplayState::default(), &[crate::net::encode(&vote)], &mut |_, _, _, _| {});
-    assert_eq!((recovery.in_doubt_ts[&txn], recovery.in_doubt_upper[&txn]), range);
+    let vote = LogRecord::<super::log::MaatLog>::Prepared { txn, writes: vec![(key, None)], vote: range };
+    let recovery =
+        replay(ReplayState::<super::log::MaatLog>::new("maat"), &[crate::net::encode(&vote)], &mut |_, _, _, _| {});
+    assert_eq!(recovery.in_doubt[0].2, range);
     let def = TableDef { name: "t", ordered: false, expected_rows: 1, dense: Vec::new(), layout: Layout::Tree };
     let store = Storage::<super::meta::MaatMeta>::new(&[def]);
     let node = MaatNode {

@@ -7,11 +7,12 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, waiting, Writes};
 use super::MvccWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
-use crate::rt::{join_all, LocalBoxFuture};
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 pub struct MvccTxn<'a> {
@@ -33,20 +34,10 @@ impl<'a> MvccTxn<'a> {
         MvccTxn { wk, id, ts, read: Vec::new(), writes: Vec::new(), held_here: Vec::new(), touched: Vec::new() }
     }
 
-    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
-        let n = self.wk.node.node_of(key);
-        (n != self.wk.node.id).then_some(n)
-    }
-
     /// Note that `n` will hold prewrites of this attempt (before the message that makes it
     /// hold any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {
-        if self.touched.is_empty() {
-            self.wk.coord.set(self.id, TxnStatus::Active);
-        }
-        if !self.touched.contains(&n) {
-            self.touched.push(n);
-        }
+        self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
     fn known(&self, key: RowKey) -> Option<Option<Value>> {
@@ -95,19 +86,99 @@ impl<'a> MvccTxn<'a> {
         Ok(())
     }
 
+    /// `Prepare` at every remote node the transaction writes to, in parallel: all must vote yes.
+    async fn prepare_remote(&mut self, remote: Vec<(NodeId, Writes)>) -> TxnResult<()> {
+        let wk = self.wk;
+        for (n, _) in &remote {
+            self.touch(*n);
+        }
+        let calls: Vec<_> = remote
+            .into_iter()
+            .map(|(n, writes)| {
+                let req = Request::Prepare { txn: self.id, ts: self.ts, writes };
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        for reply in join_all(calls).await {
+            match reply? {
+                Reply::Yes => {}
+                Reply::No(a) => return Err(a),
+                _ => return Err(Abort::Timeout),
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop what this attempt holds here, and tell every node holding prewrites.
+    fn abort(&mut self, reason: Abort) -> Abort {
+        let wk = self.wk;
+        part::release(&wk.node.store, self.id, &self.held_here);
+        self.held_here.clear();
+        wk.abort_remote(self.id, &mut self.touched);
+        reason
+    }
+}
+
+impl<'a> Access for MvccTxn<'a> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        if let Some(v) = self.known(key) {
+            return Step::Ready(Ok(v));
+        }
+        Step::Wait(Box::pin(async move {
+            match self.wk.node.remote_node(key) {
+                None => self.access_here(&[key], &[]).await?,
+                Some(n) => self.access_remote(vec![(n, vec![key], Vec::new())]).await?,
+            }
+            Ok(self.known(key).expect("just read"))
+        }))
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        buffer_write(&mut self.writes, key, value);
+        Step::Ready(Ok(()))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let wk = self.wk;
+            let (id, ts) = (self.id, self.ts);
+            let rows = if n == wk.node.id {
+                wk.w.charge_ops(1);
+                waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await?
+            } else {
+                match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
+                    Reply::Rows(rows) => rows,
+                    Reply::No(a) => return Err(a),
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            let mut out = Vec::with_capacity(rows.len());
+            for (k, v) in rows {
+                let key = RowKey::new(s.table, k);
+                if let Some(v) = own_view(&self.writes, key, v) {
+                    out.push((k, v));
+                }
+            }
+            Ok(out)
+        }))
+    }
+}
+
+impl<'a> CoordTxn for MvccTxn<'a> {
     /// One-shot: read every declared key (a declared write too: its procedure reads it first)
     /// and prewrite the declared writes, one message per remote participant.
-    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
         let mut by_node: FxHashMap<NodeId, (Vec<RowKey>, Vec<RowKey>)> = FxHashMap::default();
         let (mut local_reads, mut local_writes) = (Vec::new(), Vec::new());
         for &k in keys.reads.iter().chain(&keys.writes) {
-            match self.remote_node(k) {
+            match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
                 None => local_reads.push(k),
             }
         }
         for &k in &keys.writes {
-            match self.remote_node(k) {
+            match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().1.push(k),
                 None => local_writes.push(k),
             }
@@ -138,7 +209,7 @@ impl<'a> MvccTxn<'a> {
 
     /// Prewrite what is not held yet (here, and by a `Prepare` at every node it writes to),
     /// log the decision, install here and tell every node holding prewrites.
-    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         let mut local: Writes = Vec::new();
@@ -179,130 +250,6 @@ impl<'a> MvccTxn<'a> {
             wk.tell_commit_at(self.id, self.ts, std::mem::take(&mut self.touched));
         }
         Ok(ack)
-    }
-
-    /// `Prepare` at every remote node the transaction writes to, in parallel: all must vote yes.
-    async fn prepare_remote(&mut self, remote: Vec<(NodeId, Writes)>) -> TxnResult<()> {
-        let wk = self.wk;
-        for (n, _) in &remote {
-            self.touch(*n);
-        }
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, writes)| {
-                let req = Request::Prepare { txn: self.id, ts: self.ts, writes };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        for reply in join_all(calls).await {
-            match reply? {
-                Reply::Yes => {}
-                Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
-            }
-        }
-        Ok(())
-    }
-
-    /// Drop what this attempt holds here, and tell every node holding prewrites.
-    fn abort(&mut self, reason: Abort) -> Abort {
-        let wk = self.wk;
-        part::release(&wk.node.store, self.id, &self.held_here);
-        self.held_here.clear();
-        if !self.touched.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_abort(self.id, std::mem::take(&mut self.touched));
-        }
-        reason
-    }
-}
-
-impl<'a> Access for MvccTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.known(key) {
-            return Step::Ready(Ok(v));
-        }
-        Step::Wait(Box::pin(async move {
-            match self.remote_node(key) {
-                None => self.access_here(&[key], &[]).await?,
-                Some(n) => self.access_remote(vec![(n, vec![key], Vec::new())]).await?,
-            }
-            Ok(self.known(key).expect("just read"))
-        }))
-    }
-
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        match self.writes.iter_mut().find(|(k, _)| *k == key) {
-            Some(w) => w.1 = value,
-            None => self.writes.push((key, value)),
-        }
-        Step::Ready(Ok(()))
-    }
-
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let wk = self.wk;
-            let (id, ts) = (self.id, self.ts);
-            let rows = if n == wk.node.id {
-                wk.w.charge_ops(1);
-                waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await?
-            } else {
-                match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
-                    Reply::Rows(rows) => rows,
-                    Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v) in rows {
-                let key = RowKey::new(s.table, k);
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
-            }
-            Ok(out)
-        }))
-    }
-}
-
-impl recon::SnapshotReader for MvccWorker {
-    /// Reconnaissance reads the newest committed state: the transaction that follows reads
-    /// what it declared at its timestamp.
-    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(key);
-            if n == self.node.id {
-                return Ok(part::peek(&self.node.store, key));
-            }
-            match self.ask(n, &Request::Peek { keys: vec![key] }).await? {
-                Reply::Values(mut v) => v.pop().ok_or(Abort::Timeout),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-
-    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(RowKey::new(s.table, s.lo));
-            if n == self.node.id {
-                return Ok(part::peek_scan(&self.node.store, s));
-            }
-            match self.ask(n, &Request::PeekScan { scan: s }).await? {
-                Reply::Rows(r) => Ok(r),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-}
-
-impl<'a> CoordTxn for MvccTxn<'a> {
-    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        MvccTxn::prefetch(self, keys).await
-    }
-
-    async fn commit(&mut self) -> TxnResult<AckAfter> {
-        MvccTxn::commit(self).await
     }
 
     /// Execution failed: the prewrites it holds anywhere go.

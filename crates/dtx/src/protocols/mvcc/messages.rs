@@ -13,31 +13,11 @@ use serde::{Deserialize, Serialize};
 pub enum Request {
     /// Read `reads` as of `ts` and prewrite `writes` at `ts`; the answer waits while a write
     /// with a smaller timestamp is pending on any of them.
-    Access {
-        txn: TxnId,
-        ts: u64,
-        reads: Vec<RowKey>,
-        writes: Vec<RowKey>,
-    },
+    Access { txn: TxnId, ts: u64, reads: Vec<RowKey>, writes: Vec<RowKey> },
     /// The rows of a range as of `ts`.
-    Scan {
-        txn: TxnId,
-        ts: u64,
-        scan: Scan,
-    },
-    /// Reconnaissance before a transaction: the newest committed values.
-    Peek {
-        keys: Vec<RowKey>,
-    },
-    PeekScan {
-        scan: Scan,
-    },
+    Scan { txn: TxnId, ts: u64, scan: Scan },
     /// Prewrite what is not held yet, keep the values until the decision, and vote.
-    Prepare {
-        txn: TxnId,
-        ts: u64,
-        writes: Vec<(RowKey, Option<Value>)>,
-    },
+    Prepare { txn: TxnId, ts: u64, writes: Vec<(RowKey, Option<Value>)> },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

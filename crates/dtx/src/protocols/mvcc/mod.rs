@@ -24,12 +24,13 @@
 //! - a read-only transaction commits without any message after its reads, and a node that was
 //!   only read from hears nothing (its reads were final when served): MVCC's advantage over
 //!   the protocols that validate;
-//! - durability: a vote logs its writes with the timestamp (`PreparedAt`) and the decision
-//!   logs it (`CommitAt`); reads are not logged, so a node restarted from its log refuses writes
+//! - durability: a vote logs its writes with the timestamp ([`log`]) and the decision
+//!   logs it; reads are not logged, so a node restarted from its log refuses writes
 //!   below its wall clock plus the clock skew (every read served before the crash was below
 //!   that), the assumption of bounded skew that any protocol ordering by wall clocks makes.
 
 pub mod coordinator;
+pub mod log;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -39,10 +40,14 @@ mod tests;
 
 use crate::net::Addr;
 use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::{committed_rows, committed_value};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
 use crate::rt::Worker;
+use crate::storage::RowKey;
+use crate::storage::Value;
 use crate::txn::Reason;
+use crate::txn::Scan;
 use coordinator::MvccTxn;
 use meta::MvccMeta;
 use participant::PartTxn;
@@ -126,8 +131,9 @@ impl Cc for Mvcc {
     type Part = PartTxn;
     type Txn<'a> = MvccTxn<'a>;
     type NodeState = MvccNode;
+    type Log = log::MvccLog;
 
-    fn node_state(&self, node: &NodeShared<MvccMeta>) -> MvccNode {
+    fn node_state(&self, node: &NodeShared<MvccMeta>, _recovered: &log::MvccLog) -> MvccNode {
         let workers = usize::from(node.topo.workers_per_node).max(1);
         MvccNode {
             floor: AtomicU64::new(0),
@@ -152,7 +158,15 @@ impl Cc for Mvcc {
         wk.abort_here(txn)
     }
 
-    fn adopt_in_doubt(wk: &MvccWorker, in_doubt: InDoubt) {
+    fn adopt_in_doubt(wk: &MvccWorker, in_doubt: InDoubt<u64>) {
         wk.adopt_in_doubt(in_doubt)
+    }
+
+    fn peek(wk: &MvccWorker, key: RowKey) -> Option<Value> {
+        committed_value(&wk.node.store, key)
+    }
+
+    fn peek_scan(wk: &MvccWorker, scan: Scan) -> Vec<(u64, Value)> {
+        committed_rows(&wk.node.store, scan)
     }
 }

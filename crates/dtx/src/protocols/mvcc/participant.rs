@@ -7,7 +7,7 @@ use super::messages::{Reply, Request};
 use super::meta::{Found, MvccMeta};
 use super::{MvccNode, MvccWorker, LATE_WRITE, WAITS, WAIT_MAX_US, WAIT_POLL_US};
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::durable::{InDoubt, LogRecord};
+use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::TxnId;
 use crate::rt::Worker;
 use crate::storage::{RowKey, Storage, Value};
@@ -23,17 +23,6 @@ type Store = Storage<MvccMeta>;
 pub struct PartTxn {
     pub held: Vec<RowKey>,
     pub writes: Writes,
-}
-
-/// The newest committed value of a record (reconnaissance: no timestamp, nothing held).
-pub fn peek(store: &Store, key: RowKey) -> Option<Value> {
-    store.get(key).and_then(|r| r.lock().value.clone())
-}
-
-/// The existing rows of a range, newest committed versions (reconnaissance).
-pub fn peek_scan(store: &Store, s: Scan) -> Vec<(u64, Value)> {
-    let rows = store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
-    rows.into_iter().filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v))).collect()
 }
 
 /// Prewrite every key of `writes` for `txn` at `ts`, then read every key of `reads` as of
@@ -139,34 +128,19 @@ impl MvccNode {
 
 impl MvccWorker {
     pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        let store = &self.node.store;
-        let reply = match req {
-            Request::Access { txn, ts, reads, writes } => {
-                return self.serve_access(from, rpc_id, txn, ts, reads, writes)
-            }
-            Request::Scan { txn, ts, scan: s } => {
-                return self.now_or_later(
-                    move |me| scan(&me.node.store, txn, ts, s),
-                    move |me, rows| {
-                        me.w.charge_ops(rows.as_ref().map_or(1, |r| r.len() + 1));
-                        let fence = if rows.is_ok() { me.node.log.read_fence() } else { None };
-                        let reply = encode(&rows.map_or_else(Reply::No, Reply::Rows));
-                        me.reply_when_durable(from, rpc_id, fence, reply);
-                    },
-                );
-            }
-            Request::Peek { keys } => {
-                self.w.charge_ops(keys.len());
-                Reply::Values(keys.iter().map(|k| peek(store, *k)).collect())
-            }
-            Request::PeekScan { scan } => {
-                let rows = peek_scan(store, scan);
-                self.w.charge_ops(rows.len() + 1);
-                Reply::Rows(rows)
-            }
-            Request::Prepare { txn, ts, writes } => return self.prepare(from, rpc_id, txn, ts, writes),
-        };
-        self.w.reply(from, rpc_id, &encode(&reply));
+        match req {
+            Request::Access { txn, ts, reads, writes } => self.serve_access(from, rpc_id, txn, ts, reads, writes),
+            Request::Scan { txn, ts, scan: s } => self.now_or_later(
+                move |me| scan(&me.node.store, txn, ts, s),
+                move |me, rows| {
+                    me.w.charge_ops(rows.as_ref().map_or(1, |r| r.len() + 1));
+                    let fence = if rows.is_ok() { me.node.log.read_fence() } else { None };
+                    let reply = encode(&rows.map_or_else(Reply::No, Reply::Rows));
+                    me.reply_when_durable(from, rpc_id, fence, reply);
+                },
+            ),
+            Request::Prepare { txn, ts, writes } => self.prepare(from, rpc_id, txn, ts, writes),
+        }
     }
 
     /// Run `op` now; if it must wait, in a task of its own until it need not (see
@@ -244,7 +218,7 @@ impl MvccWorker {
                 }
                 access(&me.node.store, txn, ts, floor, &[], &keys)
             },
-            move |me, held| match held.and_then(|_| me.node.log.append_prepared_at(txn, &writes, ts)) {
+            move |me, held| match held.and_then(|_| me.node.log.append_prepared(txn, &writes, &ts)) {
                 Ok(lsn) => {
                     me.parts.remember(txn, me.w.now_ns(), |p| p.writes = writes);
                     me.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Yes));
@@ -261,7 +235,7 @@ impl MvccWorker {
         let Some(p) = self.parts.remove(txn) else { return };
         self.w.charge_ops(p.held.len() + p.writes.len());
         if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::OutcomeAt { txn, ts }) {
+            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
                 self.last_outcome_lsn.set(lsn);
             }
         }
@@ -272,16 +246,15 @@ impl MvccWorker {
         let Some(p) = self.parts.remove(txn) else { return };
         if !p.writes.is_empty() {
             // Presumed abort: nobody waits for this record.
-            let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            let _ = self.node.log.append_outcome(txn, false, 0);
         }
         release(&self.node.store, txn, &p.held);
     }
 
     /// Transactions prepared here before a crash hold their writes again, at the timestamp
     /// their vote logged; the orphan sweeper asks their coordinators.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt) {
-        for (txn, writes) in in_doubt {
-            let ts = self.node.recovered_ts(txn).expect("an MVCC vote logs its timestamp");
+    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt<u64>) {
+        for (txn, writes, ts) in in_doubt {
             MvccNode::adopt(&self.node.store, txn, ts, &writes);
             let held = writes.iter().map(|w| w.0).collect();
             // Last heard of "never": the sweeper asks about them on its first round.

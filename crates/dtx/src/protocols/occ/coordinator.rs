@@ -8,11 +8,12 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::OccWorker;
 use crate::net::NodeId;
+use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
-use crate::rt::{join_all, LocalBoxFuture};
+use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry<'a> {
@@ -67,12 +68,6 @@ impl<'a> OccTxn<'a> {
         }
     }
 
-    /// The node holding `key`, if it is not this one.
-    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
-        let n = self.wk.node.node_of(key);
-        (n != self.wk.node.id).then_some(n)
-    }
-
     fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Some(v.clone());
@@ -100,128 +95,6 @@ impl<'a> OccTxn<'a> {
                 self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
             }
         }
-    }
-
-    /// One-shot: fetch every declared key of each remote participant in one round trip, and
-    /// start loading the local records so that their cache misses overlap.
-    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
-        self.reads.reserve(keys.reads.len() + keys.writes.len());
-        self.writes.reserve(keys.writes.len());
-        self.local_recs.reserve(keys.reads.len() + keys.writes.len());
-        let store = &self.wk.node.store;
-        for &k in &keys.reads {
-            match self.remote_node(k) {
-                Some(n) => by_node.entry(n).or_default().push(k),
-                None => {
-                    if let Some(r) = store.get(k) {
-                        r.prefetch();
-                        self.local_recs.insert(k, r);
-                    }
-                }
-            }
-        }
-        // Declared writes get their record now (an insert creates it absent, as locking it at
-        // commit would), so that the index is searched once per key.
-        for &k in &keys.writes {
-            match self.remote_node(k) {
-                Some(n) => by_node.entry(n).or_default().push(k),
-                None => {
-                    let r = store.get_or_create(k);
-                    r.prefetch();
-                    self.local_recs.insert(k, r);
-                }
-            }
-        }
-        for r in self.local_recs.values() {
-            r.prefetch_value();
-        }
-        if by_node.is_empty() {
-            return Ok(());
-        }
-        for ks in by_node.values_mut() {
-            // A key may be declared as both read and written: fetch it once.
-            ks.sort_unstable();
-            ks.dedup();
-        }
-        let wk = self.wk;
-        let calls: Vec<_> = by_node
-            .iter()
-            .map(|(n, ks)| {
-                let req = Request::Read { keys: ks.clone() };
-                let n = *n;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        for ((_, ks), reply) in by_node.iter().zip(join_all(calls).await) {
-            let Reply::Values(vals) = reply? else {
-                return Err(Abort::Timeout);
-            };
-            for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, tid, rec: None, used: false });
-            }
-        }
-        Ok(())
-    }
-
-    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
-        let wk = self.wk;
-        let me = wk.node.id;
-        // Group the remote keys by node: what each remote participant must lock and validate.
-        // The local participant's records are resolved once and used for lock, validate and
-        // install alike.
-        let mut nodes: Vec<Part> = Vec::new();
-        let slot = |n: NodeId, nodes: &mut Vec<Part>| match nodes.iter().position(|x| x.node == n) {
-            Some(i) => i,
-            None => {
-                nodes.push(Part { node: n, writes: Vec::new(), reads: Vec::new() });
-                nodes.len() - 1
-            }
-        };
-        // This node's writes (in the shape the log takes them) and, in the same order, their records.
-        let mut local_writes: Writes = Vec::with_capacity(self.writes.len());
-        let mut local_recs: Vec<&'a Rec> = Vec::with_capacity(self.writes.len());
-        for (k, v) in std::mem::take(&mut self.writes) {
-            match wk.node.node_of(k) {
-                n if n == me => {
-                    local_recs.push(self.local_rec(k).unwrap_or_else(|| wk.node.store.get_or_create(k)));
-                    local_writes.push((k, v));
-                }
-                n => {
-                    let i = slot(n, &mut nodes);
-                    nodes[i].writes.push((k, v));
-                }
-            }
-        }
-        for e in self.reads.iter().filter(|e| e.used && e.rec.is_none()) {
-            let n = wk.node.node_of(e.key);
-            if n != me {
-                let i = slot(n, &mut nodes);
-                nodes[i].reads.push((e.key, e.tid));
-            }
-        }
-        let remote_writers: Vec<NodeId> = nodes.iter().filter(|x| !x.writes.is_empty()).map(|x| x.node).collect();
-        if !remote_writers.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Active);
-        }
-        // Lock everywhere, then validate everywhere; on failure the attempt is already aborted.
-        match nodes.as_slice() {
-            [] => self.lock_and_validate_here(&local_recs)?,
-            [only] => self.lock_here_then_there(only, &local_recs, &remote_writers).await?,
-            _ => self.lock_all_then_validate(&nodes, &local_recs, &remote_writers).await?,
-        }
-        if remote_writers.is_empty() {
-            return self.commit_here(local_recs, local_writes);
-        }
-        // Decision: commit. With a log, the decision is durable before anyone learns it.
-        if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
-            return Err(self.abort(&local_recs, &remote_writers, a));
-        }
-        // Install here, tell the remote writers in the background.
-        self.install(local_recs, local_writes);
-        wk.coord.set(self.id, TxnStatus::Committed);
-        wk.tell_commit(self.id, remote_writers);
-        Ok(None)
     }
 
     /// Install this node's writes (unlocking their records). The read set is done with:
@@ -343,7 +216,7 @@ impl<'a> OccTxn<'a> {
                 None
             }
         } else {
-            match wk.node.log.append_commit(self.id, &writes, &[]) {
+            match wk.node.log.append_commit(self.id, &writes, &[], 0) {
                 Ok(lsn) => lsn,
                 Err(a) => return Err(self.abort(&recs, &[], a)),
             }
@@ -355,14 +228,7 @@ impl<'a> OccTxn<'a> {
     /// Log the commit decision (this node's writes, the remote writers) and wait until it is
     /// durable; nothing to do for a read-only transaction or a run without a log.
     async fn log_commit(&self, local_writes: &Writes, remote_writers: &[NodeId]) -> TxnResult<()> {
-        let log = &self.wk.node.log;
-        if !log.enabled() || (local_writes.is_empty() && remote_writers.is_empty()) {
-            return Ok(());
-        }
-        let t0 = self.wk.w.now_ns();
-        log.force_commit(self.id, local_writes, remote_writers).await?;
-        self.wk.w.note_log_wait(self.wk.w.now_ns() - t0);
-        Ok(())
+        self.wk.node.log.log_decision(&self.wk.w, self.id, local_writes, remote_writers, false).await
     }
 
     /// Validate the local part of the read set. A read that found no record checks whether one
@@ -414,7 +280,7 @@ impl<'a> Access for OccTxn<'a> {
         if let Some(v) = self.cached(key) {
             return Step::Ready(Ok(v));
         }
-        match self.remote_node(key) {
+        match self.wk.node.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.local_rec(key);
@@ -434,10 +300,7 @@ impl<'a> Access for OccTxn<'a> {
     }
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        match self.writes.iter_mut().find(|(k, _)| *k == key) {
-            Some(w) => w.1 = value,
-            None => self.writes.push((key, value)),
-        }
+        buffer_write(&mut self.writes, key, value);
         Step::Ready(Ok(()))
     }
 
@@ -469,43 +332,127 @@ impl<'a> Access for OccTxn<'a> {
     }
 }
 
-impl recon::SnapshotReader for OccWorker {
-    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(key);
-            if n == self.node.id {
-                return Ok(part::read(&self.node.store, key).0);
-            }
-            match self.ask(n, &Request::Read { keys: vec![key] }).await? {
-                Reply::Values(mut v) => Ok(v.pop().ok_or(Abort::Timeout)?.0),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-
-    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(RowKey::new(s.table, s.lo));
-            let rows = if n == self.node.id {
-                part::scan(&self.node.store, s)
-            } else {
-                match self.ask(n, &Request::Scan { scan: s }).await? {
-                    Reply::Rows(r) => r,
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
-        })
-    }
-}
-
 impl<'a> CoordTxn for OccTxn<'a> {
+    /// One-shot: fetch every declared key of each remote participant in one round trip, and
+    /// start loading the local records so that their cache misses overlap.
     async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        OccTxn::prefetch(self, keys).await
+        let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
+        self.reads.reserve(keys.reads.len() + keys.writes.len());
+        self.writes.reserve(keys.writes.len());
+        self.local_recs.reserve(keys.reads.len() + keys.writes.len());
+        let store = &self.wk.node.store;
+        for &k in &keys.reads {
+            match self.wk.node.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().push(k),
+                None => {
+                    if let Some(r) = store.get(k) {
+                        r.prefetch();
+                        self.local_recs.insert(k, r);
+                    }
+                }
+            }
+        }
+        // Declared writes get their record now (an insert creates it absent, as locking it at
+        // commit would), so that the index is searched once per key.
+        for &k in &keys.writes {
+            match self.wk.node.remote_node(k) {
+                Some(n) => by_node.entry(n).or_default().push(k),
+                None => {
+                    let r = store.get_or_create(k);
+                    r.prefetch();
+                    self.local_recs.insert(k, r);
+                }
+            }
+        }
+        for r in self.local_recs.values() {
+            r.prefetch_value();
+        }
+        if by_node.is_empty() {
+            return Ok(());
+        }
+        for ks in by_node.values_mut() {
+            // A key may be declared as both read and written: fetch it once.
+            ks.sort_unstable();
+            ks.dedup();
+        }
+        let wk = self.wk;
+        let calls: Vec<_> = by_node
+            .iter()
+            .map(|(n, ks)| {
+                let req = Request::Read { keys: ks.clone() };
+                let n = *n;
+                async move { wk.ask(n, &req).await }
+            })
+            .collect();
+        for ((_, ks), reply) in by_node.iter().zip(join_all(calls).await) {
+            let Reply::Values(vals) = reply? else {
+                return Err(Abort::Timeout);
+            };
+            for (k, (value, tid)) in ks.iter().zip(vals) {
+                self.push_read(ReadEntry { key: *k, value, tid, rec: None, used: false });
+            }
+        }
+        Ok(())
     }
 
     async fn commit(&mut self) -> TxnResult<AckAfter> {
-        OccTxn::commit(self).await
+        let wk = self.wk;
+        let me = wk.node.id;
+        // Group the remote keys by node: what each remote participant must lock and validate.
+        // The local participant's records are resolved once and used for lock, validate and
+        // install alike.
+        let mut nodes: Vec<Part> = Vec::new();
+        let slot = |n: NodeId, nodes: &mut Vec<Part>| match nodes.iter().position(|x| x.node == n) {
+            Some(i) => i,
+            None => {
+                nodes.push(Part { node: n, writes: Vec::new(), reads: Vec::new() });
+                nodes.len() - 1
+            }
+        };
+        // This node's writes (in the shape the log takes them) and, in the same order, their records.
+        let mut local_writes: Writes = Vec::with_capacity(self.writes.len());
+        let mut local_recs: Vec<&'a Rec> = Vec::with_capacity(self.writes.len());
+        for (k, v) in std::mem::take(&mut self.writes) {
+            match wk.node.node_of(k) {
+                n if n == me => {
+                    local_recs.push(self.local_rec(k).unwrap_or_else(|| wk.node.store.get_or_create(k)));
+                    local_writes.push((k, v));
+                }
+                n => {
+                    let i = slot(n, &mut nodes);
+                    nodes[i].writes.push((k, v));
+                }
+            }
+        }
+        for e in self.reads.iter().filter(|e| e.used && e.rec.is_none()) {
+            let n = wk.node.node_of(e.key);
+            if n != me {
+                let i = slot(n, &mut nodes);
+                nodes[i].reads.push((e.key, e.tid));
+            }
+        }
+        let remote_writers: Vec<NodeId> = nodes.iter().filter(|x| !x.writes.is_empty()).map(|x| x.node).collect();
+        if !remote_writers.is_empty() {
+            wk.coord.set(self.id, TxnStatus::Active);
+        }
+        // Lock everywhere, then validate everywhere; on failure the attempt is already aborted.
+        match nodes.as_slice() {
+            [] => self.lock_and_validate_here(&local_recs)?,
+            [only] => self.lock_here_then_there(only, &local_recs, &remote_writers).await?,
+            _ => self.lock_all_then_validate(&nodes, &local_recs, &remote_writers).await?,
+        }
+        if remote_writers.is_empty() {
+            return self.commit_here(local_recs, local_writes);
+        }
+        // Decision: commit. With a log, the decision is durable before anyone learns it.
+        if let Err(a) = self.log_commit(&local_writes, &remote_writers).await {
+            return Err(self.abort(&local_recs, &remote_writers, a));
+        }
+        // Install here, tell the remote writers in the background.
+        self.install(local_recs, local_writes);
+        wk.coord.set(self.id, TxnStatus::Committed);
+        wk.tell_commit(self.id, remote_writers);
+        Ok(None)
     }
 
     /// Execution holds nothing anywhere (reads are optimistic, writes buffered): nothing to undo.

@@ -10,10 +10,16 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
+#[cfg(test)]
+mod tests;
+
 use crate::net::Addr;
-use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::durable::{InDoubt, PlainLog};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
+use crate::storage::RowKey;
+use crate::storage::Value;
+use crate::txn::Scan;
 use coordinator::OccTxn;
 use meta::OccMeta;
 use participant::Writes;
@@ -33,9 +39,10 @@ impl Cc for Occ {
     type Request = messages::Request;
     type Reply = messages::Reply;
     type NodeState = ();
+    type Log = PlainLog;
     type Txn<'a> = OccTxn<'a>;
 
-    fn node_state(&self, _node: &NodeShared<OccMeta>) {}
+    fn node_state(&self, _node: &NodeShared<OccMeta>, _recovered: &PlainLog) {}
 
     fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
         OccTxn::new(wk, id)
@@ -56,13 +63,21 @@ impl Cc for Occ {
 
     /// Transactions prepared here before a crash: their records are locked again and the
     /// orphan sweeper asks their coordinators what became of them.
-    fn adopt_in_doubt(wk: &OccWorker, in_doubt: InDoubt) {
+    fn adopt_in_doubt(wk: &OccWorker, in_doubt: InDoubt<()>) {
         // Last heard of "never": the sweeper asks about them on its first round.
         let now = 0;
-        for (txn, writes) in in_doubt {
+        for (txn, writes, ()) in in_doubt {
             let locked = participant::lock_writes(&wk.node.store, txn, &writes);
             assert!(locked, "a recovered node has no other lock holders");
             wk.parts.txns.borrow_mut().insert(txn, (writes, now));
         }
+    }
+
+    fn peek(wk: &OccWorker, key: RowKey) -> Option<Value> {
+        participant::read(&wk.node.store, key).0
+    }
+
+    fn peek_scan(wk: &OccWorker, scan: Scan) -> Vec<(u64, Value)> {
+        participant::scan(&wk.node.store, scan).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

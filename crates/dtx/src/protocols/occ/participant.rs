@@ -6,7 +6,6 @@ use super::messages::{Reply, Request};
 use super::meta::OccMeta;
 use super::OccWorker;
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
 use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
@@ -157,7 +156,7 @@ impl OccWorker {
     /// yes vote is a promise that survives a crash: the writes are logged first.
     fn prepare(&self, from: Addr, rpc_id: u64, txn: TxnId, writes: Writes, now: u64) {
         // Without a log there is nothing to append (`None`).
-        let Ok(lsn) = self.node.log.append_prepared(txn, &writes) else {
+        let Ok(lsn) = self.node.log.append_prepared(txn, &writes, &()) else {
             unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(false)));
         };
@@ -178,7 +177,7 @@ impl OccWorker {
             // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
             // Appended before the locks go: a later writer's vote must follow it in the log,
             // or a crash could leave both in doubt over the same record.
-            let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+            let _ = self.node.log.append_outcome(txn, false, 0);
             unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
         }
     }
@@ -189,7 +188,7 @@ impl OccWorker {
         if let Some(writes) = self.parts.remove(txn) {
             self.w.charge_ops(writes.len());
             let recs: Vec<&Rec> = writes.iter().map(|(k, _)| self.node.store.get_or_create(*k)).collect();
-            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
                 self.last_outcome_lsn.set(lsn);
             }
             for (rec, (_, v)) in recs.into_iter().zip(writes) {

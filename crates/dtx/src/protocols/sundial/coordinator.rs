@@ -11,13 +11,15 @@ use super::participant::Writes;
 use super::policy::CachePolicy;
 use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
+use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::skeleton::commit_with_early_release;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
 use crate::protocols::twopl::participant::{self as locks, LockStep};
-use crate::rt::{join_all, LocalBoxFuture};
+use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 /// A read: the version seen, with the lease it had. Prefetched reads count (in the commit
@@ -73,11 +75,6 @@ impl<'a> SundialTxn<'a> {
             locked_at: Vec::new(),
             read_at: Vec::new(),
         }
-    }
-
-    fn remote_node(&self, key: RowKey) -> Option<NodeId> {
-        let n = self.wk.node.node_of(key);
-        (n != self.wk.node.id).then_some(n)
     }
 
     fn find_read(&self, key: RowKey) -> Option<usize> {
@@ -349,23 +346,15 @@ impl<'a> SundialTxn<'a> {
 
     /// A transaction that touched no other node: with early lock release, as 2PL's and OCC's.
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
-        let wk = self.wk;
-        let lsn = match wk.node.log.local_commit_lsn(self.id, &local_writes) {
-            Ok(lsn) => lsn,
-            Err(a) => return Err(self.abort(a)),
-        };
-        self.install_and_release(local_writes);
-        Ok(lsn)
+        let log = &self.wk.node.log;
+        commit_with_early_release(self, log, self.id, local_writes, Self::install_and_release, Self::abort)
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.
     pub fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
         locks::release_recs(self.id, self.held_local.drain(..));
-        if !self.locked_at.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_abort(self.id, std::mem::take(&mut self.locked_at));
-        }
+        wk.abort_remote(self.id, &mut self.locked_at);
         reason
     }
 }
@@ -385,7 +374,7 @@ impl<'a> Access for SundialTxn<'a> {
         if let Some(v) = self.cached(key) {
             return Step::Ready(Ok(v));
         }
-        match self.remote_node(key) {
+        match self.wk.node.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.wk.node.store.get_or_create(key);
@@ -408,14 +397,11 @@ impl<'a> Access for SundialTxn<'a> {
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
         if self.is_locked(key) {
-            match self.writes.iter_mut().find(|(k, _)| *k == key) {
-                Some(w) => w.1 = value,
-                None => self.writes.push((key, value)),
-            }
+            buffer_write(&mut self.writes, key, value);
             return Step::Ready(Ok(()));
         }
         Step::Wait(Box::pin(async move {
-            match self.remote_node(key) {
+            match self.wk.node.remote_node(key) {
                 None => self.lock_local(key).await?,
                 Some(n) => self.fetch(n, Vec::new(), vec![key]).await?,
             }
@@ -467,48 +453,6 @@ impl<'a> Access for SundialTxn<'a> {
     }
 }
 
-/// Reconnaissance reads: the committed value, no lease kept.
-impl recon::SnapshotReader for SundialWorker {
-    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(key);
-            if n == self.node.id {
-                return Ok(self.node.store.get(key).and_then(|r| r.lock().value.clone()));
-            }
-            let req = Request::Fetch {
-                txn: 0,
-                prio: Prio::default(),
-                reads: vec![(key, None)],
-                locks: Vec::new(),
-                fresh: false,
-            };
-            match self.ask(n, &req).await? {
-                Reply::Fetched(mut v) => match v.pop() {
-                    Some(Fetched::Data(value, _)) => Ok(value),
-                    _ => Err(Abort::Timeout),
-                },
-                Reply::Aborted(a) => Err(a),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-
-    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(RowKey::new(s.table, s.lo));
-            let rows = if n == self.node.id {
-                meta::scan(&self.node.store, s, self.state.floor)
-            } else {
-                match self.ask(n, &Request::Scan { scan: s, fresh: false }).await? {
-                    Reply::Rows(rows) => rows,
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
-        })
-    }
-}
-
 impl<'a> CoordTxn for SundialTxn<'a> {
     /// One-shot: every declared key, one `Fetch` per remote participant, in parallel; then the
     /// local ones.
@@ -526,13 +470,13 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let mut local_lock_recs: Vec<(RowKey, &'a Rec)> = Vec::with_capacity(keys.writes.len());
         let mut local_read_recs: Vec<(RowKey, &'a Rec)> = Vec::with_capacity(keys.reads.len());
         for &k in &keys.writes {
-            match self.remote_node(k) {
+            match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().1.push(k),
                 None => local_lock_recs.push((k, store.get_or_create(k))),
             }
         }
         for &k in keys.reads.iter().filter(|k| !keys.covers(**k, true)) {
-            match self.remote_node(k) {
+            match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
                 None => local_read_recs.push((k, store.get_or_create(k))),
             }
@@ -646,14 +590,8 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let writers = self.prepare(remote).await?;
         // With a log, the decision is durable before anyone learns it.
         let read_here = self.reads.iter().any(|e| e.used && e.rec.is_some());
-        if let Err(a) = wk.node.log.log_decision(&wk.w, self.id, &local_writes, &writers, read_here).await {
+        if let Err(a) = wk.log_and_tell_commit(self.id, &local_writes, writers, read_here).await {
             return Err(self.abort(a));
-        }
-        if writers.is_empty() {
-            wk.coord.forget(self.id);
-        } else {
-            wk.coord.set(self.id, TxnStatus::Committed);
-            wk.tell_commit(self.id, writers);
         }
         self.update_cache(&remote_writes);
         self.install_and_release(local_writes);

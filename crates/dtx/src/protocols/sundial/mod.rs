@@ -22,9 +22,9 @@
 //! phantom protection, as for OCC and 2PL; the paper's leases on index nodes are not built).
 //!
 //! Leases survive a crash (Sec. 3.5): a node logs a bound `UT` past every lease end and commit
-//! timestamp it grants (`lease::UpperBound`, a `Bound` record before the grant; a `Fetch` reply
+//! timestamp it grants (`lease::UpperBound`, a `Bound` record of its own ([`log`]) before the grant; a `Fetch` reply
 //! waits until the bound's record is durable, since its leases may be relied on without asking
-//! again), and its votes log their commit timestamps (`PreparedAt`). After recovery every
+//! again), and its votes log their commit timestamps ([`log`]). After recovery every
 //! version written before the bound reads as `[UT, UT]` (lazily, `SundialMeta::current`), except
 //! a tuple locked by a recovered prepared transaction `T`, whose version keeps `[T.ts - 1,
 //! T.ts - 1]` until `T` installs at `T.ts` or aborts.
@@ -35,6 +35,7 @@
 
 pub mod coordinator;
 pub mod lease;
+pub mod log;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -45,6 +46,7 @@ pub mod tables;
 mod tests;
 
 use crate::net::Addr;
+use crate::protocols::twopc::committed_value;
 use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
@@ -107,15 +109,15 @@ const BOUND_STEP: u64 = 1 << 16;
 impl SundialNode {
     /// Log a new bound first if `ts` (a lease end or a commit timestamp about to be granted
     /// here) passes the logged one. A log that refuses the record aborts the transaction.
-    pub fn grant(&self, log: &crate::protocols::twopc::durable::TxnLog, ts: u64) -> crate::txn::TxnResult<()> {
-        if !log.enabled() {
+    pub fn grant(&self, txn_log: &crate::protocols::twopc::durable::TxnLog, ts: u64) -> crate::txn::TxnResult<()> {
+        if !txn_log.enabled() {
             // Nothing survives a crash to bound: and every worker's commit would take this
             // node-wide mutex.
             return Ok(());
         }
         let mut b = self.bound.lock();
         if let Some(new) = b.0.before_granting(ts) {
-            if let Some(lsn) = log.append_bound(new)? {
+            if let Some(lsn) = txn_log.append_own(&log::SundialRecord::Bound { ts: new })? {
                 b.1 = Some(lsn);
             }
         }
@@ -252,9 +254,10 @@ impl Cc for Sundial {
     type Part = PartTxn;
     type Txn<'a> = SundialTxn<'a>;
     type NodeState = SundialNode;
+    type Log = log::SundialLog;
 
-    fn node_state(&self, node: &NodeShared<SundialMeta>) -> SundialNode {
-        let floor = node.recovered_bound();
+    fn node_state(&self, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> SundialNode {
+        let floor = recovered.bound;
         SundialNode {
             policy: self.cache,
             cache: RecordCache::new(self.cache_bytes, CACHE_BANKS),
@@ -285,7 +288,15 @@ impl Cc for Sundial {
 
     /// Transactions prepared here before a crash: their tuples are locked again, keeping leases
     /// below their commit timestamps, and the orphan sweeper asks their coordinators.
-    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt) {
+    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt<u64>) {
         wk.adopt_in_doubt(in_doubt)
+    }
+
+    fn peek(wk: &SundialWorker, key: RowKey) -> Option<Value> {
+        committed_value(&wk.node.store, key)
+    }
+
+    fn peek_scan(wk: &SundialWorker, scan: Scan) -> Vec<(u64, Value)> {
+        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

@@ -6,7 +6,6 @@ use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta;
 use super::SundialWorker;
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
 use crate::protocols::twopl::meta::{Mode, Policy, Prio};
 use crate::protocols::twopl::participant::{self as locks, LockStep};
@@ -180,7 +179,7 @@ impl SundialWorker {
         }
         *t = self.w.now_ns();
         // A yes vote is a promise that survives a crash: log the writes first.
-        let lsn = self.node.log.append_prepared_at(txn, &writes, commit_ts);
+        let lsn = self.node.log.append_prepared(txn, &writes, &commit_ts);
         p.writes = Some((writes, commit_ts));
         drop(parts);
         match lsn {
@@ -228,7 +227,7 @@ impl SundialWorker {
                 // Presumed abort: nobody waits for this record. Appended before the locks go: a
                 // later writer's vote must follow it in the log, or a crash could leave both in
                 // doubt over the same record.
-                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+                let _ = self.node.log.append_outcome(txn, false, 0);
                 // A recovered in-doubt writer leaves its tuples ordinary again.
                 for k in &p.held {
                     if let Some(rec) = self.node.store.get(*k) {
@@ -246,7 +245,7 @@ impl SundialWorker {
         let Some(p) = self.parts.remove(txn) else { return };
         let (writes, commit_ts) = p.writes.unwrap_or_default();
         self.w.charge_ops(writes.len());
-        if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+        if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
             self.last_outcome_lsn.set(lsn);
         }
         for (key, value) in writes {
@@ -260,11 +259,10 @@ impl SundialWorker {
     /// Lock again the tuples of transactions prepared here before a crash, each keeping a
     /// lease below its commit timestamp (`meta::hold_in_doubt`), and keep their writes for the
     /// decision the orphan sweeper will ask their coordinators for.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt) {
+    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt<u64>) {
         // Last heard of "never": the sweeper asks about them on its first round.
         let now = 0;
-        for (txn, writes) in in_doubt {
-            let ts = self.node.recovered_ts(txn).expect("a Sundial vote logs its commit timestamp");
+        for (txn, writes, ts) in in_doubt {
             let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
             for &k in &held {
                 let rec = self.node.store.get_or_create(k);

@@ -39,6 +39,26 @@ pub fn own_view(writes: &[(RowKey, Option<Value>)], key: RowKey, stored: Value) 
     }
 }
 
+/// The value a record holds, for a concurrency control whose records hold only committed values
+/// (writes are buffered until they install): what reconnaissance reads ([`Cc::peek`]).
+pub fn committed_value<M: Default + Send>(store: &Storage<M>, key: RowKey) -> Option<Value> {
+    store.get(key).and_then(|r| r.lock().value.clone())
+}
+
+/// The existing rows of a range, as [`committed_value`] reads each.
+pub fn committed_rows<M: Default + Send>(store: &Storage<M>, s: crate::txn::Scan) -> Vec<(u64, Value)> {
+    let rows = store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
+    rows.into_iter().filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v))).collect()
+}
+
+/// Buffer a transaction's write until commit: the last write of a key wins.
+pub fn buffer_write(writes: &mut durable::Writes, key: RowKey, value: Option<Value>) {
+    match writes.iter_mut().find(|(k, _)| *k == key) {
+        Some(w) => w.1 = value,
+        None => writes.push((key, value)),
+    }
+}
+
 pub fn txn_id(addr: Addr, boot: u32, seq: u64) -> TxnId {
     debug_assert!(addr.node < 1 << 12 && addr.worker < 1 << WORKER_BITS, "{addr} does not fit a transaction id");
     ((addr.node as u64) << (SEQ_BITS + BOOT_BITS + WORKER_BITS))
@@ -73,16 +93,20 @@ pub struct NodeShared<M> {
     pub log: durable::TxnLog,
     /// This boot's number, part of every transaction id it issues.
     pub boot: u32,
-    /// What recovery left undecided, claimed by the workers that own it as they start.
-    recovered: parking_lot::Mutex<durable::Recovery>,
 }
 
 impl<M: TxnMeta> NodeShared<M> {
-    /// Build the node's storage, load the partitions it owns, and replay its log, if any.
-    pub fn load(env: super::NodeEnv) -> Self {
+    /// Build the node's storage, load the partitions it owns, and replay its log, if any, as
+    /// `protocol`'s (whose own records are `L`'s); returns what recovery left undecided.
+    pub fn load<L: durable::CcLog>(env: super::NodeEnv, protocol: &'static str) -> (Self, durable::Recovery<L>) {
         let store: Storage<M> = super::load_storage(&env);
-        // `bench::open_node_log` refused a checkpoint that does not decode, with a message.
-        let from = env.checkpoint.as_deref().and_then(|b| durable::ReplayState::decode(b).ok()).unwrap_or_default();
+        // The host refused a checkpoint that does not decode (`Protocol::log_machine`), with a message.
+        let from = match env.checkpoint.as_deref() {
+            Some(bytes) => {
+                durable::ReplayState::decode(protocol, bytes).unwrap_or_else(|e| panic!("node {}: {e}", env.node))
+            }
+            None => durable::ReplayState::new(protocol),
+        };
         let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
@@ -101,7 +125,7 @@ impl<M: TxnMeta> NodeShared<M> {
             ));
         }
         let boot = recovery.boot;
-        NodeShared {
+        let node = NodeShared {
             id: env.node,
             topo: env.topo,
             workload: env.workload,
@@ -112,40 +136,18 @@ impl<M: TxnMeta> NodeShared<M> {
                     // Before the boot record, so that the checkpointer sees every record.
                     log.set_checkpointer(Box::new(state), env.checkpoint_every);
                 }
-                durable::TxnLog::start(env.log, boot)
+                durable::TxnLog::start::<L>(env.log, boot)
             },
             boot,
-            recovered: parking_lot::Mutex::new(recovery),
-        }
+        };
+        (node, recovery)
     }
 
-    /// The timestamp a recovered in-doubt transaction installs at, if its vote logged one.
-    pub fn recovered_ts(&self, txn: TxnId) -> Option<u64> {
-        self.recovered.lock().in_doubt_ts.get(&txn).copied()
-    }
-
-    /// The range a recovered in-doubt transaction's vote logged, if it logged one.
-    pub fn recovered_range(&self, txn: TxnId) -> Option<(u64, u64)> {
-        let r = self.recovered.lock();
-        Some((*r.in_doubt_ts.get(&txn)?, *r.in_doubt_upper.get(&txn)?))
-    }
-
-    /// The largest bound the node's log holds (0: none, or a fresh node).
-    pub fn recovered_bound(&self) -> u64 {
-        self.recovered.lock().bound
-    }
-
-    /// The in-doubt transactions (prepared here before a crash) whose participant state lives on
-    /// worker `w`, and the unended commits that worker `w` coordinated.
-    pub fn claim_recovered(&self, w: Addr) -> (durable::InDoubt, durable::Unended) {
-        let mut r = self.recovered.lock();
-        let mine = |txn: &TxnId| coordinator_of(*txn).worker % self.topo.workers_per_node == w.worker;
-        let in_doubt: Vec<_> = r.in_doubt.iter().filter(|e| mine(&e.0)).cloned().collect();
-        r.in_doubt.retain(|e| !mine(&e.0));
-        let coord = |txn: &TxnId| coordinator_of(*txn).worker == w.worker;
-        let unended: Vec<_> = r.unended.iter().filter(|e| coord(&e.0)).cloned().collect();
-        r.unended.retain(|e| !coord(&e.0));
-        (in_doubt, unended)
+    /// The node holding `key`, if it is not this one.
+    #[inline]
+    pub fn remote_node(&self, key: RowKey) -> Option<NodeId> {
+        let n = self.node_of(key);
+        (n != self.id).then_some(n)
     }
 
     #[inline]
@@ -238,6 +240,19 @@ impl CoordTable {
         }
     }
 
+    /// Note that node `n` is about to hold state of `txn` (before the message that makes it
+    /// hold any), adding it to the nodes `touched` so far: the first one makes the transaction
+    /// `Active`, so that the decision table answers participants' questions from then on.
+    pub fn touch(&self, txn: TxnId, touched: &mut Vec<NodeId>, n: NodeId) {
+        if touched.contains(&n) {
+            return;
+        }
+        if touched.is_empty() {
+            self.set(txn, TxnStatus::Active);
+        }
+        touched.push(n);
+    }
+
     /// Forget a transaction once every participant acknowledged the outcome.
     pub fn forget(&self, txn: TxnId) {
         self.status.borrow_mut().remove(&txn);
@@ -326,7 +341,7 @@ pub fn tell_outcome<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId
         if let (true, Some(txn)) = (acked, forget) {
             me.coord.forget(txn);
             // Not waited for: a lost `Ended` only makes a restarted coordinator ask again.
-            let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
+            let _ = me.txn_log().append_ended(txn);
         }
     });
 }
@@ -352,7 +367,7 @@ fn resend_until_acked<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<Node
             left = left.into_iter().zip(replies).filter(|(_, r)| r.is_err()).map(|(n, _)| n).collect();
         }
         me.coord.forget(txn);
-        let _ = me.txn_log().append(&durable::LogRecord::Ended { txn });
+        let _ = me.txn_log().append_ended(txn);
     });
 }
 

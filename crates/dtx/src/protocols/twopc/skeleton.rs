@@ -10,12 +10,13 @@
 //! prepared transaction. OCC and 2PL are the two today; Sundial, MaaT and TicToc plug in the same
 //! way.
 
-use super::durable::{AckAfter, InDoubt, TxnLog};
+use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
 use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
-use crate::txn::{recon, Abort, Access, Ctx, KeySet, TxnOutput, TxnRequest, TxnResult};
+use crate::storage::{RowKey, Value};
+use crate::txn::{recon, Abort, Access, Ctx, KeySet, Scan, TxnOutput, TxnRequest, TxnResult};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
@@ -50,10 +51,47 @@ pub trait CoordTxn: Access {
     fn abandon(&mut self, reason: Abort) -> Abort;
 }
 
+/// Commit a transaction that touched no other node with early lock release (Silo's epochs,
+/// Aether): append its commit record while it still holds its locks (so that log order is
+/// install order), then install and release at once; the acknowledgement waits for the
+/// returned LSN. A read-only one waits for the log's tail instead, since it may have read a
+/// write whose record is not durable yet. A record the log refuses aborts the attempt.
+pub fn commit_with_early_release<T>(
+    txn: &mut T,
+    log: &TxnLog,
+    id: TxnId,
+    local_writes: super::durable::Writes,
+    install_and_release: fn(&mut T, super::durable::Writes),
+    abort: fn(&mut T, Abort) -> Abort,
+) -> TxnResult<AckAfter> {
+    let lsn = match log.local_commit_lsn(id, &local_writes) {
+        Ok(lsn) => lsn,
+        Err(a) => return Err(abort(txn, a)),
+    };
+    install_and_release(txn, local_writes);
+    Ok(lsn)
+}
+
 /// A message to a worker of a protocol over the skeleton is the concurrency control's own
-/// request or one of the skeleton's termination protocol, told apart by its first byte.
+/// request, one of the skeleton's termination protocol, or a reconnaissance read, told apart by
+/// its first byte.
 const TAG_CC: u8 = 0;
 const TAG_TERMINATION: u8 = 1;
+const TAG_PEEK: u8 = 2;
+
+/// A reconnaissance read (OLLP) of another node's committed state, served by the skeleton
+/// through [`Cc::peek`] and [`Cc::peek_scan`]: it takes nothing and leaves nothing behind.
+#[derive(Debug, Serialize, Deserialize)]
+enum Peek {
+    Read(RowKey),
+    Scan(Scan),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum PeekReply {
+    Value(Option<Value>),
+    Rows(Vec<(u64, Value)>),
+}
 
 /// The termination protocol every concurrency control over the skeleton shares: a decision sent
 /// to a participant, and a participant's question to a coordinator.
@@ -115,9 +153,14 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
     /// What one node keeps beside its storage, shared by its workers (Sundial's cache of remote
     /// records and table leases, MaaT's timetable of ranges); `()` for OCC and 2PL.
     type NodeState: Send + Sync + 'static;
+    /// What it logs beside 2PC's records, and what replaying them rebuilds (Sundial's bound
+    /// and vote timestamps, MaaT's bound and vote ranges); [`super::durable::PlainLog`] for OCC
+    /// and 2PL.
+    type Log: CcLog;
 
-    /// The node state of a node being built (after its storage is loaded and recovered).
-    fn node_state(&self, node: &NodeShared<Self::Meta>) -> Self::NodeState;
+    /// The node state of a node being built (after its storage is loaded and recovered from a
+    /// log whose own records rebuilt `recovered`; a fresh node's is the default).
+    fn node_state(&self, node: &NodeShared<Self::Meta>, recovered: &Self::Log) -> Self::NodeState;
 
     /// Start an attempt of transaction `id`.
     fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
@@ -128,8 +171,14 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
     fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64);
     /// Roll back whatever this participant holds for `txn`.
     fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
-    /// Lock again, after a restart, the writes of transactions prepared here before it.
-    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt);
+    /// Lock again, after a restart, the writes of transactions prepared here before it, with
+    /// what each vote logged.
+    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<Self::Log as CcLog>::Vote>);
+    /// The committed value of `key` here, taking nothing: what reconnaissance reads, for a
+    /// coordinator here or on another node (the skeleton carries the request).
+    fn peek(wk: &CcWorker<Self>, key: RowKey) -> Option<Value>;
+    /// The committed rows of a range here, taking nothing, as [`Cc::peek`].
+    fn peek_scan(wk: &CcWorker<Self>, scan: Scan) -> Vec<(u64, Value)>;
 }
 
 /// A protocol made of a concurrency control over the 2PC skeleton.
@@ -138,18 +187,16 @@ pub struct TwoPc<C: Cc> {
     pub config: TwoPcConfig,
 }
 
-impl<C: Cc> Protocol for TwoPc<C>
-where
-    CcWorker<C>: recon::SnapshotReader,
-{
+impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let shared = NodeShared::load(env);
-        let state = Arc::new(self.cc.node_state(&shared));
-        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config })
+        let (shared, recovery) = NodeShared::load::<C::Log>(env, C::NAME);
+        let state = Arc::new(self.cc.node_state(&shared, &recovery.own));
+        let recovered = parking_lot::Mutex::new(recovery);
+        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered })
     }
 
     fn log_machine(&self, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
-        super::durable::machine(checkpoint)
+        super::durable::machine::<C::Log>(C::NAME, checkpoint)
     }
 }
 
@@ -158,14 +205,13 @@ struct CcNode<C: Cc> {
     state: Arc<C::NodeState>,
     cc: C,
     config: TwoPcConfig,
+    /// What recovery left undecided, claimed by the workers that own it as they start.
+    recovered: parking_lot::Mutex<Recovery<C::Log>>,
 }
 
-impl<C: Cc> NodeProtocol for CcNode<C>
-where
-    CcWorker<C>: recon::SnapshotReader,
-{
+impl<C: Cc> NodeProtocol for CcNode<C> {
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
-        let (in_doubt, unended) = self.shared.claim_recovered(w.addr);
+        let (in_doubt, unended) = self.recovered.lock().claim(w.addr.worker, self.shared.topo.workers_per_node);
         let wk = Rc::new_cyclic(|me| CcWorker {
             me: me.clone(),
             w: w.clone(),
@@ -204,10 +250,7 @@ pub struct CcWorker<C: Cc> {
     unended: RefCell<super::durable::Unended>,
 }
 
-impl<C: Cc> CcWorker<C>
-where
-    CcWorker<C>: recon::SnapshotReader,
-{
+impl<C: Cc> CcWorker<C> {
     /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit.
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.node.log.booted().await;
@@ -279,8 +322,28 @@ impl<C: Cc> CcWorker<C> {
     /// One request to the participant on `node`, decoded; a timeout or a garbled reply aborts
     /// the attempt.
     pub async fn ask(&self, node: NodeId, req: &C::Request) -> TxnResult<C::Reply> {
-        let body = self.w.call(self.participant_addr(node), framed(TAG_CC, req)).await.map_err(|_| Abort::Timeout)?;
-        decode(&body).map_err(|_| Abort::Timeout)
+        self.ask_tagged(node, TAG_CC, req).await
+    }
+
+    async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {
+        let body = self.w.call(self.participant_addr(node), framed(tag, req)).await.map_err(|_| Abort::Timeout)?;
+        decode(&body).map_err(|_| Abort::BadReply)
+    }
+
+    /// Serve a reconnaissance read.
+    fn serve_peek(&self, from: Addr, rpc_id: u64, peek: Peek) {
+        let reply = match peek {
+            Peek::Read(key) => {
+                self.w.charge_ops(1);
+                PeekReply::Value(C::peek(self, key))
+            }
+            Peek::Scan(scan) => {
+                let rows = C::peek_scan(self, scan);
+                self.w.charge_ops(rows.len() + 1);
+                PeekReply::Rows(rows)
+            }
+        };
+        self.w.reply(from, rpc_id, &crate::net::encode(&reply));
     }
 
     /// Tell the participants on `nodes` that `txn` committed, in the background, until each
@@ -293,6 +356,36 @@ impl<C: Cc> CcWorker<C> {
     pub fn tell_commit_at(&self, txn: TxnId, ts: u64, nodes: Vec<NodeId>) {
         if let Some(me) = self.me.upgrade() {
             super::tell_outcome(me, termination(&Termination::Commit { txn, ts }), nodes, Some(txn));
+        }
+    }
+
+    /// A distributed commit decided: log it (durable before anyone learns it; a read-only one
+    /// waits for what it may have read here, `read_here`), then tell the participants that
+    /// wrote (`writers`), or forget the transaction when none did. A record the log refuses is
+    /// the caller's abort.
+    pub async fn log_and_tell_commit(
+        &self,
+        txn: TxnId,
+        local_writes: &[(RowKey, Option<Value>)],
+        writers: Vec<NodeId>,
+        read_here: bool,
+    ) -> TxnResult<()> {
+        self.node.log.log_decision(&self.w, txn, local_writes, &writers, read_here).await?;
+        if writers.is_empty() {
+            self.coord.forget(txn);
+        } else {
+            self.coord.set(txn, TxnStatus::Committed);
+            self.tell_commit(txn, writers);
+        }
+        Ok(())
+    }
+
+    /// `txn` aborted: if it left state on other nodes (`touched`, emptied), decide so and tell
+    /// them in the background.
+    pub fn abort_remote(&self, txn: TxnId, touched: &mut Vec<NodeId>) {
+        if !touched.is_empty() {
+            self.coord.set(txn, TxnStatus::Aborted);
+            self.tell_abort(txn, std::mem::take(touched));
         }
     }
 
@@ -334,16 +427,13 @@ impl<C: Cc> CcWorker<C> {
     }
 }
 
-impl<C: Cc> WorkerProtocol for CcWorker<C>
-where
-    CcWorker<C>: recon::SnapshotReader,
-{
+impl<C: Cc> WorkerProtocol for CcWorker<C> {
     fn execute<'a>(&'a self, req: &'a TxnRequest, attempt: Attempt) -> LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(self.run(req, attempt))
     }
 
-    fn ack_log(&self) -> Option<Arc<crate::rt::log::NodeLog>> {
-        self.node.log.node_log().cloned()
+    fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
+        self.node.log.node_log().map(|log| log.clone() as Arc<dyn crate::rt::release::AckSource>)
     }
 
     fn start(&self) {
@@ -354,11 +444,43 @@ where
     }
 }
 
+/// Reconnaissance (OLLP) reads the committed state wherever it lives, the same way for every
+/// concurrency control: the transaction that follows reads (and locks, or validates) what it
+/// declared, so a stale answer costs a `recon-mismatch` retry, never a wrong result.
+impl<C: Cc> recon::SnapshotReader for CcWorker<C> {
+    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(key);
+            if n == self.node.id {
+                return Ok(C::peek(self, key));
+            }
+            match self.ask_tagged(n, TAG_PEEK, &Peek::Read(key)).await? {
+                PeekReply::Value(v) => Ok(v),
+                PeekReply::Rows(_) => Err(Abort::BadReply),
+            }
+        })
+    }
+
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let n = self.node.node_of(RowKey::new(s.table, s.lo));
+            if n == self.node.id {
+                return Ok(C::peek_scan(self, s));
+            }
+            match self.ask_tagged(n, TAG_PEEK, &Peek::Scan(s)).await? {
+                PeekReply::Rows(rows) => Ok(rows),
+                PeekReply::Value(_) => Err(Abort::BadReply),
+            }
+        })
+    }
+}
+
 impl<C: Cc> Handler for CcWorker<C> {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         let decoded = match body.split_first() {
             Some((&TAG_CC, rest)) => decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r)),
             Some((&TAG_TERMINATION, rest)) => decode(rest).map(|t| self.serve_termination(from, rpc_id, t)),
+            Some((&TAG_PEEK, rest)) => decode(rest).map(|p| self.serve_peek(from, rpc_id, p)),
             _ => return log_warn(&format!("{}: a request from {from} without a known tag", C::NAME)),
         };
         if let Err(e) = decoded {

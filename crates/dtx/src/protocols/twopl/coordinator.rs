@@ -9,10 +9,11 @@ use super::participant::{self as part, LockStep, Writes};
 use super::TwoPlWorker;
 use crate::net::NodeId;
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
-use crate::rt::{join_all, LocalBoxFuture};
+use crate::protocols::twopc::skeleton::commit_with_early_release;
+use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{recon, Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 /// Read and write sets up to this size are searched linearly; larger ones through an index.
@@ -114,14 +115,9 @@ impl<'a> TplTxn<'a> {
     /// Count node `n` among the participants; returns whether it was one already (the
     /// transaction may hold locks there, which a request says as `again`).
     fn touch(&mut self, n: NodeId) -> bool {
-        if self.touched.contains(&n) {
-            return true;
-        }
-        if self.touched.is_empty() {
-            self.wk.coord.set(self.id, TxnStatus::Active);
-        }
-        self.touched.push(n);
-        false
+        let again = self.touched.contains(&n);
+        self.wk.coord.touch(self.id, &mut self.touched, n);
+        again
     }
 
     /// Lock `keys` on remote node `n` in one round trip; returns their values in order.
@@ -204,8 +200,106 @@ impl<'a> TplTxn<'a> {
         }
     }
 
+    /// Apply this node's writes and release every local lock. The values read are done with:
+    /// dropping them first lets the install reuse the buffers of the values it replaces when
+    /// nobody else holds them (`Value::recycle`).
+    fn install_and_release(&mut self, local_writes: Writes) {
+        self.wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        self.values.clear();
+        self.value_index.clear();
+        for (k, v) in local_writes {
+            part::apply_rec(self.local_rec(k), self.id, v);
+        }
+        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+    }
+
+    /// Commit a transaction that touched no other node, with early lock release (so does a
+    /// remote reader's read-only vote wait for the log's tail, in `participant`).
+    fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
+        let log = &self.wk.node.log;
+        commit_with_early_release(self, log, self.id, local_writes, Self::install_and_release, Self::abort)
+    }
+
+    /// Release every lock this attempt holds or waits for, here and remotely.
+    pub fn abort(&mut self, reason: Abort) -> Abort {
+        let wk = self.wk;
+        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        wk.abort_remote(self.id, &mut self.touched);
+        reason
+    }
+}
+
+impl<'a> Access for TplTxn<'a> {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.access(key, Mode::Shared)
+    }
+
+    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        self.access(key, Mode::Exclusive)
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        let locked = self.value_pos(key).is_some_and(|i| self.values[i].2 == Mode::Exclusive);
+        if locked {
+            self.buffer_write(key, value);
+            return Step::Ready(Ok(()));
+        }
+        Step::Wait(Box::pin(async move {
+            self.access(key, Mode::Exclusive).await?;
+            self.buffer_write(key, value);
+            Ok(())
+        }))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
+        Step::Wait(Box::pin(async move {
+            let rows: Vec<(u64, Value)> = if n == self.wk.node.id {
+                let keys: Vec<u64> = self
+                    .wk
+                    .node
+                    .store
+                    .table(s.table)
+                    .range(s.lo, s.hi, s.limit as usize, s.descending)
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .collect();
+                let mut rows = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let key = RowKey::new(s.table, k);
+                    let v = match self.cached(key, Mode::Shared) {
+                        Some(v) => v,
+                        None => self.lock_local(key, Mode::Shared).await?,
+                    };
+                    if let Some(v) = v {
+                        rows.push((k, v));
+                    }
+                }
+                rows
+            } else {
+                let again = self.touch(n);
+                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s, again }).await? {
+                    Reply::Rows(rows) => {
+                        for (k, v) in &rows {
+                            self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
+                        }
+                        rows
+                    }
+                    Reply::Aborted(a) => return Err(a),
+                    _ => return Err(Abort::Timeout),
+                }
+            };
+            Ok(rows
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, own_view(&self.writes, RowKey::new(s.table, k), v)?)))
+                .collect())
+        }))
+    }
+}
+
+impl<'a> CoordTxn for TplTxn<'a> {
     /// One-shot: lock every declared key, one round trip per remote participant.
-    pub async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
+    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
         let mut by_node: FxHashMap<NodeId, Vec<(RowKey, Mode)>> = FxHashMap::default();
         let modes = keys
             .writes
@@ -292,7 +386,7 @@ impl<'a> TplTxn<'a> {
         Ok(())
     }
 
-    pub async fn commit(&mut self) -> TxnResult<AckAfter> {
+    async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
         let me = wk.node.id;
         let mut remote_writes: FxHashMap<NodeId, Writes> = FxHashMap::default();
@@ -332,174 +426,11 @@ impl<'a> TplTxn<'a> {
         // With a log, the decision is durable before anyone learns it. A read-only transaction
         // waits for what it may have read here (early lock release, `commit_here`).
         let read_here = !self.held_local.is_empty();
-        if let Err(a) = wk.node.log.log_decision(&wk.w, self.id, &local_writes, &writers, read_here).await {
+        if let Err(a) = wk.log_and_tell_commit(self.id, &local_writes, writers, read_here).await {
             return Err(self.abort(a));
-        }
-        if writers.is_empty() {
-            wk.coord.forget(self.id);
-        } else {
-            wk.coord.set(self.id, TxnStatus::Committed);
-            wk.tell_commit(self.id, writers);
         }
         self.install_and_release(local_writes);
         Ok(None)
-    }
-
-    /// Apply this node's writes and release every local lock. The values read are done with:
-    /// dropping them first lets the install reuse the buffers of the values it replaces when
-    /// nobody else holds them (`Value::recycle`).
-    fn install_and_release(&mut self, local_writes: Writes) {
-        self.wk.w.charge_ops(local_writes.len() + self.held_local.len());
-        self.values.clear();
-        self.value_index.clear();
-        for (k, v) in local_writes {
-            part::apply_rec(self.local_rec(k), self.id, v);
-        }
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
-    }
-
-    /// Commit a transaction that touched no other node, with early lock release (as OCC's
-    /// `commit_here`): append the commit record under the locks (log order stays install
-    /// order), apply and release at once, and acknowledge once the record is durable. A
-    /// read-only one waits for the log's tail instead, since it may have read a write whose
-    /// record is not durable yet; so does a remote reader's read-only vote (`participant`).
-    fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
-        let wk = self.wk;
-        let lsn = match wk.node.log.local_commit_lsn(self.id, &local_writes) {
-            Ok(lsn) => lsn,
-            Err(a) => return Err(self.abort(a)),
-        };
-        self.install_and_release(local_writes);
-        Ok(lsn)
-    }
-
-    /// Release every lock this attempt holds or waits for, here and remotely.
-    pub fn abort(&mut self, reason: Abort) -> Abort {
-        let wk = self.wk;
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
-        if !self.touched.is_empty() {
-            wk.coord.set(self.id, TxnStatus::Aborted);
-            wk.tell_abort(self.id, std::mem::take(&mut self.touched));
-        }
-        reason
-    }
-}
-
-impl<'a> Access for TplTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        self.access(key, Mode::Shared)
-    }
-
-    fn read_for_update(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        self.access(key, Mode::Exclusive)
-    }
-
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        let locked = self.value_pos(key).is_some_and(|i| self.values[i].2 == Mode::Exclusive);
-        if locked {
-            self.buffer_write(key, value);
-            return Step::Ready(Ok(()));
-        }
-        Step::Wait(Box::pin(async move {
-            self.access(key, Mode::Exclusive).await?;
-            self.buffer_write(key, value);
-            Ok(())
-        }))
-    }
-
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let rows: Vec<(u64, Value)> = if n == self.wk.node.id {
-                let keys: Vec<u64> = self
-                    .wk
-                    .node
-                    .store
-                    .table(s.table)
-                    .range(s.lo, s.hi, s.limit as usize, s.descending)
-                    .into_iter()
-                    .map(|(k, _)| k)
-                    .collect();
-                let mut rows = Vec::with_capacity(keys.len());
-                for k in keys {
-                    let key = RowKey::new(s.table, k);
-                    let v = match self.cached(key, Mode::Shared) {
-                        Some(v) => v,
-                        None => self.lock_local(key, Mode::Shared).await?,
-                    };
-                    if let Some(v) = v {
-                        rows.push((k, v));
-                    }
-                }
-                rows
-            } else {
-                let again = self.touch(n);
-                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s, again }).await? {
-                    Reply::Rows(rows) => {
-                        for (k, v) in &rows {
-                            self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
-                        }
-                        rows
-                    }
-                    Reply::Aborted(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            Ok(rows
-                .into_iter()
-                .filter_map(|(k, v)| Some((k, own_view(&self.writes, RowKey::new(s.table, k), v)?)))
-                .collect())
-        }))
-    }
-}
-
-/// Reconnaissance reads for 2PL: plain reads of the committed value, no locks.
-impl recon::SnapshotReader for TwoPlWorker {
-    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(key);
-            if n == self.node.id {
-                return Ok(self.node.store.get(key).and_then(|r| r.lock().value.clone()));
-            }
-            // A lock-free peek: a shared lock taken and released at once by a throwaway txn id.
-            let txn = self.coord.new_txn(self.w.addr);
-            let req = Request::Lock { txn, prio: Prio(0, txn), keys: vec![(key, Mode::Shared)], again: false };
-            let r = self.ask(n, &req).await;
-            self.tell_abort(txn, vec![n]);
-            match r? {
-                Reply::Values(mut v) => Ok(v.pop().flatten()),
-                Reply::Aborted(a) => Err(a),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-
-    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
-        Box::pin(async move {
-            let n = self.node.node_of(RowKey::new(s.table, s.lo));
-            if n == self.node.id {
-                let rows = self.node.store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending);
-                return Ok(rows.into_iter().filter_map(|(k, r)| r.lock().value.clone().map(|v| (k, v))).collect());
-            }
-            let txn = self.coord.new_txn(self.w.addr);
-            let r = self.ask(n, &Request::Scan { txn, prio: Prio(0, txn), scan: s, again: false }).await;
-            self.tell_abort(txn, vec![n]);
-            match r? {
-                Reply::Rows(rows) => Ok(rows),
-                Reply::Aborted(a) => Err(a),
-                _ => Err(Abort::Timeout),
-            }
-        })
-    }
-}
-
-impl<'a> CoordTxn for TplTxn<'a> {
-    async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
-        TplTxn::prefetch(self, keys).await
-    }
-
-    async fn commit(&mut self) -> TxnResult<AckAfter> {
-        TplTxn::commit(self).await
     }
 
     fn abandon(&mut self, reason: Abort) -> Abort {

@@ -12,9 +12,13 @@ pub mod meta;
 pub mod participant;
 
 use crate::net::Addr;
-use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::durable::{InDoubt, PlainLog};
+use crate::protocols::twopc::{committed_rows, committed_value};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
+use crate::storage::RowKey;
+use crate::storage::Value;
+use crate::txn::Scan;
 use coordinator::TplTxn;
 use meta::LockMeta;
 pub use meta::Policy;
@@ -46,9 +50,10 @@ impl Cc for TwoPl {
     type Request = messages::Request;
     type Reply = messages::Reply;
     type NodeState = ();
+    type Log = PlainLog;
     type Txn<'a> = TplTxn<'a>;
 
-    fn node_state(&self, _node: &NodeShared<LockMeta>) {}
+    fn node_state(&self, _node: &NodeShared<LockMeta>, _recovered: &PlainLog) {}
 
     fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
         TplTxn::new(wk, id, attempt.first_start_us)
@@ -67,7 +72,15 @@ impl Cc for TwoPl {
         wk.abort_here(txn)
     }
 
-    fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt) {
+    fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt<()>) {
         wk.adopt_in_doubt(in_doubt)
+    }
+
+    fn peek(wk: &TwoPlWorker, key: RowKey) -> Option<Value> {
+        committed_value(&wk.node.store, key)
+    }
+
+    fn peek_scan(wk: &TwoPlWorker, scan: Scan) -> Vec<(u64, Value)> {
+        committed_rows(&wk.node.store, scan)
     }
 }

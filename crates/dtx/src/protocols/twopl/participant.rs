@@ -5,7 +5,6 @@ use super::messages::{Reply, Request, Vote};
 use super::meta::{Acquire, Granted, LockMeta, LockRecord, Locked, Mode, Policy, Prio, WaitSlot};
 use super::TwoPlWorker;
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::durable::LogRecord;
 use crate::protocols::twopc::TxnId;
 use crate::rt::Worker;
 use crate::storage::{Record, RowKey, Storage, Value};
@@ -169,7 +168,7 @@ impl TwoPlWorker {
                     Some((p, t)) => {
                         *t = now;
                         // A yes vote is a promise that survives a crash: log the writes first.
-                        let lsn = self.node.log.append_prepared(txn, &writes);
+                        let lsn = self.node.log.append_prepared(txn, &writes, &());
                         p.writes = Some(writes);
                         drop(parts);
                         match lsn {
@@ -270,7 +269,7 @@ impl TwoPlWorker {
                 // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
                 // Appended before the locks go: a later writer's vote must follow it in the log,
                 // or a crash could leave both in doubt over the same record.
-                let _ = self.node.log.append(&LogRecord::Outcome { txn, committed: false });
+                let _ = self.node.log.append_outcome(txn, false, 0);
             }
             release(&self.node.store, txn, p.held.into_iter());
         }
@@ -282,7 +281,7 @@ impl TwoPlWorker {
         if let Some(p) = self.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
             self.w.charge_ops(writes.len() + p.held.len());
-            if let Ok(Some(lsn)) = self.node.log.append(&LogRecord::Outcome { txn, committed: true }) {
+            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
                 self.last_outcome_lsn.set(lsn);
             }
             apply_and_release(&self.node.store, txn, &writes, &p.held);
@@ -291,10 +290,10 @@ impl TwoPlWorker {
 
     /// Take over transactions prepared here before a crash: their records are locked again
     /// and the orphan sweeper asks their coordinators what became of them.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: Vec<(TxnId, Writes)>) {
+    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt<()>) {
         // Last heard of "never": the sweeper asks about them on its first round.
         let now = 0;
-        for (txn, writes) in in_doubt {
+        for (txn, writes, ()) in in_doubt {
             let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
             for &k in &held {
                 let got = try_lock(&self.node.store, k, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);

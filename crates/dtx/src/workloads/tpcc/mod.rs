@@ -403,9 +403,20 @@ impl Procedures for Tpcc {
     }
 }
 
+/// TPC-C's five transactions, in their class ids' order (latency per class).
+const TXN_CLASSES: [&str; 5] = [NEW_ORDER_PROC, PAYMENT_PROC, ORDER_STATUS_PROC, DELIVERY_PROC, STOCK_LEVEL_PROC];
+
 impl Workload for Tpcc {
     fn name(&self) -> &'static str {
         "tpcc"
+    }
+
+    fn txn_classes(&self) -> &'static [&'static str] {
+        &TXN_CLASSES
+    }
+
+    fn txn_class(&self, req: &TxnRequest) -> u8 {
+        TXN_CLASSES.iter().position(|c| *c == req.proc).unwrap_or(TXN_CLASSES.len()) as u8
     }
 
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
