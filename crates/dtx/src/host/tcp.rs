@@ -695,10 +695,11 @@ impl Control {
 
     /// Send `req` and read the answer, waiting at most `limit` for it.
     fn call_within(&mut self, req: &Value, limit: Duration) -> anyhow::Result<Value> {
-        let cmd = match req["cmd"].as_str().unwrap_or("") {
-            "wait" => "end of its run (its clients finishing)".to_string(),
-            "ping" => "answer to a ping".to_string(),
-            other => other.replace('_', " "),
+        let node = self.node;
+        let what = match req["cmd"].as_str().unwrap_or("") {
+            "wait" => format!("node {node}'s clients to finish (the end of its run)"),
+            "ping" => format!("node {node} to answer a ping"),
+            other => format!("node {node}'s {}", other.replace('_', " ")),
         };
         if self.timed_out {
             bail!("node {}: its control connection was given up on (an earlier request timed out)", self.node);
@@ -715,11 +716,7 @@ impl Control {
             }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 self.timed_out = true;
-                bail!(
-                    "gave up waiting {} s for node {}'s {cmd} (its server did not answer)",
-                    limit.as_secs(),
-                    self.node
-                );
+                bail!("gave up waiting {} s for {what}: its server did not answer", limit.as_secs());
             }
             Err(e) => {
                 self.lost = true;
