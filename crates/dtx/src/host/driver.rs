@@ -435,38 +435,63 @@ fn record(m: &RefCell<Metrics>, shared: &RunShared, line: HistLine) {
     m.borrow_mut().record_history(line);
 }
 
-/// Run the workload's final checks on this worker, one after another, each until it commits,
-/// and gather what they found (TPC-C consistency conditions, the bank's final audit).
+/// How many final check transactions run at once. A check commits in a round trip or a few,
+/// and with replicated logs each read-only participant waits for a read fence (a Raft round
+/// with its fsyncs); TPC-C's check is thousands of small transactions, so one at a time took
+/// minutes on a loaded machine where a window of them shares each round.
+const CHECKS_IN_FLIGHT: usize = 16;
+
+/// Run the workload's final checks on this worker, each until it commits, and gather what
+/// they found (TPC-C consistency conditions, the bank's final audit). The first runs alone
+/// (TPC-C's header, whose hints let the chunks past the end skip their reads), then up to
+/// [`CHECKS_IN_FLIGHT`] at once; their outputs go to `check_output` in the requests' order.
 pub fn final_checks(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
     let w2 = w.clone();
     w.spawn(async move {
-        let mut findings = Vec::new();
-        for req in wl.final_checks() {
-            let first = w2.now_us();
-            let mut done = false;
-            for number in 0..FINAL_ATTEMPTS {
-                match proto
-                    .execute(&req, Attempt { first_start_us: first, number, fresh: true, defer_ack: false })
-                    .await
-                {
-                    Ok(out) => {
-                        findings.extend(wl.check_output(&req, &out));
-                        done = true;
-                        break;
-                    }
-                    Err(_) => backoff(&w2, number.min(9)).await,
+        let reqs: Rc<Vec<TxnRequest>> = Rc::new(wl.final_checks());
+        let outputs: Rc<RefCell<Vec<Option<TxnOutput>>>> =
+            Rc::new(RefCell::new((0..reqs.len()).map(|_| None).collect()));
+        let next = Rc::new(std::cell::Cell::new(0usize));
+        // A lane runs the next request not yet taken, until the first `until` are taken.
+        let lane = |until: usize| {
+            let (w, proto, reqs, outputs, next) =
+                (w2.clone(), proto.clone(), reqs.clone(), outputs.clone(), next.clone());
+            async move {
+                while next.get() < until {
+                    let i = next.get();
+                    next.set(i + 1);
+                    let out = run_check(&w, &*proto, &reqs[i]).await;
+                    outputs.borrow_mut()[i] = out;
                 }
             }
-            if !done {
-                findings.push((
+        };
+        lane(reqs.len().min(1)).await;
+        crate::rt::join_all((0..CHECKS_IN_FLIGHT).map(|_| lane(reqs.len())).collect()).await;
+        let mut findings = Vec::new();
+        for (req, out) in reqs.iter().zip(outputs.borrow_mut().drain(..)) {
+            match out {
+                Some(out) => findings.extend(wl.check_output(req, &out)),
+                None => findings.push((
                     format!("{} (check transaction)", req.proc),
                     false,
                     format!("aborted {FINAL_ATTEMPTS} times"),
-                ));
+                )),
             }
         }
         *shared.checks.lock() = Some(findings);
     });
+}
+
+/// One final check transaction, tried until it commits (at most [`FINAL_ATTEMPTS`] times).
+async fn run_check(w: &Rc<Worker>, proto: &dyn WorkerProtocol, req: &TxnRequest) -> Option<TxnOutput> {
+    let first = w.now_us();
+    for number in 0..FINAL_ATTEMPTS {
+        match proto.execute(req, Attempt { first_start_us: first, number, fresh: true, defer_ack: false }).await {
+            Ok(out) => return Some(out),
+            Err(_) => backoff(w, number.min(9)).await,
+        }
+    }
+    None
 }
 
 /// History ids are unique across processes: the node id in the high bits.

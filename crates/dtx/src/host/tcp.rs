@@ -68,7 +68,17 @@ struct ActiveRun {
     run_dir: Option<std::path::PathBuf>,
     /// Resumed after a restart: this incarnation runs no clients.
     resumed: bool,
+    /// This server's replicas of the logs, started at `start`, not at `prepare`.
+    pending_replicas: Option<PendingReplicas>,
 }
+
+/// A host's log replicas of a fresh replicated run, waiting for the run's `start`: its own
+/// node's log and where to journal. Started at `prepare`, the replicas of the servers prepared
+/// first saw no leader for a log whose server was still loading its data (TPC-C takes
+/// seconds), elected one of their own and took that node over, and the server then found
+/// its own node's ports taken ("Address already in use"). The bench sends `start` to every
+/// server right after the last `prepare`, well within an election timeout.
+type PendingReplicas = (Arc<crate::rt::log::NodeLog>, std::path::PathBuf);
 
 /// Files a server keeps in a run's folder under `--data-dir`.
 const RUN_SPEC_FILE: &str = "run.json";
@@ -255,6 +265,7 @@ impl Server {
         };
         let run_dir = self.data_dir.as_ref().map(|_| dir.clone());
         let shared = self.run_shared(&spec, run_dir.as_deref(), resumed)?;
+        let mut pending_replicas = None;
         let hosting = if resumed && spec.durability.mode == Durability::Replicated {
             // A follower took the node over from its replica of the node's log; this process
             // rejoins every log it is a voter of from its journal, and serves whichever node's
@@ -264,7 +275,9 @@ impl Server {
             Some((h, process.is_some()))
         } else {
             let process = if resumed { self.next_process(run_dir.as_deref(), spec.nodes)? } else { Some(self.node) };
-            Some(self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?).map(|h| (h, process.is_some()))
+            let (h, replicas) = self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?;
+            pending_replicas = replicas;
+            Some((h, process.is_some()))
         };
         let (hosting, runs_clients) = match hosting {
             Some((h, clients)) => (Some(h), clients),
@@ -280,6 +293,7 @@ impl Server {
             _tmp_logs: tmp,
             run_dir,
             resumed,
+            pending_replicas,
         });
         if resumed && self.run.lock().as_ref().is_some_and(|r| r.hosting.is_some()) {
             let what = match spec_mode {
@@ -333,24 +347,22 @@ impl Server {
         eprintln!("dtx server: node {}: clients running again for {} ms", self.node, end - now_unix);
     }
 
-    /// Build this server's own node (recovered from its log, with `--durability wal`), serve
-    /// it, and start its replicas of the logs with `--durability replicated`.
+    /// Build this server's own node (recovered from its log, with `--durability wal`) and serve
+    /// it; with `--durability replicated`, also returns its replicas of the logs to start at
+    /// the run's `start` ([`PendingReplicas`]).
     fn host_own_node(
         &self,
         spec: &BenchSpec,
         dir: &Path,
         shared: RunShared,
         process: u16,
-    ) -> anyhow::Result<Arc<Hosting>> {
+    ) -> anyhow::Result<(Arc<Hosting>, Option<PendingReplicas>)> {
         let hosting = self.hosting_for(spec, dir, shared, process)?;
         let logs = super::open_node_logs(spec, dir, self.node)?;
         let mut node = build_node(spec, self.node, hosting.workload(), logs)?;
-        let own_replicated = node.replicated.take();
-        let journal = dir.join(raft_journal_file_name(self.node));
-        let started = hosting
-            .serve_node(self.node, node, Duration::ZERO)
-            .and_then(|_| own_replicated.map_or(Ok(()), |(log, _)| hosting.start_replication(Some(log), journal)));
-        stop_unless_started(hosting, started)
+        let replicas = node.replicated.take().map(|(log, _)| (log, dir.join(raft_journal_file_name(self.node))));
+        let started = hosting.serve_node(self.node, node, Duration::ZERO).map(|_| ());
+        Ok((stop_unless_started(hosting, started)?, replicas))
     }
 
     /// After a restart in a replicated run: no node of its own (a follower took it over), its
@@ -430,6 +442,12 @@ impl Server {
         };
         run.window = Some(window);
         if let Some(h) = &run.hosting {
+            if let Some((log, journal)) = run.pending_replicas.take() {
+                if let Err(e) = h.start_replication(Some(log), journal) {
+                    h.stop();
+                    return Err(e);
+                }
+            }
             h.start_clients(window);
         }
         if let Some(dir) = &run.run_dir {
@@ -475,15 +493,18 @@ impl Server {
             }
         };
         let shared = hosting.shared.clone();
-        let deadline = Duration::from_nanos(window.end_ns) + Duration::from_secs(120);
+        let deadline = Duration::from_nanos(window.end_ns) + CLIENTS_PATIENCE;
         // The window's end first: clients may start later than the run (on a node this
         // process takes over), and they count themselves only when they start.
         while cpu.lock().1.is_none() && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
+            // A worker that panicked leaves its clients running forever.
+            hosting.check_workers()?;
             std::thread::sleep(Duration::from_millis(5));
         }
+        hosting.check_workers()?;
         let mut totals = Totals::default();
         let mut history: Vec<HistLine> = Vec::new();
         super::collect(&shared, &mut totals, &mut history);
@@ -509,32 +530,48 @@ impl Server {
         run.hosting.clone().context(super::tcp_host::SERVES_NO_NODE)
     }
 
-    /// Start an after-run job on worker 0 of a node this server serves; returns where it reports.
-    fn on_worker0(&self, job: driver::AfterRun) -> anyhow::Result<Arc<RunShared>> {
+    /// Run an after-run job on worker 0 of a node this server serves, and wait up to `limit`
+    /// for `done` to take its result from where it reports. Fails with
+    /// [`super::tcp_host::SERVES_NO_NODE`] if the node is given up meanwhile (taken over by
+    /// another host: its worker stopped with the job), so that the bench asks the server that
+    /// serves a node now.
+    fn after_run_job<T>(
+        &self,
+        job: driver::AfterRun,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&RunShared) -> Option<T>,
+    ) -> anyhow::Result<T> {
         let h = self.hosting()?;
-        h.on_a_worker0(driver::after_run_command(job, h.workload().clone(), h.shared.clone()))?;
-        Ok(h.shared.clone())
+        let (node, worker) = h.on_a_worker0(driver::after_run_command(job, h.workload().clone(), h.shared.clone()))?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(result) = done(&h.shared) {
+                return Ok(result);
+            }
+            h.check_workers()?;
+            if !h.still_runs(&worker) {
+                bail!("{}: node {node} was given up during the {what}", super::tcp_host::SERVES_NO_NODE);
+            }
+            if t0.elapsed() >= limit {
+                bail!("the {what} did not finish within {} s (on node {node})", limit.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn final_read(&self) -> anyhow::Result<Value> {
-        let shared = self.on_worker0(driver::final_read)?;
-        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
-        let result = shared.final_read.lock().take();
-        match result {
-            Some(Ok(line)) => Ok(json!({"line": line})),
-            Some(Err(e)) => bail!("{e}"),
-            None => bail!("the final read did not finish within 60 s"),
+        let take = |s: &RunShared| s.final_read.lock().take();
+        match self.after_run_job(driver::final_read, "final read", FINAL_READ_WAIT, take)? {
+            Ok(line) => Ok(json!({"line": line})),
+            Err(e) => bail!("{e}"),
         }
     }
 
     fn final_checks(&self) -> anyhow::Result<Value> {
-        let shared = self.on_worker0(driver::final_checks)?;
-        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
-        let findings = shared.checks.lock().take();
-        match findings {
-            Some(f) => Ok(json!({"findings": f})),
-            None => bail!("the final checks did not finish within 600 s"),
-        }
+        let take = |s: &RunShared| s.checks.lock().take();
+        let findings = self.after_run_job(driver::final_checks, "final checks", FINAL_CHECKS_WAIT, take)?;
+        Ok(json!({"findings": findings}))
     }
 
     fn stop(&self) {
@@ -566,6 +603,9 @@ fn sample_cpu(run: &ActiveRun, window: Window) {
 /// How long the bench waits for a node whose server died mid-run to come back.
 const RESTART_PATIENCE: Duration = Duration::from_secs(60);
 
+/// How long a server waits, past the run's window, for its clients to finish.
+const CLIENTS_PATIENCE: Duration = Duration::from_secs(120);
+
 /// Wait for a node's run to end. If its server dies meanwhile (killed, crashed) and comes back
 /// on the same address with its `--data-dir`, it takes the run up again from its log and its
 /// history file: reconnect and ask again. Also returns when the bench lost the server (ms since
@@ -573,18 +613,41 @@ const RESTART_PATIENCE: Duration = Duration::from_secs(60);
 /// A server's control connection, its final report, and when it was lost (Unix ms), if it was.
 type Waited = (Control, Value, Option<u64>);
 
-fn wait_surviving_restarts(mut c: Control, addr: SocketAddr) -> anyhow::Result<Waited> {
+/// Gives up, naming the wait, once `deadline` passes: the run's window, the servers' own
+/// patience with their clients ([`CLIENTS_PATIENCE`]) and [`ANSWER_MARGIN`].
+fn wait_surviving_restarts(mut c: Control, addr: SocketAddr, deadline: Instant) -> anyhow::Result<Waited> {
     let mut lost_unix_ms = None;
     loop {
-        match c.call(&json!({"cmd": "wait"})) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match c.call_within(&json!({"cmd": "wait"}), left) {
             Ok(v) => return Ok((c, v, lost_unix_ms)),
-            Err(e) if c.lost => {
+            Err(e) if c.lost && !left.is_zero() => {
                 lost_unix_ms.get_or_insert_with(super::tcp_host::unix_ms);
                 eprintln!("dtx: node {}: {e:#}; waiting up to {:?} for it to restart", c.node, RESTART_PATIENCE);
-                c = Control::connect(c.node, addr, RESTART_PATIENCE)?;
+                c = Control::connect(c.node, addr, RESTART_PATIENCE.min(left))?;
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// How long a server waits for its final read to commit, and for its final checks.
+const FINAL_READ_WAIT: Duration = Duration::from_secs(60);
+const FINAL_CHECKS_WAIT: Duration = Duration::from_secs(600);
+
+/// How long the bench waits for a server's answer beyond what the server itself waits for:
+/// a server that does not answer by then (stopped, hung) is given up on, by name.
+const ANSWER_MARGIN: Duration = Duration::from_secs(30);
+
+/// How long the bench waits for a server's answer to `cmd` (`wait` is bounded by the run's
+/// window instead, see [`wait_surviving_restarts`]).
+fn patience(cmd: &str) -> Duration {
+    match cmd {
+        // Loading a large TPC-C or YCSB population.
+        "prepare" => Duration::from_secs(600),
+        "final_read" => FINAL_READ_WAIT + ANSWER_MARGIN,
+        "final_checks" => FINAL_CHECKS_WAIT + ANSWER_MARGIN,
+        _ => ANSWER_MARGIN,
     }
 }
 
@@ -595,6 +658,9 @@ struct Control {
     writer: TcpStream,
     /// The connection broke (the server died), as opposed to the server refusing a request.
     lost: bool,
+    /// The server did not answer within the bench's patience: the connection is given up (a
+    /// late answer would be read as the next request's).
+    timed_out: bool,
 }
 
 impl Control {
@@ -604,7 +670,13 @@ impl Control {
             match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    return Ok(Control { node, reader: BufReader::new(s.try_clone()?), writer: s, lost: false });
+                    return Ok(Control {
+                        node,
+                        reader: BufReader::new(s.try_clone()?),
+                        writer: s,
+                        lost: false,
+                        timed_out: false,
+                    });
                 }
                 Err(e) if t0.elapsed() < patience => {
                     let _ = e;
@@ -615,15 +687,36 @@ impl Control {
         }
     }
 
+    /// Send `req` and read the answer, waiting at most the request's [`patience`].
     fn call(&mut self, req: &Value) -> anyhow::Result<Value> {
+        let limit = patience(req["cmd"].as_str().unwrap_or(""));
+        self.call_within(req, limit)
+    }
+
+    /// Send `req` and read the answer, waiting at most `limit` for it.
+    fn call_within(&mut self, req: &Value, limit: Duration) -> anyhow::Result<Value> {
+        let node = self.node;
+        let what = match req["cmd"].as_str().unwrap_or("") {
+            "wait" => format!("node {node}'s clients to finish (the end of its run)"),
+            "ping" => format!("node {node} to answer a ping"),
+            other => format!("node {node}'s {}", other.replace('_', " ")),
+        };
+        if self.timed_out {
+            bail!("node {}: its control connection was given up on (an earlier request timed out)", self.node);
+        }
         let mut line = String::new();
         let mut bytes = serde_json::to_vec(req)?;
         bytes.push(b'\n');
+        self.writer.set_read_timeout(Some(limit.max(Duration::from_millis(1))))?;
         let sent = self.writer.write_all(&bytes).and_then(|_| self.reader.read_line(&mut line));
         match sent {
             Ok(0) => {
                 self.lost = true;
                 bail!("node {} closed the control connection", self.node);
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                self.timed_out = true;
+                bail!("gave up waiting {} s for {what}: its server did not answer", limit.as_secs());
             }
             Err(e) => {
                 self.lost = true;
@@ -1050,11 +1143,12 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     let nemesis = spawned.map(|s| if spec.faults.any() { Err(s.nemesis(&spec, addrs.clone(), t0)) } else { Ok(s) });
     let total_ms = (spec.warmup_us + spec.duration_us) / 1000;
     let pb = super::progress(&format!("{} tcp", spec.protocol), total_ms);
+    let wait_deadline = t0 + Duration::from_millis(total_ms) + CLIENTS_PATIENCE + ANSWER_MARGIN;
     let waits: Vec<_> = ctl
         .into_iter()
         .map(|c| {
             let addr = addrs[c.node];
-            std::thread::spawn(move || wait_surviving_restarts(c, addr))
+            std::thread::spawn(move || wait_surviving_restarts(c, addr, wait_deadline))
         })
         .collect();
     while waits.iter().any(|w| !w.is_finished()) {
@@ -1162,9 +1256,11 @@ fn after_run_jobs(
         let v = call_a_serving_server(ctl, serving, &json!({"cmd": "final_checks"}))?;
         let f: Vec<(String, bool, String)> = serde_json::from_value(v["findings"].clone())?;
         totals.findings.extend(f);
-        for (c, _) in ctl.iter_mut().zip(serving).filter(|(_, &s)| s) {
+        // Every server's process: what its clients saw is in its workload, whether it serves a
+        // node now or not (one taken over since its clients ran).
+        for c in ctl.iter_mut() {
             let v = match c.call(&json!({"cmd": "findings"})) {
-                // Taken over since the run ended: its node's new server reports the node.
+                // Nothing hosted here (a run that never started on this server).
                 Err(e) if is_serving_no_node(&e) => continue,
                 v => v?,
             };
@@ -1186,20 +1282,40 @@ fn reach_restarted(ctl: &mut [Control], addrs: &[SocketAddr]) -> anyhow::Result<
     Ok(())
 }
 
-/// Ask the servers `cmd`, those that served a node when the run ended first, until one answers:
-/// a server stopped or cut off late in the run can be taken over after the run's end, between
-/// the bench's look and its question, and then answers [`super::tcp_host::SERVES_NO_NODE`].
+/// How long the bench looks for a server that serves a node for an after-run job: a node
+/// given up after the run's end (its server stopped or cut off late in the run, or starved of
+/// CPU past an election) is served again once another host rebuilt it.
+const SERVED_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Ask the servers `cmd`, those that served a node when the run ended first, until one that
+/// serves a node answers: a server stopped or cut off late in the run can be taken over after
+/// the run's end, between the bench's look and its question, and then answers
+/// [`super::tcp_host::SERVES_NO_NODE`] (or gives its node up while running the job). Such
+/// answers send the bench to the next server, round after round, for up to
+/// [`SERVED_PATIENCE`]; any other failure ends the job at once.
 fn call_a_serving_server(ctl: &mut [Control], serving: &[bool], cmd: &Value) -> anyhow::Result<Value> {
     let order: Vec<usize> =
         (0..ctl.len()).filter(|&i| serving[i]).chain((0..ctl.len()).filter(|&i| !serving[i])).collect();
-    let mut last = None;
-    for i in order {
-        match ctl[i].call(cmd) {
-            Ok(v) => return Ok(v),
-            Err(e) => last = Some(e),
+    let t0 = Instant::now();
+    loop {
+        let mut why = Vec::new();
+        for &i in &order {
+            match ctl[i].call(cmd) {
+                Ok(v) => return Ok(v),
+                Err(e) if is_serving_no_node(&e) || ctl[i].lost => why.push(format!("{e:#}")),
+                Err(e) => return Err(e),
+            }
         }
+        if t0.elapsed() >= SERVED_PATIENCE {
+            bail!(
+                "gave up waiting {} s for a server that serves a node, to run the {}: {}",
+                SERVED_PATIENCE.as_secs(),
+                cmd["cmd"].as_str().unwrap_or("job").replace('_', " "),
+                why.join("; ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    Err(last.unwrap_or_else(|| anyhow::anyhow!("no server serves a node at the end of the run")))
 }
 
 fn is_serving_no_node(e: &anyhow::Error) -> bool {

@@ -117,6 +117,8 @@ pub struct Hosting {
     /// The routes this host announces (nodes it took over onto addresses of its own).
     announced: Mutex<Vec<RouteAnnouncement>>,
     stopped: AtomicBool,
+    /// What each worker thread that panicked said (its node's clients will not finish).
+    panics: Arc<Mutex<Vec<String>>>,
 }
 
 thread_local! {
@@ -151,6 +153,7 @@ impl Hosting {
             routes: Default::default(),
             announced: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
+            panics: Default::default(),
         })
     }
 
@@ -225,12 +228,23 @@ impl Hosting {
         for (wi, net) in nets.into_iter().enumerate() {
             node.handles.push(net.handle());
             let (setup, lost, epoch, spec) = (setup.clone(), node.lost.clone(), self.epoch, self.spec.clone());
+            let (panics, host) = (self.panics.clone(), self.host);
             let thread = std::thread::Builder::new().name(format!("n{id}w{wi}@{}", self.host)).spawn(move || {
                 let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
                 // Serve peers from the moment the port is open: a peer may start first.
                 let proto = attach_worker(&setup, &w);
                 THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
-                net.run(&w);
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| net.run(&w)));
+                if let Err(payload) = ran {
+                    // Its clients and the transactions it served stop here: say so to the
+                    // run's waits instead of leaving them waiting for clients that never end.
+                    let what = payload
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".to_string());
+                    panics.lock().push(format!("node {id}'s worker {wi} on host {host} panicked: {what}"));
+                }
                 if lost.load(Ordering::Acquire) {
                     w.crash();
                 }
@@ -277,18 +291,33 @@ impl Hosting {
         }
     }
 
-    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs); fails with
-    /// [`SERVES_NO_NODE`] when its nodes were all taken over.
-    pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<()> {
+    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs), and say where
+    /// (see [`Hosting::still_runs`]); fails with [`SERVES_NO_NODE`] when its nodes were all
+    /// taken over.
+    pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<(NodeId, Arc<TcpHandle>)> {
         let nodes = self.nodes.lock();
         let n = nodes.first().context(SERVES_NO_NODE)?;
         n.handles[0].push_command(cmd);
-        Ok(())
+        Ok((n.id, n.handles[0].clone()))
+    }
+
+    /// Whether `worker` (of a node this process served) still runs: false once its node was
+    /// given up, even if this process took the node over again since (on new workers).
+    pub fn still_runs(&self, worker: &Arc<TcpHandle>) -> bool {
+        self.nodes.lock().iter().any(|n| n.handles.iter().any(|h| Arc::ptr_eq(h, worker)))
     }
 
     /// The workload instance of this process.
     pub fn workload(&self) -> &Arc<dyn Workload> {
         &self.workload
+    }
+
+    /// The first worker thread of this process that panicked, if any, as an error.
+    pub fn check_workers(&self) -> anyhow::Result<()> {
+        match self.panics.lock().first() {
+            Some(p) => anyhow::bail!("{p}"),
+            None => Ok(()),
+        }
     }
 
     /// Whether this process serves a node now.

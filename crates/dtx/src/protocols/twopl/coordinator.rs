@@ -112,14 +112,18 @@ impl<'a> TplTxn<'a> {
         }
     }
 
-    fn touch(&mut self, n: NodeId) {
-        self.wk.coord.touch(self.id, &mut self.touched, n)
+    /// Count node `n` among the participants; returns whether it was one already (the
+    /// transaction may hold locks there, which a request says as `again`).
+    fn touch(&mut self, n: NodeId) -> bool {
+        let again = self.touched.contains(&n);
+        self.wk.coord.touch(self.id, &mut self.touched, n);
+        again
     }
 
     /// Lock `keys` on remote node `n` in one round trip; returns their values in order.
     async fn lock_remote(&mut self, n: NodeId, keys: Vec<(RowKey, Mode)>) -> TxnResult<Vec<Option<Value>>> {
-        self.touch(n);
-        let req = Request::Lock { txn: self.id, prio: self.prio, keys: keys.clone() };
+        let again = self.touch(n);
+        let req = Request::Lock { txn: self.id, prio: self.prio, keys: keys.clone(), again };
         match self.wk.ask(n, &req).await? {
             Reply::Values(vals) if vals.len() == keys.len() => {
                 for ((k, m), v) in keys.into_iter().zip(vals.iter()) {
@@ -273,8 +277,8 @@ impl<'a> Access for TplTxn<'a> {
                 }
                 rows
             } else {
-                self.touch(n);
-                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s }).await? {
+                let again = self.touch(n);
+                match self.wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s, again }).await? {
                     Reply::Rows(rows) => {
                         for (k, v) in &rows {
                             self.note(RowKey::new(s.table, *k), Some(v.clone()), Mode::Shared);
@@ -329,15 +333,14 @@ impl<'a> CoordTxn for TplTxn<'a> {
         // Remote participants first, in parallel; then the local keys.
         let remote: Vec<(NodeId, Vec<(RowKey, Mode)>)> =
             by_node.iter().filter(|(n, _)| **n != me).map(|(n, v)| (*n, v.clone())).collect();
-        for (n, _) in &remote {
-            self.touch(*n);
-        }
+        let again: Vec<bool> = remote.iter().map(|(n, _)| self.touch(*n)).collect();
         let wk = self.wk;
         let (id, prio) = (self.id, self.prio);
         let calls: Vec<_> = remote
             .iter()
-            .map(|(n, ks)| {
-                let req = Request::Lock { txn: id, prio, keys: ks.clone() };
+            .zip(again)
+            .map(|((n, ks), again)| {
+                let req = Request::Lock { txn: id, prio, keys: ks.clone(), again };
                 let n = *n;
                 async move { wk.ask(n, &req).await }
             })

@@ -11,10 +11,13 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// Lock records (waiting or not per the policy) and return their values.
-    Lock { txn: TxnId, prio: Prio, keys: Vec<(RowKey, Mode)> },
-    /// Lock the existing rows of a range in shared mode and return them.
-    Scan { txn: TxnId, prio: Prio, scan: Scan },
+    /// Lock records (waiting or not per the policy) and return their values. `again`: the
+    /// transaction asked this node for locks before; a participant that does not know it then
+    /// lost those locks (an earlier incarnation of the node held them, and a takeover or a
+    /// restart forgot them) and aborts it instead of starting it afresh with only these.
+    Lock { txn: TxnId, prio: Prio, keys: Vec<(RowKey, Mode)>, again: bool },
+    /// Lock the existing rows of a range in shared mode and return them (`again` as above).
+    Scan { txn: TxnId, prio: Prio, scan: Scan, again: bool },
     /// Phase one of 2PC: keep these writes; a participant without writes releases and leaves.
     Prepare { txn: TxnId, writes: Vec<(RowKey, Option<Value>)> },
 }

@@ -103,6 +103,11 @@ pub fn release_recs<'s, M: Locked + 's>(txn: TxnId, recs: impl Iterator<Item = &
     }
 }
 
+/// Whether `txn` holds `key`'s exclusive lock here.
+fn holds_exclusive(store: &Storage<LockMeta>, txn: TxnId, key: RowKey) -> bool {
+    store.get(key).is_some_and(|rec| rec.lock().meta.holds(txn, Mode::Exclusive))
+}
+
 /// Install one write of `txn`, which holds the record's exclusive lock.
 pub fn apply_rec(rec: &LockRecord, txn: TxnId, value: Option<Value>) {
     let mut row = rec.lock();
@@ -129,8 +134,15 @@ impl TwoPlWorker {
         let now = self.w.now_ns();
         let store = &self.node.store;
         let reply = match req {
-            Request::Lock { txn, prio, keys } => return self.serve_lock(from, rpc_id, txn, prio, keys),
-            Request::Scan { txn, prio, scan } => return self.serve_scan(from, rpc_id, txn, prio, scan),
+            Request::Lock { again: true, txn, .. } | Request::Scan { again: true, txn, .. }
+                if !self.parts.txns.borrow().contains_key(&txn) =>
+            {
+                // Its earlier locks here died with an earlier incarnation of this node (or it
+                // was aborted here meanwhile): it cannot go on with only the locks asked now.
+                Reply::Aborted(Abort::ParticipantLost)
+            }
+            Request::Lock { txn, prio, keys, .. } => return self.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Scan { txn, prio, scan, .. } => return self.serve_scan(from, rpc_id, txn, prio, scan),
             Request::Prepare { txn, writes } => {
                 let mut parts = self.parts.txns.borrow_mut();
                 match parts.get_mut(&txn) {
@@ -145,6 +157,13 @@ impl TwoPlWorker {
                         // (early lock release): the vote that lets it commit waits for it.
                         let tail = self.node.log.read_fence();
                         return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
+                    }
+                    Some(_) if !writes.iter().all(|(k, _)| holds_exclusive(store, txn, *k)) => {
+                        // Writes whose locks this incarnation does not hold (taken by an
+                        // earlier one, lost with it): no yes vote without them.
+                        drop(parts);
+                        self.abort_here(txn);
+                        Reply::Vote(Vote::Lost)
                     }
                     Some((p, t)) => {
                         *t = now;
