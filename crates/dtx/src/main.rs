@@ -115,7 +115,7 @@ fn main() -> ExitCode {
         Cmd::Protocols { options: Some(name) } => dtx::cli::protocol_options(&name),
         Cmd::Experiment { cmd } => dtx::cli::experiment::experiment(cmd, env!("DTX_COMMIT")),
         Cmd::Check { history, json, realtime } => dtx::cli::check(&history, json, realtime),
-        Cmd::Server { config, node, data_dir } => dtx::bench::tcp::serve(&config, node, data_dir).map(|_| true),
+        Cmd::Server { config, node, data_dir } => dtx::host::tcp::serve(&config, node, data_dir).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

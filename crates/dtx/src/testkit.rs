@@ -7,8 +7,8 @@
 //!   `check_output` called after each, then `process_findings`. One workload instance serves
 //!   every node, as in the bench runtimes.
 
-use crate::bench::BenchSpec;
 use crate::cluster::PartitionId;
+use crate::host::BenchSpec;
 use crate::net::Addr;
 use crate::protocols::{self, Attempt, NodeEnv, WorkerProtocol};
 use crate::rt::{sim::SimWorld, Worker};
@@ -114,7 +114,7 @@ pub fn run(spec: &BenchSpec) -> SimRun {
             world.add_worker(w.clone());
             let proto = node.worker(w.clone());
             proto.start();
-            // Clients homed at the node's partitions, rotated by worker (as `bench::homes`).
+            // Clients homed at the node's partitions, rotated by worker (as `host::homes`).
             let mut homes = topo.partitions_of(n);
             let r = wi as usize % homes.len();
             homes.rotate_left(r);
@@ -294,8 +294,8 @@ pub fn contended_append() -> crate::workloads::WorkloadParams {
 
 /// Run `spec` in the simulator through the bench and check its history (panics naming the
 /// protocol and seed on an anomaly).
-pub fn checked_run(spec: &BenchSpec) -> crate::bench::Outcome {
-    let out = crate::bench::run_sim(spec).expect("the simulation runs");
+pub fn checked_run(spec: &BenchSpec) -> crate::host::Outcome {
+    let out = crate::host::run_sim(spec).expect("the simulation runs");
     let path = std::env::temp_dir().join(format!("dtx-{}-{}-{}.jsonl", spec.protocol, std::process::id(), spec.seed));
     let (report, problem) =
         crate::bench::verify(&out, &path, crate::protocols::guarantee_of(&spec.protocol)).expect("the history checks");

@@ -1,6 +1,7 @@
 //! The `local` runtime: real threads and in-memory channels, with and without injected delay.
 
-use dtx::bench::{self, BenchSpec, Outcome};
+use dtx::bench;
+use dtx::host::{self, BenchSpec, Outcome};
 use dtx::protocols::REGISTRY;
 use dtx::workloads::WorkloadParams;
 
@@ -47,7 +48,7 @@ fn ycsb_on_threads_reports_messages_and_latency() {
 /// the machine is; a run that still commits too few fails, saying so.
 fn run_until_commits(s: &mut BenchSpec, min: u64) -> Outcome {
     loop {
-        let out = bench::run_local(s).unwrap();
+        let out = host::run_local(s).unwrap();
         if out.totals.committed > min {
             return out;
         }

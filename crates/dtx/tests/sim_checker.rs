@@ -3,7 +3,7 @@
 //! every acknowledged append must be in the final state.
 //! `DTX_SEEDS=200 cargo test --release --test sim_checker` runs the deep sweep.
 
-use dtx::bench::{self, BenchSpec};
+use dtx::host::{self, BenchSpec};
 use dtx::protocols::{ready, REGISTRY};
 
 mod common;
@@ -13,7 +13,7 @@ fn seeds() -> u64 {
 }
 
 fn append_spec(protocol: &str, seed: u64) -> BenchSpec {
-    common::append_spec(protocol, seed, dtx::bench::Runtime::Sim, 300_000)
+    common::append_spec(protocol, seed, dtx::host::Runtime::Sim, 300_000)
 }
 
 fn check(spec: &BenchSpec, tag: &str) {
@@ -53,13 +53,13 @@ fn interactive_execution_is_serializable_too() {
 #[test]
 fn the_same_seed_replays_the_same_run() {
     let spec = append_spec("occ", 42).with_faults(true, true, 0.01);
-    let a = bench::run_sim(&spec).unwrap();
-    let b = bench::run_sim(&spec).unwrap();
+    let a = host::run_sim(&spec).unwrap();
+    let b = host::run_sim(&spec).unwrap();
     assert_eq!(a.totals.committed, b.totals.committed);
     assert_eq!(a.totals.aborts, b.totals.aborts);
     assert_eq!(a.totals.msgs, b.totals.msgs);
-    let ops = |o: &bench::Outcome| o.history.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>();
+    let ops = |o: &host::Outcome| o.history.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>();
     assert_eq!(ops(&a), ops(&b), "histories differ between two runs of one seed");
-    let c = bench::run_sim(&append_spec("occ", 43)).unwrap();
+    let c = host::run_sim(&append_spec("occ", 43)).unwrap();
     assert_ne!(ops(&a), ops(&c), "different seeds should give different runs");
 }

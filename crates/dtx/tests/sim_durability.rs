@@ -6,7 +6,7 @@
 //! WAL on disk: a second run over the same data folder recovers everything the first committed.
 //! `DTX_SEEDS=100 cargo test --release --test sim_durability` runs the deep sweep.
 
-use dtx::bench::{self, BenchSpec};
+use dtx::host::{self, BenchSpec};
 use dtx::protocols::ready;
 use dtx::replication::Durability;
 use dtx::txn::HistOp;
@@ -18,7 +18,7 @@ fn seeds() -> u64 {
     common::seeds(12)
 }
 
-fn durable_spec(protocol: &str, seed: u64, runtime: dtx::bench::Runtime) -> BenchSpec {
+fn durable_spec(protocol: &str, seed: u64, runtime: dtx::host::Runtime) -> BenchSpec {
     let mut s = common::append_spec(protocol, seed, runtime, 400_000);
     s.durability.mode = Durability::Wal;
     s.durability.cluster_id = seed;
@@ -38,7 +38,7 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     for p in ready() {
         let (mut restarts, mut log_waits) = (0, 0);
         for seed in 1..=seeds() {
-            let mut spec = durable_spec(p.name, 2000 + seed, dtx::bench::Runtime::Sim).with_faults(true, true, 0.02);
+            let mut spec = durable_spec(p.name, 2000 + seed, dtx::host::Runtime::Sim).with_faults(true, true, 0.02);
             spec.faults.fault_interval_us = 100_000;
             let (r, l) = check(&spec, "crash");
             restarts += r;
@@ -58,7 +58,7 @@ fn crashes_recover_from_checkpoints_in_the_simulator() {
     for p in ready() {
         let (mut restarts, mut from_checkpoint) = (0, 0);
         for seed in 1..=seeds().div_ceil(2) {
-            let mut spec = durable_spec(p.name, 2500 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
+            let mut spec = durable_spec(p.name, 2500 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
             spec.workers = 2;
             spec.faults.fault_interval_us = 50_000;
             spec.durability.checkpoint_every = 40;
@@ -88,8 +88,7 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
         for p in ready() {
             let (mut restarts, mut orphans) = (0, 0);
             for seed in 1..=seeds().div_ceil(2) {
-                let mut spec =
-                    durable_spec(p.name, 2700 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
+                let mut spec = durable_spec(p.name, 2700 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
                 spec.workload.keys = 400;
                 spec.workers = 3;
                 spec.inflight = 8;
@@ -119,7 +118,7 @@ fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
     for p in ready() {
         let mut restarts = 0;
         for seed in 1..=seeds().div_ceil(3) {
-            let mut spec = durable_spec(p.name, 2500 + seed, dtx::bench::Runtime::Sim).with_faults(true, false, 0.0);
+            let mut spec = durable_spec(p.name, 2500 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
             spec.nodes = 1;
             spec.faults.fault_interval_us = 50_000;
             restarts += check(&spec, "one-node crash").0;
@@ -137,7 +136,7 @@ fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
     use dtx::net::{TargetedFault, TargetedKind};
     for p in ready() {
         for seed in 1..=3 {
-            let mut spec = durable_spec(p.name, 2900 + seed, dtx::bench::Runtime::Sim);
+            let mut spec = durable_spec(p.name, 2900 + seed, dtx::host::Runtime::Sim);
             let crash = TargetedFault { kind: TargetedKind::Crash, node: 1, at_us: 150_000, for_us: Some(50_000) };
             spec.faults.targeted = vec![crash];
             spec = spec.with_faults(false, false, 0.0);
@@ -154,7 +153,7 @@ fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
 fn a_durable_run_without_faults_is_serializable() {
     for p in ready() {
         for seed in 1..=seeds().div_ceil(3) {
-            let (_, log_waits) = check(&durable_spec(p.name, 3000 + seed, dtx::bench::Runtime::Sim), "clean");
+            let (_, log_waits) = check(&durable_spec(p.name, 3000 + seed, dtx::host::Runtime::Sim), "clean");
             assert!(log_waits > 0, "{} seed {}: no commit waited for the log", p.name, 3000 + seed);
         }
     }
@@ -162,17 +161,17 @@ fn a_durable_run_without_faults_is_serializable() {
 
 #[test]
 fn a_crashy_durable_run_replays_exactly_from_its_seed() {
-    let spec = durable_spec("2pl-waitdie", 77, dtx::bench::Runtime::Sim).with_faults(true, false, 0.01);
-    let a = bench::run_sim(&spec).unwrap();
-    let b = bench::run_sim(&spec).unwrap();
+    let spec = durable_spec("2pl-waitdie", 77, dtx::host::Runtime::Sim).with_faults(true, false, 0.01);
+    let a = host::run_sim(&spec).unwrap();
+    let b = host::run_sim(&spec).unwrap();
     assert!(a.restarts > 0, "the seed should crash a node");
     assert_eq!((a.restarts, a.totals.committed, a.totals.msgs), (b.restarts, b.totals.committed, b.totals.msgs));
-    let lines = |o: &bench::Outcome| o.history.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>();
+    let lines = |o: &host::Outcome| o.history.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>();
     assert_eq!(lines(&a), lines(&b));
 }
 
 /// Key -> list, from a final read.
-fn final_state(o: &bench::Outcome) -> BTreeMap<u64, Vec<u64>> {
+fn final_state(o: &host::Outcome) -> BTreeMap<u64, Vec<u64>> {
     let line = o.final_read.as_ref().expect("a final read ran").as_ref().expect("the final read committed");
     line.ops
         .iter()
@@ -232,7 +231,7 @@ const COMMITS_TIME_CAP: std::time::Duration = std::time::Duration::from_secs(120
 fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec)) {
     let data = std::env::temp_dir().join(format!("dtx-wal-restart-{}-{tag}", std::process::id()));
     for p in ready() {
-        let mut spec = durable_spec(p.name, 5, dtx::bench::Runtime::Local);
+        let mut spec = durable_spec(p.name, 5, dtx::host::Runtime::Local);
         spec.nodes = 2;
         spec.workers = 1;
         spec.latency.delay_us = 0;
@@ -258,7 +257,7 @@ fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec
                 spec.duration_us *= 2;
             }
             // After the first, each run is the same cluster started again over the same logs.
-            let out = bench::run_local(&spec).unwrap_or_else(|e| panic!("{}: run {} failed: {e:#}", p.name, runs + 1));
+            let out = host::run_local(&spec).unwrap_or_else(|e| panic!("{}: run {} failed: {e:#}", p.name, runs + 1));
             runs += 1;
             committed += out.totals.committed;
             most = most.max(out.totals.committed);
@@ -316,7 +315,7 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize, usize) {
 }
 
 fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
-    let mut spec = durable_spec(protocol, seed, dtx::bench::Runtime::Sim);
+    let mut spec = durable_spec(protocol, seed, dtx::host::Runtime::Sim);
     spec.durability.mode = Durability::Replicated;
     spec.durability.replicas = 3;
     spec
@@ -354,7 +353,7 @@ fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_c
 
 /// How many committed entries the end-of-run check compared between replicas (it passed:
 /// `run_and_check` fails a run whose check failed).
-fn replicas_compared(out: &dtx::bench::Outcome) -> u64 {
+fn replicas_compared(out: &dtx::host::Outcome) -> u64 {
     let (_, agree, detail) = out
         .totals
         .findings
@@ -437,12 +436,12 @@ fn a_failover_run_replays_exactly_from_its_seed() {
     let (spec, a) = (78..98)
         .map(|seed| replicated_spec("occ", seed).with_faults(true, true, 0.01))
         .map(|spec| {
-            let out = bench::run_sim(&spec).unwrap();
+            let out = host::run_sim(&spec).unwrap();
             (spec, out)
         })
         .find(|(_, out)| out.totals.failovers > 0)
         .expect("none of 20 seeds failed a node over");
-    let b = bench::run_sim(&spec).unwrap();
+    let b = host::run_sim(&spec).unwrap();
     assert_eq!(
         (a.restarts, a.totals.failovers, a.totals.committed, a.totals.msgs),
         (b.restarts, b.totals.failovers, b.totals.committed, b.totals.msgs)
@@ -463,11 +462,11 @@ fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
 
 #[test]
 fn replicated_durability_runs_on_threads() {
-    let mut spec = durable_spec("occ", 9, dtx::bench::Runtime::Local);
+    let mut spec = durable_spec("occ", 9, dtx::host::Runtime::Local);
     spec.durability.mode = Durability::Replicated;
     spec.latency.delay_us = 0;
     spec.latency.jitter_us = 0;
-    let out = bench::run_local(&spec).expect("local run");
+    let out = host::run_local(&spec).expect("local run");
     assert!(out.totals.committed > 0 && out.totals.log_waits > 0, "nothing committed through the replicas");
     let line = out.final_read.as_ref().expect("final read ran").as_ref().expect("final read committed");
     assert!(!line.ops.is_empty());

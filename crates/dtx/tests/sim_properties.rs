@@ -2,7 +2,8 @@
 //! costs no wall time, throughput comes from transactions in flight, and a distributed
 //! transaction sends exactly the protocol's textbook number of messages.
 
-use dtx::bench::{self, BenchSpec};
+use dtx::bench;
+use dtx::host::{self, BenchSpec};
 use dtx::workloads::WorkloadParams;
 use std::time::Instant;
 
@@ -23,7 +24,7 @@ fn a_50ms_wan_costs_no_wall_time() {
     s.duration_us = 5_000_000;
     s.warmup_us = 500_000;
     let t0 = Instant::now();
-    let out = bench::run_sim(&s).unwrap();
+    let out = host::run_sim(&s).unwrap();
     assert!(out.totals.committed > 1000, "committed {}", out.totals.committed);
     // 5.5 s of virtual time with 100 ms round trips, simulated in well under its own length.
     assert!(t0.elapsed().as_secs_f64() < 5.0, "took {:?}", t0.elapsed());
@@ -40,7 +41,7 @@ fn throughput_comes_from_transactions_in_flight() {
             let mut s = ycsb(protocol, 4, 0.2, 0.8);
             s.latency.delay_us = 100;
             s.inflight = inflight;
-            bench::run_sim(&s).unwrap().totals.committed as f64
+            host::run_sim(&s).unwrap().totals.committed as f64
         };
         let (one, many) = (run(1), run(32));
         assert!(many > 5.0 * one, "{protocol}: inflight 32 gives {many}, inflight 1 gives {one}");
@@ -55,7 +56,7 @@ fn msgs_per_txn(protocol: &str, read_ratio: f64, one_shot: bool) -> f64 {
     s.workload.ops = 4;
     s.inflight = 1;
     s.proto.one_shot = one_shot;
-    let out = bench::run_sim(&s).unwrap();
+    let out = host::run_sim(&s).unwrap();
     assert_eq!(out.totals.aborted(), 0, "{protocol}: the test assumes no conflicts");
     let m = out.totals.msgs as f64 / out.totals.committed as f64;
     eprintln!("{protocol} read_ratio {read_ratio} one_shot {one_shot}: {m} messages per transaction");
@@ -103,7 +104,7 @@ fn a_cpu_factor_slows_the_named_node_down() {
             s.faults.targeted =
                 vec![TargetedFault { kind: TargetedKind::Cpu { factor }, node: 1, at_us: 0, for_us: None }];
         }
-        let out = bench::run_sim(&s).unwrap();
+        let out = host::run_sim(&s).unwrap();
         (out.totals.cpu_us as f64 / out.totals.committed as f64, out.totals.committed, out.fault_events)
     };
     let (plain_cpu, plain_commits, none) = run(None);
@@ -127,7 +128,7 @@ fn a_delay_holds_the_named_nodes_messages() {
             let kind = TargetedKind::Delay { by_us: 20_000 };
             s.faults.targeted = vec![TargetedFault { kind, node: 0, at_us: 50_000, for_us: Some(100_000) }];
         }
-        let out = bench::run_sim(&s).unwrap();
+        let out = host::run_sim(&s).unwrap();
         (out.totals.histogram().value_at_quantile(0.99), out.fault_events)
     };
     let ((plain_p99, _), (delayed_p99, events)) = (run(false), run(true));
@@ -151,7 +152,7 @@ fn a_paused_node_goes_on_where_it_stopped() {
     s.latency.delay_us = 150;
     s.faults.targeted =
         vec![TargetedFault { kind: TargetedKind::Pause, node: 1, at_us: 50_000, for_us: Some(100_000) }];
-    let out = bench::run_sim(&s).unwrap();
+    let out = host::run_sim(&s).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), dtx::protocols::guarantee_of(&s.protocol))
         .expect("the history checks");

@@ -2,7 +2,7 @@
 //! consistency conditions 1-4 hold for every warehouse after the run, and every bank audit (during
 //! the run and at the end) sees the invariant total. `DTX_SEEDS=N` sets the number of seeds.
 
-use dtx::bench::{self, BenchSpec};
+use dtx::host::{self, BenchSpec};
 use dtx::protocols::{ready, REGISTRY};
 use dtx::workloads::WorkloadParams;
 
@@ -24,7 +24,7 @@ fn spec(protocol: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
 }
 
 fn assert_checks(spec: &BenchSpec) {
-    let out = bench::run_sim(spec).expect("simulation runs");
+    let out = host::run_sim(spec).expect("simulation runs");
     assert!(out.totals.committed > 0, "{} seed {}: nothing committed", spec.protocol, spec.seed);
     let f = &out.totals.findings;
     assert!(!f.is_empty(), "{} seed {}: no checks ran", spec.protocol, spec.seed);

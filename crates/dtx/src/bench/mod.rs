@@ -2,10 +2,7 @@
 //! [`crate::host`], which builds and runs the cluster), then checks and reports it the same way
 //! whatever the runtime: the history written and checked, the report the JSON contract names.
 
-pub use crate::host::{
-    build_node, build_workload, data_dir, driver, finish_checks, homes, machine_factory, metrics, open_node_logs,
-    progress, run_local, run_sim, tcp, tcp_host, BenchSpec, NodeSetup, OpenedLog, Outcome, Runtime,
-};
+use crate::host::{metrics, tcp, BenchSpec, Outcome};
 
 use anyhow::Context;
 use dtx_report::{LatencyUs, RunReport};

@@ -5,7 +5,8 @@ pub mod experiment;
 
 pub use bench_args::BenchArgs;
 
-use crate::bench::{self, BenchSpec, Outcome};
+use crate::bench;
+use crate::host::{self, BenchSpec, Outcome};
 use crate::protocols;
 use anyhow::bail;
 use dtx_report::{BenchReport, RunReport};
@@ -143,9 +144,9 @@ pub(crate) fn run_spec(
     history: Option<&Path>,
 ) -> anyhow::Result<(RunReport, bool, bool)> {
     let outcome = match spec.runtime {
-        bench::Runtime::Sim => bench::run_sim(spec)?,
-        bench::Runtime::Local => bench::run_local(spec)?,
-        bench::Runtime::Tcp => bench::tcp::run(spec, cluster)?,
+        host::Runtime::Sim => host::run_sim(spec)?,
+        host::Runtime::Local => host::run_local(spec)?,
+        host::Runtime::Tcp => host::tcp::run(spec, cluster)?,
     };
     for n in &outcome.notes {
         eprintln!("dtx: {}: {n}", spec.protocol);

@@ -132,7 +132,8 @@ impl WorkerProtocol for MultiWorker {
 
 #[cfg(test)]
 mod tests {
-    use crate::bench::{self, BenchSpec};
+    use crate::bench;
+    use crate::host::{self, BenchSpec};
     use crate::replication::Durability;
     use crate::workloads::WorkloadParams;
 
@@ -153,7 +154,7 @@ mod tests {
     fn crashes_keep_what_each_log_flushed_and_lose_nothing_acknowledged() {
         for seed in 1..=6 {
             let s = spec(crate::host::Runtime::Sim, seed).with_faults(true, false, 0.0);
-            let out = bench::run_sim(&s).expect("the simulation runs");
+            let out = host::run_sim(&s).expect("the simulation runs");
             assert!(out.restarts > 0, "seed {seed}: no crash lost memory");
             assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
             let path = std::env::temp_dir().join(format!("dtx-multilog-{}-{seed}.jsonl", std::process::id()));
@@ -174,7 +175,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = spec(crate::host::Runtime::Local, 1);
         s.durability.data_dir = Some(dir.path().to_path_buf());
-        let out = bench::run_local(&s).expect("the run");
+        let out = host::run_local(&s).expect("the run");
         assert!(out.totals.committed > 0);
         for name in ["node-0", "node-0-log-1", "node-0-log-2"] {
             let cluster = dir.path().join(format!("{:016x}", s.durability.cluster_id));

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 /// The group id that marks a frame as a route announcement rather than a Raft message: where
-/// a node that moved to another host now listens (`bench::tcp_host`). No log has this id.
+/// a node that moved to another host now listens (`host::tcp_host`). No log has this id.
 pub const ROUTE_FRAME_GROUP: u32 = u32::MAX;
 
 /// Handles a route announcement's payload.

@@ -399,7 +399,7 @@ mod tests {
                     audit_ratio: 0.05,
                     ..Default::default()
                 };
-                let mut spec = crate::bench::BenchSpec::new(p.name, wl, crate::host::Runtime::Sim);
+                let mut spec = crate::host::BenchSpec::new(p.name, wl, crate::host::Runtime::Sim);
                 spec.nodes = 2;
                 spec.inflight = 16;
                 spec.duration_us = 200_000;

@@ -1,6 +1,7 @@
 //! What the simulation test files share: run a spec, check its history, fail with the seed.
 
-use dtx::bench::{self, BenchSpec, Outcome, Runtime};
+use dtx::bench;
+use dtx::host::{self, BenchSpec, Outcome, Runtime};
 use dtx::workloads::WorkloadParams;
 
 /// Seeds per sweep: `DTX_SEEDS` or `default`.
@@ -30,7 +31,7 @@ pub fn append_spec(protocol: &str, seed: u64, runtime: Runtime, duration_us: u64
 /// Run `spec` in simulation and prove its list-append history serializable, with every
 /// acknowledged append in the final state; panics naming the protocol, seed and kept history.
 pub fn run_and_check(spec: &BenchSpec, tag: &str) -> Outcome {
-    let out = bench::run_sim(spec).expect("simulation runs");
+    let out = host::run_sim(spec).expect("simulation runs");
     let dir = std::env::temp_dir().join(format!("dtx-sim-{}-{}", std::process::id(), tag));
     let path = dir.join(format!("{}-{}.jsonl", spec.protocol, spec.seed));
     let (report, problem) =

@@ -1,7 +1,7 @@
 //! Calvin's core, run end to end in the simulator: each abort path it claims, its counters, and
 //! its histories checked. (The shared sweeps in `tests/` run it with every other protocol.)
 
-use crate::bench::{self, BenchSpec};
+use crate::host::{self, BenchSpec};
 use crate::testkit::{checked_run as checked, contended_append as append};
 use crate::workloads::WorkloadParams;
 
@@ -37,7 +37,7 @@ fn procedures_that_do_not_declare_their_keys_are_refused() {
     let wl = WorkloadParams { name: "tpcc".into(), warehouses: 3, mix: "0,0,100,0,0".into(), ..Default::default() };
     let mut s = spec("calvin", wl, 1);
     s.max_retries = 2;
-    let out = bench::run_sim(&s).expect("the simulation runs");
+    let out = host::run_sim(&s).expect("the simulation runs");
     assert!(out.totals.aborts.get("not-one-shot").copied().unwrap_or(0) > 0, "{:?}", out.totals.aborts);
     assert_eq!(out.totals.committed, 0);
 }

@@ -38,7 +38,7 @@ fn a_read_only_participant_hears_the_decision() {
     };
     let msgs = |variant: &str| {
         let out =
-            crate::bench::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 5)).expect("the simulation runs");
+            crate::host::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 5)).expect("the simulation runs");
         assert!(out.totals.committed > 100, "{variant}");
         out.totals.msgs as f64 / out.totals.committed as f64
     };

@@ -8,7 +8,7 @@ fn hot_append() -> WorkloadParams {
     WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }
 }
 
-fn aborts(out: &crate::bench::Outcome, reason: &str) -> u64 {
+fn aborts(out: &crate::host::Outcome, reason: &str) -> u64 {
     out.totals.aborts.get(reason).copied().unwrap_or(0)
 }
 
@@ -56,7 +56,7 @@ fn a_read_only_transaction_sends_nothing_after_its_reads() {
     };
     let msgs = |variant: &str| {
         let out =
-            crate::bench::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 7)).expect("the simulation runs");
+            crate::host::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 7)).expect("the simulation runs");
         assert!(out.totals.committed > 100, "{variant}");
         out.totals.msgs as f64 / out.totals.committed as f64
     };

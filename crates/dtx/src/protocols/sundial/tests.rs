@@ -1,7 +1,7 @@
 //! Sundial run end to end in the simulator: histories checked, its abort paths and counters.
 //! (The shared sweeps in `tests/` run it with every other protocol that has code.)
 
-use crate::bench::{self, BenchSpec};
+use crate::host::{self, BenchSpec};
 use crate::testkit::{checked_run as checked, contended_append as append};
 use crate::workloads::WorkloadParams;
 
@@ -57,7 +57,7 @@ fn a_read_only_table_is_extended_at_once() {
         let wl = WorkloadParams { name: "tpcc".into(), warehouses: 3, item_replicated: false, ..Default::default() };
         let mut s = crate::testkit::protocol_spec(variant, wl, 170);
         s.run_checks = true;
-        let out = bench::run_sim(&s).expect("the simulation runs");
+        let out = host::run_sim(&s).expect("the simulation runs");
         let failed: Vec<_> = out.totals.findings.iter().filter(|f| !f.1).collect();
         assert!(out.totals.committed > 100 && failed.is_empty(), "{variant}: {failed:?}");
         (counter(&out, super::TABLE_EXTENSIONS), counter(&out, super::RENEWALS) as f64 / out.totals.committed as f64)
@@ -71,7 +71,7 @@ fn a_read_only_table_is_extended_at_once() {
     );
 }
 
-fn counter(out: &bench::Outcome, name: &str) -> u64 {
+fn counter(out: &host::Outcome, name: &str) -> u64 {
     out.totals.counters.get(name).copied().unwrap_or(0)
 }
 
@@ -124,10 +124,10 @@ fn caching_remote_reads_saves_round_trips_and_bytes_on_read_mostly_data() {
             value_bytes: 512,
             ..Default::default()
         };
-        bench::run_sim(&crate::testkit::protocol_spec(variant, wl, 9)).expect("runs")
+        host::run_sim(&crate::testkit::protocol_spec(variant, wl, 9)).expect("runs")
     };
     let (none, reuse) = (run("sundial:cache=none"), run("sundial:cache=reuse"));
-    let per = |o: &bench::Outcome| o.totals.bytes as f64 / o.totals.committed.max(1) as f64;
+    let per = |o: &host::Outcome| o.totals.bytes as f64 / o.totals.committed.max(1) as f64;
     assert!(per(&reuse) < per(&none) * 0.8, "bytes per txn: reuse {} none {}", per(&reuse), per(&none));
     assert!(reuse.totals.committed > none.totals.committed, "{} vs {}", reuse.totals.committed, none.totals.committed);
 }

@@ -387,9 +387,9 @@ fn the_check_finds_violations() {
     assert!(results[3].2.contains("d=4"), "{}", results[3].2);
 }
 
-fn sim_spec(protocol: &str, mix: &str, seed: u64) -> crate::bench::BenchSpec {
+fn sim_spec(protocol: &str, mix: &str, seed: u64) -> crate::host::BenchSpec {
     let wl = WorkloadParams { name: "tpcc".into(), warehouses: 2, mix: mix.into(), ..Default::default() };
-    let mut spec = crate::bench::BenchSpec::new(protocol, wl, crate::host::Runtime::Sim);
+    let mut spec = crate::host::BenchSpec::new(protocol, wl, crate::host::Runtime::Sim);
     spec.nodes = 2;
     spec.inflight = 16;
     spec.duration_us = 200_000;
@@ -429,7 +429,7 @@ fn every_protocol_keeps_tpcc_consistent_interactive() {
 #[test]
 fn tpcc_runs_under_the_bench_driver() {
     let spec = sim_spec("occ", "neworder-payment", 3);
-    let out = crate::bench::run_sim(&spec).unwrap();
+    let out = crate::host::run_sim(&spec).unwrap();
     assert!(out.notes.is_empty(), "{:?}", out.notes);
     assert!(out.totals.committed > 500, "{} committed", out.totals.committed);
 }
