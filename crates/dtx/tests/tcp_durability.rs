@@ -485,21 +485,13 @@ fn replicated_bank_under_the_nemesis_keeps_its_total() {
 fn nemesis_workload_runs(workload: &[&str]) -> (Vec<Value>, String) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("nemesis.json");
-    let child = dtx()
-        .current_dir(dir.path())
+    let mut bench = dtx();
+    bench
         .args(["bench", "--runtime", "tcp", "--nodes", "3", "--durability", "replicated", "--replicas", "3"])
         .args(["--faults", "crash,pause", "--fault-every", "700ms", "--fault-duration", "200ms"])
         .args(["--duration", "2.5", "--warmup", "0.2"])
-        .args(workload)
-        .arg("--json")
-        .arg(&json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = output_within(child, Duration::from_secs(120));
-    assert!(out.status.success(), "the nemesis run failed: {}", describe(&out));
-    let report: Value = serde_json::from_str(&read(&json)).unwrap();
+        .args(workload);
+    let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(120), "the nemesis run");
     let runs = report["runs"].as_array().unwrap().clone();
     for r in &runs {
         let protocol = r["protocol"].as_str().unwrap();
@@ -541,20 +533,10 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
         "--protocol",
         "all",
     ];
-    let child = dtx()
-        .current_dir(dir.path())
-        .args(args)
-        .arg("--json")
-        .arg(&json)
-        .arg("--history")
-        .arg(dir.path().join("h.jsonl"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = output_within(child, Duration::from_secs(600));
-    assert!(out.status.success(), "the {durability} nemesis run failed: {}", describe(&out));
-    let report: Value = serde_json::from_str(&read(&json)).unwrap();
+    let mut bench = dtx();
+    bench.args(args).arg("--history").arg(dir.path().join("h.jsonl"));
+    let what = format!("the {durability} nemesis run");
+    let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(600), &what);
     let runs = report["runs"].as_array().unwrap().clone();
     assert_eq!(runs.len(), dtx::protocols::ready().count(), "a run per ready protocol");
     let mut kinds = std::collections::BTreeSet::new();
@@ -586,21 +568,14 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
 fn targeted_faults_hit_the_named_servers_at_their_times() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("targeted.json");
-    let child = dtx()
-        .current_dir(dir.path())
+    let mut bench = dtx();
+    bench
         .args(["bench", "--runtime", "tcp", "--nodes", "3", "--durability", "wal", "--protocol", "occ"])
         .args(["--fault-at", "pause:node=1@600ms+200ms; crash:node=2@1100ms+300ms"])
         .args(["--fault-at", "delay:node=0,by=2ms@1700ms+300ms"])
-        .args(["--duration", "2", "--warmup", "0.2", "--workload", "append", "--inflight", "4", "--verify"])
-        .arg("--json")
-        .arg(&json)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = output_within(child, Duration::from_secs(180));
-    assert!(out.status.success(), "the run with targeted faults failed: {}", describe(&out));
-    let report: Value = serde_json::from_str(&read(&json)).unwrap();
+        .args(["--duration", "2", "--warmup", "0.2", "--workload", "append", "--inflight", "4", "--verify"]);
+    let what = "the run with targeted faults";
+    let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(180), what);
     let run = &report["runs"][0];
     assert_eq!(run["verified"], Value::Bool(true), "{}", describe(&out));
     let events = run["fault_events"].as_array().unwrap_or_else(|| panic!("no fault_events: {run}"));
@@ -735,6 +710,16 @@ impl Drop for Netns {
 
 /// The output of `child`, killed (and the test failed) if it runs longer than `limit`: a hung
 /// run must not hang the suite.
+/// Run `bench` (a `dtx bench` command) in `dir` with `--json json`; asserts it ended
+/// successfully within `limit` (naming it `what`); returns its report and output.
+fn bench_report(mut bench: Command, dir: &Path, json: &Path, limit: Duration, what: &str) -> (Value, Output) {
+    let child =
+        bench.current_dir(dir).arg("--json").arg(json).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let out = output_within(child, limit);
+    assert!(out.status.success(), "{what} failed: {}", describe(&out));
+    (serde_json::from_str(&read(json)).unwrap(), out)
+}
+
 fn output_within(mut child: Child, limit: Duration) -> Output {
     let t0 = Instant::now();
     while child.try_wait().unwrap().is_none() {
