@@ -10,7 +10,7 @@ pub mod protocols;
 pub mod replication;
 pub mod rt;
 pub mod storage;
-#[cfg(test)]
+#[cfg(any(test, feature = "test-protocols"))]
 mod testkit;
 pub mod txn;
 pub mod util;

@@ -6,6 +6,10 @@
 //!   `final_checks` executed on node 0's first worker, each until it commits, with
 //!   `check_output` called after each, then `process_findings`. One workload instance serves
 //!   every node, as in the bench runtimes.
+//!
+//! Built also with the `test-protocols` feature, for the test-only protocols' direct runs;
+//! the rest is then unused.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use crate::cluster::PartitionId;
 use crate::host::BenchSpec;

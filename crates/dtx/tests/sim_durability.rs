@@ -314,6 +314,13 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize, usize) {
     (ckpts, gone, lane_folders)
 }
 
+/// The protocols the replicated-log sweeps run: every ready one, and the engine's test-only
+/// protocols (multilog: two replicated logs per node, its data on one node, the other hosts
+/// holding replicas only), which exist to prove what the engine offers protocols to come.
+pub fn replicated_sweep_protocols() -> impl Iterator<Item = &'static dtx::protocols::ProtocolInfo> {
+    dtx::protocols::ready().chain(dtx::protocols::ENGINE_TEST_PROTOCOLS.iter().copied())
+}
+
 fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
     let mut spec = durable_spec(protocol, seed, dtx::host::Runtime::Sim);
     spec.durability.mode = Durability::Replicated;
@@ -326,7 +333,7 @@ fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
 /// replica of a log holds the same committed entries at the end (the check `verify` runs).
 #[test]
 fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_commit() {
-    for p in ready() {
+    for p in replicated_sweep_protocols() {
         let (mut killed, mut failovers, mut log_waits, mut compared) = (0, 0, 0, 0u64);
         for seed in 1..=seeds() {
             let mut spec = replicated_spec(p.name, 6000 + seed).with_faults(true, true, 0.02);
@@ -371,7 +378,7 @@ fn replicas_compared(out: &dtx::host::Outcome) -> u64 {
 /// fragment size, 1 MiB, would be). Histories stay serializable and nothing acknowledged is lost.
 #[test]
 fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
-    for p in ready() {
+    for p in replicated_sweep_protocols() {
         let (mut installed, mut replayed, mut restarts) = (0, 0, 0);
         for seed in 1..=seeds().div_ceil(2) {
             let mut spec = replicated_spec(p.name, 6200 + seed).with_faults(true, true, 0.01);
@@ -412,7 +419,7 @@ fn logs_are_snapshotted_by_size_and_restarted_hosts_install_the_snapshots() {
 /// that won its log's election), and serve from there.
 #[test]
 fn a_node_whose_host_stays_down_is_served_by_another_host() {
-    for p in ready() {
+    for p in replicated_sweep_protocols() {
         let mut spec = replicated_spec(p.name, 6100).with_faults(true, false, 0.0);
         // One host down at a time, each for longer than an election (100-200 ms of silence,
         // then a vote and the takeover record's commit).

@@ -160,18 +160,31 @@ impl BenchSpec {
         self.try_topology().unwrap_or_else(|e| panic!("an unvalidated spec: {e:#}"))
     }
 
+    /// The run's topology: its nodes, their roles and regions as given, or else as the
+    /// protocol's default layout has them ([`protocols::Protocol::default_layout`]).
     fn try_topology(&self) -> anyhow::Result<Topology> {
         let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
-        if !self.latency.node_region.is_empty() {
-            t.node_region = self.latency.node_region.clone();
+        let given_all = !self.node_roles.is_empty() && !self.latency.node_region.is_empty();
+        let layout = if given_all { protocols::Layout::default() } else { self.protocol_layout().unwrap_or_default() };
+        let regions = if self.latency.node_region.is_empty() { &layout.regions } else { &self.latency.node_region };
+        if !regions.is_empty() {
+            t.node_region = regions.clone();
         }
-        if !self.node_roles.is_empty() {
-            t = t.with_roles(self.node_roles.clone())?;
+        let roles = if self.node_roles.is_empty() { &layout.roles } else { &self.node_roles };
+        if !roles.is_empty() {
+            t = t.with_roles(roles.clone())?;
         }
         if self.placement != crate::cluster::Placement::Single {
             t = t.with_placement(self.placement)?;
         }
         Ok(t)
+    }
+
+    /// The run's protocol's default layout for its node count (None for an unknown protocol:
+    /// validation names that problem).
+    fn protocol_layout(&self) -> Option<protocols::Layout> {
+        let variant = protocols::Variant::parse_including_planned(&self.protocol).ok()?;
+        Some(variant.make().default_layout(self.nodes))
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -209,10 +222,10 @@ impl BenchSpec {
             );
         }
         let logs = protocol.logs(&topo);
-        if self.durability.mode == Durability::Replicated && logs > 1 {
+        let max_logs = crate::replication::service::MAX_LOGS_PER_NODE;
+        if self.durability.mode == Durability::Replicated && logs > max_logs {
             bail!(
-                "protocol `{}` keeps {logs} logs per node; --durability replicated replicates one log per node so far: \
-                 use --durability wal",
+                "protocol `{}` keeps {logs} logs per node; --durability replicated replicates at most {max_logs}",
                 self.protocol
             );
         }
@@ -253,11 +266,22 @@ pub fn service_workers(protocol: &str) -> u16 {
     protocols::Variant::parse_including_planned(protocol).map_or(0, |v| v.make().service_workers())
 }
 
-/// The run's protocol's log state machines, for the replicas of replicated logs.
-pub fn machine_factory(spec: &BenchSpec) -> anyhow::Result<crate::replication::service::MachineFactory> {
+/// The run's protocol's log state machines, for the replicas of replicated logs: each built
+/// for its log, with the cluster's topology and the workload's procedures.
+pub fn machine_factory(
+    spec: &BenchSpec,
+    workload: &Arc<dyn Workload>,
+) -> anyhow::Result<crate::replication::service::MachineFactory> {
     let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
-    protocol.log_machine(None)?;
-    Ok(Arc::new(move |snapshot: Option<&[u8]>| protocol.log_machine(snapshot)))
+    let (topo, workload) = (Arc::new(spec.topology()), workload.clone() as Arc<dyn crate::txn::Procedures>);
+    let env_of = move |log: crate::replication::service::LogId| protocols::MachineEnv {
+        node: log.node,
+        log: log.log,
+        topo: topo.clone(),
+        workload: workload.clone(),
+    };
+    protocol.log_machine(&env_of(crate::replication::service::LogId::new(0, 0)), None)?;
+    Ok(Arc::new(move |log, snapshot: Option<&[u8]>| protocol.log_machine(&env_of(log), snapshot)))
 }
 
 /// What host `host`'s replicas of the run's replicated logs are (failover mode: `sim`, `tcp`).
@@ -265,6 +289,7 @@ pub fn failover_replica_setup(
     spec: &BenchSpec,
     host: NodeId,
     seed: u64,
+    workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<crate::replication::service::ReplicaSetup> {
     use crate::replication::service;
     let d = &spec.durability;
@@ -272,11 +297,12 @@ pub fn failover_replica_setup(
         host,
         cluster_id: d.cluster_id,
         nodes: spec.nodes,
+        logs: logs_per_node(spec)?,
         replicas: d.replicas,
         regions: spec.topology().node_region,
         mode: service::Mode::Failover,
         seed,
-        new_machine: machine_factory(spec)?,
+        new_machine: machine_factory(spec, workload)?,
         snapshot_every: d.snapshot_every,
         snapshot_log_bytes: d.snapshot_log_bytes,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
@@ -289,9 +315,9 @@ pub struct NodeSetup {
     pub proto: Arc<dyn NodeProtocol>,
     pub workload: Arc<dyn Workload>,
     pub topo: Arc<Topology>,
-    /// With `--durability replicated`: the node's log and its replica count, for the replicator
-    /// that worker 0 runs.
-    pub replicated: Option<(Arc<NodeLog>, u16)>,
+    /// With `--durability replicated`: the node's logs and their replica count, for the
+    /// replicator that worker 0 runs.
+    pub replicated: Option<(Vec<Arc<NodeLog>>, u16)>,
     /// The node's logs, if the run is durable (shut down when the run ends).
     pub logs: Vec<Arc<NodeLog>>,
     /// The run's cluster id: logs and replication frames of another cluster are refused.
@@ -339,13 +365,11 @@ pub fn build_node(
     let workload = workload.clone();
     let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
-    let mut replicated = None;
     let node_logs: Vec<Arc<NodeLog>> = logs.iter().map(|o| o.log.clone()).collect();
+    let replicated = (spec.durability.mode == Durability::Replicated && !node_logs.is_empty())
+        .then(|| (node_logs.clone(), spec.durability.replicas));
     let mut logs = logs.into_iter();
     if let Some(opened) = logs.next() {
-        if spec.durability.mode == Durability::Replicated {
-            replicated = Some((opened.log.clone(), spec.durability.replicas));
-        }
         env.log = Some(opened.log);
         env.recovered = opened.records;
         env.checkpoint = opened.checkpoint;
@@ -353,6 +377,7 @@ pub fn build_node(
     }
     env.more_logs =
         logs.map(|o| protocols::RecoveredLog { log: o.log, checkpoint: o.checkpoint, records: o.records }).collect();
+    let machine = machine_factory(spec, &workload)?;
     Ok(NodeSetup {
         proto: variant.make().build_node(env),
         workload,
@@ -360,27 +385,30 @@ pub fn build_node(
         replicated,
         logs: node_logs,
         cluster_id: spec.durability.cluster_id,
-        machine: machine_factory(spec)?,
+        machine,
     })
 }
 
-/// Adopt node `id` after its host failed, on the host whose replica of its log now leads:
-/// rebuild it from `state` (that replica's snapshot of the protocol's log machine) through the
-/// same recovery a restart from a WAL takes, with a fresh replicated log for the adopting
-/// host's replicator to serve. Every runtime that fails over does this and only this: the
-/// simulator's failover, and a `dtx server` taking a node over.
+/// Adopt node `id` after its host failed, on the host whose replicas of its logs now lead:
+/// rebuild it from `snapshots` (per log, that replica's snapshot of the protocol's log machine)
+/// through the same recovery a restart from a WAL takes, with fresh replicated logs for the
+/// adopting host's replicator to serve. Every runtime that fails over does this and only this:
+/// the simulator's failover, and a `dtx server` taking a node over.
 pub fn adopt_node(
     spec: &BenchSpec,
     id: NodeId,
     workload: &Arc<dyn Workload>,
-    state: Vec<u8>,
-) -> anyhow::Result<(NodeSetup, Arc<NodeLog>)> {
-    let log = NodeLog::replicated();
-    let opened = OpenedLog { log: log.clone(), checkpoint: Some(state), records: Vec::new() };
-    let mut setup = build_node(spec, id, workload, vec![opened])?;
-    // Its log's replicas are the adopting host's running replicator's, not a new one.
+    snapshots: Vec<Vec<u8>>,
+) -> anyhow::Result<(NodeSetup, Vec<Arc<NodeLog>>)> {
+    let opened: Vec<OpenedLog> = snapshots
+        .into_iter()
+        .map(|state| OpenedLog { log: NodeLog::replicated(), checkpoint: Some(state), records: Vec::new() })
+        .collect();
+    let logs = opened.iter().map(|o| o.log.clone()).collect();
+    let mut setup = build_node(spec, id, workload, opened)?;
+    // Its logs' replicas are the adopting host's running replicator's, not a new one.
     setup.replicated = None;
-    Ok((setup, log))
+    Ok((setup, logs))
 }
 
 /// Where the nodes of a real-time run keep their logs: the configured folder, or a temporary
@@ -417,23 +445,20 @@ pub fn open_node_logs(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> any
     (0..logs_per_node(spec)?).map(|i| open_node_log(spec, dir, n, i)).collect()
 }
 
-/// Open log `i` of node `n`; the first's checkpoint is checked by the protocol's log machine.
+/// Open log `i` of node `n`; its checkpoint is checked by the protocol's log machine.
 fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
     match spec.durability.mode {
         Durability::None => bail!("a run without durability opens no log"),
         Durability::Replicated => Ok(fresh_log(NodeLog::replicated())),
         Durability::Wal => {
             let opened = spec.durability.open_wal(log_dir(dir, n, i), n, spec.workers as usize)?;
-            if i > 0 {
-                return Ok(opened);
-            }
             if let Some(c) = &opened.checkpoint {
-                let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
-                if let Err(e) = protocol.log_machine(Some(c)) {
+                let machines = machine_factory(spec, &build_workload(spec)?)?;
+                if let Err(e) = machines(crate::replication::service::LogId::new(n, i), Some(c)) {
                     bail!(
                         "node {n}: the checkpoint in {} passed its checksum but {e:#}: it was written by \
                          another version of dtx or another protocol; use that one, or another --data-dir",
-                        dir.join(format!("node-{n}")).display()
+                        log_dir(dir, n, i).display()
                     );
                 }
             }
@@ -466,13 +491,14 @@ pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol>
 /// The `local` runtime's log replication: the node's worker 0 leads its log's group and
 /// follows its peers' (nothing crashes there, so nothing fails over).
 fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
-    let Some((log, replicas)) = &node.replicated else { return };
+    let Some((logs, replicas)) = &node.replicated else { return };
     let seed = w.rng.borrow_mut().gen::<u64>();
     use crate::replication::service;
     let setup = service::ReplicaSetup {
         host: w.addr.node,
         cluster_id: node.cluster_id,
         nodes: node.topo.nodes,
+        logs: logs.len() as u16,
         replicas: *replicas,
         regions: node.topo.node_region.clone(),
         mode: service::Mode::OwnerLeads,
@@ -485,7 +511,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.
     let started = service::ReplicaState::new(setup, None)
-        .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), Some(log.clone()), None));
+        .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), logs.clone(), None));
     if let Err(e) = started {
         crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
     }

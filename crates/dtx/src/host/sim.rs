@@ -98,7 +98,7 @@ fn build_sim_node(
 ) -> anyhow::Result<()> {
     let logs = match spec.durability.mode {
         Durability::None => Vec::new(),
-        Durability::Replicated => vec![fresh_log(NodeLog::replicated())],
+        Durability::Replicated => (0..logs_per_node(spec)?).map(|_| fresh_log(NodeLog::replicated())).collect(),
         Durability::Wal => {
             let lanes = spec.workers as usize;
             let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?)
@@ -110,7 +110,7 @@ fn build_sim_node(
     };
     let mut node = build_node(spec, n, workload, logs)?;
     // With failover the replicator runs on the host's replication worker, not worker 0.
-    let own_log = node.replicated.take().map(|(log, _)| log);
+    let own_logs = node.replicated.take().map(|(logs, _)| logs).unwrap_or_default();
     let add_worker = |world: &mut SimWorld, addr: Addr| {
         let w =
             Rc::new(Worker::new(addr, spec.workers, world.clock(), world.executor_for(addr), &spec.worker_config()));
@@ -126,7 +126,7 @@ fn build_sim_node(
     if let Some(f) = failover {
         let addr = world.replication_addr(n);
         let w = add_worker(world, addr);
-        f.start_host(n, &w, own_log)?;
+        f.start_host(n, &w, own_logs)?;
     }
     Ok(())
 }
@@ -288,7 +288,7 @@ impl SimFailover {
     }
 
     /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.
-    fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_log: Option<Arc<NodeLog>>) -> anyhow::Result<()> {
+    fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_logs: Vec<Arc<NodeLog>>) -> anyhow::Result<()> {
         use crate::replication::{journal, service};
         let mut me = self.0.borrow_mut();
         let setup = me.replica_setup(n)?;
@@ -299,7 +299,7 @@ impl SimFailover {
         me.states.push(state.clone());
         me.disks.push(disk);
         me.restarts.push(0);
-        let r = service::start(w, state, own_log, Some(me.requests.clone()))?;
+        let r = service::start(w, state, own_logs, Some(me.requests.clone()))?;
         me.replicators.push(Some(r));
         Ok(())
     }
@@ -322,7 +322,7 @@ impl crate::rt::sim::Failover for SimFailover {
         let lost = me.states[host as usize].borrow().stats;
         me.stats_of_lost.add(&lost);
         me.states[host as usize] = state.clone();
-        match crate::replication::service::start(w, state, None, Some(me.requests.clone())) {
+        match crate::replication::service::start(w, state, Vec::new(), Some(me.requests.clone())) {
             Ok(r) => me.replicators[host as usize] = Some(r),
             Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not restart: {e}")),
         }
@@ -337,12 +337,11 @@ impl crate::rt::sim::Failover for SimFailover {
     fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool {
         let me = self.0.borrow();
         let Some(r) = me.replicators[host as usize].clone() else { return false };
-        let Some(state) = r.borrow().adoptable_state(node) else {
+        let Some(adoption) = r.borrow().adoptable_state(node) else {
             r.borrow_mut().adoption_refused(node);
             return false;
         };
-        let term = r.borrow().takeover_term(node).expect("an adoptable log was taken over in its term");
-        let (setup, log) = adopt_node(&me.rebuild.spec, node, &me.rebuild.workload, state)
+        let (setup, logs) = adopt_node(&me.rebuild.spec, node, &me.rebuild.workload, adoption.snapshots)
             .expect("a node that built once builds again from its log's replica");
         me.rebuild.start(node, setup, workers);
         for (other, r2) in me.replicators.iter().enumerate() {
@@ -351,7 +350,7 @@ impl crate::rt::sim::Failover for SimFailover {
             }
         }
         // The rebuild took no simulated time: the replica still leads in that term.
-        let served = r.borrow_mut().serve(node, log, term);
+        let served = r.borrow_mut().serve(node, logs, &adoption.terms);
         assert!(served, "host {host} lost node {node}'s log while adopting it in one step");
         true
     }
@@ -362,7 +361,7 @@ impl FailoverState {
         let spec = &self.rebuild.spec;
         let restarts = self.restarts.get(host as usize).copied().unwrap_or(0);
         let seed = spec.seed ^ 0x7265_706c ^ ((host as u64) << 24) ^ (restarts << 40);
-        let mut setup = super::failover_replica_setup(spec, host, seed)?;
+        let mut setup = super::failover_replica_setup(spec, host, seed, &self.rebuild.workload)?;
         // Small, so that the simulator's short runs rewrite journals too.
         setup.journal_rewrite_bytes = 1 << 20;
         Ok(setup)

@@ -380,23 +380,23 @@ impl Hosting {
 
     /// Start this host's replicas of the logs it is a voter of, on their own thread (port
     /// `worker_addr(host, workers)`), journaled to `journal` (a file in the run's folder):
-    /// fresh, proposing `own_log`'s records to its own node's log, or (`own_log` None, after a
-    /// restart) reopened from the journal, rejoining every group as a follower. Returns once
+    /// fresh, proposing `own_logs`' records to its own node's logs, or (`own_logs` empty, after
+    /// a restart) reopened from the journal, rejoining every group as a follower. Returns once
     /// the replicas run, or why they could not start.
-    pub fn start_replication(self: &Arc<Self>, own_log: Option<Arc<NodeLog>>, journal: PathBuf) -> anyhow::Result<()> {
+    pub fn start_replication(self: &Arc<Self>, own_logs: Vec<Arc<NodeLog>>, journal: PathBuf) -> anyhow::Result<()> {
         let addr = Addr::new(self.host, self.cfg.workers);
         let net = self.bind(addr, PORT_PATIENCE)?;
         let handle = net.handle();
         let me = Arc::downgrade(self);
-        let (epoch, spec, host) = (self.epoch, self.spec.clone(), self.host);
+        let (epoch, spec, host, workload) = (self.epoch, self.spec.clone(), self.host, self.workload.clone());
         let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let thread = std::thread::Builder::new().name(format!("replication@{host}")).spawn(move || {
             let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
             let seed = w.rng.borrow_mut().gen::<u64>();
             let (adopt, deposed) = (AdoptRequests::default(), Deposed::default());
-            let rejoin = own_log.is_none();
-            let started = open_replicas(&spec, host, seed, &journal, rejoin).and_then(|state| {
-                Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), own_log, Some(adopt.clone()))?)
+            let rejoin = own_logs.is_empty();
+            let started = open_replicas(&spec, host, seed, &journal, rejoin, &workload).and_then(|state| {
+                Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), own_logs, Some(adopt.clone()))?)
             });
             let _ = started_tx.send(started.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
             match started {
@@ -487,13 +487,15 @@ impl Hosting {
     /// Take node `id` over from `state` (what this host's replica of its log applied): rebuild
     /// it, serve it, and tell the replicator to propose its records. Runs on its own thread
     /// (binding may wait for the old incarnation's ports).
-    fn take_over(&self, id: NodeId, state: Vec<u8>, term: u64) {
+    fn take_over(&self, id: NodeId, adoption: service::Adoption) {
         let t0 = Instant::now();
-        let served = super::adopt_node(&self.spec, id, &self.workload, state)
+        let service::Adoption { snapshots, terms } = adoption;
+        let term = terms[0];
+        let served = super::adopt_node(&self.spec, id, &self.workload, snapshots)
             .and_then(|(setup, log)| Ok((self.serve_node(id, setup, PORT_PATIENCE)?, log)))
             .map_err(|e| format!("{e:#}"));
         match served {
-            Ok((listening, log)) => {
+            Ok((listening, logs)) => {
                 self.announce_if_moved(id, term, listening);
                 let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
                 eprintln!(
@@ -502,7 +504,7 @@ impl Hosting {
                 );
                 self.record_takeover(t);
                 self.push_to_replicator(Box::new(move |r| {
-                    r.borrow_mut().serve(id, log, term);
+                    r.borrow_mut().serve(id, logs, &terms);
                 }));
             }
             Err(e) => {
@@ -520,9 +522,10 @@ fn open_replicas(
     seed: u64,
     path: &std::path::Path,
     rejoin: bool,
+    workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<service::ReplicaState> {
     use crate::replication::journal::Journal;
-    let setup = super::failover_replica_setup(spec, host, seed)?;
+    let setup = super::failover_replica_setup(spec, host, seed, workload)?;
     let cluster_id = setup.cluster_id;
     if !rejoin {
         return Ok(service::ReplicaState::new(setup, Some(Journal::create_file(path, cluster_id, host)?))?);
@@ -573,9 +576,9 @@ async fn watch_leadership(
         for (id, _host) in requests {
             let state = r.borrow().adoptable_state(id);
             match state {
-                Some(state) => {
-                    let (h, term) = (hosting.clone(), r.borrow().takeover_term(id).unwrap_or(0));
-                    std::thread::spawn(move || h.take_over(id, state, term));
+                Some(adoption) => {
+                    let h = hosting.clone();
+                    std::thread::spawn(move || h.take_over(id, adoption));
                 }
                 None => r.borrow_mut().adoption_refused(id),
             }

@@ -7,7 +7,7 @@
 
 pub mod calvin;
 pub mod maat;
-#[cfg(test)]
+#[cfg(any(test, feature = "test-protocols"))]
 pub mod multilog;
 pub mod mvcc;
 pub mod occ;
@@ -58,6 +58,18 @@ pub struct NodeEnv {
     /// The node's other logs, when the protocol keeps more than one ([`Protocol::logs`]): logs
     /// 1, 2, ... in order, each with what it held when the node started.
     pub more_logs: Vec<RecoveredLog>,
+}
+
+/// What a log's state machine is built from ([`Protocol::log_machine`]): which log it is, and
+/// what it needs to execute the records it applies (the cluster's shape and the workload's
+/// procedures), wherever it runs: on the node's host, or on a replica of its log.
+#[derive(Clone)]
+pub struct MachineEnv {
+    pub node: NodeId,
+    /// Which of the node's logs ([`Protocol::logs`]): 0 for the node's only log.
+    pub log: u16,
+    pub topo: Arc<Topology>,
+    pub workload: Arc<dyn Procedures>,
 }
 
 /// One of a node's logs as the protocol gets it at start: the log, and what it held (its
@@ -126,11 +138,17 @@ pub trait Protocol: Send + Sync + 'static {
     fn check_topology(&self, _topo: &Topology) -> anyhow::Result<()> {
         Ok(())
     }
-    /// The protocol's log state machine ([`crate::rt::log::LogMachine`]), fresh or from a
-    /// checkpoint's bytes: the checkpointer, replicated logs and failover drive it, knowing
-    /// nothing of the protocol's records. A protocol that recovers nothing from a log keeps the
-    /// default.
-    fn log_machine(&self, _checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
+    /// The state machine of log `env.log` of node `env.node` ([`crate::rt::log::LogMachine`]),
+    /// fresh or from a checkpoint's bytes: the checkpointer, replicated logs and failover drive
+    /// it, knowing nothing of the protocol's records. It may execute what it applies (an input
+    /// log's replica runs the workload's procedures over its own copy of the node's data), so
+    /// that it can snapshot state and its log be compacted. A protocol that recovers nothing
+    /// from a log keeps the default.
+    fn log_machine(
+        &self,
+        _env: &MachineEnv,
+        _checkpoint: Option<&[u8]>,
+    ) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
         Ok(Box::new(crate::rt::log::NoLog))
     }
     /// Whether the protocol keeps partitions' copies as `placement` places them (every copy
@@ -142,9 +160,10 @@ pub trait Protocol: Send + Sync + 'static {
     }
     /// How many logs each node keeps when the run is durable: one (the node's log, as the 2PC
     /// protocols keep) unless the protocol keeps one per worker (Silo, Rolis), per partition
-    /// (Primo) or per region (Calvin, SLOG, Detock). Log 0 is the one [`Protocol::log_machine`]
-    /// describes and `--durability replicated` replicates; every log is a WAL of its own with
-    /// `--durability wal`, in every runtime, and a crash keeps what each one flushed.
+    /// (Primo) or per region (Calvin, SLOG, Detock). Every log is a WAL of its own with
+    /// `--durability wal`, in every runtime, and a crash keeps what each one flushed; with
+    /// `--durability replicated` each is a Raft group of its own over the node's voters, and all
+    /// of a node's logs fail over together to one host.
     fn logs(&self, _topo: &Topology) -> u16 {
         1
     }
@@ -155,6 +174,21 @@ pub trait Protocol: Send + Sync + 'static {
     fn service_workers(&self) -> u16 {
         0
     }
+    /// The roles and regions of a run of `nodes` nodes that gives none of its own (`--roles` or a
+    /// cluster file's, `--regions`): a protocol with orderers, storage nodes or replica-only
+    /// hosts runs on its own shape in every runtime and every shared sweep. Every node holds
+    /// data and runs clients, in one region, unless the protocol says otherwise.
+    fn default_layout(&self, _nodes: u16) -> Layout {
+        Layout::default()
+    }
+}
+
+/// A protocol's default shape of a cluster ([`Protocol::default_layout`]): per node, its roles
+/// and its region; empty means the engine's default (data and clients everywhere, one region).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Layout {
+    pub roles: Vec<crate::cluster::Roles>,
+    pub regions: Vec<u16>,
 }
 
 /// A node's protocol state, shared by its workers.
@@ -380,15 +414,16 @@ pub fn find(name: &str) -> Option<&'static ProtocolInfo> {
     REGISTRY.iter().find(|p| p.name == name).or_else(|| test_only(name))
 }
 
-/// Protocols that exist only in test builds, to test the engine with (never listed).
-#[cfg(test)]
-fn test_only(name: &str) -> Option<&'static ProtocolInfo> {
-    [&multilog::INFO].into_iter().find(|p| p.name == name)
-}
+/// Protocols that exist only in test builds (and with the `test-protocols` feature, which
+/// the integration tests turn on), to test the engine with; never listed, never `ready`.
+#[cfg(any(test, feature = "test-protocols"))]
+pub const ENGINE_TEST_PROTOCOLS: &[&ProtocolInfo] = &[&multilog::INFO];
 
-#[cfg(not(test))]
-fn test_only(_name: &str) -> Option<&'static ProtocolInfo> {
-    None
+#[cfg(not(any(test, feature = "test-protocols")))]
+pub const ENGINE_TEST_PROTOCOLS: &[&ProtocolInfo] = &[];
+
+fn test_only(name: &str) -> Option<&'static ProtocolInfo> {
+    ENGINE_TEST_PROTOCOLS.iter().copied().find(|p| p.name == name)
 }
 
 /// Resolve `a,b:k=v|all` into variants, with a clear error for unknown or planned names and

@@ -1,13 +1,18 @@
-//! A test-only protocol that keeps several logs per node (registered only in test builds as
-//! `multilog:logs=N`), to check what the runtimes do with a protocol's logs end to end.
+//! A test-only protocol that keeps several logs per node (`multilog:logs=N`, in test builds and
+//! with the `test-protocols` feature, which the integration tests turn on), to check what the
+//! runtimes do with a protocol's logs end to end: each log a WAL of its own with `--durability
+//! wal`, each a Raft group of its own with `--durability replicated`, failing over with the
+//! node's other logs to one host.
 
+use crate::cluster::{Role, Roles, Topology};
 use crate::net::Addr;
-use crate::protocols::{Attempt, OptionKind, OptionSpec, ProtocolInfo, WorkerProtocol};
+use crate::protocols::{Attempt, Layout, MachineEnv, OptionKind, OptionSpec, ProtocolInfo, WorkerProtocol};
+use crate::rt::log::{LogMachine, NodeLog};
 use crate::rt::Worker;
 use crate::storage::{RowKey, Storage, Value};
 use crate::testkit::{now, Direct};
 use crate::txn::{Abort, Ctx, TxnRequest, TxnResult};
-use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -15,70 +20,190 @@ pub const INFO: ProtocolInfo = ProtocolInfo {
     name: "multilog",
     status: "test",
     guarantee: super::Guarantee::StrictSerializable,
-    description: "test only: one node, serial, several logs",
+    description: "test only: the data on node 0, serial, several logs per node",
     options: &[OptionSpec {
         name: "logs",
         kind: OptionKind::U64 { min: 1, max: 16 },
-        default: "3",
+        default: "2",
         help: "logs per node",
     }],
     aborts: &[],
     make: |o| Arc::new(MultiLog { logs: o.u64("logs") as u16 }),
 };
 
-/// A one-node, one-worker protocol that keeps several logs, to test what the runtimes do with
-/// them (open each, give each its simulated disk, keep what each flushed at a crash, hand them
-/// all back at recovery). It runs each transaction serially against storage, logs it as
-/// `(boot, seq, writes)` in log `seq % logs`, and acknowledges it once every log is durable up
-/// to where it was appended, so an acknowledged transaction's predecessors are durable too.
-/// Recovery applies, boot by boot, the unbroken run of sequence numbers from 1: a record after
-/// a gap was never acknowledged, and nothing acknowledged read it.
+/// All the data lives on node 0, whose workers run each transaction serially against storage,
+/// log its writes as a record `(boot, seq, writes)` in log `seq % logs`, and acknowledge it once
+/// every log is durable up to where it was appended, so that an acknowledged transaction's
+/// predecessors are durable too. The other nodes only hold replicas of logs (its default
+/// layout). Every so often a worker whose transaction became durable in every log appends a
+/// `Stable` marker to every log: each log's machine then folds its records up to it into the
+/// latest write per row, so that a log's snapshot stays as large as the data. Recovery keeps,
+/// boot by boot, the records up to the last `Stable` and then the unbroken run of sequence
+/// numbers after it: a record after a gap was never acknowledged, and nothing acknowledged read
+/// it. The rows recovered are, per row, its write of the latest `(boot, seq)`.
 pub struct MultiLog {
     pub logs: u16,
 }
 
-type MultiRecord = (u32, u64, Vec<(RowKey, Option<Value>)>);
+/// A row's write and when it was made: `(boot, seq)`.
+type Versioned = ((u32, u64), Option<Value>);
+
+/// A transaction's writes as logged: `(boot, seq, writes)`.
+type Logged = (u32, u64, Vec<(RowKey, Option<Value>)>);
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum MultiRecord {
+    /// A transaction's writes: `(boot, seq, writes)`.
+    Writes(u32, u64, Vec<(RowKey, Option<Value>)>),
+    /// Every record of boot `.0` up to sequence number `.1` is durable in every log.
+    Stable(u32, u64),
+}
+
+/// A `Stable` marker is appended once this many transactions became durable since the last.
+const STABLE_EVERY: u64 = 32;
 
 impl crate::protocols::Protocol for MultiLog {
     fn build_node(&self, env: crate::protocols::NodeEnv) -> Arc<dyn crate::protocols::NodeProtocol> {
-        assert_eq!(env.topo.nodes, 1, "MultiLog runs one node");
         let store: Storage<()> = crate::protocols::load_storage(&env);
-        let mut all: Vec<MultiRecord> = Vec::new();
-        let recovered = std::iter::once(&env.recovered).chain(env.more_logs.iter().map(|l| &l.records));
-        for bytes in recovered.flatten() {
-            all.push(crate::net::decode(bytes).expect("a MultiLog record"));
+        let (boot, recovered) = recover(&env);
+        for (k, (_, v)) in recovered {
+            store.get_or_create(k).lock().value = v;
         }
-        all.sort_by_key(|r| (r.0, r.1));
-        let boot = all.last().map_or(0, |r| r.0 + 1);
-        let mut expected = (u32::MAX, 0);
-        for (b, seq, writes) in all {
-            if b != expected.0 {
-                expected = (b, 1);
-            }
-            if seq == expected.1 {
-                for (k, v) in writes {
-                    store.get_or_create(k).lock().value = v;
-                }
-                expected.1 += 1;
-            }
-        }
-        let logs: Vec<Arc<crate::rt::log::NodeLog>> =
+        let logs: Vec<Arc<NodeLog>> =
             env.log.iter().cloned().chain(env.more_logs.iter().map(|l| l.log.clone())).collect();
-        Arc::new(MultiNode(Arc::new(MultiState { store, env, logs, boot, next_seq: Cell::new(1).into() })))
+        let exec = parking_lot::Mutex::new(Sequence { next: 1, stable_logged: 0 });
+        Arc::new(MultiNode(Arc::new(MultiState { store, env, logs, boot, exec })))
     }
 
-    fn logs(&self, _topo: &crate::cluster::Topology) -> u16 {
+    fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
+        let data: Vec<u16> = (0..topo.nodes).filter(|&n| topo.roles_of(n).contains(Role::Data)).collect();
+        if data != [0] || !topo.roles_of(0).contains(Role::Client) {
+            anyhow::bail!("multilog runs its data and clients on node 0 only (data nodes here: {data:?})");
+        }
+        Ok(())
+    }
+
+    fn logs(&self, _topo: &Topology) -> u16 {
         self.logs
     }
+
+    fn log_machine(&self, _env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
+        Ok(Box::new(FoldingMachine::from_checkpoint(checkpoint)?))
+    }
+
+    fn default_layout(&self, nodes: u16) -> Layout {
+        let replica_host = Roles::of(&[Role::Replicator]);
+        let roles = (0..nodes).map(|n| if n == 0 { Roles::DEFAULT } else { replica_host }).collect();
+        Layout { roles, regions: Vec::new() }
+    }
+}
+
+/// The boot the node starts now, and what its logs amount to: per row, its latest valid write.
+fn recover(env: &crate::protocols::NodeEnv) -> (u32, BTreeMap<RowKey, Versioned>) {
+    let logs = std::iter::once((&env.checkpoint, &env.recovered))
+        .chain(env.more_logs.iter().map(|l| (&l.checkpoint, &l.records)));
+    let mut machines = Vec::new();
+    for (checkpoint, records) in logs {
+        let mut m = FoldingMachine::from_checkpoint(checkpoint.as_deref()).expect("a multilog checkpoint");
+        records.iter().for_each(|r| m.apply(r));
+        machines.push(m);
+    }
+    let mut stable: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut rows: BTreeMap<RowKey, Versioned> = BTreeMap::new();
+    let mut pending: Vec<&Logged> = Vec::new();
+    let mut boot = 0;
+    for m in &machines {
+        for (&b, &s) in &m.stable {
+            let e = stable.entry(b).or_default();
+            *e = (*e).max(s);
+            boot = boot.max(b + 1);
+        }
+        for (k, w) in &m.rows {
+            latest(&mut rows, *k, w.clone());
+        }
+        pending.extend(&m.pending);
+    }
+    pending.sort_by_key(|r| (r.0, r.1));
+    let mut run = (u32::MAX, 0);
+    for (b, seq, writes) in pending {
+        boot = boot.max(b + 1);
+        if *b != run.0 {
+            run = (*b, stable.get(b).copied().unwrap_or(0));
+        }
+        if *seq <= run.1 || *seq == run.1 + 1 {
+            run.1 = run.1.max(*seq);
+            writes.iter().for_each(|(k, v)| latest(&mut rows, *k, ((*b, *seq), v.clone())));
+        }
+    }
+    (boot, rows)
+}
+
+/// Keep `write` as `key`'s value unless the one kept is later (a transaction that wrote a row
+/// twice logged both writes in order: the second wins).
+fn latest(rows: &mut BTreeMap<RowKey, Versioned>, key: RowKey, write: Versioned) {
+    match rows.get(&key) {
+        Some((at, _)) if *at > write.0 => {}
+        _ => {
+            rows.insert(key, write);
+        }
+    }
+}
+
+/// A log's state machine: the latest write per row of its records known durable in every log
+/// (folded at each `Stable` marker), and its records after them.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct FoldingMachine {
+    rows: BTreeMap<RowKey, Versioned>,
+    pending: Vec<Logged>,
+    /// Per boot, the highest `Stable` marker this log holds.
+    stable: BTreeMap<u32, u64>,
+}
+
+impl FoldingMachine {
+    fn from_checkpoint(checkpoint: Option<&[u8]>) -> anyhow::Result<FoldingMachine> {
+        match checkpoint {
+            Some(bytes) => crate::net::decode(bytes).map_err(|e| anyhow::anyhow!("not a multilog checkpoint: {e}")),
+            None => Ok(FoldingMachine::default()),
+        }
+    }
+}
+
+impl LogMachine for FoldingMachine {
+    fn apply(&mut self, record: &[u8]) {
+        match crate::net::decode(record).expect("a multilog record") {
+            MultiRecord::Writes(b, seq, writes) => self.pending.push((b, seq, writes)),
+            MultiRecord::Stable(b, upto) => {
+                let e = self.stable.entry(b).or_default();
+                *e = (*e).max(upto);
+                let (fold, keep): (Vec<Logged>, Vec<Logged>) =
+                    std::mem::take(&mut self.pending).into_iter().partition(|r| r.0 == b && r.1 <= upto);
+                self.pending = keep;
+                for (b, seq, writes) in fold {
+                    writes.into_iter().for_each(|(k, v)| latest(&mut self.rows, k, ((b, seq), v)));
+                }
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        crate::net::encode(self)
+    }
+}
+
+/// Node 0's sequence numbers.
+struct Sequence {
+    next: u64,
+    /// The highest sequence number a `Stable` marker was appended for.
+    stable_logged: u64,
 }
 
 struct MultiState {
     store: Storage<()>,
     env: crate::protocols::NodeEnv,
-    logs: Vec<Arc<crate::rt::log::NodeLog>>,
+    logs: Vec<Arc<NodeLog>>,
     boot: u32,
-    /// One worker: only it takes sequence numbers.
-    next_seq: parking_lot::Mutex<Cell<u64>>,
+    /// Held while a transaction runs, logs and installs (serial execution).
+    exec: parking_lot::Mutex<Sequence>,
 }
 
 struct MultiNode(Arc<MultiState>);
@@ -99,6 +224,43 @@ impl crate::rt::Handler for MultiWorker {
     fn on_oneway(&self, _from: Addr, _body: &[u8]) {}
 }
 
+impl MultiWorker {
+    /// Run `req` serially, log it and install its writes; returns its output and, per log, the
+    /// LSN every log must be durable up to before it is acknowledged.
+    fn run_and_log(&self, req: &TxnRequest) -> TxnResult<(crate::txn::TxnOutput, u64, Vec<u64>)> {
+        let s = &self.s;
+        assert!(s.env.node == 0, "multilog runs transactions on node 0 only (its layout's clients)");
+        let mut sequence = s.exec.lock();
+        let mut run = Direct::new(&s.store);
+        let out = now(s.env.workload.run(req, &mut Ctx::new(&mut run)))?;
+        let seq = sequence.next;
+        let record = MultiRecord::Writes(s.boot, seq, run.writes.clone());
+        let log = &s.logs[(seq % s.logs.len() as u64) as usize];
+        log.append(&crate::net::encode(&record)).map_err(|_| Abort::LogRefused)?;
+        sequence.next += 1;
+        // Installed before it is durable: execution is serial, and acknowledged only after.
+        run.commit();
+        Ok((out, seq, s.logs.iter().map(|l| l.appended_lsn()).collect()))
+    }
+
+    /// Transaction `seq` is durable in every log, and so is every one before it: say so in
+    /// every log once `STABLE_EVERY` more are (a marker lost in a crash costs nothing: recovery
+    /// then takes the unbroken run after the last one it finds).
+    fn mark_stable(&self, seq: u64) {
+        let s = &self.s;
+        let mut sequence = s.exec.lock();
+        if seq < sequence.stable_logged + STABLE_EVERY {
+            return;
+        }
+        sequence.stable_logged = seq;
+        let marker = crate::net::encode(&MultiRecord::Stable(s.boot, seq));
+        for l in &s.logs {
+            // A log that refuses it is failing; the next transaction hears of that.
+            let _ = l.append(&marker);
+        }
+    }
+}
+
 impl WorkerProtocol for MultiWorker {
     fn execute<'a>(
         &'a self,
@@ -107,24 +269,13 @@ impl WorkerProtocol for MultiWorker {
     ) -> crate::rt::LocalBoxFuture<'a, TxnResult<crate::txn::TxnOutput>> {
         Box::pin(async move {
             self.w.charge(self.w.cost.txn_ns);
-            let mut run = Direct::new(&self.s.store);
-            let out = now(self.s.env.workload.run(req, &mut Ctx::new(&mut run)))?;
-            let seq = {
-                let c = self.s.next_seq.lock();
-                let seq = c.get();
-                c.set(seq + 1);
-                seq
-            };
-            let logs = &self.s.logs;
-            let record: MultiRecord = (self.s.boot, seq, run.writes.clone());
-            let log = &logs[(seq % logs.len() as u64) as usize];
-            log.append(&crate::net::encode(&record)).map_err(|_| Abort::LogRefused)?;
-            // Installed before it is durable: serial execution, and acknowledged only after.
-            run.commit();
-            let tails: Vec<u64> = logs.iter().map(|l| l.appended_lsn()).collect();
-            for (l, tail) in logs.iter().zip(tails) {
+            let (out, seq, tails) = self.run_and_log(req)?;
+            let waited_from_ns = self.w.now_ns();
+            for (l, tail) in self.s.logs.iter().zip(tails) {
                 l.wait(tail).await;
             }
+            self.w.note_log_wait(self.w.now_ns() - waited_from_ns);
+            self.mark_stable(seq);
             Ok(out)
         })
     }
@@ -166,6 +317,38 @@ mod tests {
                 report.anomalies.first(),
                 path.display()
             );
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+
+    /// Node 0's host crashes and stays down past an election: another host must come to lead
+    /// both of node 0's logs (one handing its lead to the other's leader) and serve the node
+    /// from them, losing nothing acknowledged.
+    #[test]
+    fn both_replicated_logs_of_a_node_fail_over_to_one_host() {
+        for seed in 1..=3 {
+            let mut s = spec(crate::host::Runtime::Sim, seed);
+            s.protocol = "multilog:logs=2".into();
+            s.nodes = 3;
+            s.duration_us = 1_200_000;
+            // Replication round trips pace the commits: lists stay short (a record carries
+            // whole lists, so a fast run's records grow with its length).
+            s.latency.delay_us = 150;
+            s.inflight = 2;
+            s.durability.mode = Durability::Replicated;
+            s.durability.replicas = 3;
+            s.faults.targeted = vec![crate::net::TargetedFault {
+                kind: crate::net::TargetedKind::Crash,
+                node: 0,
+                at_us: 300_000,
+                for_us: Some(600_000),
+            }];
+            let out = host::run_sim(&s).expect("the simulation runs");
+            assert!(out.moved > 0, "seed {seed}: node 0 did not move to another host");
+            let path = std::env::temp_dir().join(format!("dtx-multilog-r-{}-{seed}.jsonl", std::process::id()));
+            let (_, problem) =
+                bench::verify(&out, &path, crate::protocols::guarantee_of(&s.protocol)).expect("the history checks");
+            assert!(problem.is_none(), "seed {seed}: {problem:?} (history {})", path.display());
             let _ = std::fs::remove_file(&path);
         }
     }

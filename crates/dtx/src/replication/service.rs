@@ -45,6 +45,43 @@ use std::task::{Poll, Waker};
 /// a node that moved to another host now listens (`host::tcp_host`). No log has this id.
 pub const ROUTE_FRAME_GROUP: u32 = u32::MAX;
 
+/// The most logs a node may keep replicated (a protocol's `logs()`); `ROUTE_FRAME_GROUP` lies
+/// beyond every log's group id.
+pub const MAX_LOGS_PER_NODE: u16 = 256;
+
+/// One replicated log: log `log` of node `node`. Its Raft group id keeps the node in the low
+/// 16 bits and the log index above them, so log 0 of node n is group n, as when every node
+/// kept one log (journals written then read the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogId {
+    pub node: NodeId,
+    pub log: u16,
+}
+
+impl LogId {
+    pub fn new(node: NodeId, log: u16) -> LogId {
+        debug_assert!(log < MAX_LOGS_PER_NODE, "log {log} of node {node}: at most {MAX_LOGS_PER_NODE}");
+        LogId { node, log }
+    }
+
+    pub fn group(self) -> u32 {
+        (self.log as u32) << 16 | self.node as u32
+    }
+
+    pub fn of_group(group: u32) -> LogId {
+        LogId { node: (group & 0xffff) as NodeId, log: (group >> 16) as u16 }
+    }
+}
+
+impl std::fmt::Display for LogId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.log {
+            0 => write!(f, "node {}'s log", self.node),
+            l => write!(f, "node {}'s log {l}", self.node),
+        }
+    }
+}
+
 /// Handles a route announcement's payload.
 pub type RouteHandler = Rc<dyn Fn(&[u8])>;
 
@@ -93,8 +130,17 @@ pub type AdoptRequests = Rc<RefCell<Vec<(NodeId, NodeId)>>>;
 /// runtime stops this host's incarnation of each.
 pub type Deposed = Rc<RefCell<Vec<NodeId>>>;
 
-/// Makes a protocol's log state machine: fresh (`None`), or from a snapshot of one.
-pub type MachineFactory = std::sync::Arc<dyn Fn(Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> + Send + Sync>;
+/// Makes a protocol's state machine of one log: fresh (`None`), or from a snapshot of one.
+pub type MachineFactory =
+    std::sync::Arc<dyn Fn(LogId, Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> + Send + Sync>;
+
+/// What a host that leads every log of a node, each settled, rebuilds the node from: per log
+/// (in log order) the snapshot of its applied state and the term this host took it over in.
+#[derive(Debug, Clone)]
+pub struct Adoption {
+    pub snapshots: Vec<Vec<u8>>,
+    pub terms: Vec<u64>,
+}
 
 /// An entry that carries one of the node's records.
 const TAG_RECORD: u8 = 0;
@@ -122,6 +168,8 @@ pub struct ReplicaSetup {
     /// port).
     pub cluster_id: u64,
     pub nodes: u16,
+    /// Logs per node (the protocol's `logs()`): each its own Raft group, over the same voters.
+    pub logs: u16,
     pub replicas: u16,
     /// Each node's region (empty: one region): a log's voters are its region's first.
     pub regions: Vec<u16>,
@@ -256,8 +304,8 @@ impl ReplicaState {
             let store = stores.remove(&owner).expect("a store per voted group");
             let commit = raft::Storage::initial_state(&store).map_err(|e| anyhow::anyhow!("{e}"))?.hard_state.commit;
             if state.mode == Mode::Failover {
-                let machine = rebuild_machine(&state.setup.new_machine, &store, commit)
-                    .map_err(|e| anyhow::anyhow!("log {owner}: {e:#}"))?;
+                let machine = rebuild_machine(&state.setup.new_machine, LogId::of_group(owner), &store, commit)
+                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", LogId::of_group(owner)))?;
                 state.applied.insert(owner, machine);
             }
             state.compacted.insert(owner, Compacted::at(store.snapshot_index(), 0));
@@ -284,13 +332,18 @@ impl ReplicaState {
         }
     }
 
-    /// The logs this host holds a replica of, with their voters.
+    /// The logs this host holds a replica of, with their voters: every log of a node has the
+    /// node's voters, so that one host can lead them all.
     fn voted_groups(&self) -> Vec<(u32, Vec<ReplicaId>)> {
         let (nodes, replicas, host, regions) = (self.setup.nodes, self.setup.replicas, self.host, &self.setup.regions);
+        let logs = self.setup.logs.max(1);
         (0..nodes)
-            .map(|g| (g, replicas_of(g, nodes, replicas, regions)))
+            .map(|n| (n, replicas_of(n, nodes, replicas, regions)))
             .filter(|(_, voters)| voters.contains(&host))
-            .map(|(g, voters)| (g as u32, voters.into_iter().map(replica_id).collect()))
+            .flat_map(|(n, voters)| {
+                let voters: Vec<ReplicaId> = voters.into_iter().map(replica_id).collect();
+                (0..logs).map(move |l| (LogId::new(n, l).group(), voters.clone()))
+            })
             .collect()
     }
 
@@ -404,8 +457,13 @@ impl ReplicaState {
     fn applied_snapshot(&self, group: u32) -> Option<Vec<u8>> {
         match self.applied.get(&group) {
             Some(m) => Some(m.snapshot()),
-            None => (self.setup.new_machine)(None).ok().map(|m| m.snapshot()),
+            None => (self.setup.new_machine)(LogId::of_group(group), None).ok().map(|m| m.snapshot()),
         }
+    }
+
+    /// The groups of `node`'s logs, log 0 first.
+    fn groups_of(&self, node: NodeId) -> impl Iterator<Item = u32> {
+        (0..self.setup.logs.max(1)).map(move |l| LogId::new(node, l).group())
     }
 }
 
@@ -422,13 +480,17 @@ fn journal_op_group(op: &JournalOp) -> u32 {
 /// A group's state machine at its commit index: from its snapshot, then its committed entries.
 fn rebuild_machine(
     new_machine: &MachineFactory,
+    log: LogId,
     store: &ReplicaStore,
     commit: u64,
 ) -> anyhow::Result<Box<dyn LogMachine>> {
     let snapshot_index = store.snapshot_index();
     let mut machine = match snapshot_index {
-        0 => new_machine(None)?,
-        _ => new_machine(Some(raft::Storage::snapshot(store, 0, 0).map_err(|e| anyhow::anyhow!("{e}"))?.get_data()))?,
+        0 => new_machine(log, None)?,
+        _ => new_machine(
+            log,
+            Some(raft::Storage::snapshot(store, 0, 0).map_err(|e| anyhow::anyhow!("{e}"))?.get_data()),
+        )?,
     };
     if commit > snapshot_index {
         let ctx = raft::GetEntriesContext::empty(false);
@@ -467,10 +529,11 @@ impl Served {
 pub struct Replicator {
     w: Rc<Worker>,
     state: Rc<RefCell<ReplicaState>>,
+    /// Per group: the logs of the nodes this host serves (every log of a node, or none).
     served: FxHashMap<u32, Served>,
-    /// Adoptions asked for and not yet answered.
-    requested: FxHashSet<u32>,
-    /// Per log led but not served: the term of the `Takeover` record proposed in it.
+    /// Nodes whose adoption was asked for and not yet answered.
+    requested: FxHashSet<NodeId>,
+    /// Per group led but not served: the term of the `Takeover` record proposed in it.
     takeover_term: FxHashMap<u32, u64>,
     adopt: Option<AdoptRequests>,
     deposed: Option<Deposed>,
@@ -496,23 +559,28 @@ pub struct Replicator {
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
 
-/// Start a replicator on worker `w` over `state`; `own_log` is the log of the node this host
-/// starts out serving (its own), if any; `adopt` receives failover requests (failover mode).
+/// Start a replicator on worker `w` over `state`; `own_logs` are the logs of the node this
+/// host starts out serving (its own; every one of them, or none); `adopt` receives failover
+/// requests (failover mode).
 pub fn start(
     w: &Rc<Worker>,
     state: Rc<RefCell<ReplicaState>>,
-    own_log: Option<Arc<NodeLog>>,
+    own_logs: Vec<Arc<NodeLog>>,
     adopt: Option<AdoptRequests>,
 ) -> Result<ReplicatorHandle, RaftLogError> {
     let host = state.borrow().host;
     let mut served = FxHashMap::default();
-    if let Some(log) = own_log {
-        served.insert(host as u32, Served::new(log));
+    for (l, log) in own_logs.into_iter().enumerate() {
+        served.insert(LogId::new(host, l as u16).group(), Served::new(log));
     }
     let first = !std::mem::replace(&mut state.borrow_mut().started, true);
     if first {
-        if let Some(own) = state.borrow_mut().groups.get_mut(host as u32) {
-            own.campaign()?;
+        let mut st = state.borrow_mut();
+        let own: Vec<u32> = st.groups_of(host).collect();
+        for group in own {
+            if let Some(g) = st.groups.get_mut(group) {
+                g.campaign()?;
+            }
         }
     }
     let r = Rc::new(RefCell::new(Replicator {
@@ -617,34 +685,40 @@ impl Replicator {
         self.served.clear();
     }
 
-    /// Serve `node` from now on: propose the records `log` appends to its group. `term` is the
-    /// term its state was taken in ([`Replicator::adoptable_state`]). If this replica no longer
-    /// leads the log in that term (it lost the lead while the node was rebuilt, perhaps winning a
-    /// later election meanwhile), the rebuilt incarnation is stale (the log may hold records it
-    /// never applied): it is refused, reported deposed so that the host stops it, and the node
-    /// is asked for again. Returns whether it is served.
-    pub fn serve(&mut self, node: NodeId, log: Arc<NodeLog>, term: u64) -> bool {
-        let group = node as u32;
-        self.requested.remove(&group);
-        let leads_in = self.state.borrow().groups.get(group).filter(|g| g.is_leader()).map(|g| g.term());
-        if leads_in != Some(term) {
-            log_warn(&format!(
-                "replication: host {}: node {node} was rebuilt from its log as of term {term}, but this replica {}: \
-                 that incarnation is stopped",
-                self.state.borrow().host,
-                match leads_in {
-                    Some(t) => format!("leads it in term {t} now"),
-                    None => "no longer leads it".to_string(),
+    /// Serve `node` from now on: propose the records each of `logs` appends to its group.
+    /// `terms` are the terms its logs' states were taken in ([`Replicator::adoptable_state`]).
+    /// If this replica no longer leads one of the logs in that term (it lost the lead while the
+    /// node was rebuilt, perhaps winning a later election meanwhile), the rebuilt incarnation is
+    /// stale (the log may hold records it never applied): it is refused, reported deposed so
+    /// that the host stops it, and the node is asked for again. Returns whether it is served.
+    pub fn serve(&mut self, node: NodeId, logs: Vec<Arc<NodeLog>>, terms: &[u64]) -> bool {
+        self.requested.remove(&node);
+        let groups: Vec<u32> = self.state.borrow().groups_of(node).collect();
+        assert_eq!(logs.len(), groups.len(), "node {node} is served with every one of its logs");
+        for (&group, &term) in groups.iter().zip(terms) {
+            let leads_in = self.state.borrow().groups.get(group).filter(|g| g.is_leader()).map(|g| g.term());
+            if leads_in != Some(term) {
+                log_warn(&format!(
+                    "replication: host {}: node {node} was rebuilt from {} as of term {term}, but this replica {}: \
+                     that incarnation is stopped",
+                    self.state.borrow().host,
+                    LogId::of_group(group),
+                    match leads_in {
+                        Some(t) => format!("leads it in term {t} now"),
+                        None => "no longer leads it".to_string(),
+                    }
+                ));
+                if let Some(q) = &self.deposed {
+                    q.borrow_mut().push(node);
                 }
-            ));
-            if let Some(q) = &self.deposed {
-                q.borrow_mut().push(node);
+                return false;
             }
-            return false;
         }
-        let mut served = Served::new(log);
-        served.led_term = Some(term);
-        self.served.insert(group, served);
+        for ((group, log), &term) in groups.into_iter().zip(logs).zip(terms) {
+            let mut served = Served::new(log);
+            served.led_term = Some(term);
+            self.served.insert(group, served);
+        }
         if let Some(w) = self.loop_waker.take() {
             w.wake();
         }
@@ -676,54 +750,70 @@ impl Replicator {
         self.state.borrow().stats
     }
 
-    /// The term this host took `node`'s log over in (its `Takeover` record's), if it did.
-    pub fn takeover_term(&self, node: NodeId) -> Option<u64> {
-        self.takeover_term.get(&(node as u32)).copied()
-    }
-
     /// Tell `queue` of every node this host stops serving because it lost the node's log.
     pub fn report_deposed(&mut self, queue: Deposed) {
         self.deposed = Some(queue);
     }
 
-    /// Stop proposing for `group`'s incarnation on this host: it can make nothing durable any
-    /// more (another replica leads, or our proposals were overwritten).
+    /// Stop proposing for the incarnation on this host of the node whose log `group` is: it
+    /// can make nothing durable any more in that log (another replica leads, or our proposals
+    /// were overwritten), and a node's logs fail over together.
     fn depose(&mut self, group: u32) {
-        if self.served.remove(&group).is_some() {
+        let node = LogId::of_group(group).node;
+        if self.stop_serving(node) {
             if let Some(q) = &self.deposed {
-                q.borrow_mut().push(group as NodeId);
+                q.borrow_mut().push(node);
             }
         }
     }
 
+    /// Stop proposing for every log of `node`; returns whether this host served it.
+    fn stop_serving(&mut self, node: NodeId) -> bool {
+        let groups: Vec<u32> = self.state.borrow().groups_of(node).collect();
+        let removed = groups.into_iter().filter(|g| self.served.remove(g).is_some()).count();
+        removed > 0
+    }
+
     /// Another host took `node` over: stop proposing for the incarnation this host served.
     pub fn forget(&mut self, node: NodeId) {
-        self.served.remove(&(node as u32));
+        self.stop_serving(node);
     }
 
-    /// The runtime could not take `node` over now: ask again when the log is settled.
+    /// The runtime could not take `node` over now: ask again when its logs are settled.
     pub fn adoption_refused(&mut self, node: NodeId) {
-        self.requested.remove(&(node as u32));
+        self.requested.remove(&node);
     }
 
-    /// What `node` recovers from, if this host may take it over now: it is alive, leads the
-    /// node's log with a settled log, and has applied every committed record.
-    pub fn adoptable_state(&self, node: NodeId) -> Option<Vec<u8>> {
+    /// What `node` recovers from, if this host may take it over now: it is alive and, for every
+    /// one of the node's logs, leads it with a settled log in the term of its `Takeover` record
+    /// and has applied every committed record.
+    pub fn adoptable_state(&self, node: NodeId) -> Option<Adoption> {
         let st = self.state.borrow();
-        let g = st.groups.get(node as u32)?;
-        // The state machine, not the group: between a poll and its sync the group has handed
-        // out entries the machine has not applied yet.
-        let machine_index = self.machine_index.get(&(node as u32)).copied().unwrap_or(0);
-        let ready = self.alive
-            && st.mode == Mode::Failover
-            && !self.served.contains_key(&(node as u32))
-            && self.takeover_term.get(&(node as u32)) == Some(&g.term())
-            && g.leads_with_settled_log()
-            && machine_index >= g.commit_index();
-        if !ready {
+        if !self.alive || st.mode != Mode::Failover {
             return None;
         }
-        st.applied_snapshot(node as u32)
+        let mut adoption = Adoption { snapshots: Vec::new(), terms: Vec::new() };
+        for group in st.groups_of(node) {
+            let g = st.groups.get(group)?;
+            // The state machine, not the group: between a poll and its sync the group has
+            // handed out entries the machine has not applied yet.
+            let machine_index = self.machine_index.get(&group).copied().unwrap_or(0);
+            let ready = !self.served.contains_key(&group)
+                && self.takeover_term.get(&group) == Some(&g.term())
+                && g.leads_with_settled_log()
+                && machine_index >= g.commit_index();
+            if !ready {
+                return None;
+            }
+            adoption.snapshots.push(st.applied_snapshot(group)?);
+            adoption.terms.push(g.term());
+        }
+        Some(adoption)
+    }
+
+    /// Whether this host leads `node`'s log 0 now (where a targeted fault finds a log's leader).
+    pub fn leads_log_of(&self, node: NodeId) -> bool {
+        self.state.borrow().groups.get(LogId::new(node, 0).group()).is_some_and(|g| g.is_leader())
     }
 
     /// Take what the served logs appended since the last look; `waker` hears of the next.
@@ -745,9 +835,11 @@ impl Replicator {
         match st.mode {
             Mode::Failover => st.groups.tick_all(),
             Mode::OwnerLeads => {
-                let own = st.host as u32;
-                if let Some(g) = st.groups.get_mut(own) {
-                    g.tick();
+                let own: Vec<u32> = st.groups_of(st.host).collect();
+                for group in own {
+                    if let Some(g) = st.groups.get_mut(group) {
+                        g.tick();
+                    }
                 }
             }
         }
@@ -883,7 +975,7 @@ impl Replicator {
         if st.mode != Mode::Failover {
             return;
         }
-        match (st.setup.new_machine)(Some(data)) {
+        match (st.setup.new_machine)(LogId::of_group(group), Some(data)) {
             Ok(m) => {
                 st.applied.insert(group, m);
                 st.compacted.insert(group, Compacted::at(index, data.len() as u64));
@@ -912,13 +1004,15 @@ impl Replicator {
             let st = &mut *st;
             let applied = match st.applied.entry(group) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => match (st.setup.new_machine)(None) {
-                    Ok(m) => v.insert(m),
-                    Err(e) => {
-                        log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
-                        return;
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    match (st.setup.new_machine)(LogId::of_group(group), None) {
+                        Ok(m) => v.insert(m),
+                        Err(e) => {
+                            log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
+                            return;
+                        }
                     }
-                },
+                }
             };
             let mut bytes = 0;
             for e in entries.iter().filter(|e| e.index > snapshot_index) {
@@ -967,15 +1061,19 @@ impl Replicator {
     /// leader first commits a `Takeover` record in its own term: a host that was cut off (or
     /// restarted) may still believe it leads an old term, and only a commit proves that a
     /// majority follows it; once that record is committed and the whole log with it, the log
-    /// is settled and the node can be rebuilt from it.
+    /// is settled. A node is rebuilt once one host has settled every one of its logs: a leader
+    /// of a node's log k > 0 hands it to the leader of the node's log 0, so that the logs of a
+    /// node come to be led from one host after a failover.
     fn follow_leadership(&mut self) {
         let mut st = self.state.borrow_mut();
         let host = st.host;
         let me = replica_id(host);
-        let mut ask = Vec::new();
+        let mut settled: FxHashMap<NodeId, bool> = FxHashMap::default();
         let mut lost = Vec::new();
         let groups: Vec<u32> = st.groups.group_ids().collect();
         for group in groups {
+            let id = LogId::of_group(group);
+            let leader_of_log_0 = st.groups.get(LogId::new(id.node, 0).group()).and_then(|g| g.leader());
             let Some(g) = st.groups.get_mut(group) else { continue };
             if let Some(s) = self.served.get_mut(&group) {
                 if g.is_leader() {
@@ -990,9 +1088,17 @@ impl Replicator {
                 }
                 continue;
             }
+            let all_settled = settled.entry(id.node).or_insert(true);
             if !g.is_leader() {
-                self.requested.remove(&group);
+                *all_settled = false;
+                self.requested.remove(&id.node);
                 self.takeover_term.remove(&group);
+                continue;
+            }
+            if let Some(l0) = leader_of_log_0.filter(|&l| id.log > 0 && l != me) {
+                // Ignored by Raft while a transfer is under way; asked again at the next pump.
+                let _ = g.transfer_leadership(l0);
+                *all_settled = false;
                 continue;
             }
             if self.takeover_term.get(&group) != Some(&g.term()) {
@@ -1000,18 +1106,27 @@ impl Replicator {
                 if g.propose(marker).is_ok() {
                     self.takeover_term.insert(group, g.term());
                 }
-            } else if g.leads_with_settled_log() && !self.requested.contains(&group) {
-                ask.push(group);
+                *all_settled = false;
+            } else if !g.leads_with_settled_log() {
+                *all_settled = false;
             }
         }
         drop(st);
         for group in lost {
             self.depose(group);
         }
+        // A node is served with all of its logs or none (`serve`): one served log means served.
+        let serves = |n: NodeId| self.served.contains_key(&LogId::new(n, 0).group());
+        let mut ask: Vec<NodeId> = settled
+            .into_iter()
+            .filter(|&(n, ok)| ok && !self.requested.contains(&n) && !serves(n))
+            .map(|(n, _)| n)
+            .collect();
+        ask.sort_unstable();
         if let Some(q) = &self.adopt {
-            for group in ask {
-                self.requested.insert(group);
-                q.borrow_mut().push((group as NodeId, host));
+            for node in ask {
+                self.requested.insert(node);
+                q.borrow_mut().push((node, host));
             }
         }
     }

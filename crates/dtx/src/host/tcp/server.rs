@@ -51,7 +51,7 @@ pub(super) struct ActiveRun {
 /// seconds), elected one of their own and took that node over, and the server then found
 /// its own node's ports taken ("Address already in use"). The bench sends `start` to every
 /// server right after the last `prepare`, well within an election timeout.
-pub(super) type PendingReplicas = (Arc<crate::rt::log::NodeLog>, std::path::PathBuf);
+pub(super) type PendingReplicas = (Vec<Arc<crate::rt::log::NodeLog>>, std::path::PathBuf);
 
 /// Files a server keeps in a run's folder under `--data-dir`.
 pub(super) const RUN_SPEC_FILE: &str = "run.json";
@@ -333,7 +333,7 @@ impl Server {
         let hosting = self.hosting_for(spec, dir, shared, process)?;
         let logs = crate::host::open_node_logs(spec, dir, self.node)?;
         let mut node = build_node(spec, self.node, hosting.workload(), logs)?;
-        let replicas = node.replicated.take().map(|(log, _)| (log, dir.join(raft_journal_file_name(self.node))));
+        let replicas = node.replicated.take().map(|(logs, _)| (logs, dir.join(raft_journal_file_name(self.node))));
         let started = hosting.serve_node(self.node, node, Duration::ZERO).map(|_| ());
         Ok((stop_unless_started(hosting, started)?, replicas))
     }
@@ -348,7 +348,7 @@ impl Server {
         process: u16,
     ) -> anyhow::Result<Arc<Hosting>> {
         let hosting = self.hosting_for(spec, dir, shared, process)?;
-        let started = hosting.start_replication(None, dir.join(raft_journal_file_name(self.node)));
+        let started = hosting.start_replication(Vec::new(), dir.join(raft_journal_file_name(self.node)));
         stop_unless_started(hosting, started)
     }
 
@@ -420,8 +420,8 @@ impl Server {
         };
         run.window = Some(window);
         if let Some(h) = &run.hosting {
-            if let Some((log, journal)) = run.pending_replicas.take() {
-                if let Err(e) = h.start_replication(Some(log), journal) {
+            if let Some((logs, journal)) = run.pending_replicas.take() {
+                if let Err(e) = h.start_replication(logs, journal) {
                     h.stop();
                     return Err(e);
                 }

@@ -195,7 +195,11 @@ impl<C: Cc> Protocol for TwoPc<C> {
         Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered })
     }
 
-    fn log_machine(&self, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
+    fn log_machine(
+        &self,
+        _env: &crate::protocols::MachineEnv,
+        checkpoint: Option<&[u8]>,
+    ) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
         super::durable::machine::<C::Log>(C::NAME, checkpoint)
     }
 }
