@@ -64,6 +64,17 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--runtime", "sim", "--fault-at", "delay:node=1@1s"], "add by=DURATION"),
         (&["bench", "--runtime", "sim", "--fault-at", "cpu:node=1,factor=-2@0s"], "factor -2 must be above 0"),
         (&["bench", "--runtime", "sim", "--fault-at", "pause:node=0@9s"], "after the run's end"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:leader=0@1s"], "add --durability replicated"),
+        (
+            &["bench", "--runtime", "sim", "--durability", "replicated", "--fault-at", "crash:leader=4@1s"],
+            "`crash:leader=4@1s`: there is no node 4",
+        ),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:leader=x@1s"], "leader `x` is not a node number"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:role=wizard@1s"], "unknown role `wizard`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:role=sequencer@1s"], "no node has role `sequencer`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:role=data#2@1s"], "only 2 nodes have role `data`"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:role=data#x@1s"], "`x` is not a number"),
+        (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1,role=data@1s"], "name one target"),
         (&["bench", "--fault-at", "crash:node=1@1s"], "add --runtime sim or tcp"),
         (&["bench", "--runtime", "tcp", "--fault-at", "cpu:node=1,factor=3@0s"], "needs --runtime sim"),
         (&["bench", "--runtime", "tcp", "--fault-at", "crash:node=1@1s"], "add --durability wal or replicated"),
@@ -208,6 +219,44 @@ fn a_short_sim_bench_writes_json_and_a_plot() {
     assert!(svg.starts_with("<svg") || svg.contains("<svg"));
 }
 
+/// Run a short simulated bench (0.2 s, no warm-up) with `args`; assert it succeeded and return
+/// its stdout and JSON report.
+fn short_sim_bench(args: &[&str]) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let mut argv = vec!["bench", "--runtime", "sim", "--duration", "0.2", "--warmup", "0", "--out", out_dir];
+    argv.extend_from_slice(args);
+    let (code, out, err) = dtx(&argv);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
+    (out, serde_json::from_str(&json).unwrap())
+}
+
+/// `--fault-at` by role: `role=R` is the first node with role R, `role=R#I` the I-th; the
+/// faults land on those nodes (the JSON's `fault_events`), at the times named.
+#[test]
+fn a_fault_aimed_at_a_role_hits_the_node_that_has_it() {
+    let (_, v) = short_sim_bench(&[
+        "--protocol",
+        "occ",
+        "--workload",
+        "append",
+        "--nodes",
+        "3",
+        "--roles",
+        "data+client,client,data+client+timestamp-server",
+        "--fault-at",
+        "pause:role=client#1@50ms+20ms;delay:role=timestamp-server,by=1ms@80ms+20ms",
+    ]);
+    let events: Vec<(&str, u64, f64)> = v["runs"][0]["fault_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["node"].as_u64().unwrap(), e["at_ms"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(events, [("pause", 1, 50.0), ("delay", 2, 80.0)]);
+}
+
 #[test]
 fn a_protocols_options_are_listed_with_type_default_and_help() {
     let (code, out, err) = dtx(&["protocols", "--options", "2pl-waitdie"]);
@@ -219,27 +268,14 @@ fn a_protocols_options_are_listed_with_type_default_and_help() {
 
 #[test]
 fn a_variant_runs_beside_its_base_under_its_full_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = dtx(&[
-        "bench",
-        "--runtime",
-        "sim",
+    let (out, v) = short_sim_bench(&[
         "--protocol",
         "2pl-waitdie,2pl-waitdie:lock_wait_us=50",
         "--theta",
         "0.99",
         "--keys",
         "1000",
-        "--duration",
-        "0.2",
-        "--warmup",
-        "0",
-        "--out",
-        dir.path().to_str().unwrap(),
     ]);
-    assert_eq!(code, 0, "{out}\n{err}");
-    let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let names: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["protocol"].as_str().unwrap()).collect();
     assert_eq!(names, ["2pl-waitdie", "2pl-waitdie:lock_wait_us=50"]);
     assert!(out.lines().any(|l| l.starts_with("2pl-waitdie:lock_wait_us=50 ")), "the table names the variant: {out}");

@@ -133,11 +133,16 @@ fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
 /// kept. Every ready protocol, a few seeds: the schedule is the flag's, not the seed's.
 #[test]
 fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
-    use dtx::net::{TargetedFault, TargetedKind};
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
     for p in ready() {
         for seed in 1..=3 {
             let mut spec = durable_spec(p.name, 2900 + seed, dtx::host::Runtime::Sim);
-            let crash = TargetedFault { kind: TargetedKind::Crash, node: 1, at_us: 150_000, for_us: Some(50_000) };
+            let crash = TargetedFault {
+                kind: TargetedKind::Crash,
+                target: FaultTarget::Node(1),
+                at_us: 150_000,
+                for_us: Some(50_000),
+            };
             spec.faults.targeted = vec![crash];
             spec = spec.with_faults(false, false, 0.0);
             let out = common::run_and_check(&spec, "targeted");
@@ -326,6 +331,35 @@ fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
     spec.durability.mode = Durability::Replicated;
     spec.durability.replicas = 3;
     spec
+}
+
+/// `--fault-at 'crash:node=0@100ms+200ms;crash:leader=0@500ms+100ms'` with replicated logs:
+/// host 0 crashes and a follower of node 0's log takes node 0 over (an election takes 100 to
+/// 200 ms), so at 500 ms the leader of node 0's log is host 1 or 2, not host 0 (back since
+/// 300 ms as a follower): the second crash hits that host, and node 0, served there, fails
+/// over a second time.
+#[test]
+fn a_crash_of_a_logs_leader_hits_the_host_that_leads_it_then() {
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
+    for seed in 1..=2 {
+        let mut spec = replicated_spec("occ", 5100 + seed);
+        spec.duration_us = 700_000;
+        let crash = |target, at_us, for_us| TargetedFault { kind: TargetedKind::Crash, target, at_us, for_us };
+        spec.faults.targeted = vec![
+            crash(FaultTarget::Node(0), 100_000, Some(200_000)),
+            crash(FaultTarget::LeaderOf(0), 500_000, Some(100_000)),
+        ];
+        spec = spec.with_faults(false, false, 0.0);
+        let out = common::run_and_check(&spec, "leader");
+        let events: Vec<(u32, f64)> = out.fault_events.iter().map(|e| (e.node, e.at_ms)).collect();
+        assert_eq!(events.len(), 2, "seed {}: {events:?}", spec.seed);
+        assert_eq!(events[0], (0, 100.0), "seed {}", spec.seed);
+        let (leader, at_ms) = events[1];
+        assert!(leader == 1 || leader == 2, "seed {}: the leader's crash hit host {leader}", spec.seed);
+        assert_eq!(at_ms, 500.0, "seed {}", spec.seed);
+        // Node 0 moved to the leader, then away from it with the leader's own node.
+        assert!(out.totals.failovers >= 3, "seed {}: {} failovers", spec.seed, out.totals.failovers);
+    }
 }
 
 /// Hosts crash (losing the nodes they serve), links are cut and lose packets; each crashed

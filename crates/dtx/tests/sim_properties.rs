@@ -96,13 +96,17 @@ fn one_shot_batches_remote_reads_into_one_round_trip() {
 /// three times as much), and fewer transactions commit (node 1's workers are busy longer).
 #[test]
 fn a_cpu_factor_slows_the_named_node_down() {
-    use dtx::net::{TargetedFault, TargetedKind};
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
     let run = |factor: Option<f64>| {
         let mut s = ycsb("occ", 2, 0.1, 0.8);
         s.inflight = 32;
         if let Some(factor) = factor {
-            s.faults.targeted =
-                vec![TargetedFault { kind: TargetedKind::Cpu { factor }, node: 1, at_us: 0, for_us: None }];
+            s.faults.targeted = vec![TargetedFault {
+                kind: TargetedKind::Cpu { factor },
+                target: FaultTarget::Node(1),
+                at_us: 0,
+                for_us: None,
+            }];
         }
         let out = host::run_sim(&s).unwrap();
         (out.totals.cpu_us as f64 / out.totals.committed as f64, out.totals.committed, out.fault_events)
@@ -120,13 +124,14 @@ fn a_cpu_factor_slows_the_named_node_down() {
 /// arrives 20 ms later, so distributed transactions take 20 ms or more there; no other fault.
 #[test]
 fn a_delay_holds_the_named_nodes_messages() {
-    use dtx::net::{TargetedFault, TargetedKind};
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
     let run = |delay: bool| {
         let mut s = ycsb("occ", 2, 0.5, 0.8);
         s.latency.delay_us = 100;
         if delay {
             let kind = TargetedKind::Delay { by_us: 20_000 };
-            s.faults.targeted = vec![TargetedFault { kind, node: 0, at_us: 50_000, for_us: Some(100_000) }];
+            s.faults.targeted =
+                vec![TargetedFault { kind, target: FaultTarget::Node(0), at_us: 50_000, for_us: Some(100_000) }];
         }
         let out = host::run_sim(&s).unwrap();
         (out.totals.histogram().value_at_quantile(0.99), out.fault_events)
@@ -144,14 +149,18 @@ fn a_delay_holds_the_named_nodes_messages() {
 /// serializable; only that pause is listed.
 #[test]
 fn a_paused_node_goes_on_where_it_stopped() {
-    use dtx::net::{TargetedFault, TargetedKind};
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
     let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
     let mut s = BenchSpec::new("2pl-waitdie", wl, dtx::host::Runtime::Sim);
     s.duration_us = 400_000;
     s.warmup_us = 0;
     s.latency.delay_us = 150;
-    s.faults.targeted =
-        vec![TargetedFault { kind: TargetedKind::Pause, node: 1, at_us: 50_000, for_us: Some(100_000) }];
+    s.faults.targeted = vec![TargetedFault {
+        kind: TargetedKind::Pause,
+        target: FaultTarget::Node(1),
+        at_us: 50_000,
+        for_us: Some(100_000),
+    }];
     let out = host::run_sim(&s).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), dtx::protocols::guarantee_of(&s.protocol))

@@ -2,9 +2,10 @@
 //! the library, not the binary, so that an experiment (`dtx experiment`) builds its runs from the
 //! same flags, parsed and checked by the same code, as a user typing `dtx bench`.
 
+use crate::cluster::{Role, Roles};
 use crate::host::{BenchSpec, Runtime};
-use crate::net::{FaultPlan, LatencyModel, TargetedFault, TargetedKind};
-use crate::protocols::ProtoOptions;
+use crate::net::{FaultPlan, FaultTarget, LatencyModel, NodeId, TargetedFault, TargetedKind};
+use crate::protocols::{ProtoOptions, Variant};
 use crate::replication::DurabilityConfig;
 use crate::rt::{CpuCost, RpcConfig};
 use crate::util::parse_duration_us;
@@ -18,7 +19,7 @@ pub struct BenchArgs {
     /// Protocols to compare: a comma-separated list of `NAME[:KEY=VALUE]...` (a protocol, or a
     /// variant with options set: `occ,2pl-waitdie:lock_wait_us=200`), or `all`. Each is a run.
     #[arg(long, default_value = "all")]
-    protocol: String,
+    protocol: ProtocolList,
     /// ycsb | append | tpcc | bank
     #[arg(long, default_value = "ycsb")]
     workload: String,
@@ -116,13 +117,16 @@ pub struct BenchArgs {
     #[arg(long, default_value = "100ms")]
     fault_duration: String,
     /// A fault on a given node at a given time (sim and tcp), besides --faults' random ones:
-    /// `KIND:node=N[,KEY=VALUE]@TIME[+DURATION]`, TIME from the run's start (warm-up included),
-    /// DURATION left out: until the measured window ends. KIND: `crash` (with --durability wal
-    /// or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
+    /// `KIND:TARGET[,KEY=VALUE]@TIME[+DURATION]`, TIME from the run's start (warm-up included),
+    /// DURATION left out: until the measured window ends. TARGET: `node=N`; `leader=N`, the
+    /// host that leads node N's replicated log when the fault starts (needs --durability
+    /// replicated; the fault ends on that same host); `role=R`, the first node with role R
+    /// (as --roles gives them), `role=R#I` the I-th from 0. KIND: `crash` (with --durability
+    /// wal or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
     /// (tcp: SIGSTOP, then SIGCONT), `delay:node=N,by=5ms` (every message the node sends is held
     /// that much longer; all kinds of message alike), `cpu:node=N,factor=3` (sim: the node's
     /// CPU costs are multiplied). Repeat the flag, or separate faults with `;`:
-    /// `--fault-at 'crash:node=1@2s+500ms;cpu:node=0,factor=3@0s'`.
+    /// `--fault-at 'crash:leader=0@2s+500ms;cpu:role=data#1,factor=3@0s'`.
     #[arg(long = "fault-at", value_name = "FAULT")]
     fault_at: Vec<String>,
     /// Write the JSON report here (default: in the results folder).
@@ -229,6 +233,37 @@ pub struct BenchArgs {
     cluster_id: Option<String>,
 }
 
+/// `--protocol`, parsed once, when the flags are: the variants to run, each a run of its own
+/// (`protocols::resolve` reads `a,b:k=v` or `all`). An unknown protocol or option is a one-line
+/// error of the flag's.
+#[derive(Clone, Debug)]
+pub struct ProtocolList(Vec<Variant>);
+
+impl std::str::FromStr for ProtocolList {
+    type Err = String;
+    fn from_str(list: &str) -> Result<Self, String> {
+        crate::protocols::resolve(list).map(ProtocolList).map_err(|e| format!("{e:#}"))
+    }
+}
+
+impl ProtocolList {
+    pub fn variants(&self) -> &[Variant] {
+        &self.0
+    }
+
+    /// More than one run: the files of each (its history) carry its protocol's name.
+    pub fn several(&self) -> bool {
+        self.0.len() > 1
+    }
+}
+
+impl std::fmt::Display for ProtocolList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|v| v.name.as_str()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
 /// A fresh id for the cluster of one run, so that its logs are never mistaken for another
 /// run's (a log of another cluster is refused).
 fn cluster_id(protocol: &str, seed: u64) -> u64 {
@@ -245,31 +280,80 @@ fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
     u64::from_str_radix(digits, 16).map_err(|_| anyhow::anyhow!("--cluster-id: `{s}` is not a hexadecimal number"))
 }
 
+/// What a `--fault-at` target is checked against: the run's nodes, each node's roles (empty:
+/// every node `data+client`), and whether its logs are replicated (`leader=` needs them).
+pub struct FaultTargets<'a> {
+    pub nodes: u16,
+    pub roles: &'a [Roles],
+    pub replicated: bool,
+}
+
+impl FaultTargets<'_> {
+    /// `node=N`, `leader=N` or `role=R[#I]`: the target, or a one-line error naming what is wrong.
+    fn parse(&self, key: &str, value: &str) -> anyhow::Result<FaultTarget> {
+        if key == "role" {
+            return self.node_of_role(value).map(FaultTarget::Node);
+        }
+        let n: u16 = value.parse().map_err(|_| anyhow::anyhow!("{key} `{value}` is not a node number"))?;
+        if n >= self.nodes {
+            anyhow::bail!("there is no node {n}: the run has nodes 0 to {}", self.nodes.saturating_sub(1));
+        }
+        if key == "node" {
+            return Ok(FaultTarget::Node(n));
+        }
+        if !self.replicated {
+            anyhow::bail!("leader={n} is the host that leads node {n}'s replicated log: add --durability replicated");
+        }
+        Ok(FaultTarget::LeaderOf(n))
+    }
+
+    /// `role=R`: the first node with role R; `role=R#I`: the I-th (from 0), in node order.
+    fn node_of_role(&self, value: &str) -> anyhow::Result<NodeId> {
+        let (name, nth) = match value.split_once('#') {
+            Some((name, i)) => {
+                let i: usize = i.trim().parse().map_err(|_| anyhow::anyhow!("role={value}: `{i}` is not a number"))?;
+                (name, i)
+            }
+            None => (value, 0),
+        };
+        let role = Role::parse(name)?;
+        let roles_of = |n: u16| self.roles.get(n as usize).copied().unwrap_or(Roles::DEFAULT);
+        let with: Vec<NodeId> = (0..self.nodes).filter(|&n| roles_of(n).contains(role)).collect();
+        if with.is_empty() {
+            let all: Vec<String> = (0..self.nodes).map(|n| format!("{n} {}", roles_of(n).names().join("+"))).collect();
+            anyhow::bail!("no node has role `{}` (nodes' roles, set by --roles: {})", name.trim(), all.join(", "));
+        }
+        with.get(nth).copied().ok_or_else(|| {
+            anyhow::anyhow!("role={value}: only {} nodes have role `{}` (counted from #0)", with.len(), name.trim())
+        })
+    }
+}
+
 /// `--fault-at`: every fault of every occurrence of the flag (each may hold several, separated
-/// by `;`), checked against the run's `nodes`. Each error is one line naming the fault and what
-/// is wrong with it.
-pub fn parse_fault_at(values: &[String], nodes: u16) -> anyhow::Result<Vec<TargetedFault>> {
+/// by `;`), checked against the run's nodes, roles and durability. Each error is one line
+/// naming the fault and what is wrong with it.
+pub fn parse_fault_at(values: &[String], targets: &FaultTargets) -> anyhow::Result<Vec<TargetedFault>> {
     values
         .iter()
         .flat_map(|v| v.split(';'))
         .map(str::trim)
         .filter(|f| !f.is_empty())
-        .map(|f| parse_one_fault(f, nodes).with_context(|| format!("--fault-at `{f}`")))
+        .map(|f| parse_one_fault(f, targets).with_context(|| format!("--fault-at `{f}`")))
         .collect()
 }
 
-fn parse_one_fault(f: &str, nodes: u16) -> anyhow::Result<TargetedFault> {
+fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFault> {
     let Some((what, when)) = f.split_once('@') else {
         anyhow::bail!("no time: give KIND:node=N@TIME[+DURATION], e.g. crash:node=1@2s+500ms");
     };
     let (kind_name, params) = what.split_once(':').unwrap_or((what, ""));
-    let mut node = None;
+    let mut target = None;
     let (mut by_us, mut factor) = (None, None);
     let kind_name = kind_name.trim();
     let keys: &[&str] = match kind_name {
-        "crash" | "pause" => &["node"],
-        "delay" => &["node", "by"],
-        "cpu" => &["node", "factor"],
+        "crash" | "pause" => &["node", "leader", "role"],
+        "delay" => &["node", "leader", "role", "by"],
+        "cpu" => &["node", "leader", "role", "factor"],
         other => anyhow::bail!("unknown kind `{other}` (use crash, pause, delay or cpu)"),
     };
     for kv in params.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
@@ -279,12 +363,11 @@ fn parse_one_fault(f: &str, nodes: u16) -> anyhow::Result<TargetedFault> {
         let (k, v) = (k.trim(), v.trim());
         match k {
             _ if !keys.contains(&k) => anyhow::bail!("a {kind_name} takes no `{k}` (it takes {})", keys.join(", ")),
-            "node" => {
-                let n: u16 = v.parse().map_err(|_| anyhow::anyhow!("node `{v}` is not a node number"))?;
-                if n >= nodes {
-                    anyhow::bail!("there is no node {n}: the run has nodes 0 to {}", nodes.saturating_sub(1));
+            "node" | "leader" | "role" => {
+                if target.is_some() {
+                    anyhow::bail!("name one target: node=N, leader=N or role=R, not two");
                 }
-                node = Some(n);
+                target = Some(targets.parse(k, v)?);
             }
             "by" => by_us = Some(fault_time_us(v).context("by")?),
             _ => {
@@ -296,7 +379,8 @@ fn parse_one_fault(f: &str, nodes: u16) -> anyhow::Result<TargetedFault> {
             }
         }
     }
-    let node = node.ok_or_else(|| anyhow::anyhow!("which node? add node=N (e.g. {kind_name}:node=1)"))?;
+    let target = target
+        .ok_or_else(|| anyhow::anyhow!("which node? add node=N, leader=N or role=R (e.g. {kind_name}:node=1)"))?;
     let kind = match kind_name {
         "crash" => TargetedKind::Crash,
         "pause" => TargetedKind::Pause,
@@ -312,7 +396,7 @@ fn parse_one_fault(f: &str, nodes: u16) -> anyhow::Result<TargetedFault> {
     if for_us == Some(0) {
         anyhow::bail!("a duration of 0 does nothing: leave `+...` out to last until the window ends");
     }
-    Ok(TargetedFault { kind, node, at_us, for_us })
+    Ok(TargetedFault { kind, target, at_us, for_us })
 }
 
 /// A time or duration of `--fault-at`: a number with its unit (a bare number is refused: 2
@@ -361,7 +445,8 @@ impl BenchArgs {
         })
     }
 
-    fn spec(&self, protocol: &str) -> anyhow::Result<BenchSpec> {
+    fn spec(&self, variant: &Variant) -> anyhow::Result<BenchSpec> {
+        let protocol = variant.name.as_str();
         if let Some(path) = &self.cluster {
             // A running cluster's file says how many nodes and workers there are.
             let cfg = crate::cluster::ClusterConfig::load(path)?;
@@ -370,7 +455,7 @@ impl BenchArgs {
             args.nodes = cfg.nodes.len() as u16;
             args.workers = Some(cfg.workers);
             args.partitions_per_node = cfg.partitions_per_node;
-            return args.spec(protocol);
+            return args.spec(variant);
         }
         let append = self.workload == "append";
         let mut latency = LatencyModel {
@@ -418,7 +503,17 @@ impl BenchArgs {
                 }
             }
         }
-        faults.targeted = parse_fault_at(&self.fault_at, self.nodes)?;
+        let node_roles = match &self.roles {
+            Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
+            None => Vec::new(),
+        };
+        let durability: crate::replication::Durability = self.durability.parse()?;
+        let targets = FaultTargets {
+            nodes: self.nodes,
+            roles: &node_roles,
+            replicated: durability == crate::replication::Durability::Replicated,
+        };
+        faults.targeted = parse_fault_at(&self.fault_at, &targets)?;
         if !faults.targeted.is_empty() {
             if self.runtime != Runtime::Sim && self.runtime != Runtime::Tcp {
                 anyhow::bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
@@ -490,7 +585,7 @@ impl BenchArgs {
             },
             runtime: self.runtime,
             nodes: self.nodes,
-            workers: self.workers() + crate::host::service_workers(protocol),
+            workers: self.workers() + variant.make().service_workers(),
             partitions_per_node: self.partitions_per_node,
             inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
             max_unacked: self.max_unacked,
@@ -506,7 +601,7 @@ impl BenchArgs {
             run_checks: self.verify && !append,
             max_retries: self.max_retries,
             durability: DurabilityConfig {
-                mode: self.durability.parse()?,
+                mode: durability,
                 group_commit_us: parse_duration_us(&self.group_commit).context("--group-commit")?,
                 group_commit_bytes: self.group_commit_bytes,
                 fsync: !self.no_fsync,
@@ -514,7 +609,7 @@ impl BenchArgs {
                 sim_lane_disks: self.sim_lane_disks,
                 data_dir: self.data_dir.clone(),
                 cluster_id: match &self.cluster_id {
-                    Some(_) if self.protocol.contains(',') || self.protocol == "all" => anyhow::bail!(
+                    Some(_) if self.protocol.several() => anyhow::bail!(
                         "--cluster-id names the logs of one cluster: give one --protocol with it, not `{}`",
                         self.protocol
                     ),
@@ -527,10 +622,7 @@ impl BenchArgs {
                 snapshot_log_bytes: self.snapshot_log_bytes,
                 ..DurabilityConfig::default()
             },
-            node_roles: match &self.roles {
-                Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
-                None => Vec::new(),
-            },
+            node_roles,
             clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
             placement: crate::cluster::Placement::parse(&self.placement).context("--placement")?,
         };
@@ -541,10 +633,9 @@ impl BenchArgs {
 
 impl From<BenchArgs> for super::BenchRequest {
     fn from(a: BenchArgs) -> Self {
-        let protocols = a.protocol.clone();
         let a2 = a.clone();
         super::BenchRequest {
-            protocols,
+            protocols: a.protocol.clone(),
             make_spec: Box::new(move |p| a2.spec(p)),
             runtime: a.runtime,
             json: a.json,

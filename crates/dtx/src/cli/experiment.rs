@@ -337,7 +337,9 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         let req: BenchRequest = args.into();
         check_request(&req).with_context(|| e.name.clone())?;
         let variant = e.variant_at(&j.protocol, j.point.as_ref());
-        let spec = (req.make_spec)(&variant).with_context(|| format!("{}: {variant}", e.name))?;
+        let spec = crate::protocols::Variant::parse(&variant)
+            .and_then(|v| (req.make_spec)(&v))
+            .with_context(|| format!("{}: {variant}", e.name))?;
         parsed.push((req, spec));
     }
     let out = a

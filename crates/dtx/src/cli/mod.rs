@@ -3,7 +3,7 @@
 mod bench_args;
 pub mod experiment;
 
-pub use bench_args::BenchArgs;
+pub use bench_args::{BenchArgs, ProtocolList};
 
 use crate::bench;
 use crate::host::{self, BenchSpec, Outcome};
@@ -13,10 +13,10 @@ use dtx_report::{BenchReport, RunReport};
 use std::path::{Path, PathBuf};
 
 /// Builds (and validates) the spec of one protocol's run from the command line.
-pub type SpecMaker = Box<dyn Fn(&str) -> anyhow::Result<BenchSpec>>;
+pub type SpecMaker = Box<dyn Fn(&protocols::Variant) -> anyhow::Result<BenchSpec>>;
 
 pub struct BenchRequest {
-    pub protocols: String,
+    pub protocols: ProtocolList,
     /// Builds (and validates) the spec of one protocol's run.
     pub make_spec: SpecMaker,
     pub runtime: crate::host::Runtime,
@@ -56,10 +56,9 @@ pub(crate) fn utc_stamp(secs: u64) -> String {
 
 /// Run the benchmark; Ok(false) when a check failed.
 pub fn bench(req: &BenchRequest) -> anyhow::Result<bool> {
-    let protos = protocols::resolve(&req.protocols)?;
     check_request(req)?;
     // Validate every spec before running anything, so a bad flag fails at once.
-    let specs: Vec<BenchSpec> = protos.iter().map(|p| (req.make_spec)(&p.name)).collect::<anyhow::Result<_>>()?;
+    let specs: Vec<BenchSpec> = req.protocols.variants().iter().map(&req.make_spec).collect::<anyhow::Result<_>>()?;
     let partitions = specs.first().is_some_and(|s| s.faults.partitions);
     if req.runtime == crate::host::Runtime::Tcp && partitions && !crate::host::netns::inside() {
         // The servers' links are cut by firewall rules in a network namespace of the run's own.
@@ -126,7 +125,7 @@ fn history_path(spec: &BenchSpec, req: &BenchRequest, dir: &Path) -> Option<Path
         return None;
     }
     Some(match &req.history {
-        Some(p) if req.protocols.contains(',') || req.protocols == "all" => {
+        Some(p) if req.protocols.several() => {
             let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("history");
             p.with_file_name(format!("{stem}-{}.jsonl", spec.protocol))
         }

@@ -40,6 +40,20 @@ pub const ALL_ROLES: [(Role, &str); 8] = [
     (Role::Storage, "storage"),
 ];
 
+impl Role {
+    /// A role by its name (`sequencer`), or an error listing the known ones.
+    pub fn parse(name: &str) -> anyhow::Result<Role> {
+        let name = name.trim();
+        match ALL_ROLES.iter().find(|(_, n)| *n == name) {
+            Some((r, _)) => Ok(*r),
+            None => bail!(
+                "unknown role `{name}` (known: {})",
+                ALL_ROLES.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
 /// A set of roles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<String>", into = "Vec<String>")]
@@ -74,14 +88,7 @@ impl Roles {
     pub fn parse<S: AsRef<str>>(names: &[S]) -> anyhow::Result<Roles> {
         let mut set = Roles::NONE;
         for name in names {
-            let name = name.as_ref().trim();
-            match ALL_ROLES.iter().find(|(_, n)| *n == name) {
-                Some((r, _)) => set = set.with(*r),
-                None => bail!(
-                    "unknown role `{name}` (known: {})",
-                    ALL_ROLES.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")
-                ),
-            }
+            set = set.with(Role::parse(name.as_ref())?);
         }
         if set == Roles::NONE {
             bail!("a node needs at least one role");

@@ -233,8 +233,12 @@ impl BenchSpec {
         if self.runtime == Runtime::Local && !self.faults.targeted.is_empty() {
             bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
         }
-        if let Some(f) = self.faults.targeted.iter().find(|f| f.node >= self.nodes) {
-            bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.node, self.nodes);
+        if let Some(f) = self.faults.targeted.iter().find(|f| f.target.node() >= self.nodes) {
+            bail!("a {} fault names node {} of a run of {} nodes", f.kind.name(), f.target.node(), self.nodes);
+        }
+        let leader = self.faults.targeted.iter().find(|f| matches!(f.target, crate::net::FaultTarget::LeaderOf(_)));
+        if let (Some(f), false) = (leader, self.durability.mode == Durability::Replicated) {
+            bail!("a {} fault on {} needs --durability replicated", f.kind.name(), f.target);
         }
         self.durability.validate(self.nodes, self.faults.may_crash())?;
         if self.runtime == Runtime::Tcp && self.faults.may_crash() && self.durability.mode == Durability::None {

@@ -354,6 +354,15 @@ impl crate::rt::sim::Failover for SimFailover {
         assert!(served, "host {host} lost node {node}'s log while adopting it in one step");
         true
     }
+
+    fn leader_of(&self, node: u16) -> Option<u16> {
+        let me = self.0.borrow();
+        let leaders = me.replicators.iter().enumerate().filter_map(|(host, r)| {
+            let term = r.as_ref()?.borrow().leading_term_of(node)?;
+            Some((term, host as u16))
+        });
+        leaders.max().map(|(_, host)| host)
+    }
 }
 
 impl FailoverState {

@@ -454,6 +454,16 @@ impl Hosting {
         self.push_to_replicator(Box::new(move |r| r.borrow().announce_route(&payload, nodes)));
     }
 
+    /// The term this host's replica leads `node`'s log in, asked on the replication thread
+    /// (None: it does not lead it, has no replicas, or did not answer within `limit`).
+    pub fn leading_term_of(&self, node: NodeId, limit: Duration) -> Option<u64> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.push_to_replicator(Box::new(move |r| {
+            let _ = tx.send(r.borrow().leading_term_of(node));
+        }));
+        rx.recv_timeout(limit).ok().flatten()
+    }
+
     /// Run `f` with the replicator, on the replication thread.
     fn push_to_replicator(&self, f: Box<dyn FnOnce(&ReplicatorHandle) + Send>) {
         if let Some((handle, _)) = self.replication.lock().as_ref() {

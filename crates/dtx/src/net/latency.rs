@@ -139,13 +139,43 @@ impl TargetedKind {
     }
 }
 
-/// A fault at a given time on a given node (`--fault-at 'crash:node=1@2s+500ms'`), parsed once
-/// by the CLI (`cli::bench_args`) and carried in the run's spec to the simulator and the `tcp`
-/// nemesis.
+/// Which host a targeted fault hits. A role (`role=sequencer`) is a node's, known when the
+/// run is specified: the CLI turns it into [`FaultTarget::Node`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultTarget {
+    /// Node N (on `tcp`, server N; with failover, host N whatever nodes it serves).
+    Node(NodeId),
+    /// The host that leads node N's replicated log (log 0, `--durability replicated`) when the
+    /// fault starts; the fault ends on that same host.
+    LeaderOf(NodeId),
+}
+
+impl FaultTarget {
+    /// The node it names: the host itself, or the node whose log's leader it is.
+    pub fn node(&self) -> NodeId {
+        match *self {
+            FaultTarget::Node(n) | FaultTarget::LeaderOf(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for FaultTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FaultTarget::Node(n) => write!(f, "node {n}"),
+            FaultTarget::LeaderOf(n) => write!(f, "the leader of node {n}'s log"),
+        }
+    }
+}
+
+/// A fault at a given time on a given target (`--fault-at 'crash:node=1@2s+500ms'`,
+/// `crash:leader=0@1s`), parsed once by the CLI (`cli::bench_args`) and carried in the run's
+/// spec to the simulator and the `tcp` nemesis.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TargetedFault {
     pub kind: TargetedKind,
-    pub node: NodeId,
+    pub target: FaultTarget,
     /// When it starts, µs from the run's start (warm-up included).
     pub at_us: u64,
     /// How long it lasts; `None`: until the measured window ends (then it is healed, so that

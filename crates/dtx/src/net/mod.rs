@@ -4,7 +4,7 @@
 
 pub mod latency;
 
-pub use latency::{FaultPlan, LatencyModel, TargetedFault, TargetedKind};
+pub use latency::{FaultPlan, FaultTarget, LatencyModel, TargetedFault, TargetedKind};
 
 use serde::{de::DeserializeOwned, Serialize};
 

@@ -1130,6 +1130,13 @@ impl Replicator {
             }
         }
     }
+
+    /// The term this host's replica leads `node`'s log in, if it is alive and believes it
+    /// leads (a cut-off former leader may too, in an older term): for faults aimed at a leader.
+    pub fn leading_term_of(&self, node: NodeId) -> Option<u64> {
+        let st = self.state.borrow();
+        st.groups.get(node as u32).filter(|g| self.alive && g.is_leader()).map(|g| g.term())
+    }
 }
 
 /// Whether a frame tagged with cluster `id` may be stepped by a replica of cluster `cluster_id`.

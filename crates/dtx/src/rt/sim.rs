@@ -14,7 +14,7 @@
 
 use super::log::{NodeLog, SimImage};
 use super::{Clock, Executor, Worker, STEP_TASKS};
-use crate::net::{Addr, FaultPlan, LatencyModel, Packet, TargetedKind};
+use crate::net::{Addr, FaultPlan, FaultTarget, LatencyModel, Packet, TargetedKind};
 use crate::util::Rng;
 use parking_lot::Mutex;
 use rand::Rng as _;
@@ -73,6 +73,9 @@ pub trait Failover {
     /// Rebuild `node` on fresh `workers`, served by `host`; false (and nothing started) if
     /// `host` can no longer take it over.
     fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool;
+    /// The live host whose replica leads `node`'s log in the highest term, if any does (none
+    /// while an election is under way). For `--fault-at ...:leader=N`.
+    fn leader_of(&self, node: u16) -> Option<u16>;
 }
 
 enum FaultKind {
@@ -162,8 +165,9 @@ pub struct SimWorld {
     send_delay_ns: Vec<u64>,
     /// Targeted faults no longer start (the run's faults were healed).
     targeted_off: bool,
-    /// Per targeted fault: it started (one that found its host down already is not undone).
-    targeted_started: Vec<bool>,
+    /// Per targeted fault: the host it started on (none: not started, or it found its host
+    /// down already, and is not undone). A leader's is chosen when it starts.
+    targeted_on: Vec<Option<usize>>,
     /// Every fault injected on one node, in order.
     pub fault_events: Vec<SimFaultEvent>,
 }
@@ -209,7 +213,7 @@ impl SimWorld {
             cpu_factor: vec![1.0; nodes as usize],
             send_delay_ns: vec![0; nodes as usize],
             targeted_off: false,
-            targeted_started: vec![false; targeted_faults],
+            targeted_on: vec![None; targeted_faults],
             fault_events: Vec::new(),
         };
         if w.faults.partitions || w.faults.crashes {
@@ -553,13 +557,28 @@ impl SimWorld {
     }
 
     /// Targeted fault `i` (`--fault-at`) starts or ends. A crash of a host that is down
-    /// already, or a pause of one paused already, does nothing (and is not recorded).
+    /// already, or a pause of one paused already, does nothing (and is not recorded); so does
+    /// a fault on the leader of a log that no replica leads at that moment.
     fn targeted(&mut self, i: usize, start: bool) {
         let f = self.faults.targeted[i].clone();
-        let h = f.node as usize;
-        if h >= self.host_down.len() || (start && self.targeted_off) || (!start && !self.targeted_started[i]) {
-            return;
-        }
+        let host = match (start, f.target) {
+            (false, _) => self.targeted_on[i],
+            (true, _) if self.targeted_off => None,
+            (true, FaultTarget::Node(n)) => Some(n as usize),
+            (true, FaultTarget::LeaderOf(n)) => {
+                let leader = self.failover.as_ref().and_then(|fo| fo.leader_of(n));
+                if leader.is_none() {
+                    super::log_warn(&format!(
+                        "sim: --fault-at {} of {} at {} µs: no replica leads that log now",
+                        f.kind.name(),
+                        f.target,
+                        f.at_us
+                    ));
+                }
+                leader.map(usize::from)
+            }
+        };
+        let Some(h) = host.filter(|h| *h < self.host_down.len()) else { return };
         let now = self.now.get();
         let applies = match (f.kind, start) {
             (TargetedKind::Crash, true) => !self.host_down[h],
@@ -577,7 +596,7 @@ impl SimWorld {
         match (f.kind, start) {
             (TargetedKind::Crash, true) => self.crash_host(h),
             // Unless the window's end brought it back already.
-            (TargetedKind::Crash, false) if self.host_down[h] => self.restart_node(f.node),
+            (TargetedKind::Crash, false) if self.host_down[h] => self.restart_node(h as u16),
             (TargetedKind::Crash, false) => {}
             (TargetedKind::Pause, true) => self.paused[h] = true,
             (TargetedKind::Pause, false) => self.resume(h),
@@ -586,12 +605,12 @@ impl SimWorld {
             (TargetedKind::Cpu { factor }, true) => self.cpu_factor[h] = factor,
             (TargetedKind::Cpu { .. }, false) => self.cpu_factor[h] = 1.0,
         }
-        self.targeted_started[i] = start;
+        self.targeted_on[i] = start.then_some(h);
         if start {
             let for_ns = f.for_us.map(|d| d * 1000);
             self.fault_events.push(SimFaultEvent {
                 kind: f.kind.name(),
-                node: f.node,
+                node: h as u16,
                 at_ns: now,
                 for_ns,
                 targeted: true,

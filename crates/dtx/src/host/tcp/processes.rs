@@ -2,6 +2,7 @@
 //! and delays them (random faults and `--fault-at`).
 
 use super::*;
+use crate::net::{FaultTarget, NodeId};
 
 /// Server processes this bench started; shut down (then killed) when dropped.
 pub(super) struct Spawned {
@@ -69,8 +70,12 @@ impl Spawned {
         let schedule = nemesis_schedule(spec, addrs.len());
         std::thread::spawn(move || {
             let mut events = Vec::new();
-            for (at, node, action, down) in schedule {
+            for (at, target, action, down) in schedule {
                 std::thread::sleep(at.saturating_sub(t0.elapsed()));
+                let Some(node) = server_of(target, &addrs) else {
+                    eprintln!("dtx: --fault-at {}: no server leads the log of {target} now; skipped", action.name());
+                    continue;
+                };
                 let started = t0.elapsed();
                 let undone = match action {
                     NemesisAction::Crash => self.crash(node, down),
@@ -190,12 +195,31 @@ impl NemesisAction {
     }
 }
 
-/// The nemesis's plan, in time order: (when from the run's start, server, what, for how long).
+/// The server a fault hits: server N, or the one whose replica leads node N's log in the
+/// highest term, asked over each server's control connection when the fault starts (a server
+/// that does not answer within a few seconds, stopped or down, is passed over).
+fn server_of(target: FaultTarget, addrs: &[SocketAddr]) -> Option<usize> {
+    let g = match target {
+        FaultTarget::Node(n) => return Some(n as usize),
+        FaultTarget::LeaderOf(g) => g,
+    };
+    let terms = addrs.iter().enumerate().filter_map(|(n, addr)| {
+        let mut c = Control::connect(n, *addr, Duration::from_secs(1)).ok()?;
+        let v = c.call_within(&json!({"cmd": "leads", "node": g}), Duration::from_secs(3)).ok()?;
+        Some((v["term"].as_u64()?, n))
+    });
+    terms.max().map(|(_, n)| n)
+}
+
+/// The nemesis's plan, in time order: (when from the run's start, target, what, for how long).
 /// `--faults`' random ones: every `fault_interval_us` from half of it after the warm-up, the
 /// kinds asked for taking turns (from a random first one) on servers drawn from the seed, each
 /// ending 100 ms before the run does; and `--fault-at`'s, one without a duration lasting until
 /// the measured window ends.
-pub(super) fn nemesis_schedule(spec: &BenchSpec, servers: usize) -> Vec<(Duration, usize, NemesisAction, Duration)> {
+pub(super) fn nemesis_schedule(
+    spec: &BenchSpec,
+    servers: usize,
+) -> Vec<(Duration, FaultTarget, NemesisAction, Duration)> {
     let plan = &spec.faults;
     let (warmup, duration) = (Duration::from_micros(spec.warmup_us), Duration::from_micros(spec.duration_us));
     let (every, down) = (Duration::from_micros(plan.fault_interval_us), Duration::from_micros(plan.fault_duration_us));
@@ -214,14 +238,14 @@ pub(super) fn nemesis_schedule(spec: &BenchSpec, servers: usize) -> Vec<(Duratio
         let first_kind = rng.gen_range(0..kinds.len());
         let mut at = warmup + every / 2;
         while at + down + Duration::from_millis(100) < end {
-            let node = rng.gen_range(0..servers);
+            let node = FaultTarget::Node(rng.gen_range(0..servers) as NodeId);
             // The kinds take turns (from a random first one), so a short run sees each.
             schedule.push((at, node, kinds[(first_kind + schedule.len()) % kinds.len()], down));
             at += every;
         }
     }
     let end_us = spec.warmup_us + spec.duration_us;
-    for f in plan.targeted.iter().filter(|f| (f.node as usize) < servers) {
+    for f in plan.targeted.iter().filter(|f| (f.target.node() as usize) < servers) {
         let action = match f.kind {
             crate::net::TargetedKind::Crash => NemesisAction::Crash,
             crate::net::TargetedKind::Pause => NemesisAction::Pause,
@@ -230,7 +254,7 @@ pub(super) fn nemesis_schedule(spec: &BenchSpec, servers: usize) -> Vec<(Duratio
             crate::net::TargetedKind::Cpu { .. } => continue,
         };
         let lasts = Duration::from_micros(f.end_us(end_us) - f.at_us);
-        schedule.push((Duration::from_micros(f.at_us), f.node as usize, action, lasts));
+        schedule.push((Duration::from_micros(f.at_us), f.target, action, lasts));
     }
     schedule.sort_by_key(|s| s.0);
     schedule

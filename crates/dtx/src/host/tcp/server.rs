@@ -24,6 +24,11 @@ pub(super) enum ControlRequest {
     Delay {
         us: u64,
     },
+    /// The term this server's replica leads `node`'s log in (`null`: it does not lead it), for
+    /// `--fault-at ...:leader=N`.
+    Leads {
+        node: u16,
+    },
 }
 
 /// A run in progress on this server.
@@ -189,6 +194,9 @@ impl Server {
             ControlRequest::Delay { us } => {
                 crate::rt::tcp::set_send_delay_us(us);
                 Ok(json!({}))
+            }
+            ControlRequest::Leads { node } => {
+                Ok(json!({"term": self.hosting()?.leading_term_of(node, Duration::from_secs(2))}))
             }
         }
     }
