@@ -339,7 +339,7 @@ mod tests {
             s.durability.replicas = 3;
             s.faults.targeted = vec![crate::net::TargetedFault {
                 kind: crate::net::TargetedKind::Crash,
-                node: 0,
+                target: crate::net::FaultTarget::Node(0),
                 at_us: 300_000,
                 for_us: Some(600_000),
             }];

@@ -811,11 +811,6 @@ impl Replicator {
         Some(adoption)
     }
 
-    /// Whether this host leads `node`'s log 0 now (where a targeted fault finds a log's leader).
-    pub fn leads_log_of(&self, node: NodeId) -> bool {
-        self.state.borrow().groups.get(LogId::new(node, 0).group()).is_some_and(|g| g.is_leader())
-    }
-
     /// Take what the served logs appended since the last look; `waker` hears of the next.
     fn take_appended(&mut self, waker: &Waker) -> bool {
         let mut any = false;
@@ -1135,7 +1130,7 @@ impl Replicator {
     /// leads (a cut-off former leader may too, in an older term): for faults aimed at a leader.
     pub fn leading_term_of(&self, node: NodeId) -> Option<u64> {
         let st = self.state.borrow();
-        st.groups.get(node as u32).filter(|g| self.alive && g.is_leader()).map(|g| g.term())
+        st.groups.get(LogId::new(node, 0).group()).filter(|g| self.alive && g.is_leader()).map(|g| g.term())
     }
 }
 
