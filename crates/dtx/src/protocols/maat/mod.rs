@@ -35,17 +35,12 @@ pub mod range;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::durable::{InDoubt, TxnLog};
+use crate::protocols::twopc::durable::TxnLog;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
-use crate::storage::RowKey;
-use crate::storage::Value;
-use crate::txn::Scan;
 use crate::txn::{Abort, TxnResult};
 use coordinator::MaatTxn;
 use meta::MaatMeta;
-use participant::PartTxn;
 use range::TimeTable;
 
 /// MaaT's configuration: none beyond the 2PC skeleton's.
@@ -128,10 +123,7 @@ impl MaatWorker {
 
 impl Cc for Maat {
     const NAME: &'static str = "maat";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = MaatMeta;
-    type Part = PartTxn;
     type Txn<'a> = MaatTxn<'a>;
     type NodeState = MaatNode;
     type Log = log::MaatLog;
@@ -146,29 +138,5 @@ impl Cc for Maat {
 
     fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
         MaatTxn::new(wk, id, attempt.fresh)
-    }
-
-    fn serve(wk: &MaatWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    fn commit_here(wk: &MaatWorker, txn: TxnId, ts: u64) {
-        wk.commit_here(txn, ts)
-    }
-
-    fn abort_here(wk: &MaatWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    fn adopt_in_doubt(wk: &MaatWorker, in_doubt: InDoubt<(u64, u64)>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &MaatWorker, key: RowKey) -> Option<Value> {
-        participant::peek(&wk.node.store, key).0
-    }
-
-    fn peek_scan(wk: &MaatWorker, scan: Scan) -> Vec<(u64, Value)> {
-        participant::peek_scan(&wk.node.store, scan).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

@@ -38,19 +38,12 @@ pub mod participant;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{committed_rows, committed_value};
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::Attempt;
 use crate::rt::Worker;
-use crate::storage::RowKey;
-use crate::storage::Value;
 use crate::txn::Reason;
-use crate::txn::Scan;
 use coordinator::MvccTxn;
 use meta::MvccMeta;
-use participant::PartTxn;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Static-timestamp MVCC's configuration: none beyond the 2PC skeleton's.
@@ -125,10 +118,7 @@ impl MvccNode {
 
 impl Cc for Mvcc {
     const NAME: &'static str = "mvcc";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = MvccMeta;
-    type Part = PartTxn;
     type Txn<'a> = MvccTxn<'a>;
     type NodeState = MvccNode;
     type Log = log::MvccLog;
@@ -144,29 +134,5 @@ impl Cc for Mvcc {
 
     fn begin<'a>(wk: &'a MvccWorker, id: TxnId, attempt: Attempt) -> MvccTxn<'a> {
         MvccTxn::new(wk, id, wk.state.next_ts(&wk.w, attempt.fresh))
-    }
-
-    fn serve(wk: &MvccWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    fn commit_here(wk: &MvccWorker, txn: TxnId, ts: u64) {
-        wk.commit_here(txn, ts)
-    }
-
-    fn abort_here(wk: &MvccWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    fn adopt_in_doubt(wk: &MvccWorker, in_doubt: InDoubt<u64>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &MvccWorker, key: RowKey) -> Option<Value> {
-        committed_value(&wk.node.store, key)
-    }
-
-    fn peek_scan(wk: &MvccWorker, scan: Scan) -> Vec<(u64, Value)> {
-        committed_rows(&wk.node.store, scan)
     }
 }

@@ -6,8 +6,8 @@
 //! one `Scan` round trip.
 
 use super::lease::{Lease, RenewFailure};
+use crate::protocols::twopc::record_lock::Prio;
 use crate::protocols::twopc::TxnId;
-use crate::protocols::twopl::meta::Prio;
 use crate::storage::{RowKey, TableId, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};

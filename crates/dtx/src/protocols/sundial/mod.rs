@@ -45,9 +45,6 @@ pub mod tables;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::committed_value;
-use crate::protocols::twopc::durable::InDoubt;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{Attempt, OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
@@ -56,7 +53,6 @@ use crate::txn::{Reason, Scan};
 use coordinator::SundialTxn;
 use lease::{Lease, UpperBound};
 use meta::SundialMeta;
-use participant::PartTxn;
 use policy::{CachePolicy, Votes};
 
 /// Sundial's configuration.
@@ -77,7 +73,7 @@ impl Sundial {
     pub fn new(o: &crate::protocols::Options) -> Self {
         let cache = CachePolicy::parse(o.choice(CACHE_OPTION.name)).expect("the option's choices are the policies");
         Sundial {
-            lock_wait_us: o.u64(crate::protocols::twopl::LOCK_WAIT_OPTION.name),
+            lock_wait_us: o.u64(crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION.name),
             cache,
             cache_bytes: (o.u64(CACHE_MB_OPTION.name) as usize) << 20,
             table_leases: o.bool(TABLE_LEASES_OPTION.name),
@@ -216,7 +212,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     CACHE_OPTION,
     CACHE_MB_OPTION,
     TABLE_LEASES_OPTION,
-    crate::protocols::twopl::LOCK_WAIT_OPTION,
+    crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,
     crate::protocols::twopc::ORPHAN_OPTION,
 ];
 
@@ -248,10 +244,7 @@ pub const TABLE_EXTENSIONS: &str = "table-lease-extensions";
 
 impl Cc for Sundial {
     const NAME: &'static str = "sundial";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = SundialMeta;
-    type Part = PartTxn;
     type Txn<'a> = SundialTxn<'a>;
     type NodeState = SundialNode;
     type Log = log::SundialLog;
@@ -271,32 +264,5 @@ impl Cc for Sundial {
 
     fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
         SundialTxn::new(wk, id, attempt)
-    }
-
-    fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    /// The decision carries no timestamp: Sundial's commit timestamp went out with the prepare.
-    fn commit_here(wk: &SundialWorker, txn: TxnId, _ts: u64) {
-        wk.commit_here(txn)
-    }
-
-    fn abort_here(wk: &SundialWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    /// Transactions prepared here before a crash: their tuples are locked again, keeping leases
-    /// below their commit timestamps, and the orphan sweeper asks their coordinators.
-    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt<u64>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &SundialWorker, key: RowKey) -> Option<Value> {
-        committed_value(&wk.node.store, key)
-    }
-
-    fn peek_scan(wk: &SundialWorker, scan: Scan) -> Vec<(u64, Value)> {
-        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

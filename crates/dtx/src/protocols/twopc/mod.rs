@@ -4,9 +4,10 @@
 //! records and recovery that make 2PC survive a crash.
 
 pub mod durable;
+pub mod record_lock;
 pub mod skeleton;
 
-pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
+pub use skeleton::{Cc, CcWorker, CoordTxn, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
@@ -40,7 +41,7 @@ pub fn own_view(writes: &[(RowKey, Option<Value>)], key: RowKey, stored: Value) 
 }
 
 /// The value a record holds, for a concurrency control whose records hold only committed values
-/// (writes are buffered until they install): what reconnaissance reads ([`Cc::peek`]).
+/// (writes are buffered until they install): what reconnaissance reads ([`Participant::peek`]).
 pub fn committed_value<M: Default + Send>(store: &Storage<M>, key: RowKey) -> Option<Value> {
     store.get(key).and_then(|r| r.lock().value.clone())
 }

@@ -80,7 +80,7 @@ const TAG_TERMINATION: u8 = 1;
 const TAG_PEEK: u8 = 2;
 
 /// A reconnaissance read (OLLP) of another node's committed state, served by the skeleton
-/// through [`Cc::peek`] and [`Cc::peek_scan`]: it takes nothing and leaves nothing behind.
+/// through [`Participant::peek`] and [`Participant::peek_scan`]: it takes nothing and leaves nothing behind.
 #[derive(Debug, Serialize, Deserialize)]
 enum Peek {
     Read(RowKey),
@@ -134,18 +134,15 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
     }
 }
 
-/// A concurrency control over two-phase commit. `Self` is its configuration (2PL's policy and
-/// lock wait), kept by every worker.
-pub trait Cc: Clone + Send + Sync + Sized + 'static {
+/// A concurrency control over two-phase commit: what its coordinator does and what its
+/// records and nodes carry, here; what its participant does, in [`Participant`] (its
+/// participant.rs). `Self` is its configuration (2PL's policy and lock wait), kept by every
+/// worker.
+pub trait Cc: Participant + Clone + Send + Sync + 'static {
     /// The name in log lines (`occ`, `2pl`).
     const NAME: &'static str;
-    /// What its coordinators ask its participants, and what they answer.
-    type Request: Serialize + DeserializeOwned;
-    type Reply: DeserializeOwned;
     /// What a record carries.
     type Meta: TxnMeta + Sync;
-    /// A remote transaction's state on a participant.
-    type Part;
     /// A transaction attempt on its coordinator.
     type Txn<'a>: CoordTxn
     where
@@ -164,21 +161,54 @@ pub trait Cc: Clone + Send + Sync + Sized + 'static {
 
     /// Start an attempt of transaction `id`.
     fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
+}
+
+/// What a concurrency control's participant does for the transactions that reach its records,
+/// implemented in each protocol's participant.rs. The skeleton calls it for the concurrency
+/// control's own requests, for the decisions and answers of the termination protocol, after a
+/// restart, and for reconnaissance reads. (Each method needs `Self: Cc` for [`CcWorker`]; `Cc`
+/// is the trait that has this one as its part.)
+pub trait Participant: Sized {
+    /// What its coordinators ask its participants, and what they answer.
+    type Request: Serialize + DeserializeOwned;
+    type Reply: DeserializeOwned;
+    /// A remote transaction's state on a participant.
+    type Part;
+
     /// A request from a coordinator, to be answered with `wk.w.reply` (now or later).
-    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request);
+    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request)
+    where
+        Self: Cc;
     /// Install a prepared transaction's writes (the coordinator decided commit, at `ts` for a
     /// concurrency control whose decisions carry a timestamp; 0 otherwise).
-    fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64);
+    fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64)
+    where
+        Self: Cc;
     /// Roll back whatever this participant holds for `txn`.
-    fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
+    fn abort_here(wk: &CcWorker<Self>, txn: TxnId)
+    where
+        Self: Cc;
     /// Lock again, after a restart, the writes of transactions prepared here before it, with
     /// what each vote logged.
-    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<Self::Log as CcLog>::Vote>);
+    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<<Self as Cc>::Log as CcLog>::Vote>)
+    where
+        Self: Cc;
     /// The committed value of `key` here, taking nothing: what reconnaissance reads, for a
-    /// coordinator here or on another node (the skeleton carries the request).
-    fn peek(wk: &CcWorker<Self>, key: RowKey) -> Option<Value>;
-    /// The committed rows of a range here, taking nothing, as [`Cc::peek`].
-    fn peek_scan(wk: &CcWorker<Self>, scan: Scan) -> Vec<(u64, Value)>;
+    /// coordinator here or on another node (the skeleton carries the request). By default the
+    /// record's value, for a concurrency control whose records hold only committed values.
+    fn peek(wk: &CcWorker<Self>, key: RowKey) -> Option<Value>
+    where
+        Self: Cc,
+    {
+        super::committed_value(&wk.node.store, key)
+    }
+    /// The committed rows of a range here, taking nothing, as [`Participant::peek`].
+    fn peek_scan(wk: &CcWorker<Self>, scan: Scan) -> Vec<(u64, Value)>
+    where
+        Self: Cc,
+    {
+        super::committed_rows(&wk.node.store, scan)
+    }
 }
 
 /// A protocol made of a concurrency control over the 2PC skeleton.

@@ -4,11 +4,11 @@
 
 use super::messages::{Reply, Request, Vote};
 use super::meta::LockRecord;
-use super::meta::{Mode, Prio};
-use super::participant::{self as part, LockStep, Writes};
+use super::participant::{self as part, Writes};
 use super::TwoPlWorker;
 use crate::net::NodeId;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
 use crate::rt::join_all;
@@ -156,12 +156,12 @@ impl<'a> TplTxn<'a> {
         let wk = self.wk;
         wk.w.charge_ops(1);
         let rec = self.local_rec(key);
-        let v = match part::try_lock_rec(rec, self.id, self.prio, mode, wk.cc.policy)? {
+        let v = match locks::try_lock_rec(rec, self.id, self.prio, mode, wk.cc.policy)? {
             LockStep::Done(v) => v,
             LockStep::Wait(rec, slot) => {
                 // A queued request is part of what we must release on abort.
                 self.hold(key, rec);
-                part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
             }
         };
         self.hold(key, rec);
@@ -178,7 +178,7 @@ impl<'a> TplTxn<'a> {
             // Fast path: an uncontended local lock completes without a future.
             self.wk.w.charge_ops(1);
             let rec = self.local_rec(key);
-            match part::try_lock_rec(rec, self.id, self.prio, mode, self.wk.cc.policy) {
+            match locks::try_lock_rec(rec, self.id, self.prio, mode, self.wk.cc.policy) {
                 Err(a) => Step::Ready(Err(a)),
                 Ok(LockStep::Done(v)) => {
                     self.hold(key, rec);
@@ -187,7 +187,7 @@ impl<'a> TplTxn<'a> {
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
                     self.hold(key, rec);
-                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
+                    let v = locks::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
                 })),
@@ -210,7 +210,7 @@ impl<'a> TplTxn<'a> {
         for (k, v) in local_writes {
             part::apply_rec(self.local_rec(k), self.id, v);
         }
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        locks::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
     }
 
     /// Commit a transaction that touched no other node, with early lock release (so does a
@@ -223,7 +223,7 @@ impl<'a> TplTxn<'a> {
     /// Release every lock this attempt holds or waits for, here and remotely.
     pub fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        locks::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         wk.abort_remote(self.id, &mut self.touched);
         reason
     }
@@ -369,7 +369,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
         wk.w.charge_ops(local.len());
         for (k, m) in local {
             let rec = self.local_recs[&k];
-            let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.cc.policy)? {
+            let v = match locks::try_lock_rec(rec, self.id, self.prio, m, wk.cc.policy)? {
                 LockStep::Done(v) => {
                     self.held_local.push((k, rec));
                     v
@@ -377,7 +377,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
                 LockStep::Wait(rec, slot) => {
                     // A queued request is part of what we must release on abort.
                     self.held_local.push((k, rec));
-                    part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                    locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
                 }
             };
             self.values.push((k, v, m));

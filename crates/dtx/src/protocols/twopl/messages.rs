@@ -3,7 +3,7 @@
 //! vote, then `Commit` + ack only where it wrote (a read-only participant releases its shared
 //! locks at `Prepare` and leaves the commit phase).
 
-use super::meta::{Mode, Prio};
+use crate::protocols::twopc::record_lock::{Mode, Prio};
 use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
