@@ -125,14 +125,11 @@ impl<'a> MaatTxn<'a> {
                 Err(a) => return Err(self.abort(a)),
             }
         }
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, p)| {
-                let req = Request::Validate { txn: self.id, reads: p.reads, writes: p.writes };
-                async move { (n, wk.ask(n, &req).await) }
-            })
-            .collect();
-        for (n, reply) in join_all(calls).await {
+        let nodes: Vec<NodeId> = remote.iter().map(|(n, _)| *n).collect();
+        let txn = self.id;
+        let validations =
+            remote.into_iter().map(|(n, p)| (n, Request::Validate { txn, reads: p.reads, writes: p.writes }));
+        for (n, reply) in nodes.into_iter().zip(wk.ask_all(validations).await) {
             match reply {
                 Ok(Reply::Range { lower: l, upper: u, bound }) => {
                     (lower, upper) = (lower.max(l), upper.min(u));
@@ -161,9 +158,8 @@ impl<'a> MaatTxn<'a> {
                 return Err(self.abort(a));
             }
         }
-        let req = Request::Raise { ts };
-        let calls: Vec<_> = lagging.iter().flatten().map(|&n| wk.ask(n, &req)).collect();
-        for reply in join_all(calls).await {
+        let raises = lagging.iter().flatten().map(|&n| (n, Request::Raise { ts }));
+        for reply in wk.ask_all(raises).await {
             match reply {
                 Ok(Reply::Raised) => {}
                 Ok(Reply::No(a)) => return Err(self.abort(a)),

@@ -295,9 +295,7 @@ impl Participant for Maat {
         let Some(p) = wk.parts.remove(txn) else { return };
         wk.w.charge_ops(p.reads.len() + p.writes.len());
         if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = wk.node.log.append_outcome(txn, true, ts) {
-                wk.last_outcome_lsn.set(lsn);
-            }
+            wk.log_commit_here(txn, ts);
         }
         wk.state.commit(&wk.node.store, txn, ts, &p.reads, &p.write_locks, p.writes);
     }
@@ -305,8 +303,7 @@ impl Participant for Maat {
     fn abort_here(wk: &MaatWorker, txn: TxnId) {
         let Some(p) = wk.parts.remove(txn) else { return };
         if !p.writes.is_empty() {
-            // Presumed abort: nobody waits for this record.
-            let _ = wk.node.log.append_outcome(txn, false, 0);
+            wk.log_abort_here(txn);
         }
         let keys = p.reads.into_iter().chain(p.write_locks);
         wk.state.abort(&wk.node.store, txn, keys);

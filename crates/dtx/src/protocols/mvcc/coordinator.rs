@@ -92,14 +92,9 @@ impl<'a> MvccTxn<'a> {
         for (n, _) in &remote {
             self.touch(*n);
         }
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, writes)| {
-                let req = Request::Prepare { txn: self.id, ts: self.ts, writes };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        for reply in join_all(calls).await {
+        let (txn, ts) = (self.id, self.ts);
+        let prepares = remote.into_iter().map(|(n, writes)| (n, Request::Prepare { txn, ts, writes }));
+        for reply in wk.ask_all(prepares).await {
             match reply? {
                 Reply::Yes => {}
                 Reply::No(a) => return Err(a),

@@ -242,9 +242,7 @@ impl Participant for Mvcc {
         let Some(p) = wk.parts.remove(txn) else { return };
         wk.w.charge_ops(p.held.len() + p.writes.len());
         if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = wk.node.log.append_outcome(txn, true, ts) {
-                wk.last_outcome_lsn.set(lsn);
-            }
+            wk.log_commit_here(txn, ts);
         }
         install(&wk.node.store, txn, ts, &p.held, p.writes);
     }
@@ -252,8 +250,7 @@ impl Participant for Mvcc {
     fn abort_here(wk: &MvccWorker, txn: TxnId) {
         let Some(p) = wk.parts.remove(txn) else { return };
         if !p.writes.is_empty() {
-            // Presumed abort: nobody waits for this record.
-            let _ = wk.node.log.append_outcome(txn, false, 0);
+            wk.log_abort_here(txn);
         }
         release(&wk.node.store, txn, &p.held);
     }

@@ -162,16 +162,9 @@ impl<'a> OccTxn<'a> {
         remote_writers: &[NodeId],
     ) -> TxnResult<()> {
         let wk = self.wk;
-        let lock_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.writes.is_empty())
-            .map(|x| {
-                let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
+        let locks = nodes.iter().filter(|x| !x.writes.is_empty());
+        let lock_requests = locks.map(|x| (x.node, Request::Lock { txn: self.id, writes: x.writes.clone() }));
+        if let Err(a) = votes(wk.ask_all(lock_requests).await, Abort::WriteLocked) {
             return Err(self.abort(&[], remote_writers, a));
         }
         wk.w.charge_ops(local_recs.len());
@@ -181,16 +174,10 @@ impl<'a> OccTxn<'a> {
         if !self.validate_local() {
             return Err(self.abort(local_recs, remote_writers, Abort::ReadValidation));
         }
-        let validate_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.reads.is_empty())
-            .map(|x| {
-                let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
+        let validations = nodes.iter().filter(|x| !x.reads.is_empty());
+        let validate_requests =
+            validations.map(|x| (x.node, Request::Validate { txn: self.id, reads: x.reads.clone() }));
+        if let Err(a) = votes(wk.ask_all(validate_requests).await, Abort::ReadValidation) {
             return Err(self.abort(local_recs, remote_writers, a));
         }
         Ok(())

@@ -188,9 +188,7 @@ impl Participant for Occ {
         if let Some(writes) = wk.parts.remove(txn) {
             wk.w.charge_ops(writes.len());
             let recs: Vec<&Rec> = writes.iter().map(|(k, _)| wk.node.store.get_or_create(*k)).collect();
-            if let Ok(Some(lsn)) = wk.node.log.append_outcome(txn, true, 0) {
-                wk.last_outcome_lsn.set(lsn);
-            }
+            wk.log_commit_here(txn, 0);
             for (rec, (_, v)) in recs.into_iter().zip(writes) {
                 install_rec(rec, txn, v);
             }
@@ -199,10 +197,7 @@ impl Participant for Occ {
 
     fn abort_here(wk: &OccWorker, txn: TxnId) {
         if let Some(writes) = wk.parts.remove(txn) {
-            // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
-            // Appended before the locks go: a later writer's vote must follow it in the log,
-            // or a crash could leave both in doubt over the same record.
-            let _ = wk.node.log.append_outcome(txn, false, 0);
+            wk.log_abort_here(txn);
             unlock(&wk.node.store, txn, writes.iter().map(|w| w.0));
         }
     }

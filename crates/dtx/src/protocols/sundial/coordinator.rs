@@ -256,16 +256,11 @@ impl<'a> SundialTxn<'a> {
         let wk = self.wk;
         let (id, commit_ts) = (self.id, self.commit_ts.0);
         let nodes: Vec<NodeId> = remote.keys().copied().collect();
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, (renew, writes))| {
-                let req = Request::Prepare { txn: id, commit_ts, renew, writes };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
+        let prepares =
+            remote.into_iter().map(|(n, (renew, writes))| (n, Request::Prepare { txn: id, commit_ts, renew, writes }));
         let mut writers = Vec::new();
         let mut failure = None;
-        for (n, v) in nodes.into_iter().zip(join_all(calls).await) {
+        for (n, v) in nodes.into_iter().zip(wk.ask_all(prepares).await) {
             if let Ok(Reply::Vote(_, tables)) = &v {
                 for &(t, end) in tables {
                     wk.state.remote_tables.note(n, t, end);

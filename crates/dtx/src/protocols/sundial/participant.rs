@@ -234,9 +234,7 @@ impl Participant for Sundial {
         let Some(p) = wk.parts.remove(txn) else { return };
         let (writes, commit_ts) = p.writes.unwrap_or_default();
         wk.w.charge_ops(writes.len());
-        if let Ok(Some(lsn)) = wk.node.log.append_outcome(txn, true, 0) {
-            wk.last_outcome_lsn.set(lsn);
-        }
+        wk.log_commit_here(txn, 0);
         for (key, value) in writes {
             meta::install(wk.node.store.get_or_create(key), txn, value, commit_ts, wk.state.floor);
         }
@@ -246,10 +244,7 @@ impl Participant for Sundial {
     fn abort_here(wk: &SundialWorker, txn: TxnId) {
         if let Some(p) = wk.parts.remove(txn) {
             if p.writes.is_some() {
-                // Presumed abort: nobody waits for this record. Appended before the locks go: a
-                // later writer's vote must follow it in the log, or a crash could leave both in
-                // doubt over the same record.
-                let _ = wk.node.log.append_outcome(txn, false, 0);
+                wk.log_abort_here(txn);
                 // A recovered in-doubt writer leaves its tuples ordinary again.
                 for k in &p.held {
                     if let Some(rec) = wk.node.store.get(*k) {

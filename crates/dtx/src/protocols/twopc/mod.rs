@@ -6,6 +6,8 @@
 pub mod durable;
 pub mod record_lock;
 pub mod skeleton;
+#[cfg(test)]
+pub mod testing;
 
 pub use skeleton::{Cc, CcWorker, CoordTxn, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 

@@ -340,6 +340,23 @@ impl<C: Cc> CcWorker<C> {
         });
     }
 
+    /// Log that a transaction prepared here commits (at `ts` where its decision carries one,
+    /// else 0), before its writes install and its locks go, so that log order is install order.
+    /// The acknowledgement of the decision waits for this record (`last_outcome_lsn`); a record
+    /// the log refuses only makes a restarted node ask the coordinator again.
+    pub fn log_commit_here(&self, txn: TxnId, ts: u64) {
+        if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
+            self.last_outcome_lsn.set(lsn);
+        }
+    }
+
+    /// Log that a transaction prepared here aborts, before its locks go: a later writer's vote
+    /// must follow it in the log, or a crash could leave both in doubt over the same record.
+    /// Presumed abort: nobody waits for this record, and a lost one reads as abort anyway.
+    pub fn log_abort_here(&self, txn: TxnId) {
+        let _ = self.node.log.append_outcome(txn, false, 0);
+    }
+
     /// Apply the coordinator's answer about a transaction this worker holds state for.
     pub fn resolve(&self, txn: TxnId, status: TxnStatus, ts: u64) {
         match status {
@@ -353,6 +370,13 @@ impl<C: Cc> CcWorker<C> {
     /// the attempt.
     pub async fn ask(&self, node: NodeId, req: &C::Request) -> TxnResult<C::Reply> {
         self.ask_tagged(node, TAG_CC, req).await
+    }
+
+    /// One request to each of several participants, all in flight at once; the replies in the
+    /// order asked.
+    pub async fn ask_all(&self, requests: impl IntoIterator<Item = (NodeId, C::Request)>) -> Vec<TxnResult<C::Reply>> {
+        let calls: Vec<_> = requests.into_iter().map(|(n, req)| async move { self.ask(n, &req).await }).collect();
+        crate::rt::join_all(calls).await
     }
 
     async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {

@@ -405,15 +405,11 @@ impl<'a> CoordTxn for TplTxn<'a> {
         }
         // Phase one: prepare everywhere we hold locks.
         let id = self.id;
-        let calls: Vec<_> = self
+        let prepares = self
             .touched
             .iter()
-            .map(|&n| {
-                let req = Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        let votes = join_all(calls).await;
+            .map(|&n| (n, Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() }));
+        let votes = wk.ask_all(prepares).await;
         let mut writers = Vec::new();
         for (n, v) in self.touched.clone().into_iter().zip(votes) {
             match v {

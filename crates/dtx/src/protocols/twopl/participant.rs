@@ -216,9 +216,7 @@ impl Participant for TwoPl {
         if let Some(p) = wk.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
             wk.w.charge_ops(writes.len() + p.held.len());
-            if let Ok(Some(lsn)) = wk.node.log.append_outcome(txn, true, 0) {
-                wk.last_outcome_lsn.set(lsn);
-            }
+            wk.log_commit_here(txn, 0);
             apply_and_release(&wk.node.store, txn, &writes, &p.held);
         }
     }
@@ -226,10 +224,7 @@ impl Participant for TwoPl {
     fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
         if let Some(p) = wk.parts.remove(txn) {
             if p.writes.is_some() {
-                // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
-                // Appended before the locks go: a later writer's vote must follow it in the log,
-                // or a crash could leave both in doubt over the same record.
-                let _ = wk.node.log.append_outcome(txn, false, 0);
+                wk.log_abort_here(txn);
             }
             release(&wk.node.store, txn, p.held.into_iter());
         }
