@@ -8,11 +8,13 @@
 use super::messages::{Reply, Request};
 use super::participant::Writes;
 use super::range::EMPTY;
-use super::MaatWorker;
+use super::{Maat, MaatWorker};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -50,8 +52,11 @@ pub struct MaatTxn<'a> {
     fresh: bool,
 }
 
-impl<'a> MaatTxn<'a> {
-    pub fn new(wk: &'a MaatWorker, id: TxnId, fresh: bool) -> Self {
+/// How a MaaT attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Maat {
+    type Txn<'a> = MaatTxn<'a>;
+
+    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
         MaatTxn {
             wk,
             id,
@@ -60,10 +65,12 @@ impl<'a> MaatTxn<'a> {
             writes: Vec::new(),
             touched: Vec::new(),
             local_keys: Vec::new(),
-            fresh,
+            fresh: attempt.fresh,
         }
     }
+}
 
+impl<'a> MaatTxn<'a> {
     /// Note that `n` will hold state of this attempt (before the message that makes it hold
     /// any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {

@@ -36,10 +36,9 @@ pub mod range;
 mod tests;
 
 use crate::protocols::twopc::durable::TxnLog;
+use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
 use crate::txn::{Abort, TxnResult};
-use coordinator::MaatTxn;
 use meta::MaatMeta;
 use range::TimeTable;
 
@@ -79,6 +78,17 @@ pub struct Latched {
 
 /// How far past a reported lower bound a new bound is logged.
 const BOUND_STEP: u64 = 1 << 16;
+
+/// A node's state starts from what its log recovered.
+impl FromNode<Maat> for MaatNode {
+    fn from_node(_cc: &Maat, _node: &NodeShared<MaatMeta>, recovered: &log::MaatLog) -> Self {
+        let floor = recovered.bound;
+        MaatNode {
+            latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: floor, bound_lsn: None }),
+            floor,
+        }
+    }
+}
 
 impl MaatNode {
     /// In a durable run, the bound the log holds past a range validated here at `lower`
@@ -124,19 +134,6 @@ impl MaatWorker {
 impl Cc for Maat {
     const NAME: &'static str = "maat";
     type Meta = MaatMeta;
-    type Txn<'a> = MaatTxn<'a>;
     type NodeState = MaatNode;
     type Log = log::MaatLog;
-
-    fn node_state(&self, _node: &NodeShared<MaatMeta>, recovered: &log::MaatLog) -> MaatNode {
-        let floor = recovered.bound;
-        MaatNode {
-            latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: floor, bound_lsn: None }),
-            floor,
-        }
-    }
-
-    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
-        MaatTxn::new(wk, id, attempt.fresh)
-    }
 }

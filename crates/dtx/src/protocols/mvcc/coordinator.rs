@@ -5,11 +5,13 @@
 
 use super::messages::{Reply, Request};
 use super::participant::{self as part, waiting, Writes};
-use super::MvccWorker;
+use super::{Mvcc, MvccWorker};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -29,11 +31,24 @@ pub struct MvccTxn<'a> {
     touched: Vec<NodeId>,
 }
 
-impl<'a> MvccTxn<'a> {
-    pub fn new(wk: &'a MvccWorker, id: TxnId, ts: u64) -> Self {
-        MvccTxn { wk, id, ts, read: Vec::new(), writes: Vec::new(), held_here: Vec::new(), touched: Vec::new() }
-    }
+/// How an MVCC attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Mvcc {
+    type Txn<'a> = MvccTxn<'a>;
 
+    fn begin<'a>(wk: &'a MvccWorker, id: TxnId, attempt: Attempt) -> MvccTxn<'a> {
+        MvccTxn {
+            wk,
+            id,
+            ts: wk.state.next_ts(&wk.w, attempt.fresh),
+            read: Vec::new(),
+            writes: Vec::new(),
+            held_here: Vec::new(),
+            touched: Vec::new(),
+        }
+    }
+}
+
+impl<'a> MvccTxn<'a> {
     /// Note that `n` will hold prewrites of this attempt (before the message that makes it
     /// hold any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {

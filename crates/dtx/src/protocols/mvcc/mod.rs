@@ -38,11 +38,10 @@ pub mod participant;
 #[cfg(test)]
 mod tests;
 
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
+use crate::protocols::twopc::FromNode;
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared};
 use crate::rt::Worker;
 use crate::txn::Reason;
-use coordinator::MvccTxn;
 use meta::MvccMeta;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -85,6 +84,17 @@ pub struct MvccNode {
     last_tick: Vec<AtomicU64>,
 }
 
+impl FromNode<Mvcc> for MvccNode {
+    fn from_node(_cc: &Mvcc, node: &NodeShared<MvccMeta>, _recovered: &log::MvccLog) -> Self {
+        let workers = usize::from(node.topo.workers_per_node).max(1);
+        MvccNode {
+            floor: AtomicU64::new(0),
+            durable: node.log.enabled(),
+            last_tick: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
 impl MvccNode {
     /// A timestamp for an attempt that `w` coordinates: its node's wall clock now, or for a
     /// `fresh` attempt (one that must see every acknowledged write) past every node's clock.
@@ -119,20 +129,6 @@ impl MvccNode {
 impl Cc for Mvcc {
     const NAME: &'static str = "mvcc";
     type Meta = MvccMeta;
-    type Txn<'a> = MvccTxn<'a>;
     type NodeState = MvccNode;
     type Log = log::MvccLog;
-
-    fn node_state(&self, node: &NodeShared<MvccMeta>, _recovered: &log::MvccLog) -> MvccNode {
-        let workers = usize::from(node.topo.workers_per_node).max(1);
-        MvccNode {
-            floor: AtomicU64::new(0),
-            durable: node.log.enabled(),
-            last_tick: (0..workers).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    fn begin<'a>(wk: &'a MvccWorker, id: TxnId, attempt: Attempt) -> MvccTxn<'a> {
-        MvccTxn::new(wk, id, wk.state.next_ts(&wk.w, attempt.fresh))
-    }
 }

@@ -6,11 +6,13 @@
 
 use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
-use super::OccWorker;
+use super::{Occ, OccWorker};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -48,8 +50,11 @@ pub struct OccTxn<'a> {
     local_recs: FxHashMap<RowKey, &'a Rec>,
 }
 
-impl<'a> OccTxn<'a> {
-    pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
+/// How an OCC attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Occ {
+    type Txn<'a> = OccTxn<'a>;
+
+    fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
         OccTxn {
             wk,
             id,
@@ -59,7 +64,9 @@ impl<'a> OccTxn<'a> {
             local_recs: FxHashMap::default(),
         }
     }
+}
 
+impl<'a> OccTxn<'a> {
     /// The local record of `key`, if it exists: from the prefetched ones, else from the index.
     fn local_rec(&self, key: RowKey) -> Option<&'a Rec> {
         match self.local_recs.get(&key) {

@@ -14,9 +14,7 @@ pub mod participant;
 mod tests;
 
 use crate::protocols::twopc::durable::PlainLog;
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
-use coordinator::OccTxn;
+use crate::protocols::twopc::{Cc, CcWorker};
 use meta::OccMeta;
 
 /// OCC's configuration: none beyond the 2PC skeleton's.
@@ -31,11 +29,4 @@ impl Cc for Occ {
     const NAME: &'static str = "occ";
     type NodeState = ();
     type Log = PlainLog;
-    type Txn<'a> = OccTxn<'a>;
-
-    fn node_state(&self, _node: &NodeShared<OccMeta>, _recovered: &PlainLog) {}
-
-    fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
-        OccTxn::new(wk, id)
-    }
 }

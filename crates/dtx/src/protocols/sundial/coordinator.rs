@@ -9,13 +9,15 @@ use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;
 use super::policy::CachePolicy;
-use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
+use super::{Sundial, SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -60,8 +62,11 @@ pub struct SundialTxn<'a> {
     read_at: Vec<NodeId>,
 }
 
-impl<'a> SundialTxn<'a> {
-    pub fn new(wk: &'a SundialWorker, id: TxnId, attempt: crate::protocols::Attempt) -> Self {
+/// How a Sundial attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Sundial {
+    type Txn<'a> = SundialTxn<'a>;
+
+    fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
         SundialTxn {
             wk,
             id,
@@ -75,7 +80,9 @@ impl<'a> SundialTxn<'a> {
             read_at: Vec::new(),
         }
     }
+}
 
+impl<'a> SundialTxn<'a> {
     fn find_read(&self, key: RowKey) -> Option<usize> {
         self.reads.iter().position(|e| e.key == key)
     }

@@ -45,12 +45,12 @@ pub mod tables;
 #[cfg(test)]
 mod tests;
 
+use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::{Attempt, OptionKind, OptionSpec};
+use crate::protocols::{OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Reason, Scan};
-use coordinator::SundialTxn;
 use lease::{Lease, UpperBound};
 use meta::SundialMeta;
 use policy::{CachePolicy, Votes};
@@ -101,6 +101,22 @@ pub struct SundialNode {
 /// How far past a granted timestamp a new bound is logged: a bound record every 65,536 units
 /// of logical time (a unit per conflicting commit, roughly).
 const BOUND_STEP: u64 = 1 << 16;
+
+/// A node's state starts from what its log recovered.
+impl FromNode<Sundial> for SundialNode {
+    fn from_node(cc: &Sundial, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> Self {
+        let floor = recovered.bound;
+        SundialNode {
+            policy: cc.cache,
+            cache: RecordCache::new(cc.cache_bytes, CACHE_BANKS),
+            votes: Votes::default(),
+            floor,
+            bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
+            tables: tables::TableLeases::new(node.store.tables(), cc.table_leases),
+            remote_tables: tables::RemoteTableLeases::default(),
+        }
+    }
+}
 
 impl SundialNode {
     /// Log a new bound first if `ts` (a lease end or a commit timestamp about to be granted
@@ -245,24 +261,6 @@ pub const TABLE_EXTENSIONS: &str = "table-lease-extensions";
 impl Cc for Sundial {
     const NAME: &'static str = "sundial";
     type Meta = SundialMeta;
-    type Txn<'a> = SundialTxn<'a>;
     type NodeState = SundialNode;
     type Log = log::SundialLog;
-
-    fn node_state(&self, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> SundialNode {
-        let floor = recovered.bound;
-        SundialNode {
-            policy: self.cache,
-            cache: RecordCache::new(self.cache_bytes, CACHE_BANKS),
-            votes: Votes::default(),
-            floor,
-            bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
-            tables: tables::TableLeases::new(node.store.tables(), self.table_leases),
-            remote_tables: tables::RemoteTableLeases::default(),
-        }
-    }
-
-    fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
-        SundialTxn::new(wk, id, attempt)
-    }
 }

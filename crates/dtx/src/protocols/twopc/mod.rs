@@ -9,7 +9,7 @@ pub mod skeleton;
 #[cfg(test)]
 pub mod testing;
 
-pub use skeleton::{Cc, CcWorker, CoordTxn, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION};
+pub use skeleton::{Cc, CcWorker, CoordTxn, Coordinator, FromNode, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};

@@ -134,33 +134,49 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
     }
 }
 
-/// A concurrency control over two-phase commit: what its coordinator does and what its
-/// records and nodes carry, here; what its participant does, in [`Participant`] (its
-/// participant.rs). `Self` is its configuration (2PL's policy and lock wait), kept by every
-/// worker.
-pub trait Cc: Participant + Clone + Send + Sync + 'static {
+/// A concurrency control over two-phase commit: what its records and nodes carry, here; how
+/// its coordinator starts an attempt, in [`Coordinator`] (its coordinator.rs), and what its
+/// participant does, in [`Participant`] (its participant.rs). `Self` is its configuration (2PL's
+/// policy and lock wait), kept by every worker.
+pub trait Cc: Coordinator + Participant + Clone + Send + Sync + 'static {
     /// The name in log lines (`occ`, `2pl`).
     const NAME: &'static str;
     /// What a record carries.
     type Meta: TxnMeta + Sync;
-    /// A transaction attempt on its coordinator.
-    type Txn<'a>: CoordTxn
-    where
-        Self: 'a;
     /// What one node keeps beside its storage, shared by its workers (Sundial's cache of remote
     /// records and table leases, MaaT's timetable of ranges); `()` for OCC and 2PL.
-    type NodeState: Send + Sync + 'static;
+    type NodeState: FromNode<Self>;
     /// What it logs beside 2PC's records, and what replaying them rebuilds (Sundial's bound
     /// and vote timestamps, MaaT's bound and vote ranges); [`super::durable::PlainLog`] for OCC
     /// and 2PL.
     type Log: CcLog;
+}
 
-    /// The node state of a node being built (after its storage is loaded and recovered from a
-    /// log whose own records rebuilt `recovered`; a fresh node's is the default).
-    fn node_state(&self, node: &NodeShared<Self::Meta>, recovered: &Self::Log) -> Self::NodeState;
+/// A concurrency control's node state ([`Cc::NodeState`]), built once per node.
+pub trait FromNode<C: Cc>: Send + Sync + 'static {
+    /// The state of a node being built under configuration `cc`, after its storage is loaded
+    /// and recovered from a log whose own records rebuilt `recovered` (a fresh node's is the
+    /// default).
+    fn from_node(cc: &C, node: &NodeShared<C::Meta>, recovered: &C::Log) -> Self;
+}
+
+/// A concurrency control that keeps nothing per node beside its storage (OCC, 2PL).
+impl<C: Cc> FromNode<C> for () {
+    fn from_node(_cc: &C, _node: &NodeShared<C::Meta>, _recovered: &C::Log) {}
+}
+
+/// How a concurrency control's coordinator starts a transaction attempt, implemented in its
+/// coordinator.rs beside the attempt's type.
+pub trait Coordinator: Sized {
+    /// A transaction attempt on its coordinator.
+    type Txn<'a>: CoordTxn
+    where
+        Self: 'a;
 
     /// Start an attempt of transaction `id`.
-    fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
+    fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>
+    where
+        Self: Cc;
 }
 
 /// What a concurrency control's participant does for the transactions that reach its records,
@@ -220,7 +236,7 @@ pub struct TwoPc<C: Cc> {
 impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
         let (shared, recovery) = NodeShared::load::<C::Log>(env, C::NAME);
-        let state = Arc::new(self.cc.node_state(&shared, &recovery.own));
+        let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
         let recovered = parking_lot::Mutex::new(recovery);
         Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered })
     }

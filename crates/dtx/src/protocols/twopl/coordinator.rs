@@ -5,12 +5,14 @@
 use super::messages::{Reply, Request, Vote};
 use super::meta::LockRecord;
 use super::participant::{self as part, Writes};
-use super::TwoPlWorker;
+use super::{TwoPl, TwoPlWorker};
 use crate::net::NodeId;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -50,12 +52,15 @@ pub struct TplTxn<'a> {
     write_index: FxHashMap<RowKey, usize>,
 }
 
-impl<'a> TplTxn<'a> {
-    pub fn new(wk: &'a TwoPlWorker, id: TxnId, first_start_us: u64) -> Self {
+/// How a 2PL attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for TwoPl {
+    type Txn<'a> = TplTxn<'a>;
+
+    fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
         TplTxn {
             wk,
             id,
-            prio: Prio(first_start_us, id),
+            prio: Prio(attempt.first_start_us, id),
             held_local: Vec::new(),
             local_recs: FxHashMap::default(),
             touched: Vec::new(),
@@ -65,7 +70,9 @@ impl<'a> TplTxn<'a> {
             write_index: FxHashMap::default(),
         }
     }
+}
 
+impl<'a> TplTxn<'a> {
     /// Where `key` is in `writes`: a linear search while the set is small, an index after.
     fn write_pos(&self, key: RowKey) -> Option<usize> {
         if self.writes.len() <= LINEAR_MAX {

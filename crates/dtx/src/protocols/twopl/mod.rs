@@ -15,9 +15,7 @@ use crate::protocols::twopc::durable::PlainLog;
 use crate::protocols::twopc::record_lock::LockMeta;
 /// The record lock's policy and option, as the registry names them (`twopl::Policy`).
 pub use crate::protocols::twopc::record_lock::{Policy, LOCK_WAIT_OPTION};
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
-use coordinator::TplTxn;
+use crate::protocols::twopc::{Cc, CcWorker};
 
 /// 2PL's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -35,11 +33,4 @@ impl Cc for TwoPl {
     const NAME: &'static str = "2pl";
     type NodeState = ();
     type Log = PlainLog;
-    type Txn<'a> = TplTxn<'a>;
-
-    fn node_state(&self, _node: &NodeShared<LockMeta>, _recovered: &PlainLog) {}
-
-    fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
-        TplTxn::new(wk, id, attempt.first_start_us)
-    }
 }
