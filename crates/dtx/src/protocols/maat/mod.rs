@@ -50,10 +50,10 @@ pub type MaatWorker = CcWorker<Maat>;
 
 /// The abort reasons it defines (the Sundial paper's Fig. 12 breakdown).
 pub const ABORTS: &[(&str, &str)] = &[
-    ("maat-frozen", "a validated transaction with an open range [x, ∞) left no timestamp after it"),
-    ("maat-empty-range", "no timestamp fits the committed accesses and validated neighbours, here or across nodes"),
+    (range::FROZEN.name(), "a validated transaction with an open range [x, ∞) left no timestamp after it"),
+    (range::EMPTY.name(), "no timestamp fits the committed accesses and validated neighbours, here or across nodes"),
     (
-        "fresh-read-locked",
+        range::FRESH.name(),
         "a read that must see every acknowledged write (a run's final read) met a validated writer; it retries",
     ),
 ];

@@ -57,9 +57,9 @@ pub const GONE: Reason = Reason::new("mvcc-version-gone");
 
 /// The abort reasons it defines.
 pub const ABORTS: &[(&str, &str)] = &[
-    ("mvcc-late-write", "a write arrived after a read or a version with a larger timestamp (a lagging clock)"),
-    ("mvcc-write-conflict", "a write with a larger timestamp was pending on the record"),
-    ("mvcc-version-gone", "the version a read's timestamp needs is older than every version the record keeps"),
+    (LATE_WRITE.name(), "a write arrived after a read or a version with a larger timestamp (a lagging clock)"),
+    (WRITE_CONFLICT.name(), "a write with a larger timestamp was pending on the record"),
+    (GONE.name(), "the version a read's timestamp needs is older than every version the record keeps"),
 ];
 
 /// Counter: accesses that waited for a pending write with a smaller timestamp.

@@ -240,9 +240,9 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("lease-newer-version-after", "a read's tuple has a newer version written after the commit timestamp (case a)"),
     ("lease-newer-version-before", "a read's tuple has a newer version at or before the commit timestamp (case b)"),
     ("lease-locked", "a read's lease must be extended but a writer holds the tuple (case c)"),
-    ("read-then-write-changed", "a tuple read and then locked to be written had changed in between"),
+    (READ_THEN_WRITE_CHANGED.name(), "a tuple read and then locked to be written had changed in between"),
     (
-        "fresh-read-locked",
+        FRESH_READ_LOCKED.name(),
         "a read that must see every acknowledged write (a run's final read) met a tuple a writer holds; it retries",
     ),
 ];
