@@ -10,14 +10,14 @@ use super::participant::Writes;
 use super::range::EMPTY;
 use super::{Maat, MaatWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::BufferedTxn;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::twopc::{CoordTxn, TxnId};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry {
@@ -185,11 +185,12 @@ impl<'a> MaatTxn<'a> {
     }
 }
 
-impl<'a> Access for MaatTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.cached(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for MaatTxn<'a> {
+    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
+        self.cached(key)
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         match self.wk.node.remote_node(key) {
             None => Step::Ready(self.read_here(key, true)),
             Some(n) => Step::Wait(Box::pin(async move {
@@ -207,40 +208,36 @@ impl<'a> Access for MaatTxn<'a> {
         }
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let wk = self.wk;
-            let rows = if n == wk.node.id {
-                wk.w.charge_ops(1);
-                let rows = wk.state.scan(&wk.node.store, self.id, s, self.fresh)?;
-                self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
-                rows
-            } else {
-                self.touch(n);
-                match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
-                    Reply::Rows(rows) => rows,
-                    Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v, wts) in rows {
-                let key = RowKey::new(s.table, k);
-                if self.find_read(key).is_none() {
-                    self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
-                }
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
+    /// Each row is read with its write timestamp and soft read lock, as a read is.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
+        let wk = self.wk;
+        let n = wk.node.node_of(RowKey::new(s.table, s.lo));
+        let rows = if n == wk.node.id {
+            wk.w.charge_ops(1);
+            let rows = wk.state.scan(&wk.node.store, self.id, s, self.fresh)?;
+            self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
+            rows
+        } else {
+            self.touch(n);
+            match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
+                Reply::Rows(rows) => rows,
+                Reply::No(a) => return Err(a),
+                _ => return Err(Abort::Timeout),
             }
-            Ok(out)
-        }))
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v, wts) in rows {
+            let key = RowKey::new(s.table, k);
+            if self.find_read(key).is_none() {
+                self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
+            }
+            out.push((k, v));
+        }
+        Ok(out)
     }
 }
 

@@ -7,14 +7,14 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, waiting, Writes};
 use super::{Mvcc, MvccWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::BufferedTxn;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::twopc::{CoordTxn, TxnId};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 pub struct MvccTxn<'a> {
@@ -55,7 +55,8 @@ impl<'a> MvccTxn<'a> {
         self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
-    fn known(&self, key: RowKey) -> Option<Option<Value>> {
+    /// What this attempt has of `key`: its own write, or the version it read.
+    fn already_has(&self, key: RowKey) -> Option<Option<Value>> {
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Some(v.clone());
         }
@@ -129,49 +130,39 @@ impl<'a> MvccTxn<'a> {
     }
 }
 
-impl<'a> Access for MvccTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.known(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for MvccTxn<'a> {
+    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
+        self.already_has(key)
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         Step::Wait(Box::pin(async move {
             match self.wk.node.remote_node(key) {
                 None => self.access_here(&[key], &[]).await?,
                 Some(n) => self.access_remote(vec![(n, vec![key], Vec::new())]).await?,
             }
-            Ok(self.known(key).expect("just read"))
+            Ok(self.already_has(key).expect("just read"))
         }))
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let wk = self.wk;
-            let (id, ts) = (self.id, self.ts);
-            let rows = if n == wk.node.id {
-                wk.w.charge_ops(1);
-                waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await?
-            } else {
-                match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
-                    Reply::Rows(rows) => rows,
-                    Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v) in rows {
-                let key = RowKey::new(s.table, k);
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
-            }
-            Ok(out)
-        }))
+    /// Reads are final when served: nothing to note.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
+        let wk = self.wk;
+        let (id, ts) = (self.id, self.ts);
+        let n = wk.node.node_of(RowKey::new(s.table, s.lo));
+        if n == wk.node.id {
+            wk.w.charge_ops(1);
+            return waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await;
+        }
+        match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
+            Reply::Rows(rows) => Ok(rows),
+            Reply::No(a) => Err(a),
+            _ => Err(Abort::Timeout),
+        }
     }
 }
 

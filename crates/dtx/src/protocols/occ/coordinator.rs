@@ -8,14 +8,14 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::{Occ, OccWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::BufferedTxn;
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry<'a> {
@@ -269,11 +269,12 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
     Ok(())
 }
 
-impl<'a> Access for OccTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.cached(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for OccTxn<'a> {
+    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
+        self.cached(key)
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         match self.wk.node.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
@@ -293,36 +294,32 @@ impl<'a> Access for OccTxn<'a> {
         }
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+    /// Each row is read with its version, as a read is.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
         let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let rows = if n == self.wk.node.id {
-                self.wk.w.charge_ops(1);
-                part::scan(&self.wk.node.store, s)
-            } else {
-                let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
-                    return Err(Abort::Timeout);
-                };
-                rows
+        let rows = if n == self.wk.node.id {
+            self.wk.w.charge_ops(1);
+            part::scan(&self.wk.node.store, s)
+        } else {
+            let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
+                return Err(Abort::Timeout);
             };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v, tid) in rows {
-                let key = RowKey::new(s.table, k);
-                if self.find_read(key).is_none() {
-                    let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
-                    self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
-                }
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
+            rows
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v, tid) in rows {
+            let key = RowKey::new(s.table, k);
+            if self.find_read(key).is_none() {
+                let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
+                self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
             }
-            Ok(out)
-        }))
+            out.push((k, v));
+        }
+        Ok(out)
     }
 }
 

@@ -3,6 +3,7 @@
 //! participant-side table of transactions with its orphan sweeper, and ([`durable`]) the log
 //! records and recovery that make 2PC survive a crash.
 
+pub mod buffered;
 pub mod durable;
 pub mod record_lock;
 pub mod skeleton;

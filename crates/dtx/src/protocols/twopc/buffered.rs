@@ -1,0 +1,49 @@
+//! The execution phase of a concurrency control that buffers its writes until commit and keeps
+//! what it read (OCC, MaaT, MVCC): the skeleton answers what an attempt already has, buffers
+//! its writes and shows it its own writes over the rows it scans; the concurrency control reads
+//! what the attempt has not seen yet, its own way.
+
+use super::{buffer_write, durable::Writes, own_view};
+use crate::storage::{RowKey, Value};
+use crate::txn::{Access, Scan, Step, TxnResult};
+
+/// An attempt whose writes wait in a buffer until commit. Implementing it gives the attempt
+/// its [`Access`].
+#[allow(async_fn_in_trait)] // Used only through generics on one thread: no `Send` bound wanted.
+pub trait BufferedTxn {
+    /// What this attempt already has of `key`: its own write, or a value it read (which a
+    /// concurrency control that tracks use marks used).
+    fn known(&mut self, key: RowKey) -> Option<Option<Value>>;
+    /// Read `key`, which this attempt has neither read nor written, here or where it lives.
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>>;
+    /// The writes buffered so far.
+    fn writes(&mut self) -> &mut Writes;
+    /// The committed rows of a range, wherever it lives, each noted as read.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>>;
+}
+
+impl<T: BufferedTxn> Access for T {
+    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
+        match self.known(key) {
+            Some(v) => Step::Ready(Ok(v)),
+            None => self.read_new(key),
+        }
+    }
+
+    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
+        buffer_write(self.writes(), key, value);
+        Step::Ready(Ok(()))
+    }
+
+    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        Step::Wait(Box::pin(async move {
+            let rows = self.scan_stored(s).await?;
+            Ok(own_rows(self.writes(), s, rows))
+        }))
+    }
+}
+
+/// The rows of scan `s` as the transaction itself sees them ([`own_view`] of each).
+pub fn own_rows(writes: &[(RowKey, Option<Value>)], s: Scan, rows: Vec<(u64, Value)>) -> Vec<(u64, Value)> {
+    rows.into_iter().filter_map(|(k, v)| own_view(writes, RowKey::new(s.table, k), v).map(|v| (k, v))).collect()
+}
