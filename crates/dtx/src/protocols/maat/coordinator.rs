@@ -10,7 +10,7 @@ use super::participant::Writes;
 use super::range::EMPTY;
 use super::{Maat, MaatWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffered::BufferedTxn;
+use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{CoordTxn, TxnId};
@@ -28,8 +28,11 @@ struct ReadEntry {
     used: bool,
 }
 
-/// Read sets up to this size are searched linearly; larger ones through `read_index`.
-const LINEAR_MAX: usize = 32;
+impl ReadOf for ReadEntry {
+    fn key(&self) -> RowKey {
+        self.key
+    }
+}
 
 /// What one node validates: the versions read there and the writes to it.
 #[derive(Default)]
@@ -41,8 +44,7 @@ struct Part {
 pub struct MaatTxn<'a> {
     wk: &'a MaatWorker,
     pub id: TxnId,
-    reads: Vec<ReadEntry>,
-    read_index: FxHashMap<RowKey, usize>,
+    reads: ReadSet<ReadEntry>,
     writes: Writes,
     /// Remote nodes that hold soft locks of this attempt: each hears the outcome.
     touched: Vec<NodeId>,
@@ -60,8 +62,7 @@ impl Coordinator for Maat {
         MaatTxn {
             wk,
             id,
-            reads: Vec::new(),
-            read_index: FxHashMap::default(),
+            reads: ReadSet::default(),
             writes: Vec::new(),
             touched: Vec::new(),
             local_keys: Vec::new(),
@@ -77,30 +78,11 @@ impl<'a> MaatTxn<'a> {
         self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
-    fn find_read(&self, key: RowKey) -> Option<usize> {
-        if self.reads.len() <= LINEAR_MAX {
-            self.reads.iter().position(|e| e.key == key)
-        } else {
-            self.read_index.get(&key).copied()
-        }
-    }
-
-    fn push_read(&mut self, e: ReadEntry) {
-        self.reads.push(e);
-        if self.reads.len() > LINEAR_MAX {
-            if self.read_index.is_empty() {
-                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
-            } else {
-                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
-            }
-        }
-    }
-
     fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Some(v.clone());
         }
-        let i = self.find_read(key)?;
+        let i = self.reads.find(key)?;
         self.reads[i].used = true;
         Some(self.reads[i].value.clone())
     }
@@ -111,7 +93,7 @@ impl<'a> MaatTxn<'a> {
         wk.w.charge_ops(1);
         let (value, wts) = wk.state.read(&wk.node.store, self.id, key, self.fresh)?;
         self.local_keys.push(key);
-        self.push_read(ReadEntry { key, value: value.clone(), wts, used });
+        self.reads.push(ReadEntry { key, value: value.clone(), wts, used });
         Ok(value)
     }
 
@@ -202,7 +184,7 @@ impl<'a> BufferedTxn for MaatTxn<'a> {
                     _ => return Err(Abort::Timeout),
                 };
                 let (value, wts) = vals.pop().ok_or(Abort::Timeout)?;
-                self.push_read(ReadEntry { key, value: value.clone(), wts, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), wts, used: true });
                 Ok(value)
             })),
         }
@@ -232,8 +214,8 @@ impl<'a> BufferedTxn for MaatTxn<'a> {
         let mut out = Vec::with_capacity(rows.len());
         for (k, v, wts) in rows {
             let key = RowKey::new(s.table, k);
-            if self.find_read(key).is_none() {
-                self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
+            if self.reads.find(key).is_none() {
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), wts, used: true });
             }
             out.push((k, v));
         }
@@ -250,7 +232,7 @@ impl<'a> CoordTxn for MaatTxn<'a> {
         for &k in keys.reads.iter().chain(&keys.writes) {
             match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
-                None if self.find_read(k).is_none() => {
+                None if self.reads.find(k).is_none() => {
                     self.read_here(k, false)?;
                 }
                 None => {}
@@ -299,7 +281,7 @@ impl<'a> CoordTxn for MaatTxn<'a> {
                 return Err(Abort::Timeout);
             }
             for (k, (value, wts)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, wts, used: false });
+                self.reads.push(ReadEntry { key: *k, value, wts, used: false });
             }
         }
         Ok(())
@@ -346,7 +328,6 @@ impl<'a> CoordTxn for MaatTxn<'a> {
             }
         }
         self.reads.clear();
-        self.read_index.clear();
         wk.w.charge_ops(self.local_keys.len() + local.writes.len());
         let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
         wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);

@@ -8,7 +8,7 @@ use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
 use super::{Occ, OccWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffered::BufferedTxn;
+use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
@@ -28,6 +28,12 @@ struct ReadEntry<'a> {
     used: bool,
 }
 
+impl ReadOf for ReadEntry<'_> {
+    fn key(&self) -> RowKey {
+        self.key
+    }
+}
+
 /// What one node must lock (writes) and validate (reads) at commit.
 struct Part {
     node: NodeId,
@@ -35,15 +41,10 @@ struct Part {
     reads: Vec<(RowKey, u64)>,
 }
 
-/// Read sets up to this size are searched linearly; larger ones through `read_index`.
-const LINEAR_MAX: usize = 32;
-
 pub struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
-    reads: Vec<ReadEntry<'a>>,
-    /// key -> position in `reads`, kept once the read set outgrows a linear search.
-    read_index: FxHashMap<RowKey, usize>,
+    reads: ReadSet<ReadEntry<'a>>,
     writes: Writes,
     /// The declared local records, resolved once by `prefetch`, so that the reads, locks,
     /// validation and install that follow do not search the storage index again.
@@ -55,14 +56,7 @@ impl Coordinator for Occ {
     type Txn<'a> = OccTxn<'a>;
 
     fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
-        OccTxn {
-            wk,
-            id,
-            reads: Vec::new(),
-            read_index: FxHashMap::default(),
-            writes: Vec::new(),
-            local_recs: FxHashMap::default(),
-        }
+        OccTxn { wk, id, reads: ReadSet::default(), writes: Vec::new(), local_recs: FxHashMap::default() }
     }
 }
 
@@ -79,29 +73,10 @@ impl<'a> OccTxn<'a> {
         if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
             return Some(v.clone());
         }
-        let i = self.find_read(key)?;
+        let i = self.reads.find(key)?;
         let e = &mut self.reads[i];
         e.used = true;
         Some(e.value.clone())
-    }
-
-    fn find_read(&self, key: RowKey) -> Option<usize> {
-        if self.reads.len() <= LINEAR_MAX {
-            self.reads.iter().position(|e| e.key == key)
-        } else {
-            self.read_index.get(&key).copied()
-        }
-    }
-
-    fn push_read(&mut self, e: ReadEntry<'a>) {
-        self.reads.push(e);
-        if self.reads.len() > LINEAR_MAX {
-            if self.read_index.is_empty() {
-                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
-            } else {
-                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
-            }
-        }
     }
 
     /// Install this node's writes (unlocking their records). The read set is done with:
@@ -109,7 +84,6 @@ impl<'a> OccTxn<'a> {
     /// when nobody else holds them (`Value::recycle`).
     fn install(&mut self, recs: Vec<&'a Rec>, writes: Writes) {
         self.reads.clear();
-        self.read_index.clear();
         self.wk.w.charge_ops(writes.len());
         for (rec, (_, v)) in recs.into_iter().zip(writes) {
             part::install_rec(rec, self.id, v);
@@ -280,7 +254,7 @@ impl<'a> BufferedTxn for OccTxn<'a> {
                 self.wk.w.charge_ops(1);
                 let rec = self.local_rec(key);
                 let (value, tid) = rec.map_or((None, 0), part::read_rec);
-                self.push_read(ReadEntry { key, value: value.clone(), tid, rec, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, rec, used: true });
                 Step::Ready(Ok(value))
             }
             Some(n) => Step::Wait(Box::pin(async move {
@@ -288,7 +262,7 @@ impl<'a> BufferedTxn for OccTxn<'a> {
                     return Err(Abort::Timeout);
                 };
                 let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
-                self.push_read(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
                 Ok(value)
             })),
         }
@@ -313,9 +287,9 @@ impl<'a> BufferedTxn for OccTxn<'a> {
         let mut out = Vec::with_capacity(rows.len());
         for (k, v, tid) in rows {
             let key = RowKey::new(s.table, k);
-            if self.find_read(key).is_none() {
+            if self.reads.find(key).is_none() {
                 let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
-                self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
             }
             out.push((k, v));
         }
@@ -380,7 +354,7 @@ impl<'a> CoordTxn for OccTxn<'a> {
                 return Err(Abort::Timeout);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, tid, rec: None, used: false });
+                self.reads.push(ReadEntry { key: *k, value, tid, rec: None, used: false });
             }
         }
         Ok(())

@@ -6,6 +6,7 @@
 use super::{buffer_write, durable::Writes, own_view};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Access, Scan, Step, TxnResult};
+use rustc_hash::FxHashMap;
 
 /// An attempt whose writes wait in a buffer until commit. Implementing it gives the attempt
 /// its [`Access`].
@@ -46,4 +47,73 @@ impl<T: BufferedTxn> Access for T {
 /// The rows of scan `s` as the transaction itself sees them ([`own_view`] of each).
 pub fn own_rows(writes: &[(RowKey, Option<Value>)], s: Scan, rows: Vec<(u64, Value)>) -> Vec<(u64, Value)> {
     rows.into_iter().filter_map(|(k, v)| own_view(writes, RowKey::new(s.table, k), v).map(|v| (k, v))).collect()
+}
+
+/// Read sets up to this size are searched linearly (cheaper than hashing for the few keys most
+/// transactions read); larger ones through an index.
+const LINEAR_MAX: usize = 32;
+
+/// An entry of a [`ReadSet`]: what it read of which key.
+pub trait ReadOf {
+    fn key(&self) -> RowKey;
+}
+
+/// An attempt's reads in the order it made them, found by key (OCC's and MaaT's read sets). It
+/// reads as a slice of its entries.
+pub struct ReadSet<E> {
+    entries: Vec<E>,
+    /// key -> position in `entries`, kept once the set outgrows a linear search.
+    index: FxHashMap<RowKey, usize>,
+}
+
+impl<E> Default for ReadSet<E> {
+    fn default() -> Self {
+        ReadSet { entries: Vec::new(), index: FxHashMap::default() }
+    }
+}
+
+impl<E: ReadOf> ReadSet<E> {
+    /// Where the read of `key` is, if the attempt read it.
+    pub fn find(&self, key: RowKey) -> Option<usize> {
+        if self.entries.len() <= LINEAR_MAX {
+            self.entries.iter().position(|e| e.key() == key)
+        } else {
+            self.index.get(&key).copied()
+        }
+    }
+
+    /// Add a read (of a key the attempt has not read before: callers look first).
+    pub fn push(&mut self, e: E) {
+        self.entries.push(e);
+        let n = self.entries.len();
+        if n > LINEAR_MAX {
+            if self.index.is_empty() {
+                self.index = self.entries.iter().enumerate().map(|(i, e)| (e.key(), i)).collect();
+            } else {
+                self.index.insert(self.entries[n - 1].key(), n - 1);
+            }
+        }
+    }
+
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.index.clear();
+    }
+}
+
+impl<E> std::ops::Deref for ReadSet<E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        &self.entries
+    }
+}
+
+impl<E> std::ops::DerefMut for ReadSet<E> {
+    fn deref_mut(&mut self) -> &mut [E] {
+        &mut self.entries
+    }
 }
