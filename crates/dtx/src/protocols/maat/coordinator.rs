@@ -78,15 +78,6 @@ impl<'a> MaatTxn<'a> {
         self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
-    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        let i = self.reads.find(key)?;
-        self.reads[i].used = true;
-        Some(self.reads[i].value.clone())
-    }
-
     /// Read a local record, holding a soft read lock on it.
     fn read_here(&mut self, key: RowKey, used: bool) -> TxnResult<Option<Value>> {
         let wk = self.wk;
@@ -168,8 +159,10 @@ impl<'a> MaatTxn<'a> {
 }
 
 impl<'a> BufferedTxn for MaatTxn<'a> {
-    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
-        self.cached(key)
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        let i = self.reads.find(key)?;
+        self.reads[i].used = true;
+        Some(self.reads[i].value.clone())
     }
 
     fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
@@ -211,15 +204,13 @@ impl<'a> BufferedTxn for MaatTxn<'a> {
                 _ => return Err(Abort::Timeout),
             }
         };
-        let mut out = Vec::with_capacity(rows.len());
-        for (k, v, wts) in rows {
-            let key = RowKey::new(s.table, k);
+        for (k, v, wts) in &rows {
+            let key = RowKey::new(s.table, *k);
             if self.reads.find(key).is_none() {
-                self.reads.push(ReadEntry { key, value: Some(v.clone()), wts, used: true });
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), wts: *wts, used: true });
             }
-            out.push((k, v));
         }
-        Ok(out)
+        Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
     }
 }
 

@@ -241,8 +241,6 @@ impl MaatWorker {
 
 /// What a node does for MaaT transactions, as the 2PC skeleton calls it.
 impl Participant for Maat {
-    type Request = Request;
-    type Reply = Reply;
     type Part = PartTxn;
 
     fn serve(wk: &MaatWorker, from: Addr, rpc_id: u64, req: Request) {

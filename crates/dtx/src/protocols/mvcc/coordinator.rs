@@ -55,14 +55,6 @@ impl<'a> MvccTxn<'a> {
         self.wk.coord.touch(self.id, &mut self.touched, n)
     }
 
-    /// What this attempt has of `key`: its own write, or the version it read.
-    fn already_has(&self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        self.read.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
-    }
-
     /// Read `reads` and prewrite `writes` on this node, waiting while a write with a smaller
     /// timestamp is pending on any of them.
     async fn access_here(&mut self, reads: &[RowKey], writes: &[RowKey]) -> TxnResult<()> {
@@ -131,8 +123,9 @@ impl<'a> MvccTxn<'a> {
 }
 
 impl<'a> BufferedTxn for MvccTxn<'a> {
-    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
-        self.already_has(key)
+    /// The version it read.
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        self.read.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
     }
 
     fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
@@ -141,7 +134,7 @@ impl<'a> BufferedTxn for MvccTxn<'a> {
                 None => self.access_here(&[key], &[]).await?,
                 Some(n) => self.access_remote(vec![(n, vec![key], Vec::new())]).await?,
             }
-            Ok(self.already_has(key).expect("just read"))
+            Ok(self.read_before(key).expect("just read"))
         }))
     }
 

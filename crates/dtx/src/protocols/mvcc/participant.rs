@@ -218,8 +218,6 @@ impl MvccWorker {
 
 /// What a node does for MVCC transactions, as the 2PC skeleton calls it.
 impl Participant for Mvcc {
-    type Request = Request;
-    type Reply = Reply;
     type Part = PartTxn;
 
     fn serve(wk: &MvccWorker, from: Addr, rpc_id: u64, req: Request) {

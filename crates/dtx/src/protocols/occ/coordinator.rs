@@ -69,16 +69,6 @@ impl<'a> OccTxn<'a> {
         }
     }
 
-    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        let i = self.reads.find(key)?;
-        let e = &mut self.reads[i];
-        e.used = true;
-        Some(e.value.clone())
-    }
-
     /// Install this node's writes (unlocking their records). The read set is done with:
     /// dropping its values first lets the install reuse the buffers of the values it replaces
     /// when nobody else holds them (`Value::recycle`).
@@ -244,8 +234,11 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
 }
 
 impl<'a> BufferedTxn for OccTxn<'a> {
-    fn known(&mut self, key: RowKey) -> Option<Option<Value>> {
-        self.cached(key)
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        let i = self.reads.find(key)?;
+        let e = &mut self.reads[i];
+        e.used = true;
+        Some(e.value.clone())
     }
 
     fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
@@ -284,16 +277,14 @@ impl<'a> BufferedTxn for OccTxn<'a> {
             };
             rows
         };
-        let mut out = Vec::with_capacity(rows.len());
-        for (k, v, tid) in rows {
-            let key = RowKey::new(s.table, k);
+        for (k, v, tid) in &rows {
+            let key = RowKey::new(s.table, *k);
             if self.reads.find(key).is_none() {
                 let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
-                self.reads.push(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), tid: *tid, rec, used: true });
             }
-            out.push((k, v));
         }
-        Ok(out)
+        Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
     }
 }
 

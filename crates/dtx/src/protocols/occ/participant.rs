@@ -126,8 +126,6 @@ impl OccWorker {
 
 /// What a node does for OCC transactions, as the 2PC skeleton calls it.
 impl Participant for Occ {
-    type Request = Request;
-    type Reply = Reply;
     type Part = Writes;
 
     fn serve(wk: &OccWorker, from: Addr, rpc_id: u64, req: Request) {

@@ -193,8 +193,6 @@ impl SundialWorker {
 
 /// What a node does for Sundial transactions, as the 2PC skeleton calls it.
 impl Participant for Sundial {
-    type Request = Request;
-    type Reply = Reply;
     type Part = PartTxn;
 
     fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: Request) {

@@ -1,7 +1,8 @@
 //! The execution phase of a concurrency control that buffers its writes until commit and keeps
-//! what it read (OCC, MaaT, MVCC): the skeleton answers what an attempt already has, buffers
-//! its writes and shows it its own writes over the rows it scans; the concurrency control reads
-//! what the attempt has not seen yet, its own way.
+//! what it read (OCC, MaaT, MVCC): the skeleton answers a read from the attempt's own write,
+//! buffers its writes (one per key: [`buffer_write`]) and shows it its own writes over the rows
+//! it scans; the concurrency control answers from what it read before, or reads what the
+//! attempt has not seen yet, its own way.
 
 use super::{buffer_write, durable::Writes, own_view};
 use crate::storage::{RowKey, Value};
@@ -12,9 +13,9 @@ use rustc_hash::FxHashMap;
 /// its [`Access`].
 #[allow(async_fn_in_trait)] // Used only through generics on one thread: no `Send` bound wanted.
 pub trait BufferedTxn {
-    /// What this attempt already has of `key`: its own write, or a value it read (which a
-    /// concurrency control that tracks use marks used).
-    fn known(&mut self, key: RowKey) -> Option<Option<Value>>;
+    /// The value this attempt read of `key` before, if it did (a concurrency control that
+    /// tracks use marks the read used).
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>>;
     /// Read `key`, which this attempt has neither read nor written, here or where it lives.
     fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>>;
     /// The writes buffered so far.
@@ -24,8 +25,12 @@ pub trait BufferedTxn {
 }
 
 impl<T: BufferedTxn> Access for T {
+    /// Its own write first, then what it read before.
     fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        match self.known(key) {
+        if let Some((_, mine)) = self.writes().iter().find(|(k, _)| *k == key) {
+            return Step::Ready(Ok(mine.clone()));
+        }
+        match self.read_before(key) {
             Some(v) => Step::Ready(Ok(v)),
             None => self.read_new(key),
         }

@@ -1,7 +1,8 @@
 //! Pieces the 2PC-based protocols share: transaction ids, the node's shared state, routing a key
 //! to its node, the coordinator's decision table (answering participants that lost track), the
-//! participant-side table of transactions with its orphan sweeper, and ([`durable`]) the log
-//! records and recovery that make 2PC survive a crash.
+//! participant-side table of transactions with its orphan sweeper, ([`durable`]) the log
+//! records and recovery that make 2PC survive a crash, ([`record_lock`]) the record lock of the
+//! locking protocols, and ([`buffered`]) the execution phase of those that buffer their writes.
 
 pub mod buffered;
 pub mod durable;
@@ -10,7 +11,9 @@ pub mod skeleton;
 #[cfg(test)]
 pub mod testing;
 
-pub use skeleton::{Cc, CcWorker, CoordTxn, Coordinator, FromNode, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION};
+pub use skeleton::{
+    Cc, CcWorker, CoordTxn, Coordinator, FromNode, Messages, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION,
+};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};

@@ -348,6 +348,13 @@ mod tests {
         Prio(t, t)
     }
 
+    /// A lock that `t` was just granted in `mode` (asserted) under WAIT_DIE.
+    fn held_by(t: TxnId, mode: Mode) -> LockMeta {
+        let mut l = LockMeta::default();
+        assert!(matches!(l.acquire(t, p(t), mode, Policy::WaitDie), Acquire::Granted));
+        l
+    }
+
     #[test]
     fn a_locked_record_fits_one_cache_line() {
         assert!(std::mem::size_of::<crate::storage::Record<LockMeta>>() <= 64);
@@ -369,8 +376,7 @@ mod tests {
 
     #[test]
     fn wait_die_older_waits_younger_dies() {
-        let mut l = LockMeta::default();
-        assert!(matches!(l.acquire(5, p(5), Mode::Exclusive, Policy::WaitDie), Acquire::Granted));
+        let mut l = held_by(5, Mode::Exclusive);
         // Younger than the holder: dies.
         assert!(matches!(l.acquire(9, p(9), Mode::Shared, Policy::WaitDie), Acquire::Abort(Abort::WaitDie)));
         // Older: waits, and is granted when the holder releases.
@@ -384,8 +390,7 @@ mod tests {
 
     #[test]
     fn queued_writer_is_not_starved_by_readers() {
-        let mut l = LockMeta::default();
-        assert!(matches!(l.acquire(5, p(5), Mode::Shared, Policy::WaitDie), Acquire::Granted));
+        let mut l = held_by(5, Mode::Shared);
         let Acquire::Wait(w) = l.acquire(3, p(3), Mode::Exclusive, Policy::WaitDie) else { panic!() };
         // A younger reader may not overtake the queued older writer: it dies.
         assert!(matches!(l.acquire(7, p(7), Mode::Shared, Policy::WaitDie), Acquire::Abort(Abort::WaitDie)));
@@ -418,8 +423,7 @@ mod tests {
 
     #[test]
     fn cancelled_waiter_is_skipped() {
-        let mut l = LockMeta::default();
-        assert!(matches!(l.acquire(5, p(5), Mode::Exclusive, Policy::WaitDie), Acquire::Granted));
+        let mut l = held_by(5, Mode::Exclusive);
         let Acquire::Wait(a) = l.acquire(2, p(2), Mode::Exclusive, Policy::WaitDie) else { panic!() };
         assert!(!l.cancel(&a));
         l.release(5);

@@ -4,11 +4,12 @@
 //! shared state and its recovery, a worker's decision table and participant table, running a
 //! transaction (one-shot prefetch or interactive, reconnaissance for dependent keys, commit or
 //! abandon), the orphan sweeper, resending commits a crash left unacknowledged, and answering
-//! "what became of this transaction?". A concurrency control ([`Cc`]) brings what differs:
-//! its record metadata, its participant state per transaction, its coordinator's execution and
-//! commit ([`CoordTxn`]), how it serves remote requests, and how it installs or rolls back a
-//! prepared transaction. OCC and 2PL are the two today; Sundial, MaaT and TicToc plug in the same
-//! way.
+//! "what became of this transaction?". A concurrency control brings what differs, one trait per
+//! role of its folder: its record metadata, node state and log ([`Cc`], its mod.rs), how its
+//! coordinator starts, executes and commits an attempt ([`Coordinator`], [`CoordTxn`], its
+//! coordinator.rs), and its participant state per transaction, how it serves remote requests
+//! and how it installs or rolls back a prepared transaction ([`Participant`], its
+//! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs). OCC, 2PL, Sundial, MaaT and MVCC plug in this way; TicToc will too.
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
@@ -135,8 +136,9 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
 }
 
 /// A concurrency control over two-phase commit: what its records and nodes carry, here; how
-/// its coordinator starts an attempt, in [`Coordinator`] (its coordinator.rs), and what its
-/// participant does, in [`Participant`] (its participant.rs). `Self` is its configuration (2PL's
+/// its coordinator starts an attempt, in [`Coordinator`] (its coordinator.rs), what its
+/// participant does, in [`Participant`] (its participant.rs), and what they say to each other,
+/// in [`Messages`] (its messages.rs). `Self` is its configuration (2PL's
 /// policy and lock wait), kept by every worker.
 pub trait Cc: Coordinator + Participant + Clone + Send + Sync + 'static {
     /// The name in log lines (`occ`, `2pl`).
@@ -179,15 +181,19 @@ pub trait Coordinator: Sized {
         Self: Cc;
 }
 
+/// What a concurrency control's coordinators ask its participants, and what they answer: the
+/// wire types of its messages.rs.
+pub trait Messages {
+    type Request: Serialize + DeserializeOwned;
+    type Reply: DeserializeOwned;
+}
+
 /// What a concurrency control's participant does for the transactions that reach its records,
 /// implemented in each protocol's participant.rs. The skeleton calls it for the concurrency
 /// control's own requests, for the decisions and answers of the termination protocol, after a
 /// restart, and for reconnaissance reads. (Each method needs `Self: Cc` for [`CcWorker`]; `Cc`
 /// is the trait that has this one as its part.)
-pub trait Participant: Sized {
-    /// What its coordinators ask its participants, and what they answer.
-    type Request: Serialize + DeserializeOwned;
-    type Reply: DeserializeOwned;
+pub trait Participant: Messages + Sized {
     /// A remote transaction's state on a participant.
     type Part;
 

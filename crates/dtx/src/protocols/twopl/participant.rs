@@ -147,8 +147,6 @@ impl TwoPlWorker {
 
 /// What a node does for 2PL transactions, as the 2PC skeleton calls it.
 impl Participant for TwoPl {
-    type Request = Request;
-    type Reply = Reply;
     type Part = PartTxn;
 
     fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, req: Request) {
