@@ -167,7 +167,7 @@ impl MvccWorker {
             move |me, got| {
                 let reply = got.map_or_else(
                     |a| {
-                        Mvcc::abort_here(&me, txn);
+                        Mvcc::abort_here(me, txn);
                         Reply::No(a)
                     },
                     Reply::Values,
@@ -208,7 +208,7 @@ impl MvccWorker {
                     me.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Yes));
                 }
                 Err(a) => {
-                    Mvcc::abort_here(&me, txn);
+                    Mvcc::abort_here(me, txn);
                     me.w.reply(from, rpc_id, &encode(&Reply::No(a)));
                 }
             },

@@ -9,7 +9,8 @@
 //! coordinator starts, executes and commits an attempt ([`Coordinator`], [`CoordTxn`], its
 //! coordinator.rs), and its participant state per transaction, how it serves remote requests
 //! and how it installs or rolls back a prepared transaction ([`Participant`], its
-//! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs). OCC, 2PL, Sundial, MaaT and MVCC plug in this way; TicToc will too.
+//! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs).
+//! OCC, 2PL, Sundial, MaaT and MVCC plug in this way; TicToc will too.
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
@@ -81,7 +82,8 @@ const TAG_TERMINATION: u8 = 1;
 const TAG_PEEK: u8 = 2;
 
 /// A reconnaissance read (OLLP) of another node's committed state, served by the skeleton
-/// through [`Participant::peek`] and [`Participant::peek_scan`]: it takes nothing and leaves nothing behind.
+/// through [`Participant::peek`] and [`Participant::peek_scan`]: it takes nothing and leaves
+/// nothing behind.
 #[derive(Debug, Serialize, Deserialize)]
 enum Peek {
     Read(RowKey),
@@ -138,8 +140,8 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
 /// A concurrency control over two-phase commit: what its records and nodes carry, here; how
 /// its coordinator starts an attempt, in [`Coordinator`] (its coordinator.rs), what its
 /// participant does, in [`Participant`] (its participant.rs), and what they say to each other,
-/// in [`Messages`] (its messages.rs). `Self` is its configuration (2PL's
-/// policy and lock wait), kept by every worker.
+/// in [`Messages`] (its messages.rs). `Self` is its configuration (2PL's policy and lock wait),
+/// kept by every worker.
 pub trait Cc: Coordinator + Participant + Clone + Send + Sync + 'static {
     /// The name in log lines (`occ`, `2pl`).
     const NAME: &'static str;
