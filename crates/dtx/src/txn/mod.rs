@@ -73,7 +73,9 @@ impl Reason {
         Reason(name)
     }
 
-    pub fn name(&self) -> &'static str {
+    /// Its name; `const` so that a protocol's table of reasons (`ProtocolInfo::aborts`) can
+    /// name each reason through its constant and spell it once.
+    pub const fn name(&self) -> &'static str {
         self.0
     }
 

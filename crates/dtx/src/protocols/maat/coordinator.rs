@@ -8,14 +8,16 @@
 use super::messages::{Reply, Request};
 use super::participant::Writes;
 use super::range::EMPTY;
-use super::MaatWorker;
+use super::{Maat, MaatWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::twopc::Coordinator;
+use crate::protocols::twopc::{CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry {
@@ -26,8 +28,11 @@ struct ReadEntry {
     used: bool,
 }
 
-/// Read sets up to this size are searched linearly; larger ones through `read_index`.
-const LINEAR_MAX: usize = 32;
+impl ReadOf for ReadEntry {
+    fn key(&self) -> RowKey {
+        self.key
+    }
+}
 
 /// What one node validates: the versions read there and the writes to it.
 #[derive(Default)]
@@ -39,8 +44,7 @@ struct Part {
 pub struct MaatTxn<'a> {
     wk: &'a MaatWorker,
     pub id: TxnId,
-    reads: Vec<ReadEntry>,
-    read_index: FxHashMap<RowKey, usize>,
+    reads: ReadSet<ReadEntry>,
     writes: Writes,
     /// Remote nodes that hold soft locks of this attempt: each hears the outcome.
     touched: Vec<NodeId>,
@@ -50,52 +54,28 @@ pub struct MaatTxn<'a> {
     fresh: bool,
 }
 
-impl<'a> MaatTxn<'a> {
-    pub fn new(wk: &'a MaatWorker, id: TxnId, fresh: bool) -> Self {
+/// How a MaaT attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Maat {
+    type Txn<'a> = MaatTxn<'a>;
+
+    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
         MaatTxn {
             wk,
             id,
-            reads: Vec::new(),
-            read_index: FxHashMap::default(),
+            reads: ReadSet::default(),
             writes: Vec::new(),
             touched: Vec::new(),
             local_keys: Vec::new(),
-            fresh,
+            fresh: attempt.fresh,
         }
     }
+}
 
+impl<'a> MaatTxn<'a> {
     /// Note that `n` will hold state of this attempt (before the message that makes it hold
     /// any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {
         self.wk.coord.touch(self.id, &mut self.touched, n)
-    }
-
-    fn find_read(&self, key: RowKey) -> Option<usize> {
-        if self.reads.len() <= LINEAR_MAX {
-            self.reads.iter().position(|e| e.key == key)
-        } else {
-            self.read_index.get(&key).copied()
-        }
-    }
-
-    fn push_read(&mut self, e: ReadEntry) {
-        self.reads.push(e);
-        if self.reads.len() > LINEAR_MAX {
-            if self.read_index.is_empty() {
-                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
-            } else {
-                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
-            }
-        }
-    }
-
-    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        let i = self.find_read(key)?;
-        self.reads[i].used = true;
-        Some(self.reads[i].value.clone())
     }
 
     /// Read a local record, holding a soft read lock on it.
@@ -104,7 +84,7 @@ impl<'a> MaatTxn<'a> {
         wk.w.charge_ops(1);
         let (value, wts) = wk.state.read(&wk.node.store, self.id, key, self.fresh)?;
         self.local_keys.push(key);
-        self.push_read(ReadEntry { key, value: value.clone(), wts, used });
+        self.reads.push(ReadEntry { key, value: value.clone(), wts, used });
         Ok(value)
     }
 
@@ -125,14 +105,11 @@ impl<'a> MaatTxn<'a> {
                 Err(a) => return Err(self.abort(a)),
             }
         }
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, p)| {
-                let req = Request::Validate { txn: self.id, reads: p.reads, writes: p.writes };
-                async move { (n, wk.ask(n, &req).await) }
-            })
-            .collect();
-        for (n, reply) in join_all(calls).await {
+        let nodes: Vec<NodeId> = remote.iter().map(|(n, _)| *n).collect();
+        let txn = self.id;
+        let validations =
+            remote.into_iter().map(|(n, p)| (n, Request::Validate { txn, reads: p.reads, writes: p.writes }));
+        for (n, reply) in nodes.into_iter().zip(wk.ask_all(validations).await) {
             match reply {
                 Ok(Reply::Range { lower: l, upper: u, bound }) => {
                     (lower, upper) = (lower.max(l), upper.min(u));
@@ -161,9 +138,8 @@ impl<'a> MaatTxn<'a> {
                 return Err(self.abort(a));
             }
         }
-        let req = Request::Raise { ts };
-        let calls: Vec<_> = lagging.iter().flatten().map(|&n| wk.ask(n, &req)).collect();
-        for reply in join_all(calls).await {
+        let raises = lagging.iter().flatten().map(|&n| (n, Request::Raise { ts }));
+        for reply in wk.ask_all(raises).await {
             match reply {
                 Ok(Reply::Raised) => {}
                 Ok(Reply::No(a)) => return Err(self.abort(a)),
@@ -182,11 +158,14 @@ impl<'a> MaatTxn<'a> {
     }
 }
 
-impl<'a> Access for MaatTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.cached(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for MaatTxn<'a> {
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        let i = self.reads.find(key)?;
+        self.reads[i].used = true;
+        Some(self.reads[i].value.clone())
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         match self.wk.node.remote_node(key) {
             None => Step::Ready(self.read_here(key, true)),
             Some(n) => Step::Wait(Box::pin(async move {
@@ -198,46 +177,40 @@ impl<'a> Access for MaatTxn<'a> {
                     _ => return Err(Abort::Timeout),
                 };
                 let (value, wts) = vals.pop().ok_or(Abort::Timeout)?;
-                self.push_read(ReadEntry { key, value: value.clone(), wts, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), wts, used: true });
                 Ok(value)
             })),
         }
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let wk = self.wk;
-            let rows = if n == wk.node.id {
-                wk.w.charge_ops(1);
-                let rows = wk.state.scan(&wk.node.store, self.id, s, self.fresh)?;
-                self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
-                rows
-            } else {
-                self.touch(n);
-                match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
-                    Reply::Rows(rows) => rows,
-                    Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v, wts) in rows {
-                let key = RowKey::new(s.table, k);
-                if self.find_read(key).is_none() {
-                    self.push_read(ReadEntry { key, value: Some(v.clone()), wts, used: true });
-                }
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
+    /// Each row is read with its write timestamp and soft read lock, as a read is.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
+        let wk = self.wk;
+        let n = wk.node.node_of(RowKey::new(s.table, s.lo));
+        let rows = if n == wk.node.id {
+            wk.w.charge_ops(1);
+            let rows = wk.state.scan(&wk.node.store, self.id, s, self.fresh)?;
+            self.local_keys.extend(rows.iter().map(|r| RowKey::new(s.table, r.0)));
+            rows
+        } else {
+            self.touch(n);
+            match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
+                Reply::Rows(rows) => rows,
+                Reply::No(a) => return Err(a),
+                _ => return Err(Abort::Timeout),
             }
-            Ok(out)
-        }))
+        };
+        for (k, v, wts) in &rows {
+            let key = RowKey::new(s.table, *k);
+            if self.reads.find(key).is_none() {
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), wts: *wts, used: true });
+            }
+        }
+        Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
     }
 }
 
@@ -250,7 +223,7 @@ impl<'a> CoordTxn for MaatTxn<'a> {
         for &k in keys.reads.iter().chain(&keys.writes) {
             match self.wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().0.push(k),
-                None if self.find_read(k).is_none() => {
+                None if self.reads.find(k).is_none() => {
                     self.read_here(k, false)?;
                 }
                 None => {}
@@ -299,7 +272,7 @@ impl<'a> CoordTxn for MaatTxn<'a> {
                 return Err(Abort::Timeout);
             }
             for (k, (value, wts)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, wts, used: false });
+                self.reads.push(ReadEntry { key: *k, value, wts, used: false });
             }
         }
         Ok(())
@@ -346,7 +319,6 @@ impl<'a> CoordTxn for MaatTxn<'a> {
             }
         }
         self.reads.clear();
-        self.read_index.clear();
         wk.w.charge_ops(self.local_keys.len() + local.writes.len());
         let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
         wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);

@@ -7,7 +7,8 @@
 //! durable run, a node whose logged bound is below the chosen timestamp gets one `Raise` round
 //! trip before the decision.
 
-use crate::protocols::twopc::TxnId;
+use super::Maat;
+use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
@@ -44,4 +45,10 @@ pub enum Reply {
     Raised,
     /// A no vote; nothing is held here any more.
     No(Abort),
+}
+
+/// The requests and replies of MaaT, as the 2PC skeleton carries them.
+impl Messages for Maat {
+    type Request = Request;
+    type Reply = Reply;
 }

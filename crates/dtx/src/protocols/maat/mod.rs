@@ -35,17 +35,11 @@ pub mod range;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::durable::{InDoubt, TxnLog};
+use crate::protocols::twopc::durable::TxnLog;
+use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
-use crate::storage::RowKey;
-use crate::storage::Value;
-use crate::txn::Scan;
 use crate::txn::{Abort, TxnResult};
-use coordinator::MaatTxn;
 use meta::MaatMeta;
-use participant::PartTxn;
 use range::TimeTable;
 
 /// MaaT's configuration: none beyond the 2PC skeleton's.
@@ -56,10 +50,10 @@ pub type MaatWorker = CcWorker<Maat>;
 
 /// The abort reasons it defines (the Sundial paper's Fig. 12 breakdown).
 pub const ABORTS: &[(&str, &str)] = &[
-    ("maat-frozen", "a validated transaction with an open range [x, ∞) left no timestamp after it"),
-    ("maat-empty-range", "no timestamp fits the committed accesses and validated neighbours, here or across nodes"),
+    (range::FROZEN.name(), "a validated transaction with an open range [x, ∞) left no timestamp after it"),
+    (range::EMPTY.name(), "no timestamp fits the committed accesses and validated neighbours, here or across nodes"),
     (
-        "fresh-read-locked",
+        range::FRESH.name(),
         "a read that must see every acknowledged write (a run's final read) met a validated writer; it retries",
     ),
 ];
@@ -84,6 +78,17 @@ pub struct Latched {
 
 /// How far past a reported lower bound a new bound is logged.
 const BOUND_STEP: u64 = 1 << 16;
+
+/// A node's state starts from what its log recovered.
+impl FromNode<Maat> for MaatNode {
+    fn from_node(_cc: &Maat, _node: &NodeShared<MaatMeta>, recovered: &log::MaatLog) -> Self {
+        let floor = recovered.bound;
+        MaatNode {
+            latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: floor, bound_lsn: None }),
+            floor,
+        }
+    }
+}
 
 impl MaatNode {
     /// In a durable run, the bound the log holds past a range validated here at `lower`
@@ -128,47 +133,7 @@ impl MaatWorker {
 
 impl Cc for Maat {
     const NAME: &'static str = "maat";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = MaatMeta;
-    type Part = PartTxn;
-    type Txn<'a> = MaatTxn<'a>;
     type NodeState = MaatNode;
     type Log = log::MaatLog;
-
-    fn node_state(&self, _node: &NodeShared<MaatMeta>, recovered: &log::MaatLog) -> MaatNode {
-        let floor = recovered.bound;
-        MaatNode {
-            latch: parking_lot::Mutex::new(Latched { table: TimeTable::default(), bound: floor, bound_lsn: None }),
-            floor,
-        }
-    }
-
-    fn begin<'a>(wk: &'a MaatWorker, id: TxnId, attempt: Attempt) -> MaatTxn<'a> {
-        MaatTxn::new(wk, id, attempt.fresh)
-    }
-
-    fn serve(wk: &MaatWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    fn commit_here(wk: &MaatWorker, txn: TxnId, ts: u64) {
-        wk.commit_here(txn, ts)
-    }
-
-    fn abort_here(wk: &MaatWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    fn adopt_in_doubt(wk: &MaatWorker, in_doubt: InDoubt<(u64, u64)>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &MaatWorker, key: RowKey) -> Option<Value> {
-        participant::peek(&wk.node.store, key).0
-    }
-
-    fn peek_scan(wk: &MaatWorker, scan: Scan) -> Vec<(u64, Value)> {
-        participant::peek_scan(&wk.node.store, scan).into_iter().map(|(k, v, _)| (k, v)).collect()
-    }
 }

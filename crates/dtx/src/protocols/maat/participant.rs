@@ -5,10 +5,10 @@
 use super::messages::{Reply, Request};
 use super::meta::MaatMeta;
 use super::range::{Entry, Order, TimeTable, Validation};
-use super::{MaatNode, MaatWorker};
+use super::{Maat, MaatNode, MaatWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::TxnId;
+use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan};
 
@@ -199,53 +199,6 @@ impl MaatNode {
 }
 
 impl MaatWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        let (store, node) = (&self.node.store, &*self.state);
-        let now = self.w.now_ns();
-        let reply = match req {
-            Request::Read { txn, keys, writes, fresh } => {
-                self.w.charge_ops(keys.len() + writes.len());
-                // Its soft locks are remembered before any is taken, so that an abort here drops them.
-                self.parts.remember(txn, now, |p| {
-                    p.reads.extend_from_slice(&keys);
-                    p.write_locks.extend_from_slice(&writes);
-                });
-                let values: Result<Vec<_>, Abort> = keys.iter().map(|k| node.read(store, txn, *k, fresh)).collect();
-                match values {
-                    Ok(values) => {
-                        writes.iter().for_each(|k| node.lock_write(store, txn, *k));
-                        Reply::Values(values)
-                    }
-                    Err(a) => Reply::No(a),
-                }
-            }
-            Request::Scan { txn, scan, fresh } => match node.scan(store, txn, scan, fresh) {
-                Ok(rows) => {
-                    self.w.charge_ops(rows.len() + 1);
-                    self.parts
-                        .remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
-                    Reply::Rows(rows)
-                }
-                Err(a) => {
-                    // Rows it read before the refusal hold soft locks: drop them with its range.
-                    let keys = store.table(scan.table).range(scan.lo, scan.hi, scan.limit as usize, scan.descending);
-                    node.abort(store, txn, keys.into_iter().map(|(k, _)| RowKey::new(scan.table, k)));
-                    self.parts.remember(txn, now, |_| {});
-                    Reply::No(a)
-                }
-            },
-            Request::Validate { txn, reads, writes } => return self.validate(from, rpc_id, txn, reads, writes, now),
-            Request::Raise { ts } => {
-                let reply = match self.state.grant(&self.node.log, ts) {
-                    Ok((_, lsn)) => return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Raised)),
-                    Err(a) => Reply::No(a),
-                };
-                return self.w.reply(from, rpc_id, &encode(&reply));
-            }
-        };
-        self.w.reply(from, rpc_id, &encode(&reply));
-    }
-
     fn validate(&self, from: Addr, rpc_id: u64, txn: TxnId, reads: Vec<(RowKey, u64)>, writes: Writes, now: u64) {
         self.w.charge_ops(reads.len() + writes.len());
         let validated = self.state.latch.lock().table.get(txn).filter(|e| e.validated);
@@ -265,7 +218,7 @@ impl MaatWorker {
         let (lower, upper) = match self.state.validate(&self.node.store, txn, &reads, &write_keys) {
             Ok(r) => r,
             Err(a) => {
-                self.abort_here(txn);
+                Maat::abort_here(self, txn);
                 return self.w.reply(from, rpc_id, &encode(&Reply::No(a)));
             }
         };
@@ -278,42 +231,98 @@ impl MaatWorker {
             self.node.log.append_prepared(txn, &writes, &(lower, upper))
         };
         let (Ok((bound, bound_lsn)), Ok(lsn)) = (granted, prepared) else {
-            self.abort_here(txn);
+            Maat::abort_here(self, txn);
             return self.w.reply(from, rpc_id, &encode(&Reply::No(Abort::LogRefused)));
         };
         self.parts.remember(txn, now, |p| p.writes = writes);
         self.reply_when_durable(from, rpc_id, lsn.max(bound_lsn), encode(&Reply::Range { lower, upper, bound }));
     }
+}
 
-    pub(super) fn commit_here(&self, txn: TxnId, ts: u64) {
-        let Some(p) = self.parts.remove(txn) else { return };
-        self.w.charge_ops(p.reads.len() + p.writes.len());
-        if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
-                self.last_outcome_lsn.set(lsn);
+/// What a node does for MaaT transactions, as the 2PC skeleton calls it.
+impl Participant for Maat {
+    type Part = PartTxn;
+
+    fn serve(wk: &MaatWorker, from: Addr, rpc_id: u64, req: Request) {
+        let (store, node) = (&wk.node.store, &*wk.state);
+        let now = wk.w.now_ns();
+        let reply = match req {
+            Request::Read { txn, keys, writes, fresh } => {
+                wk.w.charge_ops(keys.len() + writes.len());
+                // Its soft locks are remembered before any is taken, so that an abort here drops them.
+                wk.parts.remember(txn, now, |p| {
+                    p.reads.extend_from_slice(&keys);
+                    p.write_locks.extend_from_slice(&writes);
+                });
+                let values: Result<Vec<_>, Abort> = keys.iter().map(|k| node.read(store, txn, *k, fresh)).collect();
+                match values {
+                    Ok(values) => {
+                        writes.iter().for_each(|k| node.lock_write(store, txn, *k));
+                        Reply::Values(values)
+                    }
+                    Err(a) => Reply::No(a),
+                }
             }
-        }
-        self.state.commit(&self.node.store, txn, ts, &p.reads, &p.write_locks, p.writes);
+            Request::Scan { txn, scan, fresh } => match node.scan(store, txn, scan, fresh) {
+                Ok(rows) => {
+                    wk.w.charge_ops(rows.len() + 1);
+                    wk.parts.remember(txn, now, |p| p.reads.extend(rows.iter().map(|r| RowKey::new(scan.table, r.0))));
+                    Reply::Rows(rows)
+                }
+                Err(a) => {
+                    // Rows it read before the refusal hold soft locks: drop them with its range.
+                    let keys = store.table(scan.table).range(scan.lo, scan.hi, scan.limit as usize, scan.descending);
+                    node.abort(store, txn, keys.into_iter().map(|(k, _)| RowKey::new(scan.table, k)));
+                    wk.parts.remember(txn, now, |_| {});
+                    Reply::No(a)
+                }
+            },
+            Request::Validate { txn, reads, writes } => return wk.validate(from, rpc_id, txn, reads, writes, now),
+            Request::Raise { ts } => {
+                let reply = match wk.state.grant(&wk.node.log, ts) {
+                    Ok((_, lsn)) => return wk.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Raised)),
+                    Err(a) => Reply::No(a),
+                };
+                return wk.w.reply(from, rpc_id, &encode(&reply));
+            }
+        };
+        wk.w.reply(from, rpc_id, &encode(&reply));
     }
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        let Some(p) = self.parts.remove(txn) else { return };
+    fn commit_here(wk: &MaatWorker, txn: TxnId, ts: u64) {
+        let Some(p) = wk.parts.remove(txn) else { return };
+        wk.w.charge_ops(p.reads.len() + p.writes.len());
         if !p.writes.is_empty() {
-            // Presumed abort: nobody waits for this record.
-            let _ = self.node.log.append_outcome(txn, false, 0);
+            wk.log_commit_here(txn, ts);
+        }
+        wk.state.commit(&wk.node.store, txn, ts, &p.reads, &p.write_locks, p.writes);
+    }
+
+    fn abort_here(wk: &MaatWorker, txn: TxnId) {
+        let Some(p) = wk.parts.remove(txn) else { return };
+        if !p.writes.is_empty() {
+            wk.log_abort_here(txn);
         }
         let keys = p.reads.into_iter().chain(p.write_locks);
-        self.state.abort(&self.node.store, txn, keys);
+        wk.state.abort(&wk.node.store, txn, keys);
     }
 
     /// Transactions prepared here before a crash hold their soft write locks again, frozen at
     /// the lower bound their vote logged; the orphan sweeper asks their coordinators.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt<(u64, u64)>) {
+    fn adopt_in_doubt(wk: &MaatWorker, in_doubt: InDoubt<(u64, u64)>) {
         for (txn, writes, range) in in_doubt {
-            self.state.adopt(&self.node.store, txn, range, &writes);
+            wk.state.adopt(&wk.node.store, txn, range, &writes);
             let write_locks = writes.iter().map(|w| w.0).collect();
             // Last heard of "never": the sweeper asks about them on its first round.
-            self.parts.txns.borrow_mut().insert(txn, (PartTxn { reads: Vec::new(), write_locks, writes }, 0));
+            wk.parts.txns.borrow_mut().insert(txn, (PartTxn { reads: Vec::new(), write_locks, writes }, 0));
         }
+    }
+
+    fn peek(wk: &MaatWorker, key: RowKey) -> Option<Value> {
+        peek(&wk.node.store, key).0
+    }
+
+    fn peek_scan(wk: &MaatWorker, scan: Scan) -> Vec<(u64, Value)> {
+        peek_scan(&wk.node.store, scan).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

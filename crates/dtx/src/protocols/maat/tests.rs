@@ -2,6 +2,7 @@
 //! tests run it with every other ready protocol: contention, loss, partitions, crashes with and
 //! without logs, interactive execution, TPC-C's conditions and the bank total.
 
+use crate::protocols::twopc::testing::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::testkit::checked_run as checked;
 use crate::workloads::WorkloadParams;
 
@@ -28,20 +29,8 @@ fn a_read_only_participant_hears_the_decision() {
     // MaaT cannot skip the commit phase where a transaction only read (it must clear soft
     // locks and record the read timestamp): more messages per transaction than Sundial, whose
     // read-only participants leave at prepare.
-    let wl = WorkloadParams {
-        name: "ycsb".into(),
-        keys: 10_000,
-        ops: 8,
-        read_ratio: 1.0,
-        distributed: 1.0,
-        ..Default::default()
-    };
-    let msgs = |variant: &str| {
-        let out =
-            crate::host::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 5)).expect("the simulation runs");
-        assert!(out.totals.committed > 100, "{variant}");
-        out.totals.msgs as f64 / out.totals.committed as f64
-    };
+    let wl = read_only_distributed_ycsb();
+    let msgs = |variant: &str| messages_per_commit(variant, &wl, 5);
     let (maat, sundial) = (msgs("maat"), msgs("sundial:cache=none"));
     assert!(maat > sundial + 1.5, "maat {maat:.2} messages per transaction, sundial {sundial:.2}");
 }
@@ -53,11 +42,7 @@ fn durable_runs_raise_lagging_bounds_and_lose_nothing() {
     let mut raises = 0;
     for seed in 1..=3 {
         let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
-        let mut s = crate::testkit::protocol_spec("maat", wl, 300 + seed).with_faults(true, true, 0.0);
-        s.durability.mode = crate::replication::Durability::Wal;
-        s.durability.cluster_id = 300 + seed;
-        s.faults.fault_interval_us = 100_000;
-        let out = checked(&s);
+        let out = checked(&durable_run_with_crashes("maat", wl, 300 + seed));
         raises += out.totals.counters.get(super::BOUND_RAISES).copied().unwrap_or(0);
     }
     assert!(raises > 0, "no commit raised a lagging bound");

@@ -5,14 +5,16 @@
 
 use super::messages::{Reply, Request};
 use super::participant::{self as part, waiting, Writes};
-use super::MvccWorker;
+use super::{Mvcc, MvccWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::BufferedTxn;
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::twopc::Coordinator;
+use crate::protocols::twopc::{CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 pub struct MvccTxn<'a> {
@@ -29,22 +31,28 @@ pub struct MvccTxn<'a> {
     touched: Vec<NodeId>,
 }
 
-impl<'a> MvccTxn<'a> {
-    pub fn new(wk: &'a MvccWorker, id: TxnId, ts: u64) -> Self {
-        MvccTxn { wk, id, ts, read: Vec::new(), writes: Vec::new(), held_here: Vec::new(), touched: Vec::new() }
-    }
+/// How an MVCC attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Mvcc {
+    type Txn<'a> = MvccTxn<'a>;
 
+    fn begin<'a>(wk: &'a MvccWorker, id: TxnId, attempt: Attempt) -> MvccTxn<'a> {
+        MvccTxn {
+            wk,
+            id,
+            ts: wk.state.next_ts(&wk.w, attempt.fresh),
+            read: Vec::new(),
+            writes: Vec::new(),
+            held_here: Vec::new(),
+            touched: Vec::new(),
+        }
+    }
+}
+
+impl<'a> MvccTxn<'a> {
     /// Note that `n` will hold prewrites of this attempt (before the message that makes it
     /// hold any): the decision table answers its questions from then on.
     fn touch(&mut self, n: NodeId) {
         self.wk.coord.touch(self.id, &mut self.touched, n)
-    }
-
-    fn known(&self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        self.read.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
     }
 
     /// Read `reads` and prewrite `writes` on this node, waiting while a write with a smaller
@@ -92,14 +100,9 @@ impl<'a> MvccTxn<'a> {
         for (n, _) in &remote {
             self.touch(*n);
         }
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, writes)| {
-                let req = Request::Prepare { txn: self.id, ts: self.ts, writes };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        for reply in join_all(calls).await {
+        let (txn, ts) = (self.id, self.ts);
+        let prepares = remote.into_iter().map(|(n, writes)| (n, Request::Prepare { txn, ts, writes }));
+        for reply in wk.ask_all(prepares).await {
             match reply? {
                 Reply::Yes => {}
                 Reply::No(a) => return Err(a),
@@ -119,49 +122,40 @@ impl<'a> MvccTxn<'a> {
     }
 }
 
-impl<'a> Access for MvccTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.known(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for MvccTxn<'a> {
+    /// The version it read.
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        self.read.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone())
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         Step::Wait(Box::pin(async move {
             match self.wk.node.remote_node(key) {
                 None => self.access_here(&[key], &[]).await?,
                 Some(n) => self.access_remote(vec![(n, vec![key], Vec::new())]).await?,
             }
-            Ok(self.known(key).expect("just read"))
+            Ok(self.read_before(key).expect("just read"))
         }))
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let wk = self.wk;
-            let (id, ts) = (self.id, self.ts);
-            let rows = if n == wk.node.id {
-                wk.w.charge_ops(1);
-                waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await?
-            } else {
-                match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
-                    Reply::Rows(rows) => rows,
-                    Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
-                }
-            };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v) in rows {
-                let key = RowKey::new(s.table, k);
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
-            }
-            Ok(out)
-        }))
+    /// Reads are final when served: nothing to note.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
+        let wk = self.wk;
+        let (id, ts) = (self.id, self.ts);
+        let n = wk.node.node_of(RowKey::new(s.table, s.lo));
+        if n == wk.node.id {
+            wk.w.charge_ops(1);
+            return waiting(&wk.w, || part::scan(&wk.node.store, id, ts, s)).await;
+        }
+        match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
+            Reply::Rows(rows) => Ok(rows),
+            Reply::No(a) => Err(a),
+            _ => Err(Abort::Timeout),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! writes, one `Prepare` round trip with the values and the skeleton's `Commit` or `Abort`.
 //! A node it only read from hears nothing more: its reads were final when they were served.
 
-use crate::protocols::twopc::TxnId;
+use super::Mvcc;
+use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
@@ -27,4 +28,10 @@ pub enum Reply {
     Yes,
     /// Nothing of the transaction is held here any more.
     No(Abort),
+}
+
+/// The requests and replies of MVCC, as the 2PC skeleton carries them.
+impl Messages for Mvcc {
+    type Request = Request;
+    type Reply = Reply;
 }

@@ -38,19 +38,11 @@ pub mod participant;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::{committed_rows, committed_value};
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::Attempt;
+use crate::protocols::twopc::FromNode;
+use crate::protocols::twopc::{Cc, CcWorker, NodeShared};
 use crate::rt::Worker;
-use crate::storage::RowKey;
-use crate::storage::Value;
 use crate::txn::Reason;
-use crate::txn::Scan;
-use coordinator::MvccTxn;
 use meta::MvccMeta;
-use participant::PartTxn;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Static-timestamp MVCC's configuration: none beyond the 2PC skeleton's.
@@ -65,9 +57,9 @@ pub const GONE: Reason = Reason::new("mvcc-version-gone");
 
 /// The abort reasons it defines.
 pub const ABORTS: &[(&str, &str)] = &[
-    ("mvcc-late-write", "a write arrived after a read or a version with a larger timestamp (a lagging clock)"),
-    ("mvcc-write-conflict", "a write with a larger timestamp was pending on the record"),
-    ("mvcc-version-gone", "the version a read's timestamp needs is older than every version the record keeps"),
+    (LATE_WRITE.name(), "a write arrived after a read or a version with a larger timestamp (a lagging clock)"),
+    (WRITE_CONFLICT.name(), "a write with a larger timestamp was pending on the record"),
+    (GONE.name(), "the version a read's timestamp needs is older than every version the record keeps"),
 ];
 
 /// Counter: accesses that waited for a pending write with a smaller timestamp.
@@ -90,6 +82,17 @@ pub struct MvccNode {
     durable: bool,
     /// Each worker's last tick, so that its timestamps grow even if the clock stands still.
     last_tick: Vec<AtomicU64>,
+}
+
+impl FromNode<Mvcc> for MvccNode {
+    fn from_node(_cc: &Mvcc, node: &NodeShared<MvccMeta>, _recovered: &log::MvccLog) -> Self {
+        let workers = usize::from(node.topo.workers_per_node).max(1);
+        MvccNode {
+            floor: AtomicU64::new(0),
+            durable: node.log.enabled(),
+            last_tick: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 impl MvccNode {
@@ -125,48 +128,7 @@ impl MvccNode {
 
 impl Cc for Mvcc {
     const NAME: &'static str = "mvcc";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = MvccMeta;
-    type Part = PartTxn;
-    type Txn<'a> = MvccTxn<'a>;
     type NodeState = MvccNode;
     type Log = log::MvccLog;
-
-    fn node_state(&self, node: &NodeShared<MvccMeta>, _recovered: &log::MvccLog) -> MvccNode {
-        let workers = usize::from(node.topo.workers_per_node).max(1);
-        MvccNode {
-            floor: AtomicU64::new(0),
-            durable: node.log.enabled(),
-            last_tick: (0..workers).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    fn begin<'a>(wk: &'a MvccWorker, id: TxnId, attempt: Attempt) -> MvccTxn<'a> {
-        MvccTxn::new(wk, id, wk.state.next_ts(&wk.w, attempt.fresh))
-    }
-
-    fn serve(wk: &MvccWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    fn commit_here(wk: &MvccWorker, txn: TxnId, ts: u64) {
-        wk.commit_here(txn, ts)
-    }
-
-    fn abort_here(wk: &MvccWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    fn adopt_in_doubt(wk: &MvccWorker, in_doubt: InDoubt<u64>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &MvccWorker, key: RowKey) -> Option<Value> {
-        committed_value(&wk.node.store, key)
-    }
-
-    fn peek_scan(wk: &MvccWorker, scan: Scan) -> Vec<(u64, Value)> {
-        committed_rows(&wk.node.store, scan)
-    }
 }

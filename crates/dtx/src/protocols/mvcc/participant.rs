@@ -5,10 +5,10 @@
 
 use super::messages::{Reply, Request};
 use super::meta::{Found, MvccMeta};
-use super::{MvccNode, MvccWorker, LATE_WRITE, WAITS, WAIT_MAX_US, WAIT_POLL_US};
+use super::{Mvcc, MvccNode, MvccWorker, LATE_WRITE, WAITS, WAIT_MAX_US, WAIT_POLL_US};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::TxnId;
+use crate::protocols::twopc::{Participant, TxnId};
 use crate::rt::Worker;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
@@ -127,22 +127,6 @@ impl MvccNode {
 }
 
 impl MvccWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        match req {
-            Request::Access { txn, ts, reads, writes } => self.serve_access(from, rpc_id, txn, ts, reads, writes),
-            Request::Scan { txn, ts, scan: s } => self.now_or_later(
-                move |me| scan(&me.node.store, txn, ts, s),
-                move |me, rows| {
-                    me.w.charge_ops(rows.as_ref().map_or(1, |r| r.len() + 1));
-                    let fence = if rows.is_ok() { me.node.log.read_fence() } else { None };
-                    let reply = encode(&rows.map_or_else(Reply::No, Reply::Rows));
-                    me.reply_when_durable(from, rpc_id, fence, reply);
-                },
-            ),
-            Request::Prepare { txn, ts, writes } => self.prepare(from, rpc_id, txn, ts, writes),
-        }
-    }
-
     /// Run `op` now; if it must wait, in a task of its own until it need not (see
     /// [`waiting`]); then `done` with its result. Most accesses wait for nothing and cost no task.
     fn now_or_later<T: 'static>(
@@ -183,7 +167,7 @@ impl MvccWorker {
             move |me, got| {
                 let reply = got.map_or_else(
                     |a| {
-                        me.abort_here(txn);
+                        Mvcc::abort_here(me, txn);
                         Reply::No(a)
                     },
                     Reply::Values,
@@ -224,41 +208,59 @@ impl MvccWorker {
                     me.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Yes));
                 }
                 Err(a) => {
-                    me.abort_here(txn);
+                    Mvcc::abort_here(me, txn);
                     me.w.reply(from, rpc_id, &encode(&Reply::No(a)));
                 }
             },
         );
     }
+}
 
-    pub(super) fn commit_here(&self, txn: TxnId, ts: u64) {
-        let Some(p) = self.parts.remove(txn) else { return };
-        self.w.charge_ops(p.held.len() + p.writes.len());
-        if !p.writes.is_empty() {
-            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
-                self.last_outcome_lsn.set(lsn);
-            }
+/// What a node does for MVCC transactions, as the 2PC skeleton calls it.
+impl Participant for Mvcc {
+    type Part = PartTxn;
+
+    fn serve(wk: &MvccWorker, from: Addr, rpc_id: u64, req: Request) {
+        match req {
+            Request::Access { txn, ts, reads, writes } => wk.serve_access(from, rpc_id, txn, ts, reads, writes),
+            Request::Scan { txn, ts, scan: s } => wk.now_or_later(
+                move |me| scan(&me.node.store, txn, ts, s),
+                move |me, rows| {
+                    me.w.charge_ops(rows.as_ref().map_or(1, |r| r.len() + 1));
+                    let fence = if rows.is_ok() { me.node.log.read_fence() } else { None };
+                    let reply = encode(&rows.map_or_else(Reply::No, Reply::Rows));
+                    me.reply_when_durable(from, rpc_id, fence, reply);
+                },
+            ),
+            Request::Prepare { txn, ts, writes } => wk.prepare(from, rpc_id, txn, ts, writes),
         }
-        install(&self.node.store, txn, ts, &p.held, p.writes);
     }
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        let Some(p) = self.parts.remove(txn) else { return };
+    fn commit_here(wk: &MvccWorker, txn: TxnId, ts: u64) {
+        let Some(p) = wk.parts.remove(txn) else { return };
+        wk.w.charge_ops(p.held.len() + p.writes.len());
         if !p.writes.is_empty() {
-            // Presumed abort: nobody waits for this record.
-            let _ = self.node.log.append_outcome(txn, false, 0);
+            wk.log_commit_here(txn, ts);
         }
-        release(&self.node.store, txn, &p.held);
+        install(&wk.node.store, txn, ts, &p.held, p.writes);
+    }
+
+    fn abort_here(wk: &MvccWorker, txn: TxnId) {
+        let Some(p) = wk.parts.remove(txn) else { return };
+        if !p.writes.is_empty() {
+            wk.log_abort_here(txn);
+        }
+        release(&wk.node.store, txn, &p.held);
     }
 
     /// Transactions prepared here before a crash hold their writes again, at the timestamp
     /// their vote logged; the orphan sweeper asks their coordinators.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: InDoubt<u64>) {
+    fn adopt_in_doubt(wk: &MvccWorker, in_doubt: InDoubt<u64>) {
         for (txn, writes, ts) in in_doubt {
-            MvccNode::adopt(&self.node.store, txn, ts, &writes);
+            MvccNode::adopt(&wk.node.store, txn, ts, &writes);
             let held = writes.iter().map(|w| w.0).collect();
             // Last heard of "never": the sweeper asks about them on its first round.
-            self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes }, 0));
+            wk.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes }, 0));
         }
     }
 }

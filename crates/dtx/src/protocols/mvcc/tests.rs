@@ -1,6 +1,7 @@
 //! Static-timestamp MVCC's own properties in the simulator. The shared sweeps in `tests/` and
 //! the workloads' tests run it with every other ready protocol (with synchronized clocks).
 
+use crate::protocols::twopc::testing::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::testkit::checked_run as checked;
 use crate::workloads::WorkloadParams;
 
@@ -33,10 +34,7 @@ fn durable_runs_with_skewed_clocks_and_crashes_stay_serializable() {
     // when a read served before the crash and a lagging write after it close a cycle, which
     // these runs do not produce reliably: `a_write_below_the_floor_is_late` checks the rule.)
     for seed in 1..=3 {
-        let mut s = crate::testkit::protocol_spec("mvcc", hot_append(), 500 + seed).with_faults(true, true, 0.0);
-        s.durability.mode = crate::replication::Durability::Wal;
-        s.durability.cluster_id = 500 + seed;
-        s.faults.fault_interval_us = 100_000;
+        let mut s = durable_run_with_crashes("mvcc", hot_append(), 500 + seed);
         s.clock_skew_us = 2_000;
         checked(&s);
     }
@@ -46,20 +44,8 @@ fn durable_runs_with_skewed_clocks_and_crashes_stay_serializable() {
 fn a_read_only_transaction_sends_nothing_after_its_reads() {
     // Its reads are final when served: no validation and no commit phase, where OCC validates
     // at every node it read from.
-    let wl = WorkloadParams {
-        name: "ycsb".into(),
-        keys: 10_000,
-        ops: 8,
-        read_ratio: 1.0,
-        distributed: 1.0,
-        ..Default::default()
-    };
-    let msgs = |variant: &str| {
-        let out =
-            crate::host::run_sim(&crate::testkit::protocol_spec(variant, wl.clone(), 7)).expect("the simulation runs");
-        assert!(out.totals.committed > 100, "{variant}");
-        out.totals.msgs as f64 / out.totals.committed as f64
-    };
+    let wl = read_only_distributed_ycsb();
+    let msgs = |variant: &str| messages_per_commit(variant, &wl, 7);
     let (mvcc, occ) = (msgs("mvcc"), msgs("occ"));
     assert!(mvcc + 1.5 < occ, "mvcc {mvcc:.2} messages per transaction, occ {occ:.2}");
 }

@@ -6,14 +6,16 @@
 
 use super::messages::{Reply, Request};
 use super::participant::{self as part, Rec, Writes};
-use super::OccWorker;
+use super::{Occ, OccWorker};
 use crate::net::NodeId;
-use crate::protocols::twopc::buffer_write;
+use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::Coordinator;
+use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
+use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
 
 struct ReadEntry<'a> {
@@ -26,6 +28,12 @@ struct ReadEntry<'a> {
     used: bool,
 }
 
+impl ReadOf for ReadEntry<'_> {
+    fn key(&self) -> RowKey {
+        self.key
+    }
+}
+
 /// What one node must lock (writes) and validate (reads) at commit.
 struct Part {
     node: NodeId,
@@ -33,33 +41,26 @@ struct Part {
     reads: Vec<(RowKey, u64)>,
 }
 
-/// Read sets up to this size are searched linearly; larger ones through `read_index`.
-const LINEAR_MAX: usize = 32;
-
 pub struct OccTxn<'a> {
     wk: &'a OccWorker,
     pub id: TxnId,
-    reads: Vec<ReadEntry<'a>>,
-    /// key -> position in `reads`, kept once the read set outgrows a linear search.
-    read_index: FxHashMap<RowKey, usize>,
+    reads: ReadSet<ReadEntry<'a>>,
     writes: Writes,
     /// The declared local records, resolved once by `prefetch`, so that the reads, locks,
     /// validation and install that follow do not search the storage index again.
     local_recs: FxHashMap<RowKey, &'a Rec>,
 }
 
-impl<'a> OccTxn<'a> {
-    pub fn new(wk: &'a OccWorker, id: TxnId) -> Self {
-        OccTxn {
-            wk,
-            id,
-            reads: Vec::new(),
-            read_index: FxHashMap::default(),
-            writes: Vec::new(),
-            local_recs: FxHashMap::default(),
-        }
-    }
+/// How an OCC attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Occ {
+    type Txn<'a> = OccTxn<'a>;
 
+    fn begin<'a>(wk: &'a OccWorker, id: TxnId, _attempt: Attempt) -> OccTxn<'a> {
+        OccTxn { wk, id, reads: ReadSet::default(), writes: Vec::new(), local_recs: FxHashMap::default() }
+    }
+}
+
+impl<'a> OccTxn<'a> {
     /// The local record of `key`, if it exists: from the prefetched ones, else from the index.
     fn local_rec(&self, key: RowKey) -> Option<&'a Rec> {
         match self.local_recs.get(&key) {
@@ -68,41 +69,11 @@ impl<'a> OccTxn<'a> {
         }
     }
 
-    fn cached(&mut self, key: RowKey) -> Option<Option<Value>> {
-        if let Some((_, v)) = self.writes.iter().rev().find(|(k, _)| *k == key) {
-            return Some(v.clone());
-        }
-        let i = self.find_read(key)?;
-        let e = &mut self.reads[i];
-        e.used = true;
-        Some(e.value.clone())
-    }
-
-    fn find_read(&self, key: RowKey) -> Option<usize> {
-        if self.reads.len() <= LINEAR_MAX {
-            self.reads.iter().position(|e| e.key == key)
-        } else {
-            self.read_index.get(&key).copied()
-        }
-    }
-
-    fn push_read(&mut self, e: ReadEntry<'a>) {
-        self.reads.push(e);
-        if self.reads.len() > LINEAR_MAX {
-            if self.read_index.is_empty() {
-                self.read_index = self.reads.iter().enumerate().map(|(i, e)| (e.key, i)).collect();
-            } else {
-                self.read_index.insert(self.reads[self.reads.len() - 1].key, self.reads.len() - 1);
-            }
-        }
-    }
-
     /// Install this node's writes (unlocking their records). The read set is done with:
     /// dropping its values first lets the install reuse the buffers of the values it replaces
     /// when nobody else holds them (`Value::recycle`).
     fn install(&mut self, recs: Vec<&'a Rec>, writes: Writes) {
         self.reads.clear();
-        self.read_index.clear();
         self.wk.w.charge_ops(writes.len());
         for (rec, (_, v)) in recs.into_iter().zip(writes) {
             part::install_rec(rec, self.id, v);
@@ -162,16 +133,9 @@ impl<'a> OccTxn<'a> {
         remote_writers: &[NodeId],
     ) -> TxnResult<()> {
         let wk = self.wk;
-        let lock_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.writes.is_empty())
-            .map(|x| {
-                let req = Request::Lock { txn: self.id, writes: x.writes.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(lock_calls).await, Abort::WriteLocked) {
+        let locks = nodes.iter().filter(|x| !x.writes.is_empty());
+        let lock_requests = locks.map(|x| (x.node, Request::Lock { txn: self.id, writes: x.writes.clone() }));
+        if let Err(a) = votes(wk.ask_all(lock_requests).await, Abort::WriteLocked) {
             return Err(self.abort(&[], remote_writers, a));
         }
         wk.w.charge_ops(local_recs.len());
@@ -181,16 +145,10 @@ impl<'a> OccTxn<'a> {
         if !self.validate_local() {
             return Err(self.abort(local_recs, remote_writers, Abort::ReadValidation));
         }
-        let validate_calls: Vec<_> = nodes
-            .iter()
-            .filter(|x| !x.reads.is_empty())
-            .map(|x| {
-                let req = Request::Validate { txn: self.id, reads: x.reads.clone() };
-                let n = x.node;
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        if let Err(a) = votes(join_all(validate_calls).await, Abort::ReadValidation) {
+        let validations = nodes.iter().filter(|x| !x.reads.is_empty());
+        let validate_requests =
+            validations.map(|x| (x.node, Request::Validate { txn: self.id, reads: x.reads.clone() }));
+        if let Err(a) = votes(wk.ask_all(validate_requests).await, Abort::ReadValidation) {
             return Err(self.abort(local_recs, remote_writers, a));
         }
         Ok(())
@@ -275,17 +233,21 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
     Ok(())
 }
 
-impl<'a> Access for OccTxn<'a> {
-    fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
-        if let Some(v) = self.cached(key) {
-            return Step::Ready(Ok(v));
-        }
+impl<'a> BufferedTxn for OccTxn<'a> {
+    fn read_before(&mut self, key: RowKey) -> Option<Option<Value>> {
+        let i = self.reads.find(key)?;
+        let e = &mut self.reads[i];
+        e.used = true;
+        Some(e.value.clone())
+    }
+
+    fn read_new(&mut self, key: RowKey) -> Step<'_, Option<Value>> {
         match self.wk.node.remote_node(key) {
             None => {
                 self.wk.w.charge_ops(1);
                 let rec = self.local_rec(key);
                 let (value, tid) = rec.map_or((None, 0), part::read_rec);
-                self.push_read(ReadEntry { key, value: value.clone(), tid, rec, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, rec, used: true });
                 Step::Ready(Ok(value))
             }
             Some(n) => Step::Wait(Box::pin(async move {
@@ -293,42 +255,36 @@ impl<'a> Access for OccTxn<'a> {
                     return Err(Abort::Timeout);
                 };
                 let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
-                self.push_read(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
+                self.reads.push(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
                 Ok(value)
             })),
         }
     }
 
-    fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
-        buffer_write(&mut self.writes, key, value);
-        Step::Ready(Ok(()))
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.writes
     }
 
-    fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
+    /// Each row is read with its version, as a read is.
+    async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
         let n = self.wk.node.node_of(RowKey::new(s.table, s.lo));
-        Step::Wait(Box::pin(async move {
-            let rows = if n == self.wk.node.id {
-                self.wk.w.charge_ops(1);
-                part::scan(&self.wk.node.store, s)
-            } else {
-                let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
-                    return Err(Abort::Timeout);
-                };
-                rows
+        let rows = if n == self.wk.node.id {
+            self.wk.w.charge_ops(1);
+            part::scan(&self.wk.node.store, s)
+        } else {
+            let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
+                return Err(Abort::Timeout);
             };
-            let mut out = Vec::with_capacity(rows.len());
-            for (k, v, tid) in rows {
-                let key = RowKey::new(s.table, k);
-                if self.find_read(key).is_none() {
-                    let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
-                    self.push_read(ReadEntry { key, value: Some(v.clone()), tid, rec, used: true });
-                }
-                if let Some(v) = own_view(&self.writes, key, v) {
-                    out.push((k, v));
-                }
+            rows
+        };
+        for (k, v, tid) in &rows {
+            let key = RowKey::new(s.table, *k);
+            if self.reads.find(key).is_none() {
+                let rec = (n == self.wk.node.id).then(|| self.local_rec(key)).flatten();
+                self.reads.push(ReadEntry { key, value: Some(v.clone()), tid: *tid, rec, used: true });
             }
-            Ok(out)
-        }))
+        }
+        Ok(rows.into_iter().map(|(k, v, _)| (k, v)).collect())
     }
 }
 
@@ -389,7 +345,7 @@ impl<'a> CoordTxn for OccTxn<'a> {
                 return Err(Abort::Timeout);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
-                self.push_read(ReadEntry { key: *k, value, tid, rec: None, used: false });
+                self.reads.push(ReadEntry { key: *k, value, tid, rec: None, used: false });
             }
         }
         Ok(())

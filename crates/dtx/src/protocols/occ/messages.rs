@@ -6,7 +6,8 @@
 //! and `Validate`: once the coordinator's local locks are held, that participant's locks are the
 //! last ones, so it may validate right after taking them.
 
-use crate::protocols::twopc::TxnId;
+use super::Occ;
+use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, Value};
 use crate::txn::Scan;
 use serde::{Deserialize, Serialize};
@@ -34,4 +35,10 @@ pub enum Reply {
     Vote(bool),
     /// `LockValidate`: the locks were free but a read is stale; the locks were released.
     Stale,
+}
+
+/// The requests and replies of OCC, as the 2PC skeleton carries them.
+impl Messages for Occ {
+    type Request = Request;
+    type Reply = Reply;
 }

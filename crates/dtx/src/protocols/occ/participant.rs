@@ -4,9 +4,10 @@
 
 use super::messages::{Reply, Request};
 use super::meta::OccMeta;
-use super::OccWorker;
+use super::{Occ, OccWorker};
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::TxnId;
+use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
 
@@ -102,56 +103,6 @@ pub fn unlock(store: &Storage<OccMeta>, txn: TxnId, keys: impl Iterator<Item = R
 }
 
 impl OccWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        let store = &self.node.store;
-        let now = self.w.now_ns();
-        let reply = match req {
-            Request::Read { keys } => {
-                self.w.charge_ops(keys.len());
-                Reply::Values(keys.iter().map(|k| read(store, *k)).collect())
-            }
-            Request::Scan { scan: s } => {
-                let rows = scan(store, s);
-                self.w.charge_ops(rows.len() + 1);
-                Reply::Rows(rows)
-            }
-            Request::Lock { txn, writes } => {
-                self.w.charge_ops(writes.len());
-                if !lock_writes(store, txn, &writes) {
-                    Reply::Vote(false)
-                } else {
-                    return self.prepare(from, rpc_id, txn, writes, now);
-                }
-            }
-            Request::Validate { txn, reads } => {
-                self.w.charge_ops(reads.len());
-                self.parts.touch(txn, now);
-                if validate(store, txn, reads.into_iter()) {
-                    return self.vote_valid(from, rpc_id);
-                }
-                Reply::Vote(false)
-            }
-            Request::LockValidate { txn, writes, reads } => {
-                self.w.charge_ops(writes.len() + reads.len());
-                if !lock_writes(store, txn, &writes) {
-                    Reply::Vote(false)
-                } else if !validate(store, txn, reads.into_iter()) {
-                    // Nothing is kept for an invalid transaction: the coordinator aborts
-                    // without telling this node.
-                    unlock(store, txn, writes.iter().map(|w| w.0));
-                    Reply::Stale
-                } else if writes.is_empty() {
-                    return self.vote_valid(from, rpc_id);
-                } else {
-                    // The prepared record follows the log's tail, so that waiting for it also
-                    // covers what `vote_valid` waits for.
-                    return self.prepare(from, rpc_id, txn, writes, now);
-                }
-            }
-        };
-        self.w.reply(from, rpc_id, &encode(&reply));
-    }
-
     /// Keep the writes of a transaction whose locks are held here and vote yes; with a log, a
     /// yes vote is a promise that survives a crash: the writes are logged first.
     fn prepare(&self, from: Addr, rpc_id: u64, txn: TxnId, writes: Writes, now: u64) {
@@ -171,29 +122,101 @@ impl OccWorker {
         let tail = self.node.log.read_fence();
         self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(true)));
     }
+}
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        if let Some(writes) = self.parts.remove(txn) {
-            // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
-            // Appended before the locks go: a later writer's vote must follow it in the log,
-            // or a crash could leave both in doubt over the same record.
-            let _ = self.node.log.append_outcome(txn, false, 0);
-            unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
-        }
+/// What a node does for OCC transactions, as the 2PC skeleton calls it.
+impl Participant for Occ {
+    type Part = Writes;
+
+    fn serve(wk: &OccWorker, from: Addr, rpc_id: u64, req: Request) {
+        let store = &wk.node.store;
+        let now = wk.w.now_ns();
+        let reply = match req {
+            Request::Read { keys } => {
+                wk.w.charge_ops(keys.len());
+                Reply::Values(keys.iter().map(|k| read(store, *k)).collect())
+            }
+            Request::Scan { scan: s } => {
+                let rows = scan(store, s);
+                wk.w.charge_ops(rows.len() + 1);
+                Reply::Rows(rows)
+            }
+            Request::Lock { txn, writes } => {
+                wk.w.charge_ops(writes.len());
+                if !lock_writes(store, txn, &writes) {
+                    Reply::Vote(false)
+                } else {
+                    return wk.prepare(from, rpc_id, txn, writes, now);
+                }
+            }
+            Request::Validate { txn, reads } => {
+                wk.w.charge_ops(reads.len());
+                wk.parts.touch(txn, now);
+                if validate(store, txn, reads.into_iter()) {
+                    return wk.vote_valid(from, rpc_id);
+                }
+                Reply::Vote(false)
+            }
+            Request::LockValidate { txn, writes, reads } => {
+                wk.w.charge_ops(writes.len() + reads.len());
+                if !lock_writes(store, txn, &writes) {
+                    Reply::Vote(false)
+                } else if !validate(store, txn, reads.into_iter()) {
+                    // Nothing is kept for an invalid transaction: the coordinator aborts
+                    // without telling this node.
+                    unlock(store, txn, writes.iter().map(|w| w.0));
+                    Reply::Stale
+                } else if writes.is_empty() {
+                    return wk.vote_valid(from, rpc_id);
+                } else {
+                    // The prepared record follows the log's tail, so that waiting for it also
+                    // covers what `vote_valid` waits for.
+                    return wk.prepare(from, rpc_id, txn, writes, now);
+                }
+            }
+        };
+        wk.w.reply(from, rpc_id, &encode(&reply));
     }
 
     /// Install a prepared transaction's writes and log the outcome (before the locks go, so
     /// that log order is install order).
-    pub(super) fn commit_here(&self, txn: TxnId) {
-        if let Some(writes) = self.parts.remove(txn) {
-            self.w.charge_ops(writes.len());
-            let recs: Vec<&Rec> = writes.iter().map(|(k, _)| self.node.store.get_or_create(*k)).collect();
-            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
-                self.last_outcome_lsn.set(lsn);
-            }
+    ///
+    /// Its decisions carry no timestamp.
+    fn commit_here(wk: &OccWorker, txn: TxnId, _ts: u64) {
+        if let Some(writes) = wk.parts.remove(txn) {
+            wk.w.charge_ops(writes.len());
+            let recs: Vec<&Rec> = writes.iter().map(|(k, _)| wk.node.store.get_or_create(*k)).collect();
+            wk.log_commit_here(txn, 0);
             for (rec, (_, v)) in recs.into_iter().zip(writes) {
                 install_rec(rec, txn, v);
             }
         }
+    }
+
+    fn abort_here(wk: &OccWorker, txn: TxnId) {
+        if let Some(writes) = wk.parts.remove(txn) {
+            wk.log_abort_here(txn);
+            unlock(&wk.node.store, txn, writes.iter().map(|w| w.0));
+        }
+    }
+
+    /// Transactions prepared here before a crash: their records are locked again and the
+    /// orphan sweeper asks their coordinators what became of them.
+    fn adopt_in_doubt(wk: &OccWorker, in_doubt: InDoubt<()>) {
+        // Last heard of "never": the sweeper asks about them on its first round.
+        let now = 0;
+        for (txn, writes, ()) in in_doubt {
+            let locked = lock_writes(&wk.node.store, txn, &writes);
+            assert!(locked, "a recovered node has no other lock holders");
+            wk.parts.txns.borrow_mut().insert(txn, (writes, now));
+        }
+    }
+
+    fn peek(wk: &OccWorker, key: RowKey) -> Option<Value> {
+        read(&wk.node.store, key).0
+    }
+
+    fn peek_scan(wk: &OccWorker, s: Scan) -> Vec<(u64, Value)> {
+        scan(&wk.node.store, s).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

@@ -9,14 +9,15 @@ use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;
 use super::policy::CachePolicy;
-use super::{SundialWorker, READ_THEN_WRITE_CHANGED};
+use super::{Sundial, SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
-use crate::protocols::twopl::meta::{Mode, Policy, Prio};
-use crate::protocols::twopl::participant::{self as locks, LockStep};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -61,8 +62,11 @@ pub struct SundialTxn<'a> {
     read_at: Vec<NodeId>,
 }
 
-impl<'a> SundialTxn<'a> {
-    pub fn new(wk: &'a SundialWorker, id: TxnId, attempt: crate::protocols::Attempt) -> Self {
+/// How a Sundial attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for Sundial {
+    type Txn<'a> = SundialTxn<'a>;
+
+    fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
         SundialTxn {
             wk,
             id,
@@ -76,7 +80,9 @@ impl<'a> SundialTxn<'a> {
             read_at: Vec::new(),
         }
     }
+}
 
+impl<'a> SundialTxn<'a> {
     fn find_read(&self, key: RowKey) -> Option<usize> {
         self.reads.iter().position(|e| e.key == key)
     }
@@ -257,16 +263,11 @@ impl<'a> SundialTxn<'a> {
         let wk = self.wk;
         let (id, commit_ts) = (self.id, self.commit_ts.0);
         let nodes: Vec<NodeId> = remote.keys().copied().collect();
-        let calls: Vec<_> = remote
-            .into_iter()
-            .map(|(n, (renew, writes))| {
-                let req = Request::Prepare { txn: id, commit_ts, renew, writes };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
+        let prepares =
+            remote.into_iter().map(|(n, (renew, writes))| (n, Request::Prepare { txn: id, commit_ts, renew, writes }));
         let mut writers = Vec::new();
         let mut failure = None;
-        for (n, v) in nodes.into_iter().zip(join_all(calls).await) {
+        for (n, v) in nodes.into_iter().zip(wk.ask_all(prepares).await) {
             if let Ok(Reply::Vote(_, tables)) = &v {
                 for &(t, end) in tables {
                     wk.state.remote_tables.note(n, t, end);

@@ -6,8 +6,9 @@
 //! one `Scan` round trip.
 
 use super::lease::{Lease, RenewFailure};
-use crate::protocols::twopc::TxnId;
-use crate::protocols::twopl::meta::Prio;
+use super::Sundial;
+use crate::protocols::twopc::record_lock::Prio;
+use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, TableId, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
@@ -57,4 +58,10 @@ pub enum Reply {
     /// A participant's vote, with the read-only tables whose leases it extended (and their
     /// new ends) for the coordinator's cache.
     Vote(Vote, Vec<(TableId, u64)>),
+}
+
+/// The requests and replies of Sundial, as the 2PC skeleton carries them.
+impl Messages for Sundial {
+    type Request = Request;
+    type Reply = Reply;
 }

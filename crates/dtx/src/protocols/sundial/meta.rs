@@ -1,10 +1,10 @@
 //! What a record carries under Sundial: its lease, and the 2PL lock its writers take (write-write
-//! conflicts are 2PL WAIT_DIE, `twopl::meta`). Each function here runs under the record's mutex,
+//! conflicts are 2PL WAIT_DIE, `twopc::record_lock`). Each function here runs under the record's mutex,
 //! so a read sees a value with its own lease and a renewal or an install is atomic per tuple.
 
 use super::lease::{self, Lease, RenewFailure};
+use crate::protocols::twopc::record_lock::{LockMeta, Locked, Mode};
 use crate::protocols::twopc::{TxnId, TxnMeta};
-use crate::protocols::twopl::meta::{LockMeta, Locked, Mode};
 use crate::storage::{Record, Storage, Value};
 use crate::txn::Scan;
 

@@ -45,18 +45,14 @@ pub mod tables;
 #[cfg(test)]
 mod tests;
 
-use crate::net::Addr;
-use crate::protocols::twopc::committed_value;
-use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::{Attempt, OptionKind, OptionSpec};
+use crate::protocols::{OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Reason, Scan};
-use coordinator::SundialTxn;
 use lease::{Lease, UpperBound};
 use meta::SundialMeta;
-use participant::PartTxn;
 use policy::{CachePolicy, Votes};
 
 /// Sundial's configuration.
@@ -77,7 +73,7 @@ impl Sundial {
     pub fn new(o: &crate::protocols::Options) -> Self {
         let cache = CachePolicy::parse(o.choice(CACHE_OPTION.name)).expect("the option's choices are the policies");
         Sundial {
-            lock_wait_us: o.u64(crate::protocols::twopl::LOCK_WAIT_OPTION.name),
+            lock_wait_us: o.u64(crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION.name),
             cache,
             cache_bytes: (o.u64(CACHE_MB_OPTION.name) as usize) << 20,
             table_leases: o.bool(TABLE_LEASES_OPTION.name),
@@ -105,6 +101,22 @@ pub struct SundialNode {
 /// How far past a granted timestamp a new bound is logged: a bound record every 65,536 units
 /// of logical time (a unit per conflicting commit, roughly).
 const BOUND_STEP: u64 = 1 << 16;
+
+/// A node's state starts from what its log recovered.
+impl FromNode<Sundial> for SundialNode {
+    fn from_node(cc: &Sundial, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> Self {
+        let floor = recovered.bound;
+        SundialNode {
+            policy: cc.cache,
+            cache: RecordCache::new(cc.cache_bytes, CACHE_BANKS),
+            votes: Votes::default(),
+            floor,
+            bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
+            tables: tables::TableLeases::new(node.store.tables(), cc.table_leases),
+            remote_tables: tables::RemoteTableLeases::default(),
+        }
+    }
+}
 
 impl SundialNode {
     /// Log a new bound first if `ts` (a lease end or a commit timestamp about to be granted
@@ -216,7 +228,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     CACHE_OPTION,
     CACHE_MB_OPTION,
     TABLE_LEASES_OPTION,
-    crate::protocols::twopl::LOCK_WAIT_OPTION,
+    crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,
     crate::protocols::twopc::ORPHAN_OPTION,
 ];
 
@@ -228,9 +240,9 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("lease-newer-version-after", "a read's tuple has a newer version written after the commit timestamp (case a)"),
     ("lease-newer-version-before", "a read's tuple has a newer version at or before the commit timestamp (case b)"),
     ("lease-locked", "a read's lease must be extended but a writer holds the tuple (case c)"),
-    ("read-then-write-changed", "a tuple read and then locked to be written had changed in between"),
+    (READ_THEN_WRITE_CHANGED.name(), "a tuple read and then locked to be written had changed in between"),
     (
-        "fresh-read-locked",
+        FRESH_READ_LOCKED.name(),
         "a read that must see every acknowledged write (a run's final read) met a tuple a writer holds; it retries",
     ),
 ];
@@ -248,55 +260,7 @@ pub const TABLE_EXTENSIONS: &str = "table-lease-extensions";
 
 impl Cc for Sundial {
     const NAME: &'static str = "sundial";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type Meta = SundialMeta;
-    type Part = PartTxn;
-    type Txn<'a> = SundialTxn<'a>;
     type NodeState = SundialNode;
     type Log = log::SundialLog;
-
-    fn node_state(&self, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> SundialNode {
-        let floor = recovered.bound;
-        SundialNode {
-            policy: self.cache,
-            cache: RecordCache::new(self.cache_bytes, CACHE_BANKS),
-            votes: Votes::default(),
-            floor,
-            bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP }, None)),
-            tables: tables::TableLeases::new(node.store.tables(), self.table_leases),
-            remote_tables: tables::RemoteTableLeases::default(),
-        }
-    }
-
-    fn begin<'a>(wk: &'a SundialWorker, id: TxnId, attempt: Attempt) -> SundialTxn<'a> {
-        SundialTxn::new(wk, id, attempt)
-    }
-
-    fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    /// The decision carries no timestamp: Sundial's commit timestamp went out with the prepare.
-    fn commit_here(wk: &SundialWorker, txn: TxnId, _ts: u64) {
-        wk.commit_here(txn)
-    }
-
-    fn abort_here(wk: &SundialWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    /// Transactions prepared here before a crash: their tuples are locked again, keeping leases
-    /// below their commit timestamps, and the orphan sweeper asks their coordinators.
-    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt<u64>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &SundialWorker, key: RowKey) -> Option<Value> {
-        committed_value(&wk.node.store, key)
-    }
-
-    fn peek_scan(wk: &SundialWorker, scan: Scan) -> Vec<(u64, Value)> {
-        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
-    }
 }

@@ -4,13 +4,13 @@
 use super::lease::RenewFailure;
 use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta;
-use super::SundialWorker;
+use super::{Sundial, SundialWorker};
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::TxnId;
-use crate::protocols::twopl::meta::{Mode, Policy, Prio};
-use crate::protocols::twopl::participant::{self as locks, LockStep};
+use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
+use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, TableId, Value};
-use crate::txn::{Abort, TxnResult};
+use crate::txn::{Abort, Scan, TxnResult};
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
 
@@ -23,37 +23,6 @@ pub struct PartTxn {
 }
 
 impl SundialWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        match req {
-            Request::Fetch { txn, reads, fresh: true, .. }
-                if reads
-                    .iter()
-                    .any(|(k, _)| self.node.store.get(*k).is_some_and(|r| meta::written_by_other(r, txn))) =>
-            {
-                self.w.reply(from, rpc_id, &encode(&Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED))));
-            }
-            Request::Fetch { txn, prio, reads, locks, .. } if locks.is_empty() => {
-                // Reads take nothing: no state for the transaction here.
-                let _ = (txn, prio);
-                let vals = self.read_all(&reads);
-                self.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)), true);
-            }
-            Request::Fetch { txn, prio, reads, locks, .. } => self.serve_fetch(from, rpc_id, txn, prio, reads, locks),
-            Request::Scan { scan, fresh } => {
-                self.w.charge_ops(1);
-                if fresh && self.state.scan_written(&self.node.store, scan) {
-                    let reply = Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED));
-                    return self.w.reply(from, rpc_id, &encode(&reply));
-                }
-                let rows = self.state.scan(&self.node.store, scan);
-                self.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)), true);
-            }
-            Request::Prepare { txn, commit_ts, renew, writes } => {
-                self.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
-            }
-        }
-    }
-
     /// Answer with leases once the bound they may reach is durable: a coordinator may rely on
     /// them without asking this node again (a cached copy), and a crash must not forget them.
     /// A transaction that only reads here (`fenced`) may commit within the leases without this
@@ -147,13 +116,13 @@ impl SundialWorker {
         // the bound goes to the log first (the vote waits for a later record of the same log).
         // A read-only table's lease may reach past it by up to the largest speculative `δ`.
         if let Err(a) = self.state.grant(&self.node.log, commit_ts + super::tables::MAX_DELTA) {
-            self.abort_here(txn);
+            Sundial::abort_here(self, txn);
             return self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
         }
         let tables = match self.renew_all(txn, commit_ts, renew) {
             Ok(tables) => tables,
             Err((f, key)) => {
-                self.abort_here(txn);
+                Sundial::abort_here(self, txn);
                 return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Renewal(f, key), Vec::new())));
             }
         };
@@ -174,7 +143,7 @@ impl SundialWorker {
             // Locks taken for it here were lost (a crash forgot them; a later request made the
             // state anew): it cannot commit here.
             drop(parts);
-            self.abort_here(txn);
+            Sundial::abort_here(self, txn);
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost, Vec::new())));
         }
         *t = self.w.now_ns();
@@ -185,7 +154,7 @@ impl SundialWorker {
         match lsn {
             Ok(lsn) => self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes, tables))),
             Err(a) => {
-                self.abort_here(txn);
+                Sundial::abort_here(self, txn);
                 self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a)));
             }
         }
@@ -220,59 +189,92 @@ impl SundialWorker {
         let store = &self.node.store;
         locks::release_recs(txn, keys.iter().filter_map(|k| store.get(*k)));
     }
+}
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        if let Some(p) = self.parts.remove(txn) {
-            if p.writes.is_some() {
-                // Presumed abort: nobody waits for this record. Appended before the locks go: a
-                // later writer's vote must follow it in the log, or a crash could leave both in
-                // doubt over the same record.
-                let _ = self.node.log.append_outcome(txn, false, 0);
-                // A recovered in-doubt writer leaves its tuples ordinary again.
-                for k in &p.held {
-                    if let Some(rec) = self.node.store.get(*k) {
-                        meta::release_in_doubt(rec);
-                    }
-                }
+/// What a node does for Sundial transactions, as the 2PC skeleton calls it.
+impl Participant for Sundial {
+    type Part = PartTxn;
+
+    fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: Request) {
+        match req {
+            Request::Fetch { txn, reads, fresh: true, .. }
+                if reads.iter().any(|(k, _)| wk.node.store.get(*k).is_some_and(|r| meta::written_by_other(r, txn))) =>
+            {
+                wk.w.reply(from, rpc_id, &encode(&Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED))));
             }
-            self.release(txn, &p.held);
+            Request::Fetch { txn, prio, reads, locks, .. } if locks.is_empty() => {
+                // Reads take nothing: no state for the transaction here.
+                let _ = (txn, prio);
+                let vals = wk.read_all(&reads);
+                wk.reply_lease(from, rpc_id, encode(&Reply::Fetched(vals)), true);
+            }
+            Request::Fetch { txn, prio, reads, locks, .. } => wk.serve_fetch(from, rpc_id, txn, prio, reads, locks),
+            Request::Scan { scan, fresh } => {
+                wk.w.charge_ops(1);
+                if fresh && wk.state.scan_written(&wk.node.store, scan) {
+                    let reply = Reply::Aborted(Abort::Protocol(super::FRESH_READ_LOCKED));
+                    return wk.w.reply(from, rpc_id, &encode(&reply));
+                }
+                let rows = wk.state.scan(&wk.node.store, scan);
+                wk.reply_lease(from, rpc_id, encode(&Reply::Rows(rows)), true);
+            }
+            Request::Prepare { txn, commit_ts, renew, writes } => {
+                wk.serve_prepare(from, rpc_id, txn, commit_ts, &renew, writes)
+            }
         }
     }
 
     /// Install a prepared transaction's writes at its commit timestamp, log the outcome (before
     /// the locks go, so that log order is install order), release.
-    pub(super) fn commit_here(&self, txn: TxnId) {
-        let Some(p) = self.parts.remove(txn) else { return };
+    ///
+    /// The decision carries no timestamp: Sundial's commit timestamp went out with the prepare.
+    fn commit_here(wk: &SundialWorker, txn: TxnId, _ts: u64) {
+        let Some(p) = wk.parts.remove(txn) else { return };
         let (writes, commit_ts) = p.writes.unwrap_or_default();
-        self.w.charge_ops(writes.len());
-        if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
-            self.last_outcome_lsn.set(lsn);
-        }
+        wk.w.charge_ops(writes.len());
+        wk.log_commit_here(txn, 0);
         for (key, value) in writes {
-            meta::install(self.node.store.get_or_create(key), txn, value, commit_ts, self.state.floor);
+            meta::install(wk.node.store.get_or_create(key), txn, value, commit_ts, wk.state.floor);
         }
-        self.release(txn, &p.held);
+        wk.release(txn, &p.held);
     }
-}
 
-impl SundialWorker {
+    fn abort_here(wk: &SundialWorker, txn: TxnId) {
+        if let Some(p) = wk.parts.remove(txn) {
+            if p.writes.is_some() {
+                wk.log_abort_here(txn);
+                // A recovered in-doubt writer leaves its tuples ordinary again.
+                for k in &p.held {
+                    if let Some(rec) = wk.node.store.get(*k) {
+                        meta::release_in_doubt(rec);
+                    }
+                }
+            }
+            wk.release(txn, &p.held);
+        }
+    }
+
     /// Lock again the tuples of transactions prepared here before a crash, each keeping a
     /// lease below its commit timestamp (`meta::hold_in_doubt`), and keep their writes for the
     /// decision the orphan sweeper will ask their coordinators for.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt<u64>) {
+    fn adopt_in_doubt(wk: &SundialWorker, in_doubt: InDoubt<u64>) {
         // Last heard of "never": the sweeper asks about them on its first round.
         let now = 0;
         for (txn, writes, ts) in in_doubt {
             let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
             for &k in &held {
-                let rec = self.node.store.get_or_create(k);
+                let rec = wk.node.store.get_or_create(k);
                 let got = locks::try_lock_rec(rec, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
                 assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
                 meta::hold_in_doubt(rec, ts);
                 // Its writer holds the tuple: the table is read-only no more.
-                self.state.tables.writer_floor(k.table);
+                wk.state.tables.writer_floor(k.table);
             }
-            self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some((writes, ts)) }, now));
+            wk.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some((writes, ts)) }, now));
         }
+    }
+
+    fn peek_scan(wk: &SundialWorker, scan: Scan) -> Vec<(u64, Value)> {
+        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
     }
 }

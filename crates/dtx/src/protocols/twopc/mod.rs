@@ -1,12 +1,19 @@
 //! Pieces the 2PC-based protocols share: transaction ids, the node's shared state, routing a key
 //! to its node, the coordinator's decision table (answering participants that lost track), the
-//! participant-side table of transactions with its orphan sweeper, and ([`durable`]) the log
-//! records and recovery that make 2PC survive a crash.
+//! participant-side table of transactions with its orphan sweeper, ([`durable`]) the log
+//! records and recovery that make 2PC survive a crash, ([`record_lock`]) the record lock of the
+//! locking protocols, and ([`buffered`]) the execution phase of those that buffer their writes.
 
+pub mod buffered;
 pub mod durable;
+pub mod record_lock;
 pub mod skeleton;
+#[cfg(test)]
+pub mod testing;
 
-pub use skeleton::{Cc, CcWorker, CoordTxn, TwoPc, TwoPcConfig, ORPHAN_OPTION};
+pub use skeleton::{
+    Cc, CcWorker, CoordTxn, Coordinator, FromNode, Messages, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION,
+};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
@@ -40,7 +47,7 @@ pub fn own_view(writes: &[(RowKey, Option<Value>)], key: RowKey, stored: Value) 
 }
 
 /// The value a record holds, for a concurrency control whose records hold only committed values
-/// (writes are buffered until they install): what reconnaissance reads ([`Cc::peek`]).
+/// (writes are buffered until they install): what reconnaissance reads ([`Participant::peek`]).
 pub fn committed_value<M: Default + Send>(store: &Storage<M>, key: RowKey) -> Option<Value> {
     store.get(key).and_then(|r| r.lock().value.clone())
 }

@@ -4,11 +4,13 @@
 //! shared state and its recovery, a worker's decision table and participant table, running a
 //! transaction (one-shot prefetch or interactive, reconnaissance for dependent keys, commit or
 //! abandon), the orphan sweeper, resending commits a crash left unacknowledged, and answering
-//! "what became of this transaction?". A concurrency control ([`Cc`]) brings what differs:
-//! its record metadata, its participant state per transaction, its coordinator's execution and
-//! commit ([`CoordTxn`]), how it serves remote requests, and how it installs or rolls back a
-//! prepared transaction. OCC and 2PL are the two today; Sundial, MaaT and TicToc plug in the same
-//! way.
+//! "what became of this transaction?". A concurrency control brings what differs, one trait per
+//! role of its folder: its record metadata, node state and log ([`Cc`], its mod.rs), how its
+//! coordinator starts, executes and commits an attempt ([`Coordinator`], [`CoordTxn`], its
+//! coordinator.rs), and its participant state per transaction, how it serves remote requests
+//! and how it installs or rolls back a prepared transaction ([`Participant`], its
+//! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs).
+//! OCC, 2PL, Sundial, MaaT and MVCC plug in this way; TicToc will too.
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
@@ -80,7 +82,8 @@ const TAG_TERMINATION: u8 = 1;
 const TAG_PEEK: u8 = 2;
 
 /// A reconnaissance read (OLLP) of another node's committed state, served by the skeleton
-/// through [`Cc::peek`] and [`Cc::peek_scan`]: it takes nothing and leaves nothing behind.
+/// through [`Participant::peek`] and [`Participant::peek_scan`]: it takes nothing and leaves
+/// nothing behind.
 #[derive(Debug, Serialize, Deserialize)]
 enum Peek {
     Read(RowKey),
@@ -134,51 +137,102 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
     }
 }
 
-/// A concurrency control over two-phase commit. `Self` is its configuration (2PL's policy and
-/// lock wait), kept by every worker.
-pub trait Cc: Clone + Send + Sync + Sized + 'static {
+/// A concurrency control over two-phase commit: what its records and nodes carry, here; how
+/// its coordinator starts an attempt, in [`Coordinator`] (its coordinator.rs), what its
+/// participant does, in [`Participant`] (its participant.rs), and what they say to each other,
+/// in [`Messages`] (its messages.rs). `Self` is its configuration (2PL's policy and lock wait),
+/// kept by every worker.
+pub trait Cc: Coordinator + Participant + Clone + Send + Sync + 'static {
     /// The name in log lines (`occ`, `2pl`).
     const NAME: &'static str;
-    /// What its coordinators ask its participants, and what they answer.
-    type Request: Serialize + DeserializeOwned;
-    type Reply: DeserializeOwned;
     /// What a record carries.
     type Meta: TxnMeta + Sync;
-    /// A remote transaction's state on a participant.
-    type Part;
-    /// A transaction attempt on its coordinator.
-    type Txn<'a>: CoordTxn
-    where
-        Self: 'a;
     /// What one node keeps beside its storage, shared by its workers (Sundial's cache of remote
     /// records and table leases, MaaT's timetable of ranges); `()` for OCC and 2PL.
-    type NodeState: Send + Sync + 'static;
+    type NodeState: FromNode<Self>;
     /// What it logs beside 2PC's records, and what replaying them rebuilds (Sundial's bound
     /// and vote timestamps, MaaT's bound and vote ranges); [`super::durable::PlainLog`] for OCC
     /// and 2PL.
     type Log: CcLog;
+}
 
-    /// The node state of a node being built (after its storage is loaded and recovered from a
-    /// log whose own records rebuilt `recovered`; a fresh node's is the default).
-    fn node_state(&self, node: &NodeShared<Self::Meta>, recovered: &Self::Log) -> Self::NodeState;
+/// A concurrency control's node state ([`Cc::NodeState`]), built once per node.
+pub trait FromNode<C: Cc>: Send + Sync + 'static {
+    /// The state of a node being built under configuration `cc`, after its storage is loaded
+    /// and recovered from a log whose own records rebuilt `recovered` (a fresh node's is the
+    /// default).
+    fn from_node(cc: &C, node: &NodeShared<C::Meta>, recovered: &C::Log) -> Self;
+}
+
+/// A concurrency control that keeps nothing per node beside its storage (OCC, 2PL).
+impl<C: Cc> FromNode<C> for () {
+    fn from_node(_cc: &C, _node: &NodeShared<C::Meta>, _recovered: &C::Log) {}
+}
+
+/// How a concurrency control's coordinator starts a transaction attempt, implemented in its
+/// coordinator.rs beside the attempt's type.
+pub trait Coordinator: Sized {
+    /// A transaction attempt on its coordinator.
+    type Txn<'a>: CoordTxn
+    where
+        Self: 'a;
 
     /// Start an attempt of transaction `id`.
-    fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>;
+    fn begin<'a>(wk: &'a CcWorker<Self>, id: TxnId, attempt: Attempt) -> Self::Txn<'a>
+    where
+        Self: Cc;
+}
+
+/// What a concurrency control's coordinators ask its participants, and what they answer: the
+/// wire types of its messages.rs.
+pub trait Messages {
+    type Request: Serialize + DeserializeOwned;
+    type Reply: DeserializeOwned;
+}
+
+/// What a concurrency control's participant does for the transactions that reach its records,
+/// implemented in each protocol's participant.rs. The skeleton calls it for the concurrency
+/// control's own requests, for the decisions and answers of the termination protocol, after a
+/// restart, and for reconnaissance reads. (Each method needs `Self: Cc` for [`CcWorker`]; `Cc`
+/// is the trait that has this one as its part.)
+pub trait Participant: Messages + Sized {
+    /// A remote transaction's state on a participant.
+    type Part;
+
     /// A request from a coordinator, to be answered with `wk.w.reply` (now or later).
-    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request);
+    fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request)
+    where
+        Self: Cc;
     /// Install a prepared transaction's writes (the coordinator decided commit, at `ts` for a
     /// concurrency control whose decisions carry a timestamp; 0 otherwise).
-    fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64);
+    fn commit_here(wk: &CcWorker<Self>, txn: TxnId, ts: u64)
+    where
+        Self: Cc;
     /// Roll back whatever this participant holds for `txn`.
-    fn abort_here(wk: &CcWorker<Self>, txn: TxnId);
+    fn abort_here(wk: &CcWorker<Self>, txn: TxnId)
+    where
+        Self: Cc;
     /// Lock again, after a restart, the writes of transactions prepared here before it, with
     /// what each vote logged.
-    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<Self::Log as CcLog>::Vote>);
+    fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<<Self as Cc>::Log as CcLog>::Vote>)
+    where
+        Self: Cc;
     /// The committed value of `key` here, taking nothing: what reconnaissance reads, for a
-    /// coordinator here or on another node (the skeleton carries the request).
-    fn peek(wk: &CcWorker<Self>, key: RowKey) -> Option<Value>;
-    /// The committed rows of a range here, taking nothing, as [`Cc::peek`].
-    fn peek_scan(wk: &CcWorker<Self>, scan: Scan) -> Vec<(u64, Value)>;
+    /// coordinator here or on another node (the skeleton carries the request). By default the
+    /// record's value, for a concurrency control whose records hold only committed values.
+    fn peek(wk: &CcWorker<Self>, key: RowKey) -> Option<Value>
+    where
+        Self: Cc,
+    {
+        super::committed_value(&wk.node.store, key)
+    }
+    /// The committed rows of a range here, taking nothing, as [`Participant::peek`].
+    fn peek_scan(wk: &CcWorker<Self>, scan: Scan) -> Vec<(u64, Value)>
+    where
+        Self: Cc,
+    {
+        super::committed_rows(&wk.node.store, scan)
+    }
 }
 
 /// A protocol made of a concurrency control over the 2PC skeleton.
@@ -190,7 +244,7 @@ pub struct TwoPc<C: Cc> {
 impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
         let (shared, recovery) = NodeShared::load::<C::Log>(env, C::NAME);
-        let state = Arc::new(self.cc.node_state(&shared, &recovery.own));
+        let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
         let recovered = parking_lot::Mutex::new(recovery);
         Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered })
     }
@@ -314,6 +368,23 @@ impl<C: Cc> CcWorker<C> {
         });
     }
 
+    /// Log that a transaction prepared here commits (at `ts` where its decision carries one,
+    /// else 0), before its writes install and its locks go, so that log order is install order.
+    /// The acknowledgement of the decision waits for this record (`last_outcome_lsn`); a record
+    /// the log refuses only makes a restarted node ask the coordinator again.
+    pub fn log_commit_here(&self, txn: TxnId, ts: u64) {
+        if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, ts) {
+            self.last_outcome_lsn.set(lsn);
+        }
+    }
+
+    /// Log that a transaction prepared here aborts, before its locks go: a later writer's vote
+    /// must follow it in the log, or a crash could leave both in doubt over the same record.
+    /// Presumed abort: nobody waits for this record, and a lost one reads as abort anyway.
+    pub fn log_abort_here(&self, txn: TxnId) {
+        let _ = self.node.log.append_outcome(txn, false, 0);
+    }
+
     /// Apply the coordinator's answer about a transaction this worker holds state for.
     pub fn resolve(&self, txn: TxnId, status: TxnStatus, ts: u64) {
         match status {
@@ -327,6 +398,13 @@ impl<C: Cc> CcWorker<C> {
     /// the attempt.
     pub async fn ask(&self, node: NodeId, req: &C::Request) -> TxnResult<C::Reply> {
         self.ask_tagged(node, TAG_CC, req).await
+    }
+
+    /// One request to each of several participants, all in flight at once; the replies in the
+    /// order asked.
+    pub async fn ask_all(&self, requests: impl IntoIterator<Item = (NodeId, C::Request)>) -> Vec<TxnResult<C::Reply>> {
+        let calls: Vec<_> = requests.into_iter().map(|(n, req)| async move { self.ask(n, &req).await }).collect();
+        crate::rt::join_all(calls).await
     }
 
     async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {

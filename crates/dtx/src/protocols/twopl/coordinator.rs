@@ -4,13 +4,15 @@
 
 use super::messages::{Reply, Request, Vote};
 use super::meta::LockRecord;
-use super::meta::{Mode, Prio};
-use super::participant::{self as part, LockStep, Writes};
-use super::TwoPlWorker;
+use super::participant::{self as part, Writes};
+use super::{TwoPl, TwoPlWorker};
 use crate::net::NodeId;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
+use crate::protocols::twopc::Coordinator;
 use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, KeySet, Scan, Step, TxnResult};
@@ -50,12 +52,15 @@ pub struct TplTxn<'a> {
     write_index: FxHashMap<RowKey, usize>,
 }
 
-impl<'a> TplTxn<'a> {
-    pub fn new(wk: &'a TwoPlWorker, id: TxnId, first_start_us: u64) -> Self {
+/// How a 2PL attempt starts, as the 2PC skeleton calls it.
+impl Coordinator for TwoPl {
+    type Txn<'a> = TplTxn<'a>;
+
+    fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
         TplTxn {
             wk,
             id,
-            prio: Prio(first_start_us, id),
+            prio: Prio(attempt.first_start_us, id),
             held_local: Vec::new(),
             local_recs: FxHashMap::default(),
             touched: Vec::new(),
@@ -65,7 +70,9 @@ impl<'a> TplTxn<'a> {
             write_index: FxHashMap::default(),
         }
     }
+}
 
+impl<'a> TplTxn<'a> {
     /// Where `key` is in `writes`: a linear search while the set is small, an index after.
     fn write_pos(&self, key: RowKey) -> Option<usize> {
         if self.writes.len() <= LINEAR_MAX {
@@ -156,12 +163,12 @@ impl<'a> TplTxn<'a> {
         let wk = self.wk;
         wk.w.charge_ops(1);
         let rec = self.local_rec(key);
-        let v = match part::try_lock_rec(rec, self.id, self.prio, mode, wk.cc.policy)? {
+        let v = match locks::try_lock_rec(rec, self.id, self.prio, mode, wk.cc.policy)? {
             LockStep::Done(v) => v,
             LockStep::Wait(rec, slot) => {
                 // A queued request is part of what we must release on abort.
                 self.hold(key, rec);
-                part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
             }
         };
         self.hold(key, rec);
@@ -178,7 +185,7 @@ impl<'a> TplTxn<'a> {
             // Fast path: an uncontended local lock completes without a future.
             self.wk.w.charge_ops(1);
             let rec = self.local_rec(key);
-            match part::try_lock_rec(rec, self.id, self.prio, mode, self.wk.cc.policy) {
+            match locks::try_lock_rec(rec, self.id, self.prio, mode, self.wk.cc.policy) {
                 Err(a) => Step::Ready(Err(a)),
                 Ok(LockStep::Done(v)) => {
                     self.hold(key, rec);
@@ -187,7 +194,7 @@ impl<'a> TplTxn<'a> {
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
                     self.hold(key, rec);
-                    let v = part::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
+                    let v = locks::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
                 })),
@@ -210,7 +217,7 @@ impl<'a> TplTxn<'a> {
         for (k, v) in local_writes {
             part::apply_rec(self.local_rec(k), self.id, v);
         }
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        locks::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
     }
 
     /// Commit a transaction that touched no other node, with early lock release (so does a
@@ -223,7 +230,7 @@ impl<'a> TplTxn<'a> {
     /// Release every lock this attempt holds or waits for, here and remotely.
     pub fn abort(&mut self, reason: Abort) -> Abort {
         let wk = self.wk;
-        part::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
+        locks::release_recs(self.id, self.held_local.drain(..).map(|h| h.1));
         wk.abort_remote(self.id, &mut self.touched);
         reason
     }
@@ -369,7 +376,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
         wk.w.charge_ops(local.len());
         for (k, m) in local {
             let rec = self.local_recs[&k];
-            let v = match part::try_lock_rec(rec, self.id, self.prio, m, wk.cc.policy)? {
+            let v = match locks::try_lock_rec(rec, self.id, self.prio, m, wk.cc.policy)? {
                 LockStep::Done(v) => {
                     self.held_local.push((k, rec));
                     v
@@ -377,7 +384,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
                 LockStep::Wait(rec, slot) => {
                     // A queued request is part of what we must release on abort.
                     self.held_local.push((k, rec));
-                    part::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                    locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
                 }
             };
             self.values.push((k, v, m));
@@ -405,15 +412,11 @@ impl<'a> CoordTxn for TplTxn<'a> {
         }
         // Phase one: prepare everywhere we hold locks.
         let id = self.id;
-        let calls: Vec<_> = self
+        let prepares = self
             .touched
             .iter()
-            .map(|&n| {
-                let req = Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() };
-                async move { wk.ask(n, &req).await }
-            })
-            .collect();
-        let votes = join_all(calls).await;
+            .map(|&n| (n, Request::Prepare { txn: id, writes: remote_writes.remove(&n).unwrap_or_default() }));
+        let votes = wk.ask_all(prepares).await;
         let mut writers = Vec::new();
         for (n, v) in self.touched.clone().into_iter().zip(votes) {
             match v {

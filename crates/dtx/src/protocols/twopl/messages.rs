@@ -3,8 +3,9 @@
 //! vote, then `Commit` + ack only where it wrote (a read-only participant releases its shared
 //! locks at `Prepare` and leaves the commit phase).
 
-use super::meta::{Mode, Prio};
-use crate::protocols::twopc::TxnId;
+use super::TwoPl;
+use crate::protocols::twopc::record_lock::{Mode, Prio};
+use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
 use serde::{Deserialize, Serialize};
@@ -37,4 +38,10 @@ pub enum Reply {
     Rows(Vec<(u64, Value)>),
     Aborted(Abort),
     Vote(Vote),
+}
+
+/// The requests and replies of 2PL, as the 2PC skeleton carries them.
+impl Messages for TwoPl {
+    type Request = Request;
+    type Reply = Reply;
 }

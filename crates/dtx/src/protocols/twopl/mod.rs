@@ -11,18 +11,11 @@ pub mod messages;
 pub mod meta;
 pub mod participant;
 
-use crate::net::Addr;
-use crate::protocols::twopc::durable::{InDoubt, PlainLog};
-use crate::protocols::twopc::{committed_rows, committed_value};
-use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
-use crate::protocols::{Attempt, OptionKind, OptionSpec};
-use crate::storage::RowKey;
-use crate::storage::Value;
-use crate::txn::Scan;
-use coordinator::TplTxn;
-use meta::LockMeta;
-pub use meta::Policy;
-use participant::PartTxn;
+use crate::protocols::twopc::durable::PlainLog;
+use crate::protocols::twopc::record_lock::LockMeta;
+/// The record lock's policy and option, as the registry names them (`twopl::Policy`).
+pub use crate::protocols::twopc::record_lock::{Policy, LOCK_WAIT_OPTION};
+use crate::protocols::twopc::{Cc, CcWorker};
 
 /// 2PL's configuration.
 #[derive(Debug, Clone, Copy)]
@@ -32,55 +25,12 @@ pub struct TwoPl {
     pub lock_wait_us: u64,
 }
 
-/// The option of `2pl-waitdie` beside the 2PC skeleton's.
-pub const LOCK_WAIT_OPTION: OptionSpec = OptionSpec {
-    name: "lock_wait_us",
-    kind: OptionKind::U64 { min: 1, max: 60_000_000 },
-    default: "500000",
-    help: "longest an older transaction waits for a lock before it aborts (lock-timeout)",
-};
-
 /// A worker running 2PL over the 2PC skeleton.
 pub type TwoPlWorker = CcWorker<TwoPl>;
 
 impl Cc for TwoPl {
     type Meta = LockMeta;
-    type Part = PartTxn;
     const NAME: &'static str = "2pl";
-    type Request = messages::Request;
-    type Reply = messages::Reply;
     type NodeState = ();
     type Log = PlainLog;
-    type Txn<'a> = TplTxn<'a>;
-
-    fn node_state(&self, _node: &NodeShared<LockMeta>, _recovered: &PlainLog) {}
-
-    fn begin<'a>(wk: &'a TwoPlWorker, id: TxnId, attempt: Attempt) -> TplTxn<'a> {
-        TplTxn::new(wk, id, attempt.first_start_us)
-    }
-
-    fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, req: messages::Request) {
-        wk.serve(from, rpc_id, req)
-    }
-
-    /// OCC and 2PL decisions carry no timestamp.
-    fn commit_here(wk: &TwoPlWorker, txn: TxnId, _ts: u64) {
-        wk.commit_here(txn)
-    }
-
-    fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
-        wk.abort_here(txn)
-    }
-
-    fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt<()>) {
-        wk.adopt_in_doubt(in_doubt)
-    }
-
-    fn peek(wk: &TwoPlWorker, key: RowKey) -> Option<Value> {
-        committed_value(&wk.node.store, key)
-    }
-
-    fn peek_scan(wk: &TwoPlWorker, scan: Scan) -> Vec<(u64, Value)> {
-        committed_rows(&wk.node.store, scan)
-    }
 }

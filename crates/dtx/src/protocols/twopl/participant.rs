@@ -2,18 +2,14 @@
 //! [`TwoPlWorker::on_request`] for a remote one), hold prepared writes, apply or roll back.
 
 use super::messages::{Reply, Request, Vote};
-use super::meta::{Acquire, Granted, LockMeta, LockRecord, Locked, Mode, Policy, Prio, WaitSlot};
-use super::TwoPlWorker;
+use super::meta::LockRecord;
+use super::{TwoPl, TwoPlWorker};
 use crate::net::{encode, Addr};
-use crate::protocols::twopc::TxnId;
-use crate::rt::Worker;
-use crate::storage::{Record, RowKey, Storage, Value};
+use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::record_lock::{try_lock_rec, wait_lock, LockMeta, LockStep, Mode, Policy, Prio};
+use crate::protocols::twopc::{Participant, TxnId};
+use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
-use std::future::Future;
-use std::pin::Pin;
-use std::rc::Rc;
-use std::sync::Arc;
-use std::task::Poll;
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
 
@@ -24,12 +20,7 @@ pub struct PartTxn {
     pub writes: Option<Writes>,
 }
 
-/// The outcome of asking for a lock without waiting.
-pub enum LockStep<'s, M = LockMeta> {
-    Done(Option<Value>),
-    Wait(&'s Record<M>, Arc<WaitSlot>),
-}
-
+/// Ask for `key`'s lock in 2PL's store without waiting (the record is made if missing).
 pub fn try_lock<'s>(
     store: &'s Storage<LockMeta>,
     key: RowKey,
@@ -41,65 +32,12 @@ pub fn try_lock<'s>(
     try_lock_rec(store.get_or_create(key), txn, prio, mode, policy)
 }
 
-/// [`try_lock`] on a record already found.
-pub fn try_lock_rec<M: Locked>(
-    rec: &Record<M>,
-    txn: TxnId,
-    prio: Prio,
-    mode: Mode,
-    policy: Policy,
-) -> TxnResult<LockStep<'_, M>> {
-    let mut row = rec.lock();
-    match row.meta.lock_word().acquire(txn, prio, mode, policy) {
-        Acquire::Granted => Ok(LockStep::Done(row.value.clone())),
-        Acquire::Abort(a) => Err(a),
-        Acquire::Wait(slot) => {
-            drop(row);
-            Ok(LockStep::Wait(rec, slot))
-        }
-    }
-}
-
-/// Wait (at most `wait_us`) for a queued request, then read the value.
-pub async fn wait_lock<M: Locked>(
-    w: &Rc<Worker>,
-    rec: &Record<M>,
-    slot: Arc<WaitSlot>,
-    wait_us: u64,
-) -> TxnResult<Option<Value>> {
-    w.count("lock-waits", 1);
-    let mut sleep = w.sleep_us(wait_us);
-    let mut granted = Granted { slot: &slot };
-    let got = std::future::poll_fn(|cx| {
-        if Pin::new(&mut granted).poll(cx).is_ready() {
-            return Poll::Ready(true);
-        }
-        if Pin::new(&mut sleep).poll(cx).is_ready() {
-            return Poll::Ready(false);
-        }
-        Poll::Pending
-    })
-    .await;
-    let mut row = rec.lock();
-    if got || row.meta.lock_word().cancel(&slot) {
-        Ok(row.value.clone())
-    } else {
-        Err(Abort::LockTimeout)
-    }
-}
-
+/// Release what `txn` holds on these keys.
 pub fn release(store: &Storage<LockMeta>, txn: TxnId, keys: impl Iterator<Item = RowKey>) {
     for key in keys {
         if let Some(rec) = store.get(key) {
             rec.lock().meta.release(txn);
         }
-    }
-}
-
-/// Release what `txn` holds on these records.
-pub fn release_recs<'s, M: Locked + 's>(txn: TxnId, recs: impl Iterator<Item = &'s Record<M>>) {
-    for rec in recs {
-        rec.lock().meta.lock_word().release(txn);
     }
 }
 
@@ -130,63 +68,6 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
 }
 
 impl TwoPlWorker {
-    pub(super) fn serve(&self, from: Addr, rpc_id: u64, req: Request) {
-        let now = self.w.now_ns();
-        let store = &self.node.store;
-        let reply = match req {
-            Request::Lock { again: true, txn, .. } | Request::Scan { again: true, txn, .. }
-                if !self.parts.txns.borrow().contains_key(&txn) =>
-            {
-                // Its earlier locks here died with an earlier incarnation of this node (or it
-                // was aborted here meanwhile): it cannot go on with only the locks asked now.
-                Reply::Aborted(Abort::ParticipantLost)
-            }
-            Request::Lock { txn, prio, keys, .. } => return self.serve_lock(from, rpc_id, txn, prio, keys),
-            Request::Scan { txn, prio, scan, .. } => return self.serve_scan(from, rpc_id, txn, prio, scan),
-            Request::Prepare { txn, writes } => {
-                let mut parts = self.parts.txns.borrow_mut();
-                match parts.get_mut(&txn) {
-                    None => Reply::Vote(Vote::Lost),
-                    Some((p, _)) if writes.is_empty() => {
-                        let held = std::mem::take(&mut p.held);
-                        parts.remove(&txn);
-                        drop(parts);
-                        self.w.charge_ops(held.len());
-                        release(store, txn, held.into_iter());
-                        // It may have read a local commit whose record is not durable yet
-                        // (early lock release): the vote that lets it commit waits for it.
-                        let tail = self.node.log.read_fence();
-                        return self.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
-                    }
-                    Some(_) if !writes.iter().all(|(k, _)| holds_exclusive(store, txn, *k)) => {
-                        // Writes whose locks this incarnation does not hold (taken by an
-                        // earlier one, lost with it): no yes vote without them.
-                        drop(parts);
-                        self.abort_here(txn);
-                        Reply::Vote(Vote::Lost)
-                    }
-                    Some((p, t)) => {
-                        *t = now;
-                        // A yes vote is a promise that survives a crash: log the writes first.
-                        let lsn = self.node.log.append_prepared(txn, &writes, &());
-                        p.writes = Some(writes);
-                        drop(parts);
-                        match lsn {
-                            Ok(lsn) => {
-                                return self.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes)))
-                            }
-                            Err(a) => {
-                                self.abort_here(txn);
-                                Reply::Aborted(a)
-                            }
-                        }
-                    }
-                }
-            }
-        };
-        self.w.reply(from, rpc_id, &encode(&reply));
-    }
-
     fn part_entry(&self, txn: TxnId) {
         let now = self.w.now_ns();
         let mut parts = self.parts.txns.borrow_mut();
@@ -262,44 +143,103 @@ impl TwoPlWorker {
             me.w.reply(from, rpc_id, &encode(&reply));
         });
     }
+}
 
-    pub(super) fn abort_here(&self, txn: TxnId) {
-        if let Some(p) = self.parts.remove(txn) {
-            if p.writes.is_some() {
-                // Presumed abort: nobody waits for this record; a lost one reads as abort anyway.
-                // Appended before the locks go: a later writer's vote must follow it in the log,
-                // or a crash could leave both in doubt over the same record.
-                let _ = self.node.log.append_outcome(txn, false, 0);
+/// What a node does for 2PL transactions, as the 2PC skeleton calls it.
+impl Participant for TwoPl {
+    type Part = PartTxn;
+
+    fn serve(wk: &TwoPlWorker, from: Addr, rpc_id: u64, req: Request) {
+        let now = wk.w.now_ns();
+        let store = &wk.node.store;
+        let reply = match req {
+            Request::Lock { again: true, txn, .. } | Request::Scan { again: true, txn, .. }
+                if !wk.parts.txns.borrow().contains_key(&txn) =>
+            {
+                // Its earlier locks here died with an earlier incarnation of this node (or it
+                // was aborted here meanwhile): it cannot go on with only the locks asked now.
+                Reply::Aborted(Abort::ParticipantLost)
             }
-            release(&self.node.store, txn, p.held.into_iter());
-        }
+            Request::Lock { txn, prio, keys, .. } => return wk.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Scan { txn, prio, scan, .. } => return wk.serve_scan(from, rpc_id, txn, prio, scan),
+            Request::Prepare { txn, writes } => {
+                let mut parts = wk.parts.txns.borrow_mut();
+                match parts.get_mut(&txn) {
+                    None => Reply::Vote(Vote::Lost),
+                    Some((p, _)) if writes.is_empty() => {
+                        let held = std::mem::take(&mut p.held);
+                        parts.remove(&txn);
+                        drop(parts);
+                        wk.w.charge_ops(held.len());
+                        release(store, txn, held.into_iter());
+                        // It may have read a local commit whose record is not durable yet
+                        // (early lock release): the vote that lets it commit waits for it.
+                        let tail = wk.node.log.read_fence();
+                        return wk.reply_when_durable(from, rpc_id, tail, encode(&Reply::Vote(Vote::ReadOnly)));
+                    }
+                    Some(_) if !writes.iter().all(|(k, _)| holds_exclusive(store, txn, *k)) => {
+                        // Writes whose locks this incarnation does not hold (taken by an
+                        // earlier one, lost with it): no yes vote without them.
+                        drop(parts);
+                        Self::abort_here(wk, txn);
+                        Reply::Vote(Vote::Lost)
+                    }
+                    Some((p, t)) => {
+                        *t = now;
+                        // A yes vote is a promise that survives a crash: log the writes first.
+                        let lsn = wk.node.log.append_prepared(txn, &writes, &());
+                        p.writes = Some(writes);
+                        drop(parts);
+                        match lsn {
+                            Ok(lsn) => {
+                                return wk.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Vote(Vote::Yes)))
+                            }
+                            Err(a) => {
+                                Self::abort_here(wk, txn);
+                                Reply::Aborted(a)
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        wk.w.reply(from, rpc_id, &encode(&reply));
     }
 
     /// Apply a prepared transaction's writes, log the outcome (before the locks go, so that
     /// log order is install order), release.
-    pub(super) fn commit_here(&self, txn: TxnId) {
-        if let Some(p) = self.parts.remove(txn) {
+    ///
+    /// Its decisions carry no timestamp.
+    fn commit_here(wk: &TwoPlWorker, txn: TxnId, _ts: u64) {
+        if let Some(p) = wk.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
-            self.w.charge_ops(writes.len() + p.held.len());
-            if let Ok(Some(lsn)) = self.node.log.append_outcome(txn, true, 0) {
-                self.last_outcome_lsn.set(lsn);
+            wk.w.charge_ops(writes.len() + p.held.len());
+            wk.log_commit_here(txn, 0);
+            apply_and_release(&wk.node.store, txn, &writes, &p.held);
+        }
+    }
+
+    fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
+        if let Some(p) = wk.parts.remove(txn) {
+            if p.writes.is_some() {
+                wk.log_abort_here(txn);
             }
-            apply_and_release(&self.node.store, txn, &writes, &p.held);
+            release(&wk.node.store, txn, p.held.into_iter());
         }
     }
 
     /// Take over transactions prepared here before a crash: their records are locked again
     /// and the orphan sweeper asks their coordinators what became of them.
-    pub(super) fn adopt_in_doubt(&self, in_doubt: crate::protocols::twopc::durable::InDoubt<()>) {
+    fn adopt_in_doubt(wk: &TwoPlWorker, in_doubt: InDoubt<()>) {
         // Last heard of "never": the sweeper asks about them on its first round.
         let now = 0;
         for (txn, writes, ()) in in_doubt {
             let held: Vec<RowKey> = writes.iter().map(|w| w.0).collect();
             for &k in &held {
-                let got = try_lock(&self.node.store, k, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
+                let got = try_lock(&wk.node.store, k, txn, Prio(0, txn), Mode::Exclusive, Policy::NoWait);
                 assert!(matches!(got, Ok(LockStep::Done(_))), "a recovered node has no other lock holders");
             }
-            self.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some(writes) }, now));
+            wk.parts.txns.borrow_mut().insert(txn, (PartTxn { held, writes: Some(writes) }, now));
         }
     }
 }
