@@ -320,10 +320,11 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize, usize) {
 }
 
 /// The protocols the replicated-log sweeps run: every ready one, and the engine's test-only
-/// protocols (multilog: two replicated logs per node, its data on one node, the other hosts
-/// holding replicas only), which exist to prove what the engine offers protocols to come.
-pub fn replicated_sweep_protocols() -> impl Iterator<Item = &'static dtx::protocols::ProtocolInfo> {
-    dtx::protocols::ready().chain(dtx::protocols::ENGINE_TEST_PROTOCOLS.iter().copied())
+/// variants (multilog: two replicated logs per node, its data on one node, the other hosts
+/// holding replicas only; acknowledged by its logs, or by epoch group commit), which exist to
+/// prove what the engine offers protocols to come.
+fn replicated_sweep_protocols() -> impl Iterator<Item = &'static str> {
+    ready().map(|p| p.name).chain(dtx::protocols::ENGINE_TEST_VARIANTS.iter().copied())
 }
 
 fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
@@ -367,10 +368,10 @@ fn a_crash_of_a_logs_leader_hits_the_host_that_leads_it_then() {
 /// replica of a log holds the same committed entries at the end (the check `verify` runs).
 #[test]
 fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_commit() {
-    for p in replicated_sweep_protocols() {
+    for name in replicated_sweep_protocols() {
         let (mut killed, mut failovers, mut log_waits, mut compared) = (0, 0, 0, 0u64);
         for seed in 1..=seeds() {
-            let mut spec = replicated_spec(p.name, 6000 + seed).with_faults(true, true, 0.02);
+            let mut spec = replicated_spec(name, 6000 + seed).with_faults(true, true, 0.02);
             spec.faults.fault_interval_us = 100_000;
             let out = common::run_and_check(&spec, "failover");
             compared += replicas_compared(&out);
@@ -381,14 +382,14 @@ fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_c
                 out.totals.failover_ms.len() as u64,
                 out.restarts,
                 "{} seed {}: a node never came back",
-                p.name,
+                name,
                 spec.seed
             );
         }
-        assert!(killed >= seeds(), "{}: only {killed} nodes crashed over the sweep", p.name);
-        assert!(failovers >= killed, "{}: {killed} nodes crashed, {failovers} were taken over", p.name);
-        assert!(log_waits > 0, "{}: no commit waited for the replicas", p.name);
-        assert!(compared > 0, "{}: no committed entry was held by two replicas to compare", p.name);
+        assert!(killed >= seeds(), "{}: only {killed} nodes crashed over the sweep", name);
+        assert!(failovers >= killed, "{}: {killed} nodes crashed, {failovers} were taken over", name);
+        assert!(log_waits > 0, "{}: no commit waited for the replicas", name);
+        assert!(compared > 0, "{}: no committed entry was held by two replicas to compare", name);
     }
 }
 
@@ -412,10 +413,10 @@ fn replicas_compared(out: &dtx::host::Outcome) -> u64 {
 /// fragment size, 1 MiB, would be). Histories stay serializable and nothing acknowledged is lost.
 #[test]
 fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
-    for p in replicated_sweep_protocols() {
+    for name in replicated_sweep_protocols() {
         let (mut installed, mut replayed, mut restarts) = (0, 0, 0);
         for seed in 1..=seeds().div_ceil(2) {
-            let mut spec = replicated_spec(p.name, 6200 + seed).with_faults(true, true, 0.01);
+            let mut spec = replicated_spec(name, 6200 + seed).with_faults(true, true, 0.01);
             spec.faults.fault_interval_us = 80_000;
             spec.durability.snapshot_every = 16;
             spec.durability.raft_fragment_bytes = 512;
@@ -424,9 +425,9 @@ fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
             replayed += out.totals.counters.get("raft-journal-records-replayed").copied().unwrap_or(0);
             restarts += out.restarts;
         }
-        assert!(restarts >= seeds().div_ceil(2), "{}: only {restarts} host crashes over the sweep", p.name);
-        assert!(replayed > 0, "{}: no replica reopened from a journal", p.name);
-        assert!(installed > 0, "{}: no replica installed a snapshot over the sweep", p.name);
+        assert!(restarts >= seeds().div_ceil(2), "{}: only {restarts} host crashes over the sweep", name);
+        assert!(replayed > 0, "{}: no replica reopened from a journal", name);
+        assert!(installed > 0, "{}: no replica installed a snapshot over the sweep", name);
     }
 }
 
@@ -453,20 +454,15 @@ fn logs_are_snapshotted_by_size_and_restarted_hosts_install_the_snapshots() {
 /// that won its log's election), and serve from there.
 #[test]
 fn a_node_whose_host_stays_down_is_served_by_another_host() {
-    for p in replicated_sweep_protocols() {
-        let mut spec = replicated_spec(p.name, 6100).with_faults(true, false, 0.0);
+    for name in replicated_sweep_protocols() {
+        let mut spec = replicated_spec(name, 6100).with_faults(true, false, 0.0);
         // One host down at a time, each for longer than an election (100-200 ms of silence,
         // then a vote and the takeover record's commit).
         spec.faults.fault_interval_us = 700_000;
         spec.faults.fault_duration_us = 500_000;
         spec.duration_us = 1_500_000;
         let out = common::run_and_check(&spec, "moved");
-        assert!(
-            out.moved > 0,
-            "{}: no node moved to another host (failover times {:?})",
-            p.name,
-            out.totals.failover_ms
-        );
+        assert!(out.moved > 0, "{}: no node moved to another host (failover times {:?})", name, out.totals.failover_ms);
     }
 }
 

@@ -210,6 +210,15 @@ pub const ENGINE_TEST_PROTOCOLS: &[&ProtocolInfo] = &[&super::multilog::INFO];
 #[cfg(not(any(test, feature = "test-protocols")))]
 pub const ENGINE_TEST_PROTOCOLS: &[&ProtocolInfo] = &[];
 
+/// The variants of the test-only protocols that the replicated-log sweeps run: two replicated
+/// logs per node acknowledged once both are durable, and the same acknowledged by epoch group
+/// commit (whose failed epochs are rolled back).
+#[cfg(any(test, feature = "test-protocols"))]
+pub const ENGINE_TEST_VARIANTS: &[&str] = &["multilog:logs=2", "multilog:logs=2:epoch_us=2000"];
+
+#[cfg(not(any(test, feature = "test-protocols")))]
+pub const ENGINE_TEST_VARIANTS: &[&str] = &[];
+
 fn test_only(name: &str) -> Option<&'static ProtocolInfo> {
     ENGINE_TEST_PROTOCOLS.iter().copied().find(|p| p.name == name)
 }

@@ -242,6 +242,22 @@ impl EpochCoordinator {
         })
     }
 
+    /// A coordinator taking over from one that failed (its node failed over): it opens
+    /// `first_epoch` at `now_us`, which must lie past every epoch the failed one may have opened
+    /// (the caller finds that in its log). Participants that were in an earlier epoch catch up
+    /// at its first `Close`: every epoch before it that they had not seen decided aborted.
+    pub fn resuming(
+        participants: Vec<NodeId>,
+        cfg: EpochConfig,
+        now_us: u64,
+        first_epoch: u64,
+    ) -> Result<Self, EpochError> {
+        let mut c = EpochCoordinator::new(participants, cfg, now_us)?;
+        c.epoch = first_epoch.max(1);
+        c.history = History::starting_at(c.epoch);
+        Ok(c)
+    }
+
     /// Drive the timers: close the open epoch once `epoch_us` passed, resend `Close` to the
     /// silent, abort on timeout. Call it at [`next_deadline_us`](Self::next_deadline_us) (or
     /// more often; extra calls do nothing).
