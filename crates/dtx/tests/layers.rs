@@ -72,7 +72,8 @@ fn crate_paths(line: &str) -> Vec<String> {
     out
 }
 
-/// Files that are test modules as a whole: declared `#[cfg(test)] mod name;` by their parent.
+/// Files that are test modules as a whole: declared `#[cfg(test)] mod name;` by their parent, or
+/// under the `test-protocols` feature that only the tests turn on (the test kit, multilog).
 fn test_only_files(files: &[PathBuf]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for file in files {
@@ -84,7 +85,9 @@ fn test_only_files(files: &[PathBuf]) -> Vec<PathBuf> {
         };
         for pair in lines.windows(2) {
             let decl = pair[1].trim();
-            if pair[0].trim() == "#[cfg(test)]" && decl.ends_with(';') && decl.contains("mod ") {
+            let test_only =
+                matches!(pair[0].trim(), "#[cfg(test)]" | "#[cfg(any(test, feature = \"test-protocols\"))]");
+            if test_only && decl.ends_with(';') && decl.contains("mod ") {
                 let name = decl.trim_end_matches(';').rsplit(' ').next().unwrap_or("");
                 out.push(dir.join(format!("{name}.rs")));
                 out.push(dir.join(name).join("mod.rs"));
