@@ -397,7 +397,6 @@ impl WorkerProtocol for MultiWorker {
 
 #[cfg(test)]
 mod tests {
-    use crate::bench;
     use crate::host::{self, BenchSpec};
     use crate::replication::Durability;
     use crate::workloads::WorkloadParams;
@@ -419,19 +418,9 @@ mod tests {
     fn crashes_keep_what_each_log_flushed_and_lose_nothing_acknowledged() {
         for seed in 1..=6 {
             let s = spec(crate::host::Runtime::Sim, seed).with_faults(true, false, 0.0);
-            let out = host::run_sim(&s).expect("the simulation runs");
+            let out = crate::testkit::checked_run(&s);
             assert!(out.restarts > 0, "seed {seed}: no crash lost memory");
             assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
-            let path = std::env::temp_dir().join(format!("dtx-multilog-{}-{seed}.jsonl", std::process::id()));
-            let (report, problem) =
-                bench::verify(&out, &path, crate::protocols::guarantee_of(&s.protocol)).expect("the history checks");
-            assert!(
-                problem.is_none(),
-                "seed {seed}: {problem:?} {:?} (history {})",
-                report.anomalies.first(),
-                path.display()
-            );
-            let _ = std::fs::remove_file(&path);
         }
     }
 
@@ -457,13 +446,8 @@ mod tests {
                 at_us: 300_000,
                 for_us: Some(600_000),
             }];
-            let out = host::run_sim(&s).expect("the simulation runs");
+            let out = crate::testkit::checked_run(&s);
             assert!(out.moved > 0, "seed {seed}: node 0 did not move to another host");
-            let path = std::env::temp_dir().join(format!("dtx-multilog-r-{}-{seed}.jsonl", std::process::id()));
-            let (_, problem) =
-                bench::verify(&out, &path, crate::protocols::guarantee_of(&s.protocol)).expect("the history checks");
-            assert!(problem.is_none(), "seed {seed}: {problem:?} (history {})", path.display());
-            let _ = std::fs::remove_file(&path);
         }
     }
 
@@ -487,14 +471,9 @@ mod tests {
             s.faults.fault_interval_us = 150_000;
             s.durability.mode = Durability::Replicated;
             s.durability.replicas = 3;
-            let out = host::run_sim(&s).expect("the simulation runs");
+            let out = crate::testkit::checked_run(&s);
             rolled_back += out.totals.aborts.get("rolled-back").copied().unwrap_or(0);
             committed += out.totals.committed;
-            let path = std::env::temp_dir().join(format!("dtx-multilog-e-{}-{seed}.jsonl", std::process::id()));
-            let (_, problem) =
-                bench::verify(&out, &path, crate::protocols::guarantee_of(&s.protocol)).expect("the history checks");
-            assert!(problem.is_none(), "seed {}: {problem:?} (history {})", s.seed, path.display());
-            let _ = std::fs::remove_file(&path);
         }
         assert!(committed > 100, "{committed} committed over the sweep");
         assert!(rolled_back > 0, "no epoch failed over the sweep ({committed} committed)");
