@@ -56,7 +56,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         totals.counters.insert("log-recoveries-from-checkpoint".to_string(), from_checkpoint);
     }
     if let Some(f) = &failover {
-        for (name, n) in f.stats().counters() {
+        for (name, n) in f.stats().counters().into_iter().chain(f.machine_counters()) {
             totals.counters.insert(name.to_string(), n);
         }
         totals.findings.push(f.replicas_agree());
@@ -245,6 +245,16 @@ impl SimFailover {
             stats.add(&s.borrow().stats);
         }
         stats
+    }
+
+    /// What the state machines of every host's replicas count, summed (a crashed host's
+    /// machines are rebuilt from its journal, so its last incarnation counts what it applied).
+    fn machine_counters(&self) -> Vec<(&'static str, u64)> {
+        let mut sums: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        for (name, n) in self.0.borrow().states.iter().flat_map(|s| s.borrow().machine_counters()) {
+            *sums.entry(name).or_default() += n;
+        }
+        sums.into_iter().collect()
     }
 
     /// Whether every replica of every log holds the same committed entries, byte for byte,

@@ -335,10 +335,11 @@ impl Hosting {
     pub fn replica_counters(&self) -> Vec<(&'static str, u64)> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.push_to_replicator(Box::new(move |r| {
-            let _ = tx.send(r.borrow().stats());
+            let r = r.borrow();
+            let _ = tx.send((r.stats(), r.machine_counters()));
         }));
-        let stats = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap_or_default();
-        stats.counters().into_iter().filter(|c| c.1 > 0).collect()
+        let (stats, machines) = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap_or_default();
+        stats.counters().into_iter().chain(machines).filter(|c| c.1 > 0).collect()
     }
 
     /// Append every takeover to `path` as well (one JSON line each).

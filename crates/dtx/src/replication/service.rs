@@ -440,6 +440,15 @@ impl ReplicaState {
 }
 
 impl ReplicaState {
+    /// What the state machines of this host's replicas count, summed over its logs by name.
+    pub fn machine_counters(&self) -> Vec<(&'static str, u64)> {
+        let mut sums: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        for (name, n) in self.applied.values().flat_map(|m| m.counters()) {
+            *sums.entry(name).or_default() += n;
+        }
+        sums.into_iter().collect()
+    }
+
     /// Per group this host is a voter of, the committed entries its replica still holds, for
     /// the check that every replica of a log holds the same committed entries.
     pub fn committed_logs(&self) -> Vec<(u32, Vec<super::journal::JournalEntry>)> {
@@ -748,6 +757,11 @@ impl Replicator {
     /// What this host's replicas did since they were opened in this process.
     pub fn stats(&self) -> ReplicaStats {
         self.state.borrow().stats
+    }
+
+    /// What the state machines of this host's replicas count ([`LogMachine::counters`]).
+    pub fn machine_counters(&self) -> Vec<(&'static str, u64)> {
+        self.state.borrow().machine_counters()
     }
 
     /// Tell `queue` of every node this host stops serving because it lost the node's log.

@@ -208,6 +208,11 @@ impl Lane {
 pub trait LogMachine: Send {
     fn apply(&mut self, record: &[u8]);
     fn snapshot(&self) -> Vec<u8>;
+    /// What the machine counts of what it applied (a replica that executes its log: the
+    /// transactions it ran), for the report; summed over every replica of every log.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// The log machine of a protocol that logs nothing it recovers from.

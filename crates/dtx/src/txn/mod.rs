@@ -13,6 +13,7 @@
 //! Calvin); the real run then aborts with [`Abort::ReconMismatch`] if it strays from the set.
 
 pub mod recon;
+pub mod replay;
 
 use crate::cluster::PartitionId;
 use crate::rt::LocalBoxFuture;

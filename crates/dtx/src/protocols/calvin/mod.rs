@@ -10,12 +10,18 @@
 //! log order on worker 0 of every data node; the client side (here) submits and waits for the
 //! outcome; [`messages`] the wire types.
 //!
-//! What Calvin has that this core does not, yet (the calvin issue): the input log replicated
-//! through Raft (here a crash loses sequenced batches), a sequencer per node with batches
+//! The input log ([`input_log`]): with `--durability wal` or `replicated` the sequencer logs each
+//! batch before it sends it, and every replica of that log executes it on a full copy of the
+//! data, snapshots the copy and compacts the log behind it.
+//!
+//! What Calvin has that this core does not, yet (the calvin issue): recovery of a data node by
+//! replaying the input log (here a crashed data node restarts from the population), the
+//! sequencer failing over to a replica of its log, a sequencer per node with batches
 //! interleaved round-robin, concurrent execution under deterministic ordered locking (here a
 //! node executes one transaction at a time, which is serializable by construction),
 //! reconnaissance for dependent keys (here refused), scans, and tolerance of lost messages.
 
+pub mod input_log;
 pub mod messages;
 pub mod scheduler;
 pub mod sequencer;
@@ -23,8 +29,9 @@ pub mod sequencer;
 use crate::cluster::{Role, Roles, Topology};
 use crate::net::{decode, encode, Addr, NodeId};
 use crate::protocols::{
-    load_storage, Attempt, NodeEnv, NodeProtocol, OptionKind, OptionSpec, Options, Protocol, WorkerProtocol,
+    load_storage, Attempt, MachineEnv, NodeEnv, NodeProtocol, OptionKind, OptionSpec, Options, Protocol, WorkerProtocol,
 };
+use crate::rt::log::LogMachine;
 use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
 use crate::storage::{RowKey, Storage};
 use crate::txn::{Abort, KeySet, Reason, TxnOutput, TxnRequest, TxnResult};
@@ -84,10 +91,25 @@ impl Calvin {
 
 impl Protocol for Calvin {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        if env.log.is_some() {
-            log_warn("calvin: the input log is not replicated or logged yet; --durability is ignored");
+        let last_epoch = input_log::last_logged_epoch(&env.recovered, env.checkpoint.as_deref());
+        if let (Some(log), true) = (&env.log, env.checkpoint_every > 0) {
+            let machine_env =
+                MachineEnv { node: env.node, log: 0, topo: env.topo.clone(), workload: env.workload.clone() };
+            match input_log::InputMachine::open(&machine_env, env.checkpoint.as_deref()) {
+                Ok(mut machine) => {
+                    env.recovered.iter().for_each(|r| machine.apply(r));
+                    log.set_checkpointer(Box::new(machine), env.checkpoint_every);
+                }
+                Err(e) => log_warn(&format!("calvin: node {}: the input log is not checkpointed: {e:#}", env.node)),
+            }
         }
-        Arc::new(CalvinNode(Arc::new(NodeState { store: load_storage(&env), env, cfg: *self })))
+        let store = load_storage(&env);
+        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, last_epoch })))
+    }
+
+    /// A replica of a node's input log executes it: a full copy of the data (see [`input_log`]).
+    fn log_machine(&self, env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
+        Ok(Box::new(input_log::InputMachine::open(env, checkpoint)?))
     }
 
     /// Worker 0 of every node is its scheduler (node 0's also the sequencer), and runs no
@@ -113,6 +135,8 @@ pub struct NodeState {
     pub store: Storage<()>,
     pub env: NodeEnv,
     pub cfg: Calvin,
+    /// The last batch the node's input log held when it started (its sequencer goes on after it).
+    pub last_epoch: u64,
 }
 
 impl NodeState {
@@ -138,7 +162,9 @@ impl NodeProtocol for CalvinNode {
             me: me.clone(),
             w: w.clone(),
             node: self.0.clone(),
-            sequencer: roles.contains(Role::Sequencer).then(|| sequencer::Sequencer::new(self.0.cfg.max_pending)),
+            sequencer: roles
+                .contains(Role::Sequencer)
+                .then(|| sequencer::Sequencer::new(self.0.cfg.max_pending, self.0.last_epoch)),
             scheduler: roles.contains(Role::Scheduler).then(scheduler::Scheduler::default),
             waiting: RefCell::new(FxHashMap::default()),
             next_id: Cell::new(1),

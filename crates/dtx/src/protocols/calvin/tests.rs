@@ -63,3 +63,27 @@ fn worker_0_is_the_schedulers_and_runs_no_clients() {
     assert_eq!(spec("calvin", append(), 1).workers, 2);
     assert_eq!(BenchSpec::new("calvin", append(), crate::host::Runtime::Sim).workers, 2);
 }
+
+/// With a replicated log, the sequencer's batches are made durable in node 0's Raft group before
+/// any scheduler runs them, and each of that log's three replicas executes them on a full copy
+/// of the data, snapshots the copy and compacts its log behind it. Every committed transaction
+/// was applied by at least the leader's replica first, so the replicas together ran at least
+/// as many as committed; the history, checked, covers the data nodes.
+#[test]
+fn the_input_log_is_durable_before_it_runs_and_its_replicas_execute_it() {
+    use crate::replication::Durability;
+    for seed in 1..=2 {
+        let mut s = spec("calvin:batch_us=1000", append(), seed);
+        s.nodes = 3;
+        s.durability.mode = Durability::Replicated;
+        s.durability.replicas = 3;
+        s.durability.snapshot_every = 50;
+        let out = checked(&s);
+        let c = &out.totals.counters;
+        let replayed = c.get("input-replayed-committed").copied().unwrap_or(0);
+        assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+        assert!(replayed >= out.totals.committed, "seed {seed}: replicas ran {replayed} of {}", out.totals.committed);
+        assert!(c.get("raft-snapshots-taken").copied().unwrap_or(0) > 0, "seed {seed}: no log compacted: {c:?}");
+        assert_eq!(c.get("input-replayed-undecodable").copied().unwrap_or(0), 0, "seed {seed}: {c:?}");
+    }
+}
