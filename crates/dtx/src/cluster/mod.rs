@@ -258,8 +258,15 @@ impl Topology {
         }
     }
 
+    /// The partitions `node` leads.
     pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
         (0..self.partitions()).filter(|p| self.node_of(*p) == node).collect()
+    }
+
+    /// The partitions `node` holds a copy of, leading or not (those it leads with the single
+    /// placement).
+    pub fn partitions_held_by(&self, node: NodeId) -> Vec<PartitionId> {
+        (0..self.partitions()).filter(|p| self.copies_of(*p).contains(&node)).collect()
     }
 }
 

@@ -81,10 +81,10 @@ impl NodeEnv {
     }
 }
 
-/// The node's storage with the partitions it owns loaded: the same for every protocol, whatever
-/// its record metadata `M` (recovery from a log is the protocol's, after this).
+/// The node's storage with every partition it holds a copy of loaded: the same for every
+/// protocol, whatever its record metadata `M` (recovery from a log is the protocol's, after this).
 pub fn load_storage<M: Default + Send>(env: &NodeEnv) -> crate::storage::Storage<M> {
-    let partitions = env.topo.partitions_of(env.node);
+    let partitions = env.topo.partitions_held_by(env.node);
     let store = crate::storage::Storage::new(&env.workload.tables(&partitions));
     for p in partitions {
         env.workload.load_partition(p, &mut |k, v| store.load(k, v));

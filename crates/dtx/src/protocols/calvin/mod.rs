@@ -10,6 +10,10 @@
 //! log order on worker 0 of every data node; the client side (here) submits and waits for the
 //! outcome; [`messages`] the wire types.
 //!
+//! Copies: with `--placement per-region` every region holds a full copy, its data nodes run
+//! every batch on it, reads are exchanged within the region, and a client hears its outcome
+//! from its own region's copy.
+//!
 //! The input log ([`input_log`]): with `--durability wal` or `replicated` the sequencer logs each
 //! batch before it sends it, and every replica of that log executes it on a full copy of the
 //! data, snapshots the copy and compacts the log behind it.
@@ -26,7 +30,7 @@ pub mod messages;
 pub mod scheduler;
 pub mod sequencer;
 
-use crate::cluster::{Role, Roles, Topology};
+use crate::cluster::{Placement, Role, Roles, Topology};
 use crate::net::{decode, encode, Addr, NodeId};
 use crate::protocols::{
     load_storage, Attempt, MachineEnv, NodeEnv, NodeProtocol, OptionKind, OptionSpec, Options, Protocol, WorkerProtocol,
@@ -118,7 +122,23 @@ impl Protocol for Calvin {
         1
     }
 
+    /// One copy, or a full copy in every region: every region's schedulers run the same batches
+    /// in the same order, so the copies stay alike with no protocol between them (Calvin's
+    /// replication), and a client hears its outcome from its own region's copy.
+    fn keeps_copies(&self, placement: Placement) -> bool {
+        matches!(placement, Placement::Single | Placement::PerRegion)
+    }
+
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
+        let has_data = |region| (0..topo.nodes).any(|n| topo.roles_of(n).contains(Role::Data) && topo.region_of(n) == region);
+        let clients = (0..topo.nodes).filter(|&n| topo.roles_of(n).contains(Role::Client));
+        if let Some(c) = clients.into_iter().find(|&c| topo.placement() == Placement::PerRegion && !has_data(topo.region_of(c))) {
+            anyhow::bail!(
+                "calvin with a copy per region answers a client from its own region's copy, but client node {c}'s \
+                 region {} has no data node",
+                topo.region_of(c)
+            );
+        }
         if topo.workers_per_node < 2 {
             anyhow::bail!(
                 "calvin runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \
@@ -140,13 +160,28 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    pub fn node_of(&self, key: RowKey) -> NodeId {
-        self.env.topo.node_of(self.env.workload.partition_of(key))
+    /// Which copy of the data node `n` holds part of, or its clients read: its region's with
+    /// a copy per region (`--placement per-region`), else the one copy (0).
+    pub fn copy_of(&self, n: NodeId) -> u16 {
+        match self.env.topo.placement() {
+            Placement::PerRegion => self.env.topo.region_of(n),
+            _ => 0,
+        }
     }
 
-    /// The data nodes a transaction over `keys` touches, in order.
-    pub fn participants(&self, keys: &KeySet) -> Vec<NodeId> {
-        let mut nodes: Vec<NodeId> = keys.reads.iter().chain(&keys.writes).map(|k| self.node_of(*k)).collect();
+    /// The node of copy `copy` that holds `key`.
+    pub fn holder(&self, key: RowKey, copy: u16) -> NodeId {
+        let p = self.env.workload.partition_of(key);
+        match self.env.topo.placement() {
+            Placement::PerRegion => self.env.topo.copy_in_region(p, copy),
+            _ => self.env.topo.node_of(p),
+        }
+    }
+
+    /// The data nodes of copy `copy` a transaction over `keys` touches, in order.
+    pub fn participants(&self, keys: &KeySet, copy: u16) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> =
+            keys.reads.iter().chain(&keys.writes).map(|k| self.holder(*k, copy)).collect();
         nodes.sort_unstable();
         nodes.dedup();
         nodes

@@ -127,7 +127,9 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
     };
     let mut keys = KeySet::default();
     procs.declare(&req, &mut keys);
-    let participants = node.participants(&keys);
+    // This node's copy of the data: its region's, or the only one.
+    let copy = node.copy_of(here);
+    let participants = node.participants(&keys, copy);
     if !participants.contains(&here) {
         return;
     }
@@ -135,7 +137,7 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
         .reads
         .iter()
         .chain(&keys.writes)
-        .filter(|k| node.node_of(**k) == here)
+        .filter(|k| node.holder(**k, copy) == here)
         .map(|k| (*k, node.store.get(*k).and_then(|r| r.lock().value.clone())))
         .collect();
     me.w.charge_ops(local.len());
@@ -154,12 +156,13 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
     let mut access = Deterministic { values, writes: Vec::new() };
     let result = procs.run(&req, &mut Ctx::with_declared(&mut access, &keys)).await;
     if result.is_ok() {
-        for (k, v) in access.writes.into_iter().filter(|(k, _)| node.node_of(*k) == here) {
+        for (k, v) in access.writes.into_iter().filter(|(k, _)| node.holder(*k, copy) == here) {
             me.w.charge_ops(1);
             node.store.get_or_create(k).lock().value = v;
         }
     }
-    if here == participants[0] {
+    // Every copy runs it; the client hears from its own copy's first participant.
+    if here == participants[0] && node.copy_of(entry.client.node) == copy {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
         me.deliver(entry.client, Msg::Done { id: entry.id, outcome });
     }
