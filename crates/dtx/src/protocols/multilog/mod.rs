@@ -454,13 +454,18 @@ mod tests {
     /// Epoch group commit over two replicated logs per node: hosts crash, links are cut and
     /// lose messages, so some epochs fail; their transactions are undone and reach their
     /// clients as rolled back, and the history of what was acknowledged stays serializable.
+    /// Placement is region-aware: nodes 0-2 are one region and node 3 another, so node 0's logs
+    /// are replicated within its region and node 3's reach past its own.
     #[test]
     fn failed_epochs_are_rolled_back_and_reach_their_clients_as_aborted() {
         let (mut rolled_back, mut committed) = (0, 0);
         for seed in 1..=4 {
             let mut s = spec(crate::host::Runtime::Sim, 7000 + seed).with_faults(true, true, 0.02);
             s.protocol = "multilog:logs=2:epoch_us=2000".into();
-            s.nodes = 3;
+            s.nodes = 4;
+            s.latency.node_region = vec![0, 0, 0, 1];
+            assert_eq!(s.topology().log_voters(0, 3), [0, 1, 2], "node 0's logs vote in its region");
+            assert_eq!(s.topology().log_voters(3, 3), [3, 0, 1]);
             s.workers = 2;
             s.inflight = 4;
             // Deferred acknowledgements free a client at once: bound what waits for an epoch,
