@@ -296,10 +296,13 @@ pub fn contended_append() -> crate::workloads::WorkloadParams {
     crate::workloads::WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }
 }
 
-/// Run `spec` in the simulator through the bench and check its history (panics naming the
-/// protocol and seed on an anomaly).
+/// Run `spec` through the bench (in the simulator, or the `local` runtime if it names it) and
+/// check its history (panics naming the protocol and seed on an anomaly).
 pub fn checked_run(spec: &BenchSpec) -> crate::host::Outcome {
-    let out = crate::host::run_sim(spec).expect("the simulation runs");
+    let out = match spec.runtime {
+        crate::host::Runtime::Local => crate::host::run_local(spec).expect("the local run"),
+        _ => crate::host::run_sim(spec).expect("the simulation runs"),
+    };
     let path = std::env::temp_dir().join(format!("dtx-{}-{}-{}.jsonl", spec.protocol, std::process::id(), spec.seed));
     let (report, problem) =
         crate::bench::verify(&out, &path, crate::protocols::guarantee_of(&spec.protocol)).expect("the history checks");

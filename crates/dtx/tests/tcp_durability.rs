@@ -607,20 +607,48 @@ fn a_crash_aimed_at_a_logs_leader_kills_the_server_that_leads_it() {
     assert!(got.len() == 2 && got[0] == 0 && (got[1] == 1 || got[1] == 2), "{got:?}: {}", describe(&out));
 }
 
+/// Several replicated logs per node on tcp, with the test protocol `multilog` (its data and
+/// clients on node 0, two logs per node): node 0's server is killed at 1.5 s for 2 s, and
+/// another server comes to lead both of its logs and serves it. With epochs (2 ms), the epochs
+/// the crash failed reach their clients as rolled back. Both runs verified, final read included.
+#[test]
+fn a_node_s_two_replicated_logs_fail_over_together_on_tcp() {
+    for protocol in ["multilog:logs=2", "multilog:logs=2:epoch_us=2000"] {
+        let (run, out) = targeted_faults_run_of(
+            protocol,
+            &["--durability", "replicated", "--replicas", "3", "--max-unacked", "2"],
+            &["--fault-at", "crash:node=0@1500ms+2s", "--duration", "4"],
+        );
+        assert_eq!(run["fault_events"].as_array().map(Vec::len), Some(1), "{protocol}: {}", describe(&out));
+        assert!(run["extra"]["failovers"].as_f64() > Some(0.0), "{protocol}: node 0 was not taken over: {run}");
+        if protocol.contains("epoch_us") {
+            let rolled_back = run["aborts_by_reason"]["rolled-back"].as_u64().unwrap_or(0);
+            assert!(rolled_back > 0, "{protocol}: the crash failed no epoch: {run}");
+        }
+    }
+}
+
 /// A verified 3-node tcp bench of occ over list-append with `args` (its durability, faults and
 /// duration): the run's `fault_events`, and what it printed.
 fn targeted_faults_run(args: &[&str]) -> (Vec<Value>, Output) {
+    let (run, out) = targeted_faults_run_of("occ", &[], args);
+    let events = run["fault_events"].as_array().unwrap_or_else(|| panic!("no fault_events: {run}"));
+    (events.clone(), out)
+}
+
+/// A verified 3-node tcp bench of `protocol` over list-append with `more` and `args` flags: its
+/// run's JSON, and what it printed.
+fn targeted_faults_run_of(protocol: &str, more: &[&str], args: &[&str]) -> (Value, Output) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("targeted.json");
     let mut bench = dtx();
-    bench.args(["bench", "--runtime", "tcp", "--nodes", "3", "--protocol", "occ"]).args(args);
+    bench.args(["bench", "--runtime", "tcp", "--nodes", "3", "--protocol", protocol]).args(more).args(args);
     bench.args(["--warmup", "0.2", "--workload", "append", "--inflight", "4", "--verify"]);
     let what = "the run with targeted faults";
     let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(180), what);
     let run = &report["runs"][0];
     assert_eq!(run["verified"], Value::Bool(true), "{}", describe(&out));
-    let events = run["fault_events"].as_array().unwrap_or_else(|| panic!("no fault_events: {run}"));
-    (events.clone(), out)
+    (run.clone(), out)
 }
 
 /// Start a 3 s `--durability replicated --replicas 3 --verify` bench of `protocol` in the

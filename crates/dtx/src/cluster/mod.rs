@@ -239,6 +239,17 @@ impl Topology {
         }
     }
 
+    /// Whether `node` runs clients: the run's final read and checks are transactions, and run
+    /// on such a node (a protocol may keep its clients on some nodes only).
+    pub fn runs_clients(&self, node: NodeId) -> bool {
+        self.roles_of(node).contains(Role::Client)
+    }
+
+    /// The first node that runs clients (`with_roles` makes sure there is one).
+    pub fn first_client_node(&self) -> NodeId {
+        (0..self.nodes).find(|&n| self.runs_clients(n)).unwrap_or(0)
+    }
+
     pub fn roles_of(&self, node: NodeId) -> Roles {
         self.node_roles.get(node as usize).copied().unwrap_or(Roles::DEFAULT)
     }

@@ -132,16 +132,18 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
     }
     let mut final_read = None;
+    // The final read and checks run on worker 0 of the first node that runs clients.
+    let after = Addr::new(spec.topology().first_client_node(), 0);
     if spec.record_history && notes.is_empty() {
         let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
-        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        net.inbox(after).push_command(cmd);
         driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
         final_read = shared.final_read.lock().take();
     }
     let mut findings = Vec::new();
     if spec.run_checks && notes.is_empty() {
         let cmd = driver::after_run_command(driver::final_checks, workload.clone(), shared.clone());
-        net.inbox(Addr::new(0, 0)).push_command(cmd);
+        net.inbox(after).push_command(cmd);
         driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
         findings = finish_checks(&shared, &*workload);
     }

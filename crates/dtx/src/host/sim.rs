@@ -29,16 +29,18 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let mut history = Vec::new();
     collect(&shared, &mut totals, &mut history);
     let mut final_read = None;
+    // The final read and checks run on worker 0 of the first node that runs clients.
+    let after_node = spec.topology().first_client_node();
     if spec.record_history {
         let done = || shared.final_read.lock().is_some();
-        run_after(&mut world, &protos, 120_000_000_000, &done, &|w, p, wl| {
+        run_after(&mut world, &protos, after_node, 120_000_000_000, &done, &|w, p, wl| {
             driver::final_read(w, p, wl, shared.clone())
         });
         final_read = shared.final_read.lock().take();
     }
     if spec.run_checks {
         let done = || shared.checks.lock().is_some();
-        run_after(&mut world, &protos, 600_000_000_000, &done, &|w, p, wl| {
+        run_after(&mut world, &protos, after_node, 600_000_000_000, &done, &|w, p, wl| {
             driver::final_checks(w, p, wl, shared.clone())
         });
         totals.findings = finish_checks(&shared, &*workload);
@@ -189,13 +191,20 @@ type AfterRunJob<'a> = dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workl
 /// or `limit_ns` more of virtual time. With failover, node 0 may be taken over meanwhile (a
 /// leadership change after the faults healed), which ends the job with its incarnation: it is
 /// started again on the new one.
-fn run_after(world: &mut SimWorld, protos: &Protos, limit_ns: u64, done: &dyn Fn() -> bool, job: &AfterRunJob<'_>) {
+fn run_after(
+    world: &mut SimWorld,
+    protos: &Protos,
+    node: NodeId,
+    limit_ns: u64,
+    done: &dyn Fn() -> bool,
+    job: &AfterRunJob<'_>,
+) {
     let limit = world.now_ns() + limit_ns;
     let mut running_on: Option<Rc<Worker>> = None;
     while !done() && world.now_ns() < limit {
-        let w0 = world.worker(Addr::new(0, 0)).clone();
+        let w0 = world.worker(Addr::new(node, 0)).clone();
         if !running_on.as_ref().is_some_and(|w| Rc::ptr_eq(w, &w0)) {
-            let (p, wl) = protos.borrow()[0].clone();
+            let (p, wl) = protos.borrow()[node as usize].clone();
             job(&w0, p, wl);
             running_on = Some(w0);
         }

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// What a server answers an after-run job once another server took over every node it served
 /// (the bench then asks another server).
 pub const SERVES_NO_NODE: &str = "this server serves no node now (it was taken over by another)";
+/// A server that serves nodes, but none that runs clients, where an after-run job must run.
+pub const SERVES_NO_CLIENT_NODE: &str = "this server serves no node that runs clients";
 
 /// How long a host that takes a node over waits for the node's ports to be free (the old
 /// process dying, or stopping the node's threads after it lost the node's log).
@@ -291,12 +293,14 @@ impl Hosting {
         }
     }
 
-    /// Run `cmd` on worker 0 of a node this process serves (after-run jobs), and say where
-    /// (see [`Hosting::still_runs`]); fails with [`SERVES_NO_NODE`] when its nodes were all
-    /// taken over.
+    /// Run `cmd` on worker 0 of a node this process serves that runs clients (after-run jobs),
+    /// and say where (see [`Hosting::still_runs`]); fails with [`SERVES_NO_CLIENT_NODE`] when
+    /// it serves no such node (its nodes all taken over, or none of them runs clients).
     pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<(NodeId, Arc<TcpHandle>)> {
+        let topo = self.spec.topology();
         let nodes = self.nodes.lock();
-        let n = nodes.first().context(SERVES_NO_NODE)?;
+        // The after-run jobs are transactions: they run where the protocol runs clients.
+        let n = nodes.iter().find(|n| topo.runs_clients(n.id)).context(SERVES_NO_CLIENT_NODE)?;
         n.handles[0].push_command(cmd);
         Ok((n.id, n.handles[0].clone()))
     }

@@ -327,7 +327,8 @@ fn call_a_serving_server(ctl: &mut [Control], serving: &[bool], cmd: &Value) -> 
 }
 
 fn is_serving_no_node(e: &anyhow::Error) -> bool {
-    format!("{e:#}").contains(super::tcp_host::SERVES_NO_NODE)
+    let e = format!("{e:#}");
+    e.contains(super::tcp_host::SERVES_NO_NODE) || e.contains(super::tcp_host::SERVES_NO_CLIENT_NODE)
 }
 
 /// A note per server that died: taken over (how soon, how long the rebuild took) or restarted.

@@ -130,9 +130,12 @@ impl Protocol for Calvin {
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
-        let has_data = |region| (0..topo.nodes).any(|n| topo.roles_of(n).contains(Role::Data) && topo.region_of(n) == region);
+        let has_data =
+            |region| (0..topo.nodes).any(|n| topo.roles_of(n).contains(Role::Data) && topo.region_of(n) == region);
         let clients = (0..topo.nodes).filter(|&n| topo.roles_of(n).contains(Role::Client));
-        if let Some(c) = clients.into_iter().find(|&c| topo.placement() == Placement::PerRegion && !has_data(topo.region_of(c))) {
+        if let Some(c) =
+            clients.into_iter().find(|&c| topo.placement() == Placement::PerRegion && !has_data(topo.region_of(c)))
+        {
             anyhow::bail!(
                 "calvin with a copy per region answers a client from its own region's copy, but client node {c}'s \
                  region {} has no data node",
@@ -180,8 +183,7 @@ impl NodeState {
 
     /// The data nodes of copy `copy` a transaction over `keys` touches, in order.
     pub fn participants(&self, keys: &KeySet, copy: u16) -> Vec<NodeId> {
-        let mut nodes: Vec<NodeId> =
-            keys.reads.iter().chain(&keys.writes).map(|k| self.holder(*k, copy)).collect();
+        let mut nodes: Vec<NodeId> = keys.reads.iter().chain(&keys.writes).map(|k| self.holder(*k, copy)).collect();
         nodes.sort_unstable();
         nodes.dedup();
         nodes

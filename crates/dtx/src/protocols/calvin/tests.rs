@@ -110,7 +110,11 @@ fn a_copy_per_region_runs_every_batch_and_answers_its_own_clients() {
     let mut s = spec("calvin", append(), 1);
     s.nodes = 3;
     s.latency.node_region = vec![0, 0, 1];
-    s.node_roles = vec![crate::cluster::Roles::DEFAULT, crate::cluster::Roles::DEFAULT, crate::cluster::Roles::of(&[crate::cluster::Role::Client])];
+    s.node_roles = vec![
+        crate::cluster::Roles::DEFAULT,
+        crate::cluster::Roles::DEFAULT,
+        crate::cluster::Roles::of(&[crate::cluster::Role::Client]),
+    ];
     s.placement = crate::cluster::Placement::PerRegion;
     let calvin = crate::protocols::Variant::parse_including_planned("calvin").unwrap().make();
     let e = calvin.check_topology(&s.topology()).unwrap_err().to_string();

@@ -484,6 +484,19 @@ mod tests {
         assert!(rolled_back > 0, "no epoch failed over the sweep ({committed} committed)");
     }
 
+    /// The `local` runtime's owner-led replication: each of node 0's three logs is a Raft group
+    /// of its own over the three nodes' hosts, and the run checks.
+    #[test]
+    fn each_log_is_replicated_in_the_local_runtime() {
+        let mut s = spec(crate::host::Runtime::Local, 1);
+        s.nodes = 3;
+        s.durability.mode = Durability::Replicated;
+        s.durability.replicas = 3;
+        s.max_unacked = 2;
+        let out = crate::testkit::checked_run(&s);
+        assert!(out.totals.committed > 0);
+    }
+
     #[test]
     fn each_log_is_a_write_ahead_log_of_its_own() {
         let dir = tempfile::tempdir().unwrap();
