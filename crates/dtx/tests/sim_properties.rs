@@ -122,21 +122,28 @@ fn a_cpu_factor_slows_the_named_node_down() {
 
 /// `--fault-at delay:node=0,by=20ms@50ms+100ms`: every message node 0 sends in that window
 /// arrives 20 ms later, so distributed transactions take 20 ms or more there; no other fault.
+/// With `worker=1`, only what node 0's worker 1 sends is held: the transactions that wait
+/// for it take 20 ms, but they are too few to reach the p99 that the whole node's delay does.
 #[test]
 fn a_delay_holds_the_named_nodes_messages() {
     use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
-    let run = |delay: bool| {
+    let run = |delay: Option<Option<u16>>| {
         let mut s = ycsb("occ", 2, 0.5, 0.8);
         s.latency.delay_us = 100;
-        if delay {
-            let kind = TargetedKind::Delay { by_us: 20_000 };
+        s.workers = 2;
+        if let Some(worker) = delay {
+            let kind = TargetedKind::Delay { by_us: 20_000, worker };
             s.faults.targeted =
                 vec![TargetedFault { kind, target: FaultTarget::Node(0), at_us: 50_000, for_us: Some(100_000) }];
         }
         let out = host::run_sim(&s).unwrap();
-        (out.totals.histogram().value_at_quantile(0.99), out.fault_events)
+        let h = out.totals.histogram();
+        ((h.value_at_quantile(0.99), h.max()), out.fault_events)
     };
-    let ((plain_p99, _), (delayed_p99, events)) = (run(false), run(true));
+    let (((plain_p99, _), _), ((delayed_p99, _), events)) = (run(None), run(Some(None)));
+    let ((one_worker_p99, one_worker_max), _) = run(Some(Some(1)));
+    assert!(one_worker_max >= 20_000, "the slowest took {one_worker_max} µs with node 0's worker 1 held 20 ms");
+    assert!(one_worker_p99 < 20_000, "p99 {one_worker_p99} µs with only node 0's worker 1 held");
     let events: Vec<(String, u32, f64, f64)> =
         events.iter().map(|e| (e.kind.clone(), e.node, e.at_ms, e.down_ms)).collect();
     assert_eq!(events, [("delay".to_string(), 0, 50.0, 100.0)]);

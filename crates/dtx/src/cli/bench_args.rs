@@ -119,12 +119,14 @@ pub struct BenchArgs {
     /// A fault on a given node at a given time (sim and tcp), besides --faults' random ones:
     /// `KIND:TARGET[,KEY=VALUE]@TIME[+DURATION]`, TIME from the run's start (warm-up included),
     /// DURATION left out: until the measured window ends. TARGET: `node=N`; `leader=N`, the
-    /// host that leads node N's replicated log when the fault starts (needs --durability
-    /// replicated; the fault ends on that same host); `role=R`, the first node with role R
+    /// host that leads node N's replicated logs when the fault starts (a node's logs, one or
+    /// several, are led from one host; needs --durability replicated; the fault ends on that
+    /// same host); `role=R`, the first node with role R
     /// (as --roles gives them), `role=R#I` the I-th from 0. KIND: `crash` (with --durability
     /// wal or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
     /// (tcp: SIGSTOP, then SIGCONT), `delay:node=N,by=5ms` (every message the node sends is held
-    /// that much longer; all kinds of message alike), `cpu:node=N,factor=3` (sim: the node's
+    /// that much longer; `worker=W`: only what its worker W sends, such as a protocol's stream of
+    /// its own), `cpu:node=N,factor=3` (sim: the node's
     /// CPU costs are multiplied). Repeat the flag, or separate faults with `;`:
     /// `--fault-at 'crash:leader=0@2s+500ms;cpu:role=data#1,factor=3@0s'`.
     #[arg(long = "fault-at", value_name = "FAULT")]
@@ -284,6 +286,7 @@ fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
 /// every node `data+client`), and whether its logs are replicated (`leader=` needs them).
 pub struct FaultTargets<'a> {
     pub nodes: u16,
+    pub workers: u16,
     pub roles: &'a [Roles],
     pub replicated: bool,
 }
@@ -305,6 +308,15 @@ impl FaultTargets<'_> {
             anyhow::bail!("leader={n} is the host that leads node {n}'s replicated log: add --durability replicated");
         }
         Ok(FaultTarget::LeaderOf(n))
+    }
+
+    /// `worker=W`: a worker every node has, under every protocol of the run.
+    fn worker(&self, value: &str) -> anyhow::Result<u16> {
+        let w: u16 = value.parse().map_err(|_| anyhow::anyhow!("worker `{value}` is not a worker number"))?;
+        if w >= self.workers {
+            anyhow::bail!("there is no worker {w}: a node has workers 0 to {}", self.workers.saturating_sub(1));
+        }
+        Ok(w)
     }
 
     /// `role=R`: the first node with role R; `role=R#I`: the I-th (from 0), in node order.
@@ -348,11 +360,11 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
     };
     let (kind_name, params) = what.split_once(':').unwrap_or((what, ""));
     let mut target = None;
-    let (mut by_us, mut factor) = (None, None);
+    let (mut by_us, mut factor, mut worker) = (None, None, None);
     let kind_name = kind_name.trim();
     let keys: &[&str] = match kind_name {
         "crash" | "pause" => &["node", "leader", "role"],
-        "delay" => &["node", "leader", "role", "by"],
+        "delay" => &["node", "leader", "role", "by", "worker"],
         "cpu" => &["node", "leader", "role", "factor"],
         other => anyhow::bail!("unknown kind `{other}` (use crash, pause, delay or cpu)"),
     };
@@ -370,6 +382,7 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
                 target = Some(targets.parse(k, v)?);
             }
             "by" => by_us = Some(fault_time_us(v).context("by")?),
+            "worker" => worker = Some(targets.worker(v)?),
             _ => {
                 let x: f64 = v.parse().map_err(|_| anyhow::anyhow!("factor `{v}` is not a number"))?;
                 if !(x.is_finite() && x > 0.0 && x <= 1000.0) {
@@ -384,7 +397,9 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
     let kind = match kind_name {
         "crash" => TargetedKind::Crash,
         "pause" => TargetedKind::Pause,
-        "delay" => TargetedKind::Delay { by_us: by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))? },
+        "delay" => {
+            TargetedKind::Delay { by_us: by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))?, worker }
+        }
         _ => TargetedKind::Cpu { factor: factor.ok_or_else(|| anyhow::anyhow!("how much? add factor=X"))? },
     };
     let (at, dur) = match when.split_once('+') {
@@ -510,6 +525,9 @@ impl BenchArgs {
         let durability: crate::replication::Durability = self.durability.parse()?;
         let targets = FaultTargets {
             nodes: self.nodes,
+            // The fewest workers any protocol of the run has (its service workers count).
+            workers: self.workers()
+                + self.protocol.variants().iter().map(|v| v.make().service_workers()).min().unwrap_or(0),
             roles: &node_roles,
             replicated: durability == crate::replication::Durability::Replicated,
         };

@@ -120,9 +120,11 @@ pub enum TargetedKind {
     /// The node stops and goes on later, losing nothing (`tcp`: SIGSTOP, then SIGCONT; `sim`:
     /// it runs nothing, and what reaches it waits in its inbox).
     Pause,
-    /// Every message the node sends is held this much longer (a batch mixes the messages of
-    /// every kind, so the kinds are not told apart).
-    Delay { by_us: u64 },
+    /// Every message the node sends is held this much longer; with `worker`, only what that
+    /// worker sends. A protocol sends each of its streams (watermarks, sequenced batches) from
+    /// a worker of its own, so a worker names a kind of message exactly (a packet batches every
+    /// message from one worker to another, so kinds within a worker are not told apart).
+    Delay { by_us: u64, worker: Option<u16> },
     /// `sim` only: the CPU the node's workers are charged is multiplied by this factor.
     Cpu { factor: f64 },
 }

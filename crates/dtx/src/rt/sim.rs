@@ -161,8 +161,9 @@ pub struct SimWorld {
     paused: Vec<bool>,
     /// Per host: its workers' charged CPU is multiplied by this (`cpu` faults; 1.0 otherwise).
     cpu_factor: Vec<f64>,
-    /// Per host: extra delay of every packet it sends (`delay` faults), ns.
-    send_delay_ns: Vec<u64>,
+    /// Per host: extra delay of the packets it sends (`delay` faults), ns, and the worker whose
+    /// packets alone are held (None: every worker's).
+    send_delay: Vec<(u64, Option<u16>)>,
     /// Targeted faults no longer start (the run's faults were healed).
     targeted_off: bool,
     /// Per targeted fault: the host it started on (none: not started, or it found its host
@@ -211,7 +212,7 @@ impl SimWorld {
             busy_ns: 0,
             paused: vec![false; nodes as usize],
             cpu_factor: vec![1.0; nodes as usize],
-            send_delay_ns: vec![0; nodes as usize],
+            send_delay: vec![(0, None); nodes as usize],
             targeted_off: false,
             targeted_on: vec![None; targeted_faults],
             fault_events: Vec::new(),
@@ -515,7 +516,11 @@ impl SimWorld {
             self.packets_dropped += 1;
             return;
         }
-        let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + self.send_delay_ns[s];
+        let held_ns = match self.send_delay[s] {
+            (_, Some(worker)) if worker != p.src.worker => 0,
+            (ns, _) => ns,
+        };
+        let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + held_ns;
         let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
         at = at.max(*last);
         *last = at;
@@ -600,8 +605,8 @@ impl SimWorld {
             (TargetedKind::Crash, false) => {}
             (TargetedKind::Pause, true) => self.paused[h] = true,
             (TargetedKind::Pause, false) => self.resume(h),
-            (TargetedKind::Delay { by_us }, true) => self.send_delay_ns[h] = by_us * 1000,
-            (TargetedKind::Delay { .. }, false) => self.send_delay_ns[h] = 0,
+            (TargetedKind::Delay { by_us, worker }, true) => self.send_delay[h] = (by_us * 1000, worker),
+            (TargetedKind::Delay { .. }, false) => self.send_delay[h] = (0, None),
             (TargetedKind::Cpu { factor }, true) => self.cpu_factor[h] = factor,
             (TargetedKind::Cpu { .. }, false) => self.cpu_factor[h] = 1.0,
         }
@@ -639,7 +644,7 @@ impl SimWorld {
         self.side = None;
         self.targeted_off = true;
         self.cpu_factor.iter_mut().for_each(|f| *f = 1.0);
-        self.send_delay_ns.iter_mut().for_each(|d| *d = 0);
+        self.send_delay.iter_mut().for_each(|d| *d = (0, None));
         for h in 0..self.paused.len() {
             self.resume(h);
         }

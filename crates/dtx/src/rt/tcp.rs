@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -402,7 +402,7 @@ impl TcpNet {
                 c();
             }
             let mut timeout = run_quantum(w, &mut delayed, &mut out);
-            let send_delay_ns = SEND_DELAY_US.load(Ordering::Relaxed) * 1000;
+            let send_delay_ns = send_delay_ns(w.addr.worker);
             let now = w.now_ns();
             while let Some(p) = held_out.pop_due(now) {
                 self.send(p);
@@ -486,10 +486,24 @@ impl TcpNet {
 /// Extra delay of every packet this process's workers send, µs (`--fault-at delay`, set over
 /// the server's control connection); 0: none.
 static SEND_DELAY_US: AtomicU64 = AtomicU64::new(0);
+/// The worker whose packets alone are delayed, or [`EVERY_WORKER`].
+static SEND_DELAY_WORKER: AtomicU32 = AtomicU32::new(EVERY_WORKER);
+const EVERY_WORKER: u32 = u32::MAX;
 
-/// Hold every packet this process's workers send `us` µs longer from now on (0: no longer).
-pub fn set_send_delay_us(us: u64) {
+/// Hold every packet this process's workers send (or only worker `worker`'s) `us` µs longer
+/// from now on (0: no longer).
+pub fn set_send_delay_us(us: u64, worker: Option<u16>) {
+    SEND_DELAY_WORKER.store(worker.map_or(EVERY_WORKER, u32::from), Ordering::Relaxed);
     SEND_DELAY_US.store(us, Ordering::Relaxed);
+}
+
+/// The delay of what worker `worker` sends now, ns.
+fn send_delay_ns(worker: u16) -> u64 {
+    match SEND_DELAY_WORKER.load(Ordering::Relaxed) {
+        EVERY_WORKER => SEND_DELAY_US.load(Ordering::Relaxed) * 1000,
+        w if w == u32::from(worker) => SEND_DELAY_US.load(Ordering::Relaxed) * 1000,
+        _ => 0,
+    }
 }
 
 /// Where a new worker's RPC ids start: past every id an earlier incarnation of its node used

@@ -81,7 +81,7 @@ impl Spawned {
                     NemesisAction::Crash => self.crash(node, down),
                     NemesisAction::Pause => self.pause(node, down),
                     NemesisAction::Partition => partition(node, addrs.len(), down),
-                    NemesisAction::Delay(by) => delay(node, addrs[node], by, down),
+                    NemesisAction::Delay(by, worker) => delay(node, addrs[node], by, worker, down),
                 };
                 if let Err(e) = undone {
                     eprintln!("dtx: --faults: node {node}: {e:#}");
@@ -181,7 +181,8 @@ pub(super) enum NemesisAction {
     Pause,
     Partition,
     /// Hold every message the server sends this much longer.
-    Delay(Duration),
+    /// Hold what the server sends (only its worker's, if one is named) this much longer.
+    Delay(Duration, Option<u16>),
 }
 
 impl NemesisAction {
@@ -190,7 +191,7 @@ impl NemesisAction {
             NemesisAction::Crash => "crash",
             NemesisAction::Pause => "pause",
             NemesisAction::Partition => "partition",
-            NemesisAction::Delay(_) => "delay",
+            NemesisAction::Delay(..) => "delay",
         }
     }
 }
@@ -249,7 +250,9 @@ pub(super) fn nemesis_schedule(
         let action = match f.kind {
             crate::net::TargetedKind::Crash => NemesisAction::Crash,
             crate::net::TargetedKind::Pause => NemesisAction::Pause,
-            crate::net::TargetedKind::Delay { by_us } => NemesisAction::Delay(Duration::from_micros(by_us)),
+            crate::net::TargetedKind::Delay { by_us, worker } => {
+                NemesisAction::Delay(Duration::from_micros(by_us), worker)
+            }
             // Refused by the CLI on tcp: simulated CPU has no meaning for a real process.
             crate::net::TargetedKind::Cpu { .. } => continue,
         };
@@ -261,10 +264,17 @@ pub(super) fn nemesis_schedule(
 }
 
 /// Hold every message server `n` sends `by` longer, for `down`, through its control connection.
-pub(super) fn delay(n: usize, addr: SocketAddr, by: Duration, down: Duration) -> anyhow::Result<()> {
+pub(super) fn delay(
+    n: usize,
+    addr: SocketAddr,
+    by: Duration,
+    worker: Option<u16>,
+    down: Duration,
+) -> anyhow::Result<()> {
     let mut c = Control::connect(n, addr, Duration::from_secs(5))?;
-    c.call(&json!({"cmd": "delay", "us": by.as_micros() as u64}))?;
-    eprintln!("dtx: --fault-at delay: node {n}'s server holds what it sends {by:?} longer, for {down:?}");
+    c.call(&json!({"cmd": "delay", "us": by.as_micros() as u64, "worker": worker}))?;
+    let what = worker.map_or("what it sends".to_string(), |w| format!("what its worker {w} sends"));
+    eprintln!("dtx: --fault-at delay: node {n}'s server holds {what} {by:?} longer, for {down:?}");
     std::thread::sleep(down);
     c.call(&json!({"cmd": "delay", "us": 0}))?;
     eprintln!("dtx: --fault-at delay: node {n}'s server sends without delay again");
