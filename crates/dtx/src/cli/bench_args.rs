@@ -165,9 +165,12 @@ pub struct BenchArgs {
     /// Fraction of transactions touching another node.
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     distributed: f64,
-    /// YCSB writes are blind instead of read-modify-write.
-    #[arg(long)]
+    /// YCSB writes are blind instead of read-modify-write (--blind-write-ratio 1).
+    #[arg(long, conflicts_with = "blind_write_ratio")]
     blind_writes: bool,
+    /// YCSB: the fraction of writes that are blind, the others read-modify-writes (0 to 1).
+    #[arg(long, allow_negative_numbers = true)]
+    blind_write_ratio: Option<f64>,
     #[arg(long, default_value_t = 100)]
     value_bytes: u32,
     /// Execute interactively even when a procedure declares its keys (no batched prefetch).
@@ -589,7 +592,7 @@ impl BenchArgs {
                 theta: self.theta,
                 ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
                 read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
-                rmw: !self.blind_writes,
+                blind_write_ratio: self.blind_write_ratio.unwrap_or(if self.blind_writes { 1.0 } else { 0.0 }),
                 distributed: self.distributed,
                 value_bytes: self.value_bytes,
                 warehouses: self.warehouses,

@@ -82,8 +82,9 @@ pub struct WorkloadParams {
     pub theta: f64,
     pub ops: u32,
     pub read_ratio: f64,
-    /// YCSB writes read the record first (read-modify-write) rather than writing blind.
-    pub rmw: bool,
+    /// YCSB: the fraction of writes that are blind (written without reading the record); the
+    /// others read it first (read-modify-write). Primo's blind-write sweep varies it.
+    pub blind_write_ratio: f64,
     /// Fraction of transactions that touch another node.
     pub distributed: f64,
     pub value_bytes: u32,
@@ -118,7 +119,7 @@ impl Default for WorkloadParams {
             theta: 0.0,
             ops: 10,
             read_ratio: 0.8,
-            rmw: true,
+            blind_write_ratio: 0.0,
             distributed: 0.1,
             value_bytes: 100,
             warehouses: 1,

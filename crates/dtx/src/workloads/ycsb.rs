@@ -1,5 +1,5 @@
 //! YCSB: one table of `keys` records per partition, transactions of `ops` operations, each a read
-//! or a write (read-modify-write by default, blind with `rmw = false`), keys drawn from a Zipf
+//! or a write (read-modify-write, or blind for a fraction `blind_write_ratio`), keys drawn from a Zipf
 //! distribution inside a partition. A fraction `distributed` of transactions also touches
 //! partitions on other nodes: each of its operations picks a random partition, and at least one
 //! is on another node.
@@ -22,8 +22,23 @@ pub struct Ycsb {
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct YcsbArgs {
-    /// (key, is_write)
-    pub ops: Vec<(u64, bool)>,
+    pub ops: Vec<(u64, YcsbOp)>,
+}
+
+/// One operation of a YCSB transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum YcsbOp {
+    Read,
+    /// Read the record, then write it (read-modify-write).
+    Update,
+    /// Write the record without reading it.
+    BlindWrite,
+}
+
+impl YcsbOp {
+    pub fn writes(self) -> bool {
+        self != YcsbOp::Read
+    }
 }
 
 impl Ycsb {
@@ -39,6 +54,9 @@ impl Ycsb {
         }
         if !(0.0..=1.0).contains(&p.distributed) {
             bail!("--distributed {} must be within 0..1", p.distributed);
+        }
+        if !(0.0..=1.0).contains(&p.blind_write_ratio) {
+            bail!("--blind-write-ratio {} must be within 0..1", p.blind_write_ratio);
         }
         if p.value_bytes < 8 || p.value_bytes > 1 << 20 {
             bail!("--value-bytes {} must be between 8 and 1 MiB", p.value_bytes);
@@ -82,8 +100,8 @@ impl Procedures for Ycsb {
     }
 
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
-        for &(k, w) in &req.args::<YcsbArgs>().ops {
-            if w {
+        for &(k, op) in &req.args::<YcsbArgs>().ops {
+            if op.writes() {
                 keys.write(RowKey::new(TABLE, k));
             } else {
                 keys.read(RowKey::new(TABLE, k));
@@ -95,15 +113,15 @@ impl Procedures for Ycsb {
     fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a> {
         Box::pin(async move {
             let args = req.args::<YcsbArgs>();
-            for &(k, write) in &args.ops {
+            for &(k, op) in &args.ops {
                 let key = RowKey::new(TABLE, k);
-                if !write {
-                    ctx.read(key).await?;
-                } else if self.p.rmw {
-                    let old = ctx.read_for_update(key).await?.unwrap_or_default();
-                    ctx.write(key, bump(&old, self.p.value_bytes as usize)).await?;
-                } else {
-                    ctx.write(key, Value::from(vec![b'y'; self.p.value_bytes as usize])).await?;
+                match op {
+                    YcsbOp::Read => drop(ctx.read(key).await?),
+                    YcsbOp::Update => {
+                        let old = ctx.read_for_update(key).await?.unwrap_or_default();
+                        ctx.write(key, bump(&old, self.p.value_bytes as usize)).await?;
+                    }
+                    YcsbOp::BlindWrite => ctx.write(key, Value::from(vec![b'y'; self.p.value_bytes as usize])).await?,
                 }
             }
             Ok(TxnOutput::default())
@@ -131,7 +149,7 @@ impl Workload for Ycsb {
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
         let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
         let n = self.p.ops as usize;
-        let mut ops: Vec<(u64, bool)> = Vec::with_capacity(n);
+        let mut ops: Vec<(u64, YcsbOp)> = Vec::with_capacity(n);
         let forced_remote = rng.gen_range(0..n);
         for i in 0..n {
             let part = if !distributed {
@@ -141,7 +159,14 @@ impl Workload for Ycsb {
             } else {
                 rng.gen_range(0..self.topo.partitions())
             };
-            let write = !rng.gen_bool(self.p.read_ratio);
+            let op = match (rng.gen_bool(self.p.read_ratio), self.p.blind_write_ratio) {
+                (true, _) => YcsbOp::Read,
+                // No draw at the ends, so that a seed's transactions stay what they were.
+                (false, 0.0) => YcsbOp::Update,
+                (false, 1.0) => YcsbOp::BlindWrite,
+                (false, blind) if rng.gen_bool(blind) => YcsbOp::BlindWrite,
+                (false, _) => YcsbOp::Update,
+            };
             // Distinct keys within a transaction, as YCSB-style OLTP benchmarks generate them.
             let mut key = self.key_in(rng, part);
             let mut tries = 0;
@@ -149,7 +174,7 @@ impl Workload for Ycsb {
                 key = self.key_in(rng, part);
                 tries += 1;
             }
-            ops.push((key, write));
+            ops.push((key, op));
         }
         TxnRequest::new("ycsb", home, YcsbArgs { ops })
     }
@@ -185,6 +210,31 @@ mod tests {
         }
         let frac = dist as f64 / 5000.0;
         assert!((0.17..0.23).contains(&frac), "distributed fraction {frac}");
+    }
+
+    /// `--blind-write-ratio`: that fraction of the writes is blind, the rest read-modify-writes;
+    /// the reads stay as `--read-ratio` has them, and the ends draw nothing more (a seed's
+    /// transactions under 0 are those of before the option existed).
+    #[test]
+    fn a_fraction_of_the_writes_is_blind() {
+        let topo = Topology::new(2, 1, 1);
+        let count = |blind: f64| {
+            let p = WorkloadParams { keys: 1000, read_ratio: 0.5, blind_write_ratio: blind, ..Default::default() };
+            let y = Ycsb::new(&p, &topo).unwrap();
+            let mut rng = crate::util::rng_from_seed(3);
+            let ops: Vec<YcsbOp> =
+                (0..2000).flat_map(|_| y.next(&mut rng, 0).args::<YcsbArgs>().ops.clone()).map(|o| o.1).collect();
+            let n = |op| ops.iter().filter(|o| **o == op).count() as f64;
+            (n(YcsbOp::Read) / ops.len() as f64, n(YcsbOp::BlindWrite) / (n(YcsbOp::BlindWrite) + n(YcsbOp::Update)))
+        };
+        for (ratio, reads_near) in [(0.0, 0.5), (0.8, 0.5), (1.0, 0.5)] {
+            let (reads, blind) = count(ratio);
+            assert!((reads - reads_near).abs() < 0.02, "ratio {ratio}: {reads} reads");
+            assert!((blind - ratio).abs() < 0.02, "ratio {ratio}: {blind} of the writes blind");
+        }
+        let p = WorkloadParams { blind_write_ratio: 1.5, ..Default::default() };
+        let e = Ycsb::new(&p, &topo).err().unwrap().to_string();
+        assert!(e.contains("--blind-write-ratio 1.5 must be within 0..1"), "{e}");
     }
 
     #[test]
