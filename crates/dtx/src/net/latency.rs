@@ -205,6 +205,25 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
 
+    /// The shipped region matrices (Detock's Table 4.1, one way = RTT / 2) load, are symmetric
+    /// with a zero diagonal, and hold the thesis's figures (use1-euw1 67 ms RTT, apne1-apse1 71).
+    #[test]
+    fn the_shipped_region_matrices_hold_the_thesis_delays() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/matrices");
+        let eight = LatencyModel::load_matrix(&dir.join("detock-8-regions.txt")).unwrap();
+        let four = LatencyModel::load_matrix(&dir.join("detock-4-regions.txt")).unwrap();
+        for m in [&eight, &four] {
+            for (i, row) in m.iter().enumerate() {
+                assert_eq!(row[i], 0);
+                assert!(row.iter().enumerate().all(|(j, d)| *d == m[j][i]), "row {i} is not symmetric");
+            }
+        }
+        // use1 use2 euw1 euw2 apne1 apne2 apse1 apse2
+        assert_eq!((eight[0][2], eight[4][6], eight[0][1]), (33_500, 35_500, 6_000));
+        // use1 euw1 apne1 apse1
+        assert_eq!((four[0][1], four[2][3], four[1][3]), (33_500, 35_500, 91_500));
+    }
+
     #[test]
     fn flat_delay_and_jitter() {
         let m = LatencyModel { delay_us: 100, jitter_us: 10, ..Default::default() };
