@@ -168,6 +168,10 @@ pub struct BenchArgs {
     /// YCSB writes are blind instead of read-modify-write (--blind-write-ratio 1).
     #[arg(long, conflicts_with = "blind_write_ratio")]
     blind_writes: bool,
+    /// YCSB: the fraction of transactions that only read; the others follow --read-ratio
+    /// (YCSB++: --read-only-txns 0.5 --read-ratio 0 --ops 4).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    read_only_txns: f64,
     /// YCSB: the fraction of writes that are blind, the others read-modify-writes (0 to 1).
     #[arg(long, allow_negative_numbers = true)]
     blind_write_ratio: Option<f64>,
@@ -592,6 +596,7 @@ impl BenchArgs {
                 theta: self.theta,
                 ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
                 read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
+                read_only_txns: self.read_only_txns,
                 blind_write_ratio: self.blind_write_ratio.unwrap_or(if self.blind_writes { 1.0 } else { 0.0 }),
                 distributed: self.distributed,
                 value_bytes: self.value_bytes,

@@ -85,6 +85,9 @@ pub struct WorkloadParams {
     /// YCSB: the fraction of writes that are blind (written without reading the record); the
     /// others read it first (read-modify-write). Primo's blind-write sweep varies it.
     pub blind_write_ratio: f64,
+    /// YCSB: the fraction of transactions that only read (every operation a read); the others
+    /// follow `read_ratio`. Rolis's YCSB++ is `--read-only-txns 0.5 --read-ratio 0 --ops 4`.
+    pub read_only_txns: f64,
     /// Fraction of transactions that touch another node.
     pub distributed: f64,
     pub value_bytes: u32,
@@ -120,6 +123,7 @@ impl Default for WorkloadParams {
             ops: 10,
             read_ratio: 0.8,
             blind_write_ratio: 0.0,
+            read_only_txns: 0.0,
             distributed: 0.1,
             value_bytes: 100,
             warehouses: 1,

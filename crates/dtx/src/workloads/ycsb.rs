@@ -55,6 +55,9 @@ impl Ycsb {
         if !(0.0..=1.0).contains(&p.distributed) {
             bail!("--distributed {} must be within 0..1", p.distributed);
         }
+        if !(0.0..=1.0).contains(&p.read_only_txns) {
+            bail!("--read-only-txns {} must be within 0..1", p.read_only_txns);
+        }
         if !(0.0..=1.0).contains(&p.blind_write_ratio) {
             bail!("--blind-write-ratio {} must be within 0..1", p.blind_write_ratio);
         }
@@ -151,6 +154,8 @@ impl Workload for Ycsb {
         let n = self.p.ops as usize;
         let mut ops: Vec<(u64, YcsbOp)> = Vec::with_capacity(n);
         let forced_remote = rng.gen_range(0..n);
+        // No draw without read-only transactions, so that a seed's transactions stay what they were.
+        let read_only = self.p.read_only_txns > 0.0 && rng.gen_bool(self.p.read_only_txns);
         for i in 0..n {
             let part = if !distributed {
                 home
@@ -159,7 +164,7 @@ impl Workload for Ycsb {
             } else {
                 rng.gen_range(0..self.topo.partitions())
             };
-            let op = match (rng.gen_bool(self.p.read_ratio), self.p.blind_write_ratio) {
+            let op = match (read_only || rng.gen_bool(self.p.read_ratio), self.p.blind_write_ratio) {
                 (true, _) => YcsbOp::Read,
                 // No draw at the ends, so that a seed's transactions stay what they were.
                 (false, 0.0) => YcsbOp::Update,
@@ -235,6 +240,26 @@ mod tests {
         let p = WorkloadParams { blind_write_ratio: 1.5, ..Default::default() };
         let e = Ycsb::new(&p, &topo).err().unwrap().to_string();
         assert!(e.contains("--blind-write-ratio 1.5 must be within 0..1"), "{e}");
+    }
+
+    /// YCSB++ (`--read-only-txns 0.5 --read-ratio 0 --ops 4`): half the transactions read their
+    /// four keys, the other half write all four.
+    #[test]
+    fn a_fraction_of_the_transactions_only_reads() {
+        let topo = Topology::new(2, 1, 1);
+        let p = WorkloadParams { keys: 1000, ops: 4, read_ratio: 0.0, read_only_txns: 0.5, ..Default::default() };
+        let y = Ycsb::new(&p, &topo).unwrap();
+        let mut rng = crate::util::rng_from_seed(5);
+        let (mut read_only, n) = (0, 4000);
+        for _ in 0..n {
+            let ops = y.next(&mut rng, 1).args::<YcsbArgs>().ops.clone();
+            let reads = ops.iter().filter(|o| o.1 == YcsbOp::Read).count();
+            assert!(reads == 0 || reads == 4, "a transaction mixes: {ops:?}");
+            read_only += usize::from(reads == 4);
+        }
+        assert!((read_only as f64 / n as f64 - 0.5).abs() < 0.03, "{read_only} of {n} read-only");
+        let bad = WorkloadParams { read_only_txns: -0.1, ..Default::default() };
+        assert!(Ycsb::new(&bad, &topo).err().unwrap().to_string().contains("--read-only-txns -0.1"));
     }
 
     #[test]
