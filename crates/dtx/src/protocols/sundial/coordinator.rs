@@ -4,7 +4,7 @@
 //! home in the prepare round (one message per participant), writes are installed with the lease
 //! `[commit_ts, commit_ts]`, and participants that only read skip the commit phase.
 
-use super::lease::{needs_renewal, CommitTs, Lease, RenewFailure};
+use crate::protocols::twopc::lease::{needs_renewal, CommitTs, Lease, RenewFailure};
 use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;

@@ -34,7 +34,6 @@
 //! asked (a growing `δ`), and reports the table's lease to the requester's cache.
 
 pub mod coordinator;
-pub mod lease;
 pub mod log;
 pub mod messages;
 pub mod meta;
@@ -51,7 +50,7 @@ use crate::protocols::{OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Reason, Scan};
-use lease::{Lease, UpperBound};
+use crate::protocols::twopc::lease::{self, Lease, UpperBound};
 use meta::SundialMeta;
 use policy::{CachePolicy, Votes};
 

@@ -1,7 +1,7 @@
 //! What a node does for Sundial transactions coordinated elsewhere: lock and read (`Fetch`),
 //! extend leases and keep writes (`Prepare`), install at the commit timestamp or roll back.
 
-use super::lease::RenewFailure;
+use crate::protocols::twopc::lease::RenewFailure;
 use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta;
 use super::{Sundial, SundialWorker};
