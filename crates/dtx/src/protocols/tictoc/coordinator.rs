@@ -188,9 +188,9 @@ impl<'a> TicTocTxn<'a> {
     /// writes).
     async fn prepare(&self, commit_ts: u64, remote: FxHashMap<NodeId, Part>) -> TxnResult<Vec<NodeId>> {
         let asked: Vec<NodeId> = remote.keys().copied().collect();
-        let prepares = remote.into_iter().map(|(n, p)| {
-            (n, Request::Prepare { txn: self.id, commit_ts, reads: p.reads, writes: p.writes })
-        });
+        let prepares = remote
+            .into_iter()
+            .map(|(n, p)| (n, Request::Prepare { txn: self.id, commit_ts, reads: p.reads, writes: p.writes }));
         let mut writers = Vec::new();
         let mut failure = None;
         for (n, reply) in asked.into_iter().zip(self.wk.ask_all(prepares).await) {

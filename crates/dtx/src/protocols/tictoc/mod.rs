@@ -50,8 +50,8 @@ pub mod participant;
 mod tests;
 
 use crate::protocols::twopc::durable::TxnLog;
-use crate::protocols::twopc::lease::UpperBound;
 use crate::protocols::twopc::lease::RenewFailure;
+use crate::protocols::twopc::lease::UpperBound;
 use crate::protocols::twopc::{Cc, CcWorker, FromNode, NodeShared};
 use crate::protocols::OptionSpec;
 use crate::txn::{Abort, Reason, TxnResult};
