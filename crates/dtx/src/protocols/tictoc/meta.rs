@@ -68,7 +68,7 @@ pub fn try_lock(rec: &Rec, txn: TxnId, floor: u64) -> Option<Lease> {
 }
 
 /// Lock every record for `txn`, or none: their leases, in order.
-pub fn lock_all<'s>(recs: &[&'s Rec], txn: TxnId, floor: u64) -> Option<Vec<Lease>> {
+pub fn lock_all(recs: &[&Rec], txn: TxnId, floor: u64) -> Option<Vec<Lease>> {
     let mut leases = Vec::with_capacity(recs.len());
     for (i, rec) in recs.iter().enumerate() {
         match try_lock(rec, txn, floor) {
