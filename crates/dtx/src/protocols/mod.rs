@@ -15,6 +15,7 @@ pub mod occ;
 pub mod options;
 pub mod registry;
 pub mod sundial;
+pub mod tictoc;
 pub mod traits;
 pub mod twopc;
 pub mod twopl;

@@ -4,7 +4,6 @@
 //! home in the prepare round (one message per participant), writes are installed with the lease
 //! `[commit_ts, commit_ts]`, and participants that only read skip the commit phase.
 
-use super::lease::{needs_renewal, CommitTs, Lease, RenewFailure};
 use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta::{self, Rec};
 use super::participant::Writes;
@@ -13,6 +12,7 @@ use super::{Sundial, SundialWorker, READ_THEN_WRITE_CHANGED};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffer_write;
 use crate::protocols::twopc::durable::AckAfter;
+use crate::protocols::twopc::lease::{needs_renewal, CommitTs, Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
 use crate::protocols::twopc::Coordinator;

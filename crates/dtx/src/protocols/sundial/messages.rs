@@ -5,8 +5,8 @@
 //! participant where the transaction only read leaves at `Prepare` (Sec. 3.3). A range scan is
 //! one `Scan` round trip.
 
-use super::lease::{Lease, RenewFailure};
 use super::Sundial;
+use crate::protocols::twopc::lease::{Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::Prio;
 use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, TableId, Value};

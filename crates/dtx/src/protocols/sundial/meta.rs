@@ -2,7 +2,7 @@
 //! conflicts are 2PL WAIT_DIE, `twopc::record_lock`). Each function here runs under the record's mutex,
 //! so a read sees a value with its own lease and a renewal or an install is atomic per tuple.
 
-use super::lease::{self, Lease, RenewFailure};
+use crate::protocols::twopc::lease::{self, Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::{LockMeta, Locked, Mode};
 use crate::protocols::twopc::{TxnId, TxnMeta};
 use crate::storage::{Record, Storage, Value};

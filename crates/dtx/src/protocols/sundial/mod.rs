@@ -34,7 +34,6 @@
 //! asked (a growing `δ`), and reports the table's lease to the requester's cache.
 
 pub mod coordinator;
-pub mod lease;
 pub mod log;
 pub mod messages;
 pub mod meta;
@@ -45,13 +44,13 @@ pub mod tables;
 #[cfg(test)]
 mod tests;
 
+use crate::protocols::twopc::lease::{self, Lease, UpperBound};
 use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::storage::cache::RecordCache;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Reason, Scan};
-use lease::{Lease, UpperBound};
 use meta::SundialMeta;
 use policy::{CachePolicy, Votes};
 

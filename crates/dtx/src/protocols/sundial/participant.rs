@@ -1,12 +1,12 @@
 //! What a node does for Sundial transactions coordinated elsewhere: lock and read (`Fetch`),
 //! extend leases and keep writes (`Prepare`), install at the commit timestamp or roll back.
 
-use super::lease::RenewFailure;
 use super::messages::{Fetched, Reply, Request, Vote};
 use super::meta;
 use super::{Sundial, SundialWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
+use crate::protocols::twopc::lease::RenewFailure;
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, TableId, Value};

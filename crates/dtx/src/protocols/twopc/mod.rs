@@ -6,6 +6,7 @@
 
 pub mod buffered;
 pub mod durable;
+pub mod lease;
 pub mod record_lock;
 pub mod skeleton;
 #[cfg(test)]

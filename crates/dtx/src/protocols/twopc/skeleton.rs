@@ -10,7 +10,7 @@
 //! coordinator.rs), and its participant state per transaction, how it serves remote requests
 //! and how it installs or rolls back a prepared transaction ([`Participant`], its
 //! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs).
-//! OCC, 2PL, Sundial, MaaT and MVCC plug in this way; TicToc will too.
+//! OCC, 2PL, TicToc, Sundial, MaaT and MVCC plug in this way.
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};

@@ -1,6 +1,7 @@
-//! Sundial's logical leases (Yu et al., PVLDB 2018, Sec. 3), as rules on plain values so that the
-//! coordinator, the participants and the cache apply the same ones and the paper's worked
-//! examples are unit tests.
+//! Logical leases: TicToc's data-driven timestamps (Yu et al., SIGMOD 2016) as Sundial names them
+//! (PVLDB 2018, Sec. 3), as rules on plain values so that both protocols' coordinators,
+//! participants and Sundial's cache apply the same ones and the papers' worked examples are unit
+//! tests.
 //!
 //! Every tuple carries a lease `[wts, rts]`: the version written at logical time `wts` may be
 //! read at any logical time up to `rts`. A transaction computes one commit timestamp from the
@@ -93,6 +94,20 @@ pub fn renew(home: &mut Lease, locked: bool, read_wts: u64, commit_ts: u64) -> R
 /// (Alg. 2 line 3): if the observed lease covers the commit timestamp, the read is valid as is.
 pub fn needs_renewal(observed: Lease, commit_ts: u64) -> bool {
     commit_ts > observed.rts
+}
+
+/// A read of a tuple the same transaction then locked to write (TicToc's validation of a key in
+/// both its read and write sets): valid only if the version locked is the one read. No extension:
+/// its own write replaces the version at `commit_ts`, past the `rts` it locked with, and
+/// extending would put the old version's lease over the new one's.
+pub fn validate_own_write(locked: Lease, read_wts: u64, commit_ts: u64) -> Result<(), RenewFailure> {
+    assert!(commit_ts > locked.rts, "a commit at {commit_ts} inside the lease it locked to write");
+    if locked.wts == read_wts {
+        Ok(())
+    } else {
+        // A newer version is under the lock, so it was written before `commit_ts`.
+        Err(RenewFailure::NewerBefore)
+    }
 }
 
 /// The commit installs a new version at `commit_ts` (Alg. 3 line 14). The writer locked the
@@ -205,6 +220,22 @@ mod tests {
         // Case (c): an extension of a locked tuple.
         assert_eq!(renew(&mut home, true, 5, 9), Err(RenewFailure::Locked));
         assert_eq!(home, Lease::new(5, 8));
+    }
+
+    /// TicToc: T read A at [4, 6], then locked A to write it and saw [4, 6] still: it commits at 7
+    /// with no extension of A. Had another writer installed A at 7 in between, T locks [7, 7],
+    /// commits at 8, and its read of the version at 4 is stale.
+    #[test]
+    fn a_read_then_written_tuple_validates_by_its_version_alone() {
+        let read = Lease::new(4, 6);
+        let mut t = CommitTs::default();
+        t.read(read);
+        t.write(read);
+        assert_eq!(validate_own_write(read, read.wts, t.0), Ok(()));
+        let mut t = CommitTs::default();
+        t.read(read);
+        t.write(Lease::new(7, 7));
+        assert_eq!(validate_own_write(Lease::new(7, 7), read.wts, t.0), Err(RenewFailure::NewerBefore));
     }
 
     #[test]
