@@ -22,9 +22,9 @@
 //! phantom protection, as for OCC and 2PL; the paper's leases on index nodes are not built).
 //!
 //! Leases survive a crash (Sec. 3.5): a node logs a bound `UT` past every lease end and commit
-//! timestamp it grants (`lease::UpperBound`, a `Bound` record of its own ([`log`]) before the grant; a `Fetch` reply
+//! timestamp it grants (`lease::UpperBound`, a `Bound` record of its own ([`crate::protocols::twopc::lease_log`]) before the grant; a `Fetch` reply
 //! waits until the bound's record is durable, since its leases may be relied on without asking
-//! again), and its votes log their commit timestamps ([`log`]). After recovery every
+//! again), and its votes log their commit timestamps ([`crate::protocols::twopc::lease_log`]). After recovery every
 //! version written before the bound reads as `[UT, UT]` (lazily, `SundialMeta::current`), except
 //! a tuple locked by a recovered prepared transaction `T`, whose version keeps `[T.ts - 1,
 //! T.ts - 1]` until `T` installs at `T.ts` or aborts.
@@ -34,7 +34,6 @@
 //! asked (a growing `δ`), and reports the table's lease to the requester's cache.
 
 pub mod coordinator;
-pub mod log;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -45,6 +44,7 @@ pub mod tables;
 mod tests;
 
 use crate::protocols::twopc::lease::{self, Lease, UpperBound};
+use crate::protocols::twopc::lease_log::{LeaseLog, LeaseRecord};
 use crate::protocols::twopc::FromNode;
 use crate::protocols::twopc::{Cc, CcWorker, NodeShared, TxnId};
 use crate::protocols::{OptionKind, OptionSpec};
@@ -103,7 +103,7 @@ const BOUND_STEP: u64 = 1 << 16;
 
 /// A node's state starts from what its log recovered.
 impl FromNode<Sundial> for SundialNode {
-    fn from_node(cc: &Sundial, node: &NodeShared<SundialMeta>, recovered: &log::SundialLog) -> Self {
+    fn from_node(cc: &Sundial, node: &NodeShared<SundialMeta>, recovered: &LeaseLog) -> Self {
         let floor = recovered.bound;
         SundialNode {
             policy: cc.cache,
@@ -128,7 +128,7 @@ impl SundialNode {
         }
         let mut b = self.bound.lock();
         if let Some(new) = b.0.before_granting(ts) {
-            if let Some(lsn) = txn_log.append_own(&log::SundialRecord::Bound { ts: new })? {
+            if let Some(lsn) = txn_log.append_own(&LeaseRecord::Bound { ts: new })? {
                 b.1 = Some(lsn);
             }
         }
@@ -261,5 +261,5 @@ impl Cc for Sundial {
     const NAME: &'static str = "sundial";
     type Meta = SundialMeta;
     type NodeState = SundialNode;
-    type Log = log::SundialLog;
+    type Log = LeaseLog;
 }

@@ -32,7 +32,7 @@
 //!   read placed before a commit that is acknowledged but not yet installed at its node would
 //!   be a legal serial order that the final read must not take.
 //!
-//! Durability: 2PC's records, votes carrying their commit timestamp ([`log`]). Leases are not
+//! Durability: 2PC's records, votes carrying their commit timestamp ([`crate::protocols::twopc::lease_log`]). Leases are not
 //! logged (reads extend them), so, as in Sundial (Sec. 3.5), a node logs a bound past every
 //! lease end and commit timestamp it grants before granting it; after recovery every version
 //! written before the bound reads as `[bound, bound]` (lazily, [`meta::TicTocMeta::current`]),
@@ -41,7 +41,6 @@
 //! crash reaches the bound, so no commit after it can be placed inside a lost extension.
 
 pub mod coordinator;
-pub mod log;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -52,6 +51,7 @@ mod tests;
 use crate::protocols::twopc::durable::TxnLog;
 use crate::protocols::twopc::lease::RenewFailure;
 use crate::protocols::twopc::lease::UpperBound;
+use crate::protocols::twopc::lease_log::{LeaseLog, LeaseRecord};
 use crate::protocols::twopc::{Cc, CcWorker, FromNode, NodeShared};
 use crate::protocols::OptionSpec;
 use crate::txn::{Abort, Reason, TxnResult};
@@ -79,7 +79,7 @@ pub struct TicTocNode {
 const BOUND_STEP_TS: u64 = 1 << 16;
 
 impl FromNode<TicToc> for TicTocNode {
-    fn from_node(_cc: &TicToc, _node: &NodeShared<TicTocMeta>, recovered: &log::TicTocLog) -> Self {
+    fn from_node(_cc: &TicToc, _node: &NodeShared<TicTocMeta>, recovered: &LeaseLog) -> Self {
         let floor = recovered.bound;
         TicTocNode { floor, bound: parking_lot::Mutex::new((UpperBound { logged: floor, step: BOUND_STEP_TS }, None)) }
     }
@@ -95,7 +95,7 @@ impl TicTocNode {
         }
         let mut b = self.bound.lock();
         if let Some(new) = b.0.before_granting(ts) {
-            if let Some(lsn) = txn_log.append_own(&log::TicTocRecord::Bound { ts: new })? {
+            if let Some(lsn) = txn_log.append_own(&LeaseRecord::Bound { ts: new })? {
                 b.1 = Some(lsn);
             }
         }
@@ -139,5 +139,5 @@ impl Cc for TicToc {
     const NAME: &'static str = "tictoc";
     type Meta = TicTocMeta;
     type NodeState = TicTocNode;
-    type Log = log::TicTocLog;
+    type Log = LeaseLog;
 }

@@ -7,6 +7,7 @@
 pub mod buffered;
 pub mod durable;
 pub mod lease;
+pub mod lease_log;
 pub mod record_lock;
 pub mod skeleton;
 #[cfg(test)]
