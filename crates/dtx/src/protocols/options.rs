@@ -122,6 +122,11 @@ impl Options {
         *self.values.get(name).unwrap_or_else(|| panic!("option `{name}` is not declared"))
     }
 
+    /// Does the protocol declare option `name`?
+    pub fn has(&self, name: &str) -> bool {
+        self.values.contains_key(name)
+    }
+
     pub fn bool(&self, name: &str) -> bool {
         match self.get(name) {
             OptionValue::Bool(b) => b,

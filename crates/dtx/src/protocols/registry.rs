@@ -45,7 +45,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         status: "ready",
         guarantee: Guarantee::StrictSerializable,
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
-        options: &[twopc::ORPHAN_OPTION],
+        options: &[twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
         make: |o| two_pc(twopl::TwoPl { policy: twopl::Policy::NoWait, lock_wait_us: 0 }, o),
     },
@@ -54,7 +54,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         status: "ready",
         guarantee: Guarantee::StrictSerializable,
         description: "two-phase locking, WAIT_DIE (older waits, younger dies), with 2PC",
-        options: &[twopl::LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
+        options: &[twopl::LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
         make: |o| {
             two_pc(
@@ -114,24 +114,52 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         status: "ready",
         guarantee: Guarantee::StrictSerializable,
         description: "Silo-style OCC (lock writes, validate reads) with 2PC; the F1-like baseline",
-        options: &[twopc::ORPHAN_OPTION],
+        options: &[twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
         make: |o| two_pc(occ::Occ, o),
     },
+    ProtocolInfo {
+        name: "coco",
+        status: "ready",
+        guarantee: Guarantee::StrictSerializable,
+        description: "OCC with COCO's epoch group commit: acknowledged when the epoch commits, rolled back with it",
+        options: &[twopc::ORPHAN_OPTION, EPOCH],
+        aborts: &[],
+        make: |o| {
+            let commit = twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) };
+            two_pc_committing(occ::Occ, o, commit)
+        },
+    },
 ];
+
+/// The skeleton's commit policy options ([`twopc::epoch_commit`]).
+const COMMIT: OptionSpec = twopc::epoch_commit::COMMIT_OPTION;
+const EPOCH: OptionSpec = twopc::epoch_commit::EPOCH_OPTION;
 
 /// A concurrency control over the 2PC skeleton, with the skeleton's options from `o`.
 fn two_pc<C: twopc::Cc>(cc: C, o: &Options) -> Arc<dyn Protocol>
 where
     twopc::CcWorker<C>: crate::txn::recon::SnapshotReader,
 {
-    Arc::new(twopc::TwoPc { cc, config: twopc::TwoPcConfig { orphan_after_us: o.u64(twopc::ORPHAN_OPTION.name) } })
+    let commit = match o.has(COMMIT.name).then(|| o.choice(COMMIT.name)) {
+        Some("epoch") => twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
+        _ => twopc::epoch_commit::CommitPolicy::TwoPc,
+    };
+    two_pc_committing(cc, o, commit)
+}
+
+/// [`two_pc`] with its commit policy given.
+fn two_pc_committing<C: twopc::Cc>(cc: C, o: &Options, commit: twopc::epoch_commit::CommitPolicy) -> Arc<dyn Protocol>
+where
+    twopc::CcWorker<C>: crate::txn::recon::SnapshotReader,
+{
+    let config = twopc::TwoPcConfig { orphan_after_us: o.u64(twopc::ORPHAN_OPTION.name), commit };
+    Arc::new(twopc::TwoPc { cc, config })
 }
 
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
     ("primo", "write-conflict-free CC without 2PC, watermark group commit (Primo)"),
-    ("coco", "epoch-based group commit over OCC (COCO)"),
     ("slog", "deterministic multi-region with home regions (SLOG)"),
     ("detock", "deterministic multi-region with deadlock resolution (Detock)"),
     ("aria", "deterministic batches, reservation-based (Aria)"),
@@ -186,7 +214,16 @@ impl Variant {
                 REGISTRY.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
             ),
         };
-        let options = Options::parse(name, info.options, &overrides)?;
+        let options = Options::parse(name, info.options, &overrides).map_err(|e| {
+            let commit_named = overrides.iter().any(|o| {
+                let key = o.split('=').next().unwrap_or("").trim();
+                key == twopc::epoch_commit::COMMIT_OPTION.name || key == twopc::epoch_commit::EPOCH_OPTION.name
+            });
+            match commit_named && !info.options.iter().any(|o| o.name == twopc::epoch_commit::COMMIT_OPTION.name) {
+                true => anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::epoch_commit::ACCEPTED_BY),
+                false => e,
+            }
+        })?;
         let full = std::iter::once(name).chain(overrides.iter().copied()).collect::<Vec<_>>().join(":");
         Ok(Variant { name: full, info, options })
     }

@@ -258,6 +258,22 @@ impl EpochCoordinator {
         Ok(c)
     }
 
+    /// [`resuming`](Self::resuming), knowing from its log that `last_committed` (below
+    /// `first_epoch`) was the last epoch the failed coordinator committed: every `Close` says
+    /// so, and a participant that voted for that epoch before crashing learns its fate there.
+    pub fn resuming_after(
+        participants: Vec<NodeId>,
+        cfg: EpochConfig,
+        now_us: u64,
+        first_epoch: u64,
+        last_committed: u64,
+    ) -> Result<Self, EpochError> {
+        let mut c = EpochCoordinator::resuming(participants, cfg, now_us, first_epoch)?;
+        assert!(last_committed < c.epoch, "epoch {last_committed} committed before the first, {}", c.epoch);
+        c.history.committed = last_committed;
+        Ok(c)
+    }
+
     /// Drive the timers: close the open epoch once `epoch_us` passed, resend `Close` to the
     /// silent, abort on timeout. Call it at [`next_deadline_us`](Self::next_deadline_us) (or
     /// more often; extra calls do nothing).
@@ -405,6 +421,8 @@ pub struct EpochParticipant {
     state: ParticipantState,
     history: History,
     stats: EpochStats,
+    /// Recovering: the epoch it voted for before the crash, whose fate it has not heard yet.
+    limbo: Option<u64>,
 }
 
 impl EpochParticipant {
@@ -415,6 +433,7 @@ impl EpochParticipant {
             state: ParticipantState::Open(first_epoch),
             history: History::starting_at(first_epoch),
             stats: EpochStats::default(),
+            limbo: None,
         }
     }
 
@@ -433,6 +452,26 @@ impl EpochParticipant {
             state: ParticipantState::Recovering,
             history: History::unknown(),
             stats: EpochStats::default(),
+            limbo: None,
+        }
+    }
+
+    /// A participant restarted from its log, which shows it voted for `limbo` (its records
+    /// durable up to the seal) and not what became of it. It learns that from the decision, or
+    /// from the next `Close` (nothing after `limbo` committed without its vote, so `committed >=
+    /// limbo` means exactly "limbo committed"), and, like [`recovering`](Self::recovering),
+    /// votes down the first epoch it is asked to close: it may have run part of it.
+    pub fn recovering_after(coordinator: NodeId, limbo: Option<u64>) -> Self {
+        EpochParticipant { limbo, ..EpochParticipant::recovering(coordinator) }
+    }
+
+    /// The fate of the limbo epoch, learned while recovering.
+    fn settle_limbo(&mut self, limbo: u64, committed: bool) {
+        self.history = History::starting_at(limbo);
+        if committed {
+            self.history.commit_next();
+        } else {
+            self.history.abort_through(limbo);
         }
     }
 
@@ -557,7 +596,20 @@ impl EpochParticipant {
     fn on_close(&mut self, epoch: u64, committed: u64) -> Vec<(NodeId, EpochMsg)> {
         match self.state {
             ParticipantState::Recovering => {
-                self.history = History::starting_at(epoch);
+                match self.limbo.take() {
+                    Some(limbo) if limbo > epoch => {
+                        // Older than what it voted for: sent before the crash.
+                        self.limbo = Some(limbo);
+                        self.stats.stale += 1;
+                        return Vec::new();
+                    }
+                    Some(limbo) if limbo < epoch => self.settle_limbo(limbo, committed >= limbo),
+                    // Asked again to close it: its vote was lost; it votes it down now.
+                    Some(limbo) => self.history = History::starting_at(limbo),
+                    None if self.history.known_from == u64::MAX => self.history = History::starting_at(epoch),
+                    None => {}
+                }
+                self.history.abort_through(epoch - 1);
                 self.state = ParticipantState::Voted { epoch, durable: false };
                 self.stats.caught_up += 1;
                 self.reply(epoch, false)
@@ -609,6 +661,11 @@ impl EpochParticipant {
 
     fn on_decision(&mut self, epoch: u64, commit: bool) -> Vec<(NodeId, EpochMsg)> {
         let (e, voted_durable) = match self.state {
+            ParticipantState::Recovering if self.limbo == Some(epoch) => {
+                self.limbo = None;
+                self.settle_limbo(epoch, commit);
+                return Vec::new();
+            }
             ParticipantState::Recovering => {
                 self.stats.unexpected += 1;
                 return Vec::new();

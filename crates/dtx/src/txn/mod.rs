@@ -49,6 +49,9 @@ pub enum Abort {
     /// its release point (an epoch that failed, a watermark agreed below it): reported to its
     /// client as aborted, never as committed; the client has moved on, so it is not retried.
     RolledBack,
+    /// Epoch group commit: the transaction's epoch closed (or failed) before it could take part
+    /// in it; retried in the next.
+    EpochClosed,
     /// A participant's reply did not decode as an answer to what was asked (a bug, or a peer
     /// of another build): retried, and counted apart from timeouts.
     BadReply,
@@ -125,6 +128,7 @@ impl Abort {
             Abort::LogRefused => "log-refused",
             Abort::BadReply => "bad-reply",
             Abort::RolledBack => "rolled-back",
+            Abort::EpochClosed => "epoch-closed",
             Abort::Protocol(r) => r.name(),
         }
     }

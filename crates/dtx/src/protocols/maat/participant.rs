@@ -228,7 +228,7 @@ impl MaatWorker {
         let prepared = if writes.is_empty() {
             Ok(self.node.log.read_fence())
         } else {
-            self.node.log.append_prepared(txn, &writes, &(lower, upper))
+            self.append_prepared(txn, &writes, &(lower, upper))
         };
         let (Ok((bound, bound_lsn)), Ok(lsn)) = (granted, prepared) else {
             Maat::abort_here(self, txn);

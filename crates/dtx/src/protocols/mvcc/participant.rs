@@ -202,7 +202,7 @@ impl MvccWorker {
                 }
                 access(&me.node.store, txn, ts, floor, &[], &keys)
             },
-            move |me, held| match held.and_then(|_| me.node.log.append_prepared(txn, &writes, &ts)) {
+            move |me, held| match held.and_then(|_| me.append_prepared(txn, &writes, &ts)) {
                 Ok(lsn) => {
                     me.parts.remember(txn, me.w.now_ns(), |p| p.writes = writes);
                     me.reply_when_durable(from, rpc_id, lsn, encode(&Reply::Yes));

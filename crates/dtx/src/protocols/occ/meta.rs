@@ -21,4 +21,9 @@ impl crate::protocols::twopc::TxnMeta for OccMeta {
     fn on_replayed_write(&mut self) {
         self.tid += 1;
     }
+
+    /// An undone write is a new version too: a read of the undone one must fail validation.
+    fn on_rolled_back(&mut self) {
+        self.tid += 1;
+    }
 }

@@ -107,7 +107,7 @@ impl OccWorker {
     /// yes vote is a promise that survives a crash: the writes are logged first.
     fn prepare(&self, from: Addr, rpc_id: u64, txn: TxnId, writes: Writes, now: u64) {
         // Without a log there is nothing to append (`None`).
-        let Ok(lsn) = self.node.log.append_prepared(txn, &writes, &()) else {
+        let Ok(lsn) = self.append_prepared(txn, &writes, &()) else {
             unlock(&self.node.store, txn, writes.iter().map(|w| w.0));
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(false)));
         };

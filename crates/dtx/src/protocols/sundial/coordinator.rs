@@ -347,8 +347,8 @@ impl<'a> SundialTxn<'a> {
 
     /// A transaction that touched no other node: with early lock release, as 2PL's and OCC's.
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
-        let log = &self.wk.node.log;
-        commit_with_early_release(self, log, self.id, local_writes, Self::install_and_release, Self::abort)
+        let wk = self.wk;
+        commit_with_early_release(self, wk, self.id, local_writes, Self::install_and_release, Self::abort)
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.

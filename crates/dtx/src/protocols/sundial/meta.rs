@@ -38,7 +38,13 @@ impl Locked for SundialMeta {
 
 /// Replayed records keep the lease `[0, 0]`: the recovered bound lifts them when they are next
 /// touched ([`SundialMeta::current`]).
-impl TxnMeta for SundialMeta {}
+impl TxnMeta for SundialMeta {
+    /// The value a failed epoch replaced is back: as a version written past every lease granted
+    /// on the undone one, so that no read of it (nor a cached copy) validates again.
+    fn on_rolled_back(&mut self) {
+        self.lease = crate::protocols::twopc::lease::rolled_back(self.lease);
+    }
+}
 
 pub type Rec = Record<SundialMeta>;
 

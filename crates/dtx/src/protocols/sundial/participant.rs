@@ -148,7 +148,7 @@ impl SundialWorker {
         }
         *t = self.w.now_ns();
         // A yes vote is a promise that survives a crash: log the writes first.
-        let lsn = self.node.log.append_prepared(txn, &writes, &commit_ts);
+        let lsn = self.append_prepared(txn, &writes, &commit_ts);
         p.writes = Some((writes, commit_ts));
         drop(parts);
         match lsn {

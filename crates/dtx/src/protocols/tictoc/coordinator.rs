@@ -278,8 +278,8 @@ impl<'a> TicTocTxn<'a> {
     /// Commit a transaction whose every other node is done with (nothing to prepare anywhere
     /// else): with early lock release, as OCC's and Sundial's.
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
-        let log = &self.wk.node.log;
-        commit_with_early_release(self, log, self.id, local_writes, Self::install_here, Self::abort)
+        let wk = self.wk;
+        commit_with_early_release(self, wk, self.id, local_writes, Self::install_here, Self::abort)
     }
 }
 

@@ -37,7 +37,13 @@ impl TicTocMeta {
 
 /// Replayed records keep the lease `[0, 0]`: the recovered bound lifts them when they are next
 /// touched ([`TicTocMeta::current`]).
-impl TxnMeta for TicTocMeta {}
+impl TxnMeta for TicTocMeta {
+    /// The value a failed epoch replaced is back: as a version written past every lease granted
+    /// on the undone one, so that no read of it (nor a cached copy) validates again.
+    fn on_rolled_back(&mut self) {
+        self.lease = crate::protocols::twopc::lease::rolled_back(self.lease);
+    }
+}
 
 pub type Rec = Record<TicTocMeta>;
 

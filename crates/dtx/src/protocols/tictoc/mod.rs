@@ -109,7 +109,11 @@ impl TicTocNode {
 }
 
 /// Its options beside the 2PC skeleton's: none.
-pub const OPTIONS: &[OptionSpec] = &[crate::protocols::twopc::ORPHAN_OPTION];
+pub const OPTIONS: &[OptionSpec] = &[
+    crate::protocols::twopc::ORPHAN_OPTION,
+    crate::protocols::twopc::epoch_commit::COMMIT_OPTION,
+    crate::protocols::twopc::epoch_commit::EPOCH_OPTION,
+];
 
 pub const VERSION_CHANGED: Reason = Reason::new("tictoc-version-changed");
 pub const READ_LOCKED: Reason = Reason::new("tictoc-read-locked");

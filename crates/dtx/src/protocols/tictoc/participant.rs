@@ -92,7 +92,7 @@ impl TicTocWorker {
             return self.w.reply(from, rpc_id, &encode(&Reply::Vote(Vote::Lost)));
         }
         // A yes vote is a promise that survives a crash: log the writes first.
-        match self.node.log.append_prepared(txn, &writes, &commit_ts) {
+        match self.append_prepared(txn, &writes, &commit_ts) {
             Ok(lsn) => {
                 let now = self.w.now_ns();
                 self.parts.remember(txn, now, |p| p.writes = Some((writes, commit_ts)));

@@ -93,6 +93,14 @@ pub enum LogRecord<L: CcLog> {
     Ended { txn: TxnId },
     /// The concurrency control's own record.
     Own(L::Record),
+    /// Epoch group commit (`commit=epoch`): the `Commit` and `Prepared` records that follow,
+    /// up to `EpochSealed`, were made in `epoch`; they count only if it commits.
+    EpochOpened { epoch: u64 },
+    /// Everything this node did in `epoch` lies before this record: its vote waits for it.
+    EpochSealed { epoch: u64 },
+    /// What became of `epoch`, as this node learned it (the coordinator logs its commit
+    /// decision before anyone hears it).
+    EpochDecided { epoch: u64, committed: bool },
 }
 
 /// [`LogRecord`] borrowing what it carries: encoded exactly as the owned form (same variants in
@@ -106,6 +114,9 @@ enum LogRecordRef<'a, V, R> {
     Outcome { txn: TxnId, committed: bool, ts: u64 },
     Ended { txn: TxnId },
     Own(&'a R),
+    EpochOpened { epoch: u64 },
+    EpochSealed { epoch: u64 },
+    EpochDecided { epoch: u64, committed: bool },
 }
 
 /// A record of 2PC's own, whatever the protocol's types (they appear in no variant but these).
@@ -113,9 +124,10 @@ type CoreRef<'a> = LogRecordRef<'a, (), ()>;
 
 /// Transactions prepared here whose outcome the log does not hold, with their writes and vote.
 pub type InDoubt<V> = Vec<(TxnId, Writes, V)>;
-/// Commits decided here that not every participant acknowledged, with those participants and
-/// the decision's timestamp (0 for a protocol whose decisions carry none).
-pub type Unended = Vec<(TxnId, Vec<NodeId>, u64)>;
+/// Commits decided here that not every participant acknowledged, with those participants, the
+/// decision's timestamp (0 for a protocol whose decisions carry none) and its epoch (0 without
+/// epoch group commit).
+pub type Unended = Vec<(TxnId, Vec<NodeId>, u64, u64)>;
 
 /// What a restarted node learns from its log, beyond the writes replay applied.
 #[derive(Debug)]
@@ -131,6 +143,28 @@ pub struct Recovery<L: CcLog> {
     pub undecodable: u64,
     /// What the protocol's own records rebuilt.
     pub own: L,
+    /// Epoch group commit: what the log says of the epochs.
+    pub epochs: EpochsRecovered,
+}
+
+/// What a node's log says of its epochs (`commit=epoch`; all zero without).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EpochsRecovered {
+    /// The highest epoch the log names.
+    pub last_epoch: u64,
+    /// The highest epoch the log holds a commit decision of.
+    pub last_committed: u64,
+    /// An epoch this node voted for (sealed) whose fate its log does not hold (the node
+    /// crashed before it heard): replayed as committed, and undone if it turns out aborted.
+    pub limbo: Option<u64>,
+    /// The rows the limbo epoch wrote, `(key, value, writes, ts)` as replay hands rows over,
+    /// for the node to apply over the rest, keeping the values they replace.
+    pub limbo_rows: Vec<(RowKey, Option<Value>, u64, u64)>,
+    /// The limbo epoch's transactions still in doubt here (prepared in it, no outcome).
+    pub limbo_txns: Vec<TxnId>,
+    /// What undoing the limbo epoch puts back, oldest first: filled in by the node as it
+    /// applies `limbo_rows` (and for the keys its in-doubt transactions may install).
+    pub limbo_undo: Vec<(RowKey, Option<Value>)>,
 }
 
 impl<L: CcLog> Recovery<L> {
@@ -161,8 +195,8 @@ pub struct ReplayState<L: CcLog> {
     /// Row -> (latest committed value, committed writes since the initial load).
     pub rows: FxHashMap<RowKey, (Option<Value>, u64)>,
     pub prepared: FxHashMap<TxnId, (Writes, L::Vote)>,
-    /// Unended commits: their participants and the decision's timestamp.
-    pub unended: FxHashMap<TxnId, (Vec<NodeId>, u64)>,
+    /// Unended commits: their participants, the decision's timestamp and its epoch (0: none).
+    pub unended: FxHashMap<TxnId, (Vec<NodeId>, u64, u64)>,
     pub last_boot: u32,
     pub replayed: u64,
     pub undecodable: u64,
@@ -170,6 +204,28 @@ pub struct ReplayState<L: CcLog> {
     pub row_ts: FxHashMap<RowKey, u64>,
     /// The protocol's own replay state.
     pub own: L,
+    /// Epoch group commit: the epochs not decided yet, and where the log stands.
+    pub epochs: EpochReplay,
+}
+
+/// Replaying a log of epoch group commit (`commit=epoch`): a `Commit` or `Prepared` record made
+/// in an epoch, and any `Outcome` or `Ended` of its transaction, wait until the epoch's decision
+/// and count only if it committed. Without epochs every field stays empty.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EpochReplay {
+    /// The epoch whose records follow (between its `EpochOpened` and `EpochSealed`).
+    open: Option<u64>,
+    /// Records of undecided epochs, in log order, and whether the epoch was sealed (voted).
+    /// Bounded: a node opens an epoch only after it learned the previous one's fate, so at
+    /// most two are undecided, each holding one epoch's records.
+    pending: std::collections::BTreeMap<u64, (Vec<Vec<u8>>, bool)>,
+    /// Transactions whose `Commit` or `Prepared` record waits in a pending epoch.
+    txns: FxHashMap<TxnId, u64>,
+    last_epoch: u64,
+    last_committed: u64,
+    /// The epoch whose records are being applied (0 outside a decision): an unended commit
+    /// keeps its epoch, which its resent decision names.
+    deciding: u64,
 }
 
 impl<L: CcLog> ReplayState<L> {
@@ -185,6 +241,7 @@ impl<L: CcLog> ReplayState<L> {
             undecodable: 0,
             row_ts: FxHashMap::default(),
             own: L::default(),
+            epochs: EpochReplay::default(),
         }
     }
 
@@ -239,12 +296,35 @@ impl<L: CcLog> ReplayState<L> {
             return;
         };
         self.replayed += 1;
+        if let Some(epoch) = self.epoch_of(&r) {
+            self.epochs.pending.entry(epoch).or_default().0.push(bytes.to_vec());
+            return;
+        }
+        self.apply_record(r);
+    }
+
+    /// The undecided epoch a record belongs to, if it must wait for that epoch's decision: a
+    /// `Commit` or `Prepared` made while an epoch was open, or what follows of its transaction.
+    fn epoch_of(&mut self, r: &LogRecord<L>) -> Option<u64> {
+        let e = &mut self.epochs;
+        match r {
+            LogRecord::Commit { txn, .. } | LogRecord::Prepared { txn, .. } => {
+                let epoch = e.open?;
+                e.txns.insert(*txn, epoch);
+                Some(epoch)
+            }
+            LogRecord::Outcome { txn, .. } | LogRecord::Ended { txn } => e.txns.get(txn).copied(),
+            _ => None,
+        }
+    }
+
+    fn apply_record(&mut self, r: LogRecord<L>) {
         match r {
             LogRecord::Boot { boot } => self.last_boot = self.last_boot.max(boot),
             LogRecord::Commit { txn, writes, participants, ts } => {
                 self.install(writes, ts);
                 if !participants.is_empty() {
-                    self.unended.insert(txn, (participants, ts));
+                    self.unended.insert(txn, (participants, ts, self.epochs.deciding));
                 }
             }
             LogRecord::Prepared { txn, writes, vote } => {
@@ -261,7 +341,41 @@ impl<L: CcLog> ReplayState<L> {
                 self.unended.remove(&txn);
             }
             LogRecord::Own(record) => self.own.apply(record),
+            LogRecord::EpochOpened { epoch } => {
+                self.epochs.open = Some(epoch);
+                self.epochs.pending.entry(epoch).or_default();
+                self.epochs.last_epoch = self.epochs.last_epoch.max(epoch);
+            }
+            LogRecord::EpochSealed { epoch } => {
+                self.epochs.open = None;
+                self.epochs.pending.entry(epoch).or_default().1 = true;
+            }
+            LogRecord::EpochDecided { epoch, committed } => self.decide_epoch(epoch, committed),
         }
+    }
+
+    /// `epoch` was decided: its records count now if it committed, and are dropped if not.
+    fn decide_epoch(&mut self, epoch: u64, committed: bool) {
+        let e = &mut self.epochs;
+        e.last_epoch = e.last_epoch.max(epoch);
+        if committed {
+            e.last_committed = e.last_committed.max(epoch);
+        }
+        if e.open == Some(epoch) {
+            e.open = None;
+        }
+        let Some((records, _)) = e.pending.remove(&epoch) else { return };
+        e.txns.retain(|_, ep| *ep != epoch);
+        if !committed {
+            return;
+        }
+        e.deciding = epoch;
+        for bytes in records {
+            if let Ok(r) = crate::net::decode::<LogRecord<L>>(&bytes) {
+                self.apply_record(r);
+            }
+        }
+        self.epochs.deciding = 0;
     }
 
     /// What recovery learns: every row written goes to `apply` (value, committed writes, and
@@ -273,10 +387,37 @@ impl<L: CcLog> ReplayState<L> {
         for (k, (v, writes)) in rows {
             apply(*k, v.clone(), *writes, self.row_ts.get(k).copied().unwrap_or(0));
         }
+        // An epoch this node sealed without learning its fate counts as committed until the
+        // node learns otherwise; one it never sealed cannot have committed (it never voted).
+        let limbo = self.epochs.pending.iter().rev().find(|(_, (_, sealed))| *sealed).map(|(e, _)| *e);
+        let mut epochs = EpochsRecovered {
+            last_epoch: self.epochs.last_epoch,
+            last_committed: self.epochs.last_committed,
+            limbo,
+            limbo_rows: Vec::new(),
+            limbo_txns: Vec::new(),
+            limbo_undo: Vec::new(),
+        };
+        let with_limbo = limbo.map(|epoch| {
+            let mut with = self.clone();
+            with.decide_epoch(epoch, true);
+            with
+        });
+        let state = with_limbo.as_ref().unwrap_or(self);
+        if let Some(with) = &with_limbo {
+            for (k, (v, writes)) in &with.rows {
+                let before = self.rows.get(k).map_or(0, |e| e.1);
+                if *writes > before {
+                    epochs.limbo_rows.push((*k, v.clone(), writes - before, with.row_ts.get(k).copied().unwrap_or(0)));
+                }
+            }
+            epochs.limbo_rows.sort_unstable_by_key(|e| e.0);
+            epochs.limbo_txns = with.prepared.keys().filter(|t| !self.prepared.contains_key(t)).copied().collect();
+        }
         let mut in_doubt: InDoubt<L::Vote> =
-            self.prepared.iter().map(|(t, (w, vote))| (*t, w.clone(), vote.clone())).collect();
+            state.prepared.iter().map(|(t, (w, vote))| (*t, w.clone(), vote.clone())).collect();
         in_doubt.sort_unstable_by_key(|e| e.0);
-        let mut unended: Unended = self.unended.iter().map(|(t, (p, ts))| (*t, p.clone(), *ts)).collect();
+        let mut unended: Unended = state.unended.iter().map(|(t, (p, ts, e))| (*t, p.clone(), *ts, *e)).collect();
         unended.sort_unstable_by_key(|e| e.0);
         Recovery {
             boot: self.last_boot + 1,
@@ -284,7 +425,8 @@ impl<L: CcLog> ReplayState<L> {
             unended,
             replayed: self.replayed,
             undecodable: self.undecodable,
-            own: self.own.clone(),
+            own: state.own.clone(),
+            epochs,
         }
     }
 }
@@ -420,6 +562,21 @@ impl TxnLog {
     /// Append that every participant acknowledged the commit of `txn`.
     pub fn append_ended(&self, txn: TxnId) -> Result<Option<u64>, Abort> {
         self.append_encoded(&CoreRef::Ended { txn })
+    }
+
+    /// Append that the records which follow belong to `epoch` (epoch group commit).
+    pub fn append_epoch_opened(&self, epoch: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::EpochOpened { epoch })
+    }
+
+    /// Append that this node's records of `epoch` end here.
+    pub fn append_epoch_sealed(&self, epoch: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::EpochSealed { epoch })
+    }
+
+    /// Append what became of `epoch`.
+    pub fn append_epoch_decided(&self, epoch: u64, committed: bool) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::EpochDecided { epoch, committed })
     }
 
     /// Append one of the protocol's own records ([`CcLog::Record`]).
@@ -622,7 +779,7 @@ mod tests {
         assert_eq!(applied, vec![(k(1), v(9), 2), (k(2), v(2), 1)], "latest value, and how many writes");
         assert_eq!(r.boot, 3);
         assert_eq!(r.in_doubt, vec![(12, vec![(k(3), v(3))], ())]);
-        assert_eq!(r.unended, vec![(14, vec![2, 3], 0)]);
+        assert_eq!(r.unended, vec![(14, vec![2, 3], 0, 0)]);
         assert_eq!((r.replayed, r.undecodable), (11, 0));
     }
 

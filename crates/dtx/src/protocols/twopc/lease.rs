@@ -34,6 +34,13 @@ impl Lease {
     }
 }
 
+/// The lease of a value put back by an undone write (epoch group commit's rollback): a new
+/// version, written after every read of the one undone.
+pub fn rolled_back(lease: Lease) -> Lease {
+    let wts = lease.rts + 1;
+    Lease { wts, rts: wts }
+}
+
 /// A transaction's commit timestamp, raised as it reads and locks (Alg. 1).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitTs(pub u64);

@@ -6,6 +6,7 @@
 
 pub mod buffered;
 pub mod durable;
+pub mod epoch_commit;
 pub mod lease;
 pub mod lease_log;
 pub mod record_lock;
@@ -89,6 +90,10 @@ pub trait TxnMeta: Default + Send {
     fn on_replayed_write(&mut self) {}
     /// The latest replayed write's decision carried timestamp `ts` (MaaT's write timestamp).
     fn on_replayed_at(&mut self, _ts: u64) {}
+    /// A failed epoch's write was undone here (`commit=epoch`): the record holds the value it
+    /// had before, which must read as a new version to whoever read or cached the undone one
+    /// (OCC bumps its version; TicToc and Sundial start a version past every lease).
+    fn on_rolled_back(&mut self) {}
 }
 
 /// State of one node shared by its workers: storage plus what routing needs.
@@ -116,17 +121,30 @@ impl<M: TxnMeta> NodeShared<M> {
             }
             None => durable::ReplayState::new(protocol),
         };
-        let (recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
+        let replayed = |k: RowKey, v: Option<Value>, writes: u64, ts: u64| {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
-            row.value = v;
+            let old = std::mem::replace(&mut row.value, v);
             for _ in 0..writes {
                 row.meta.on_replayed_write();
             }
             if ts > 0 {
                 row.meta.on_replayed_at(ts);
             }
+            old
+        };
+        let (mut recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
+            replayed(k, v, writes, ts);
         });
+        // An epoch sealed without a known fate is applied last, keeping what it replaces.
+        let epochs = &mut recovery.epochs;
+        for (k, v, writes, ts) in std::mem::take(&mut epochs.limbo_rows) {
+            let old = replayed(k, v, writes, ts);
+            epochs.limbo_undo.push((k, old));
+        }
+        for (_, writes, _) in recovery.in_doubt.iter().filter(|e| epochs.limbo_txns.contains(&e.0)) {
+            epochs.limbo_undo.extend(writes.iter().map(|(k, _)| (*k, committed_value(&store, *k))));
+        }
         if recovery.undecodable > 0 {
             crate::rt::log_warn(&format!(
                 "node {}: {} log records did not decode and were skipped",
@@ -193,8 +211,11 @@ pub const MAX_TABLE_ENTRIES: usize = 1 << 22;
 pub struct CoordTable {
     boot: u32,
     next_seq: Cell<u64>,
-    /// Each transaction's status, and the timestamp of a commit decision that carries one.
-    status: RefCell<FxHashMap<TxnId, (TxnStatus, u64)>>,
+    /// Each transaction's status, the timestamp of a commit decision that carries one, and the
+    /// epoch it ran in (`commit=epoch`; 0 otherwise).
+    status: RefCell<FxHashMap<TxnId, (TxnStatus, u64, u64)>>,
+    /// The epoch this worker's transactions run in now (all of them: the epoch is a barrier).
+    pub epoch: Cell<u64>,
 }
 
 impl Default for CoordTable {
@@ -206,7 +227,7 @@ impl Default for CoordTable {
 impl CoordTable {
     /// The table of a worker of a node in boot number `boot`.
     pub fn new(boot: u32) -> Self {
-        CoordTable { boot, next_seq: Cell::new(1), status: RefCell::new(FxHashMap::default()) }
+        CoordTable { boot, next_seq: Cell::new(1), status: RefCell::new(FxHashMap::default()), epoch: Cell::new(0) }
     }
 
     pub fn new_txn(&self, addr: Addr) -> TxnId {
@@ -231,6 +252,14 @@ impl CoordTable {
         self.set_at(txn, TxnStatus::Committed, ts)
     }
 
+    /// A commit decided before a restart, in epoch `epoch`, resent from the log.
+    pub fn set_committed_in(&self, txn: TxnId, ts: u64, epoch: u64) {
+        self.set_at(txn, TxnStatus::Committed, ts);
+        if let Some(e) = self.status.borrow_mut().get_mut(&txn) {
+            e.2 = epoch;
+        }
+    }
+
     fn set_at(&self, txn: TxnId, s: TxnStatus, ts: u64) {
         let mut status = self.status.borrow_mut();
         let before = status.get(&txn).map(|e| e.0);
@@ -244,7 +273,7 @@ impl CoordTable {
         if s == TxnStatus::Aborted {
             status.remove(&txn);
         } else {
-            status.insert(txn, (s, ts));
+            status.insert(txn, (s, ts, self.epoch.get()));
             debug_assert!(status.len() <= MAX_TABLE_ENTRIES, "the decision table outgrew the transactions in flight");
         }
     }
@@ -271,9 +300,15 @@ impl CoordTable {
         self.status.borrow().get(&txn).map_or(TxnStatus::Aborted, |e| e.0)
     }
 
-    /// The status and, for a commit that carries one, its timestamp (0 otherwise).
-    pub fn get_at(&self, txn: TxnId) -> (TxnStatus, u64) {
-        self.status.borrow().get(&txn).copied().unwrap_or((TxnStatus::Aborted, 0))
+    /// The status, the timestamp of a commit that carries one (0 otherwise), and its epoch.
+    pub fn get_at(&self, txn: TxnId) -> (TxnStatus, u64, u64) {
+        self.status.borrow().get(&txn).copied().unwrap_or((TxnStatus::Aborted, 0, 0))
+    }
+
+    /// The epoch `txn` ran in, as the decision table knows it (this worker's current one
+    /// otherwise).
+    pub fn epoch_of(&self, txn: TxnId) -> u64 {
+        self.status.borrow().get(&txn).map_or(self.epoch.get(), |e| e.2)
     }
 
     pub fn len(&self) -> usize {
@@ -358,9 +393,10 @@ pub fn tell_outcome<C: Cc>(me: Rc<CcWorker<C>>, body: Vec<u8>, nodes: Vec<NodeId
 /// After a restart: the commits this worker decided before the crash that some participant
 /// may not have heard are committed in the decision table again and resent until acknowledged.
 pub fn resend_unended<C: Cc>(me: &Rc<CcWorker<C>>, unended: durable::Unended) {
-    for (txn, nodes, ts) in unended {
-        me.coord.set_committed_at(txn, ts);
-        resend_until_acked(me.clone(), skeleton::termination(&skeleton::Termination::Commit { txn, ts }), nodes, txn);
+    for (txn, nodes, ts, epoch) in unended {
+        me.coord.set_committed_in(txn, ts, epoch);
+        let commit = skeleton::Termination::Commit { txn, ts, epoch };
+        resend_until_acked(me.clone(), skeleton::termination(&commit), nodes, txn);
     }
 }
 
@@ -398,8 +434,8 @@ pub fn spawn_sweeper<C: Cc>(me: &Rc<CcWorker<C>>, orphan_after_us: u64) {
                 w.spawn(async move {
                     let question = skeleton::termination(&skeleton::Termination::Status { txn });
                     if let Ok(body) = me.w.call(coordinator_of(txn), question).await {
-                        if let Some((s, ts)) = skeleton::parse_status(&body) {
-                            me.resolve(txn, s, ts);
+                        if let Some((s, ts, epoch)) = skeleton::parse_status(&body) {
+                            me.resolve(txn, s, ts, epoch);
                         }
                     }
                 });

@@ -13,6 +13,7 @@
 //! OCC, 2PL, TicToc, Sundial, MaaT and MVCC plug in this way.
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
+use super::epoch_commit::{CommitPolicy, EpochGate, GateHost, GateRecovery};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
@@ -30,6 +31,8 @@ use std::sync::Arc;
 pub struct TwoPcConfig {
     /// A participant asks the coordinator about a transaction it has not heard of this long.
     pub orphan_after_us: u64,
+    /// When a commit is safe to acknowledge ([`super::epoch_commit`]).
+    pub commit: CommitPolicy,
 }
 
 /// The option every protocol over 2PC has (`orphan_after_us`), for its registry entry.
@@ -58,15 +61,15 @@ pub trait CoordTxn: Access {
 /// install order), then install and release at once; the acknowledgement waits for the
 /// returned LSN. A read-only one waits for the log's tail instead, since it may have read a
 /// write whose record is not durable yet. A record the log refuses aborts the attempt.
-pub fn commit_with_early_release<T>(
+pub fn commit_with_early_release<T, C: Cc>(
     txn: &mut T,
-    log: &TxnLog,
+    wk: &CcWorker<C>,
     id: TxnId,
     local_writes: super::durable::Writes,
     install_and_release: fn(&mut T, super::durable::Writes),
     abort: fn(&mut T, Abort) -> Abort,
 ) -> TxnResult<AckAfter> {
-    let lsn = match log.local_commit_lsn(id, &local_writes) {
+    let lsn = match wk.local_commit_lsn(id, &local_writes) {
         Ok(lsn) => lsn,
         Err(a) => return Err(abort(txn, a)),
     };
@@ -80,6 +83,15 @@ pub fn commit_with_early_release<T>(
 const TAG_CC: u8 = 0;
 const TAG_TERMINATION: u8 = 1;
 const TAG_PEEK: u8 = 2;
+/// `commit=epoch`: the concurrency control's request, after the epoch it was made in (8 bytes,
+/// little-endian). A participant in another epoch answers [`REFUSED_FOR_EPOCH`].
+const TAG_CC_IN_EPOCH: u8 = 3;
+/// `commit=epoch`: an epoch message ([`crate::replication::epoch::EpochMsg`]), one-way.
+const TAG_EPOCH: u8 = 4;
+
+/// The reply to a request made in an epoch the participant is not in: empty, which no encoded
+/// reply is (every reply type is an enum, one byte at least).
+const REFUSED_FOR_EPOCH: &[u8] = &[];
 
 /// A reconnaissance read (OLLP) of another node's committed state, served by the skeleton
 /// through [`Participant::peek`] and [`Participant::peek_scan`]: it takes nothing and leaves
@@ -101,8 +113,10 @@ enum PeekReply {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Termination {
     /// Install the transaction's writes here and release what it holds; `ts` is the decision's
-    /// timestamp for a protocol that chooses one after the votes (MaaT), else 0.
-    Commit { txn: TxnId, ts: u64 },
+    /// timestamp for a protocol that chooses one after the votes (MaaT), else 0; `epoch` the
+    /// epoch it ran in under `commit=epoch` (a participant that rolled it back releases
+    /// instead), else 0.
+    Commit { txn: TxnId, ts: u64, epoch: u64 },
     /// Release what the transaction holds here and drop its writes.
     Abort { txn: TxnId },
     /// What became of the transaction? (asked by a participant of its coordinator)
@@ -112,8 +126,9 @@ pub enum Termination {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum TerminationReply {
     Ack,
-    /// The coordinator's status of a transaction, with its commit timestamp where it has one.
-    Status(TxnStatus, u64),
+    /// The coordinator's status of a transaction, with its commit timestamp where it has one,
+    /// and its epoch.
+    Status(TxnStatus, u64, u64),
 }
 
 /// `value` encoded behind a one-byte tag, in one allocation (every remote request goes through
@@ -130,11 +145,24 @@ pub(super) fn termination(t: &Termination) -> Vec<u8> {
 }
 
 /// The status in a coordinator's answer to [`Termination::Status`], if it is one.
-pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64)> {
+pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64, u64)> {
     match decode(reply) {
-        Ok(TerminationReply::Status(s, ts)) => Some((s, ts)),
+        Ok(TerminationReply::Status(s, ts, epoch)) => Some((s, ts, epoch)),
         _ => None,
     }
+}
+
+/// An epoch message, as the skeleton sends it.
+pub(super) fn epoch_message(msg: &crate::replication::epoch::EpochMsg) -> Vec<u8> {
+    framed(TAG_EPOCH, msg)
+}
+
+/// A concurrency control's request made in `epoch`.
+fn framed_in_epoch(epoch: u64, value: &impl Serialize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(TAG_CC_IN_EPOCH);
+    out.extend_from_slice(&epoch.to_le_bytes());
+    postcard::to_extend(value, out).expect("a message encodes into memory")
 }
 
 /// A concurrency control over two-phase commit: what its records and nodes carry, here; how
@@ -243,10 +271,24 @@ pub struct TwoPc<C: Cc> {
 
 impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let (shared, recovery) = NodeShared::load::<C::Log>(env, C::NAME);
+        let (shared, mut recovery) = NodeShared::load::<C::Log>(env, C::NAME);
         let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
+        let gate = match self.config.commit {
+            CommitPolicy::TwoPc => None,
+            CommitPolicy::Epoch { epoch_us } => {
+                let e = &mut recovery.epochs;
+                let recovered = GateRecovery {
+                    last_epoch: e.last_epoch,
+                    last_committed: e.last_committed,
+                    limbo: e.limbo.map(|epoch| (epoch, std::mem::take(&mut e.limbo_undo))),
+                };
+                let gate = EpochGate::new(shared.id, shared.topo.nodes, epoch_us, recovered);
+                gate.log_first_epoch(&shared.log);
+                Some(Arc::new(gate))
+            }
+        };
         let recovered = parking_lot::Mutex::new(recovery);
-        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered })
+        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered, gate })
     }
 
     fn log_machine(
@@ -265,6 +307,8 @@ struct CcNode<C: Cc> {
     config: TwoPcConfig,
     /// What recovery left undecided, claimed by the workers that own it as they start.
     recovered: parking_lot::Mutex<Recovery<C::Log>>,
+    /// The node's side of epoch group commit (`commit=epoch`).
+    gate: Option<Arc<EpochGate>>,
 }
 
 impl<C: Cc> NodeProtocol for CcNode<C> {
@@ -281,6 +325,7 @@ impl<C: Cc> NodeProtocol for CcNode<C> {
             parts: PartTable::default(),
             last_outcome_lsn: Cell::new(0),
             unended: RefCell::new(unended),
+            gate: self.gate.clone(),
         });
         C::adopt_in_doubt(&wk, in_doubt);
         let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
@@ -306,12 +351,35 @@ pub struct CcWorker<C: Cc> {
     pub last_outcome_lsn: Cell<u64>,
     /// Commits this worker coordinated before a crash that not every participant acknowledged.
     unended: RefCell<super::durable::Unended>,
+    /// The node's side of epoch group commit (`commit=epoch`).
+    pub gate: Option<Arc<EpochGate>>,
 }
 
 impl<C: Cc> CcWorker<C> {
     /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit.
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.node.log.booted().await;
+        let Some(gate) = &self.gate else { return self.run_attempt(req, attempt).await };
+        let admitted = gate.admit(&self.w).await?;
+        let epoch = admitted.epoch;
+        self.coord.epoch.set(epoch);
+        let mut out = self.run_attempt(req, Attempt { defer_ack: true, ..attempt }).await?;
+        // Its records precede the epoch's seal: it leaves the epoch before waiting for it.
+        drop(admitted);
+        if attempt.defer_ack {
+            out.ack_after = Some(epoch);
+            return Ok(out);
+        }
+        out.ack_after = None;
+        let t0 = self.w.now_ns();
+        gate.outcome(epoch).await?;
+        self.w.note_log_wait(self.w.now_ns() - t0);
+        Ok(out)
+    }
+
+    /// Run one attempt under the node's commit policy's first half: everything up to the
+    /// acknowledgement, which a deferring caller (the driver, or `run` under epochs) takes.
+    async fn run_attempt(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.w.charge(self.w.cost.txn_ns);
         let wl = self.node.workload.clone();
         let mut txn = C::begin(self, self.coord.new_txn(self.w.addr), attempt);
@@ -356,8 +424,20 @@ impl<C: Cc> CcWorker<C> {
         &self.node.log
     }
 
-    /// Send `body` once `lsn` is durable (at once without a log).
+    /// Send a vote or a read's answer once `lsn` is durable (at once without a log, and under
+    /// `commit=epoch`, where the epoch's seal makes it durable before anything it decided is
+    /// acknowledged).
     pub fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
+        if self.gate.is_some() {
+            return self.w.reply(to, rpc_id, &body);
+        }
+        self.reply_after_log(to, rpc_id, lsn, body)
+    }
+
+    /// Send `body` once `lsn` is durable, whatever the commit policy: the termination
+    /// protocol's answers, which let a coordinator forget a transaction or a participant drop
+    /// one.
+    fn reply_after_log(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
         if !self.node.log.enabled() {
             return self.w.reply(to, rpc_id, &body);
         }
@@ -386,11 +466,78 @@ impl<C: Cc> CcWorker<C> {
     }
 
     /// Apply the coordinator's answer about a transaction this worker holds state for.
-    pub fn resolve(&self, txn: TxnId, status: TxnStatus, ts: u64) {
+    pub fn resolve(&self, txn: TxnId, status: TxnStatus, ts: u64, epoch: u64) {
         match status {
             TxnStatus::Active => self.parts.touch(txn, self.w.now_ns()),
             TxnStatus::Aborted => C::abort_here(self, txn),
-            TxnStatus::Committed => C::commit_here(self, txn, ts),
+            TxnStatus::Committed => self.commit_decided(txn, ts, epoch),
+        }
+    }
+
+    /// The coordinator decided to commit `txn` (made in `epoch` under `commit=epoch`): install
+    /// it here, or, if its epoch was rolled back here, release it.
+    fn commit_decided(&self, txn: TxnId, ts: u64, epoch: u64) {
+        match &self.gate {
+            None => C::commit_here(self, txn, ts),
+            Some(gate) => gate.decided(epoch, || C::commit_here(self, txn, ts), || C::abort_here(self, txn)),
+        }
+    }
+
+    /// Append a yes vote's record (`writes` install if `txn` commits, `vote` is the protocol's
+    /// own part): under `commit=epoch`, only before the node's epoch is sealed, saving the
+    /// values the writes will replace.
+    pub fn append_prepared<V: Serialize + 'static>(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        vote: &V,
+    ) -> Result<Option<u64>, Abort> {
+        match &self.gate {
+            None => self.node.log.append_prepared(txn, writes, vote),
+            Some(gate) => gate.append_writes(self, writes, || self.node.log.append_prepared(txn, writes, vote)),
+        }
+    }
+
+    /// Append the commit decision of a transaction coordinated here: its writes to this node
+    /// and the participants that must hear it (as [`CcWorker::append_prepared`] under epochs).
+    pub fn append_commit(
+        &self,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        participants: &[NodeId],
+    ) -> Result<Option<u64>, Abort> {
+        match &self.gate {
+            None => self.node.log.append_commit(txn, writes, participants, 0),
+            Some(gate) => {
+                gate.append_writes(self, writes, || self.node.log.append_commit(txn, writes, participants, 0))
+            }
+        }
+    }
+
+    /// What a transaction that touched only this node waits for before it is acknowledged
+    /// (see [`TxnLog::local_commit_lsn`]); under `commit=epoch`, its epoch instead.
+    pub fn local_commit_lsn(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
+        match &self.gate {
+            None => self.node.log.local_commit_lsn(txn, writes),
+            Some(_) if writes.is_empty() => Ok(None),
+            Some(_) => self.append_commit(txn, writes, &[]).map(|_| None),
+        }
+    }
+
+    /// Log a distributed transaction's commit decision and wait until it is durable (see
+    /// [`TxnLog::log_decision`]); under `commit=epoch`, append it and go on: the epoch's seal
+    /// waits for it.
+    pub async fn log_decision(
+        &self,
+        txn: TxnId,
+        local_writes: &[(RowKey, Option<Value>)],
+        writers: &[NodeId],
+        read_here: bool,
+    ) -> TxnResult<()> {
+        match &self.gate {
+            None => self.node.log.log_decision(&self.w, txn, local_writes, writers, read_here).await,
+            Some(_) if local_writes.is_empty() && writers.is_empty() => Ok(()),
+            Some(_) => self.append_commit(txn, local_writes, writers).map(|_| ()),
         }
     }
 
@@ -408,7 +555,14 @@ impl<C: Cc> CcWorker<C> {
     }
 
     async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {
-        let body = self.w.call(self.participant_addr(node), framed(tag, req)).await.map_err(|_| Abort::Timeout)?;
+        let framed = match &self.gate {
+            Some(gate) if tag == TAG_CC => framed_in_epoch(gate.epoch_now(), req),
+            _ => framed(tag, req),
+        };
+        let body = self.w.call(self.participant_addr(node), framed).await.map_err(|_| Abort::Timeout)?;
+        if body.is_empty() {
+            return Err(Abort::EpochClosed);
+        }
         decode(&body).map_err(|_| Abort::BadReply)
     }
 
@@ -437,7 +591,8 @@ impl<C: Cc> CcWorker<C> {
     /// [`CcWorker::tell_commit`] for a decision at timestamp `ts`.
     pub fn tell_commit_at(&self, txn: TxnId, ts: u64, nodes: Vec<NodeId>) {
         if let Some(me) = self.me.upgrade() {
-            super::tell_outcome(me, termination(&Termination::Commit { txn, ts }), nodes, Some(txn));
+            let epoch = self.coord.epoch_of(txn);
+            super::tell_outcome(me, termination(&Termination::Commit { txn, ts, epoch }), nodes, Some(txn));
         }
     }
 
@@ -452,7 +607,7 @@ impl<C: Cc> CcWorker<C> {
         writers: Vec<NodeId>,
         read_here: bool,
     ) -> TxnResult<()> {
-        self.node.log.log_decision(&self.w, txn, local_writes, &writers, read_here).await?;
+        self.log_decision(txn, local_writes, &writers, read_here).await?;
         if writers.is_empty() {
             self.coord.forget(txn);
         } else {
@@ -481,12 +636,17 @@ impl<C: Cc> CcWorker<C> {
     /// The skeleton's side of the termination protocol, at a participant and a coordinator.
     fn serve_termination(&self, from: Addr, rpc_id: u64, t: Termination) {
         let reply = match t {
-            Termination::Commit { txn, ts } => {
+            Termination::Commit { txn, ts, epoch } => {
+                if self.gate.as_ref().is_some_and(|g| g.restarting()) {
+                    // Restarted, and not yet told what became of the epoch it ran in: the
+                    // coordinator resends until we answer.
+                    return;
+                }
                 // The coordinator forgets the transaction once we acknowledge: our outcome
                 // record (this one, or one the orphan sweeper wrote) must be durable first.
-                C::commit_here(self, txn, ts);
+                self.commit_decided(txn, ts, epoch);
                 let lsn = Some(self.last_outcome_lsn.get());
-                return self.reply_when_durable(from, rpc_id, lsn, crate::net::encode(&TerminationReply::Ack));
+                return self.reply_after_log(from, rpc_id, lsn, crate::net::encode(&TerminationReply::Ack));
             }
             Termination::Abort { txn } => {
                 C::abort_here(self, txn);
@@ -495,14 +655,19 @@ impl<C: Cc> CcWorker<C> {
             Termination::Status { txn } => {
                 // "Aborted" is also what a coordinator answers for a transaction it never heard
                 // of: only an incarnation that still leads the node's log may say so.
-                let (status, ts) = self.coord.get_at(txn);
+                let (mut status, ts, epoch) = self.coord.get_at(txn);
+                if let Some(gate) = &self.gate {
+                    if gate.rolled_back(epoch) {
+                        status = TxnStatus::Aborted;
+                    } else if status == TxnStatus::Aborted && gate.restarting() {
+                        // Restarted: a commit of the epoch it has not settled may be unknown to
+                        // this table yet.
+                        status = TxnStatus::Active;
+                    }
+                }
                 let fence = self.node.log.read_fence();
-                return self.reply_when_durable(
-                    from,
-                    rpc_id,
-                    fence,
-                    crate::net::encode(&TerminationReply::Status(status, ts)),
-                );
+                let reply = crate::net::encode(&TerminationReply::Status(status, ts, epoch));
+                return self.reply_after_log(from, rpc_id, fence, reply);
             }
         };
         self.w.reply(from, rpc_id, &crate::net::encode(&reply));
@@ -515,11 +680,17 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
     }
 
     fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
+        if let Some(gate) = &self.gate {
+            return Some(gate.acks() as Arc<dyn crate::rt::release::AckSource>);
+        }
         self.node.log.node_log().map(|log| log.clone() as Arc<dyn crate::rt::release::AckSource>)
     }
 
     fn start(&self) {
         if let Some(me) = self.me.upgrade() {
+            if let Some(gate) = &self.gate {
+                gate.start(&me);
+            }
             spawn_sweeper(&me, self.config.orphan_after_us);
             resend_unended(&me, self.unended.take());
         }
@@ -561,6 +732,14 @@ impl<C: Cc> Handler for CcWorker<C> {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         let decoded = match body.split_first() {
             Some((&TAG_CC, rest)) => decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r)),
+            Some((&TAG_CC_IN_EPOCH, rest)) if rest.len() >= 8 => {
+                let (epoch, rest) = rest.split_at(8);
+                let epoch = u64::from_le_bytes(epoch.try_into().expect("eight bytes"));
+                if !self.gate.as_ref().is_some_and(|g| g.serves(epoch)) {
+                    return self.w.reply(from, rpc_id, REFUSED_FOR_EPOCH);
+                }
+                decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r))
+            }
             Some((&TAG_TERMINATION, rest)) => decode(rest).map(|t| self.serve_termination(from, rpc_id, t)),
             Some((&TAG_PEEK, rest)) => decode(rest).map(|p| self.serve_peek(from, rpc_id, p)),
             _ => return log_warn(&format!("{}: a request from {from} without a known tag", C::NAME)),
@@ -570,7 +749,32 @@ impl<C: Cc> Handler for CcWorker<C> {
         }
     }
 
-    fn on_oneway(&self, from: Addr, _body: &[u8]) {
-        log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME));
+    fn on_oneway(&self, from: Addr, body: &[u8]) {
+        match (body.split_first(), &self.gate, self.me.upgrade()) {
+            (Some((&TAG_EPOCH, rest)), Some(gate), Some(me)) => gate.on_message(&me, from, rest),
+            _ => log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME)),
+        }
+    }
+}
+
+/// The node a worker runs on, as epoch group commit sees it.
+impl<C: Cc> GateHost for CcWorker<C> {
+    fn worker(&self) -> &Rc<Worker> {
+        &self.w
+    }
+
+    fn gate_log(&self) -> &TxnLog {
+        &self.node.log
+    }
+
+    fn read_row(&self, key: RowKey) -> Option<Value> {
+        super::committed_value(&self.node.store, key)
+    }
+
+    fn restore_row(&self, key: RowKey, value: Option<Value>) {
+        let rec = self.node.store.get_or_create(key);
+        let mut row = rec.lock();
+        row.value = value;
+        row.meta.on_rolled_back();
     }
 }

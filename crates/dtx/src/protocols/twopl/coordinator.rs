@@ -223,8 +223,8 @@ impl<'a> TplTxn<'a> {
     /// Commit a transaction that touched no other node, with early lock release (so does a
     /// remote reader's read-only vote wait for the log's tail, in `participant`).
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
-        let log = &self.wk.node.log;
-        commit_with_early_release(self, log, self.id, local_writes, Self::install_and_release, Self::abort)
+        let wk = self.wk;
+        commit_with_early_release(self, wk, self.id, local_writes, Self::install_and_release, Self::abort)
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.

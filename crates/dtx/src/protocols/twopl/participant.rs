@@ -187,7 +187,7 @@ impl Participant for TwoPl {
                     Some((p, t)) => {
                         *t = now;
                         // A yes vote is a promise that survives a crash: log the writes first.
-                        let lsn = wk.node.log.append_prepared(txn, &writes, &());
+                        let lsn = wk.append_prepared(txn, &writes, &());
                         p.writes = Some(writes);
                         drop(parts);
                         match lsn {

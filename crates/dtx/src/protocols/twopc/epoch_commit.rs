@@ -1,0 +1,522 @@
+//! COCO's epoch group commit for any concurrency control over the skeleton (`commit=epoch`).
+//!
+//! Under `commit=2pc` a yes vote, a decision and an early-released commit each wait for their
+//! log record to be durable, and a client is acknowledged once its decision is. Under
+//! `commit=epoch` nothing waits for the log per transaction: votes are answered, decisions
+//! installed and locks released at once, and a client hears of its commit when the whole epoch
+//! commits (Lu et al., COCO, VLDB 2021; the baseline Primo measures against, §2.3). Node 0
+//! runs the epoch coordinator (`replication::epoch`); every node is a participant, and this
+//! module is its side of the protocol, one [`EpochGate`] per node:
+//!
+//! - **The barrier.** A transaction joins the node's open epoch (`admit`). When the coordinator
+//!   closes the epoch, the node admits no more, lets the transactions it coordinates finish,
+//!   appends `EpochSealed` and votes once that record is durable: everything it did in the epoch
+//!   lies before it. The next epoch opens when the node learns this one's fate.
+//! - **Requests carry their epoch.** A participant serves a request only in the epoch it was
+//!   made in, and appends a transaction's records only before its seal; otherwise the request
+//!   is refused (`epoch-closed`). So what a node logged in an epoch is covered by its vote, and
+//!   a transaction never reads what a failed epoch wrote.
+//! - **Rollback.** Every write a node installs in an epoch first saves the value it replaces
+//!   (in log order, under the gate's lock). A failed epoch (a participant that crashed, did not
+//!   answer in time, or could not make its log durable) is undone on every node in reverse
+//!   order; its commits reach their clients as `rolled-back`, and a decision that arrives later
+//!   for one of its transactions releases instead of installing.
+//! - **Recovery.** Replay keeps the records of committed epochs only
+//!   ([`super::durable::EpochReplay`]). An epoch the node sealed without learning its fate is
+//!   replayed as committed, with its undo kept, until the coordinator's next message settles
+//!   it; the restarted node votes down the epoch it crashed in. The coordinator logs every
+//!   decision before announcing it, so a coordinator that fails over resumes past every epoch
+//!   it may have opened and knows the last it committed.
+//!
+//! The gate is one mutex per node, taken when a transaction joins and leaves an epoch, around
+//! each record that carries writes, and around each install a decision makes at a participant:
+//! the order of saved values must be the order of installs across the node's workers.
+
+use super::durable::TxnLog;
+use crate::net::{Addr, NodeId};
+use crate::protocols::{OptionKind, OptionSpec};
+use crate::replication::epoch::{
+    EpochConfig, EpochCoordinator, EpochMsg, EpochOutcome, EpochParticipant, ParticipantState,
+};
+use crate::rt::release::{AckSource, Release, ReleasePoints};
+use crate::rt::{log_warn, Worker};
+use crate::storage::{RowKey, Value};
+use crate::txn::Abort;
+use parking_lot::Mutex;
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// How a commit becomes safe to acknowledge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitPolicy {
+    /// Every vote and decision is durable before it is answered or acted on (2PC over the log).
+    TwoPc,
+    /// COCO's epoch group commit with epochs this long.
+    Epoch { epoch_us: u64 },
+}
+
+/// The skeleton's commit policy option, for the registry entries of the concurrency controls
+/// that roll back by restoring values ([`super::TxnMeta::on_rolled_back`]).
+pub const COMMIT_OPTION: OptionSpec = OptionSpec {
+    name: "commit",
+    kind: OptionKind::Choice(&["2pc", "epoch"]),
+    default: "2pc",
+    help: "2pc: each vote and decision is durable before it counts; epoch: COCO's epoch group commit",
+};
+
+/// The epoch length under `commit=epoch` (Primo's evaluation unified COCO's epoch and its
+/// watermark interval at 20 ms).
+pub const EPOCH_OPTION: OptionSpec = OptionSpec {
+    name: "epoch_us",
+    kind: OptionKind::U64 { min: 100, max: 10_000_000 },
+    default: "20000",
+    help: "with commit=epoch: how long an epoch stays open",
+};
+
+/// Registry entries of the concurrency controls that accept `commit=epoch`, for the error a
+/// user sees when naming it on another.
+pub const ACCEPTED_BY: &str = "2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc";
+
+/// The node that coordinates the epochs.
+const COORDINATOR: NodeId = 0;
+
+/// How long a transaction waits for an epoch to open before it gives up (the coordinator
+/// aborts a closing epoch it cannot finish after `TIMEOUT_EPOCHS` epochs, far sooner).
+const OPEN_WAIT_LIMIT_US: u64 = 5_000_000;
+
+/// A closing epoch some node has not voted on for this many epoch lengths is aborted: long
+/// enough for a slow flush and for the transactions in flight at the close to finish.
+const TIMEOUT_EPOCHS: u64 = 50;
+
+/// While an epoch closes, the node looks this often whether its transactions have finished.
+const DRAIN_POLL_US: u64 = 50;
+
+/// Where a node stands in its current epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Transactions join it; requests made in it are served.
+    Open,
+    /// Closing: no transaction joins; those in flight finish, requests made in it are served.
+    Draining,
+    /// Its seal is appended (and its vote sent once durable): nothing more is done in it.
+    Sealed,
+    /// It failed: waiting for the node's transactions in it to finish, then undone.
+    RollingBack,
+    /// Restarted: no epoch until the coordinator's first message.
+    Recovering,
+}
+
+/// One node's side of epoch group commit (see the module comment).
+pub struct EpochGate {
+    node: NodeId,
+    nodes: u16,
+    cfg: EpochConfig,
+    /// Acknowledgements: an epoch's commits are released when it commits, rolled back if not.
+    acks: Arc<ReleasePoints>,
+    /// Wakes the transactions waiting for an epoch to open: released through each epoch opened.
+    opened: Arc<ReleasePoints>,
+    /// The epoch this node's transactions run in (read without the lock to frame requests).
+    epoch_now: AtomicU64,
+    /// What the coordinator resumes from: `(first epoch, last committed)`.
+    resume: (u64, u64),
+    state: Mutex<GateState>,
+}
+
+struct GateState {
+    participant: EpochParticipant,
+    /// Node 0's, made at start (it needs the clock).
+    coordinator: Option<EpochCoordinator>,
+    epoch: u64,
+    stage: Stage,
+    /// Transactions this node coordinates in `epoch`.
+    inflight: usize,
+    /// The values the epoch's writes replaced, in the order written.
+    undo: Undo,
+    /// Restarted, and no epoch opened since.
+    restarting: bool,
+}
+
+/// The values an epoch's writes replaced, oldest first.
+pub type Undo = Vec<(RowKey, Option<Value>)>;
+
+/// What the gate needs of the node it runs on.
+pub trait GateHost: 'static {
+    fn worker(&self) -> &Rc<Worker>;
+    fn gate_log(&self) -> &TxnLog;
+    /// The value `key` holds now (a write is about to replace it).
+    fn read_row(&self, key: RowKey) -> Option<Value>;
+    /// Put back the value `key` held before a failed epoch wrote it.
+    fn restore_row(&self, key: RowKey, value: Option<Value>);
+}
+
+/// A transaction's place in an epoch: it leaves the epoch when dropped.
+pub struct Admitted<'a> {
+    gate: &'a EpochGate,
+    pub epoch: u64,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut st = self.gate.state.lock();
+        debug_assert!(st.inflight > 0 && st.epoch == self.epoch, "a transaction left an epoch it was not in");
+        st.inflight -= 1;
+    }
+}
+
+/// What the node's log says of its epochs, for the gate of a restarted node.
+pub struct GateRecovery {
+    pub last_epoch: u64,
+    pub last_committed: u64,
+    /// An epoch sealed before the crash whose fate is unknown, with the values to put back if it
+    /// failed.
+    pub limbo: Option<(u64, Undo)>,
+}
+
+impl EpochGate {
+    pub fn new(node: NodeId, nodes: u16, epoch_us: u64, recovered: GateRecovery) -> EpochGate {
+        let timeout_us = epoch_us.saturating_mul(TIMEOUT_EPOCHS);
+        let cfg = EpochConfig { epoch_us, timeout_us, resend_us: epoch_us };
+        let fresh = recovered.last_epoch == 0 && recovered.limbo.is_none();
+        let (participant, epoch, stage, undo) = if fresh {
+            (EpochParticipant::new(COORDINATOR, 1), 1, Stage::Open, Vec::new())
+        } else {
+            let (limbo, undo) = recovered.limbo.map_or((None, Vec::new()), |(e, u)| (Some(e), u));
+            let stage = if limbo.is_some() { Stage::Sealed } else { Stage::Recovering };
+            (EpochParticipant::recovering_after(COORDINATOR, limbo), limbo.unwrap_or(0), stage, undo)
+        };
+        let first_epoch = if fresh { 1 } else { recovered.last_epoch.max(epoch) + 2 };
+        let gate = EpochGate {
+            node,
+            nodes,
+            cfg,
+            acks: ReleasePoints::new(),
+            opened: ReleasePoints::new(),
+            epoch_now: AtomicU64::new(epoch),
+            resume: (first_epoch, recovered.last_committed),
+            state: Mutex::new(GateState {
+                participant,
+                coordinator: None,
+                epoch,
+                stage,
+                inflight: 0,
+                undo,
+                restarting: !fresh,
+            }),
+        };
+        if fresh {
+            gate.opened.release_through(1);
+        }
+        gate
+    }
+
+    /// Where commits wait for their epoch.
+    pub fn acks(&self) -> Arc<ReleasePoints> {
+        self.acks.clone()
+    }
+
+    /// The epoch the requests of this node's transactions carry.
+    pub fn epoch_now(&self) -> u64 {
+        self.epoch_now.load(Ordering::Acquire)
+    }
+
+    /// A fresh node logs that its first epoch is open (before any transaction runs in it).
+    pub fn log_first_epoch(&self, log: &TxnLog) {
+        let st = self.state.lock();
+        if st.stage == Stage::Open {
+            let _ = log.append_epoch_opened(st.epoch);
+        }
+    }
+
+    /// Join the open epoch, waiting while none is; `epoch-closed` after waiting too long.
+    pub async fn admit(&self, w: &Rc<Worker>) -> Result<Admitted<'_>, Abort> {
+        let from_us = w.now_us();
+        loop {
+            let next = {
+                let mut st = self.state.lock();
+                if st.stage == Stage::Open {
+                    st.inflight += 1;
+                    return Ok(Admitted { gate: self, epoch: st.epoch });
+                }
+                st.epoch + 1
+            };
+            let waited_us = w.now_us() - from_us;
+            if waited_us >= OPEN_WAIT_LIMIT_US {
+                return Err(Abort::EpochClosed);
+            }
+            let limit = w.sleep_us((OPEN_WAIT_LIMIT_US - waited_us).min(self.cfg.epoch_us.saturating_mul(4)));
+            first_of(self.opened.decided(next), limit).await;
+        }
+    }
+
+    /// Wait for the fate of the epoch a commit was made in.
+    pub async fn outcome(&self, epoch: u64) -> Result<(), Abort> {
+        self.acks.decided(epoch).await;
+        match self.acks.outcome(epoch) {
+            Release::Released => Ok(()),
+            _ => Err(Abort::RolledBack),
+        }
+    }
+
+    /// May a request made in `epoch` be served now?
+    pub fn serves(&self, epoch: u64) -> bool {
+        let st = self.state.lock();
+        st.epoch == epoch && matches!(st.stage, Stage::Open | Stage::Draining)
+    }
+
+    /// Append a record that carries `writes` (a vote's, or a decision's for this node), saving
+    /// the values they will replace: refused once the node's epoch is sealed or failing, so
+    /// that everything it logged in an epoch lies before its seal.
+    pub fn append_writes<T>(
+        &self,
+        host: &dyn GateHost,
+        writes: &[(RowKey, Option<Value>)],
+        append: impl FnOnce() -> Result<T, Abort>,
+    ) -> Result<T, Abort> {
+        let mut st = self.state.lock();
+        if !matches!(st.stage, Stage::Open | Stage::Draining) {
+            return Err(Abort::EpochClosed);
+        }
+        let appended = append()?;
+        st.undo.extend(writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
+        Ok(appended)
+    }
+
+    /// A decision to commit a transaction made in `epoch` reached this participant: `commit`
+    /// installs it, unless the epoch was rolled back here, when `abort` releases it instead.
+    /// Under the gate's lock, so that no install slips past a rollback.
+    pub fn decided(&self, epoch: u64, commit: impl FnOnce(), abort: impl FnOnce()) {
+        let _st = self.state.lock();
+        match self.acks.outcome(epoch) {
+            Release::RolledBack => abort(),
+            _ => commit(),
+        }
+    }
+
+    /// Is a commit of `epoch` known to be undone here?
+    pub fn rolled_back(&self, epoch: u64) -> bool {
+        epoch > 0 && self.acks.outcome(epoch) == Release::RolledBack
+    }
+
+    /// Has this node restarted and not yet opened an epoch? Until it does, it cannot tell what
+    /// became of the transactions of the epoch it crashed in.
+    pub fn restarting(&self) -> bool {
+        self.state.lock().restarting
+    }
+
+    /// Node 0's worker 0 starts the coordinator and its timer.
+    pub fn start<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+        let w = host.worker().clone();
+        if w.addr.worker != 0 || self.node != COORDINATOR {
+            return;
+        }
+        let participants: Vec<NodeId> = (0..self.nodes).collect();
+        let (first, committed) = self.resume;
+        let coordinator = EpochCoordinator::resuming_after(participants, self.cfg, w.now_us(), first, committed)
+            .expect("a valid epoch configuration (epoch_us > 0, one participant or more)");
+        self.state.lock().coordinator = Some(coordinator);
+        let (gate, host) = (self.clone(), host.clone());
+        w.clone().spawn(async move {
+            loop {
+                let deadline_us = gate.state.lock().coordinator.as_ref().map_or(u64::MAX, |c| c.next_deadline_us());
+                w.sleep_until_ns(deadline_us.saturating_mul(1000)).await;
+                let out = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
+                gate.coordinator_says(&host, out);
+            }
+        });
+    }
+
+    /// An epoch message from another node (its worker 0).
+    pub fn on_message<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: Addr, body: &[u8]) {
+        match crate::net::decode::<EpochMsg>(body) {
+            Ok(msg) => self.receive(host, from.node, msg),
+            Err(e) => log_warn(&format!("node {}: an undecodable epoch message from {from}: {e}", self.node)),
+        }
+    }
+
+    fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: EpochMsg) {
+        if let EpochMsg::Closed { .. } = msg {
+            let now_us = host.worker().now_us();
+            let out = self.state.lock().coordinator.as_mut().map(|c| c.on_message(from, msg, now_us));
+            return self.coordinator_says(host, out.unwrap_or_default());
+        }
+        let out = self.state.lock().participant.on_message(from, msg);
+        self.reconcile(host);
+        self.dispatch(host, out);
+    }
+
+    /// The coordinator's messages: a decision is logged durably here before anyone hears it, so
+    /// that a coordinator that fails over knows every epoch it may have opened and the last it
+    /// committed.
+    fn coordinator_says<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, out: Vec<(NodeId, EpochMsg)>) {
+        let decision = out.iter().find_map(|(_, m)| match *m {
+            EpochMsg::Committed { epoch } => Some((epoch, true)),
+            EpochMsg::Aborted { epoch } => Some((epoch, false)),
+            _ => None,
+        });
+        let Some((epoch, committed)) = decision else { return self.dispatch(host, out) };
+        let lsn = host.gate_log().append_epoch_decided(epoch, committed).unwrap_or(None);
+        let (gate, host) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            host.gate_log().durable(lsn).await;
+            gate.dispatch(&host, out);
+        });
+    }
+
+    /// Send each message to its node's worker 0 (this node's own, at once).
+    fn dispatch<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, out: Vec<(NodeId, EpochMsg)>) {
+        for (to, msg) in out {
+            if to == self.node {
+                self.receive(host, to, msg);
+            } else {
+                host.worker().send(Addr::new(to, 0), &super::skeleton::epoch_message(&msg));
+            }
+        }
+    }
+
+    /// Bring the node's epoch in line with what the participant learned: settle the epochs
+    /// decided, open the next, start closing.
+    fn reconcile<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+        loop {
+            let mut st = self.state.lock();
+            let decided = st.participant.decided_epoch();
+            match st.stage {
+                Stage::RollingBack => return,
+                Stage::Recovering => {
+                    if st.participant.state() == ParticipantState::Recovering {
+                        return;
+                    }
+                    self.enter_next(&mut st, &**host);
+                }
+                _ if st.epoch <= decided => {
+                    let epoch = st.epoch;
+                    match st.participant.outcome(epoch) {
+                        EpochOutcome::Committed => self.commit_epoch(&mut st, &**host),
+                        outcome => {
+                            debug_assert_eq!(outcome, EpochOutcome::Aborted, "epoch {epoch} settled unknown");
+                            self.acks.roll_back(epoch, epoch);
+                            if st.inflight > 0 {
+                                st.stage = Stage::RollingBack;
+                                drop(st);
+                                return self.roll_back_when_drained(host);
+                            }
+                            self.undo_epoch(&mut st, &**host);
+                        }
+                    }
+                    self.enter_next(&mut st, &**host);
+                }
+                Stage::Open if st.participant.closing_epoch() == Some(st.epoch) => {
+                    st.stage = Stage::Draining;
+                    drop(st);
+                    return self.seal_when_drained(host);
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn commit_epoch(&self, st: &mut GateState, host: &dyn GateHost) {
+        self.acks.release_through(st.epoch);
+        st.undo.clear();
+        let _ = host.gate_log().append_epoch_decided(st.epoch, true);
+    }
+
+    /// Put back, newest first, every value the failed epoch replaced here.
+    fn undo_epoch(&self, st: &mut GateState, host: &dyn GateHost) {
+        host.worker().count("epoch-rollbacks", 1);
+        host.worker().count("epoch-rolled-back-writes", st.undo.len() as u64);
+        for (key, old) in st.undo.drain(..).rev() {
+            host.restore_row(key, old);
+        }
+        let _ = host.gate_log().append_epoch_decided(st.epoch, false);
+    }
+
+    /// The next epoch after one settled, as the participant stands.
+    fn enter_next(&self, st: &mut GateState, host: &dyn GateHost) {
+        debug_assert!(st.undo.is_empty() && st.inflight == 0, "an epoch left behind writes or transactions");
+        match st.participant.state() {
+            ParticipantState::Open(e) | ParticipantState::Closing(e) => {
+                st.epoch = e;
+                st.stage = Stage::Open;
+                st.restarting = false;
+                let _ = host.gate_log().append_epoch_opened(e);
+                self.opened.release_through(e);
+            }
+            ParticipantState::Voted { epoch, .. } => {
+                st.epoch = epoch;
+                st.stage = Stage::Sealed;
+            }
+            ParticipantState::Recovering => {
+                st.epoch = 0;
+                st.stage = Stage::Recovering;
+            }
+        }
+        self.epoch_now.store(st.epoch, Ordering::Release);
+    }
+
+    /// Closing: once this node's transactions in the epoch finished, seal it and vote once the
+    /// seal is durable.
+    fn seal_when_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+        let (gate, host) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            let (epoch, sealed) = loop {
+                {
+                    let mut st = gate.state.lock();
+                    if st.stage != Stage::Draining {
+                        return;
+                    }
+                    if st.inflight == 0 {
+                        st.stage = Stage::Sealed;
+                        break (st.epoch, host.gate_log().append_epoch_sealed(st.epoch));
+                    }
+                }
+                host.worker().sleep_us(DRAIN_POLL_US).await;
+            };
+            if let Ok(lsn) = sealed {
+                host.gate_log().durable(lsn).await;
+            }
+            let out = {
+                let mut st = gate.state.lock();
+                match sealed {
+                    Ok(_) => st.participant.on_durable(epoch),
+                    Err(_) => st.participant.on_failure(epoch),
+                }
+            };
+            gate.dispatch(&host, out);
+        });
+    }
+
+    /// A failed epoch with transactions still in flight here: they can no longer append or be
+    /// served; undo once they finished.
+    fn roll_back_when_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+        let (gate, host) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            loop {
+                {
+                    let mut st = gate.state.lock();
+                    if st.inflight == 0 {
+                        gate.undo_epoch(&mut st, &*host);
+                        gate.enter_next(&mut st, &*host);
+                        break;
+                    }
+                }
+                host.worker().sleep_us(DRAIN_POLL_US).await;
+            }
+            gate.reconcile(&host);
+        });
+    }
+}
+
+/// Resolves when either future does (the other is dropped).
+async fn first_of<A: Future<Output = ()>, B: Future<Output = ()>>(a: A, b: B) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(move |cx: &mut Context<'_>| {
+        if a.as_mut().poll(cx).is_ready() || b.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await
+}
