@@ -49,6 +49,26 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     }
 }
 
+/// Epoch group commit (`commit=epoch`) under every concurrency control that takes it: crashes
+/// fail the epochs they interrupt, and every node undoes them; nothing acknowledged is lost, every
+/// history stays serializable, and the commits undone reach their clients as `rolled-back`
+/// (`coco`, OCC with epochs, runs every other sweep as a ready protocol).
+#[test]
+fn epochs_a_crash_fails_are_rolled_back_everywhere_and_lose_nothing_acknowledged() {
+    for variant in dtx::protocols::EPOCH_VARIANTS.iter().chain(&["coco"]) {
+        let (mut restarts, mut rolled_back) = (0, 0);
+        for seed in 1..=seeds() {
+            let mut spec = durable_spec(variant, 2900 + seed, dtx::host::Runtime::Sim).with_faults(true, true, 0.02);
+            spec.faults.fault_interval_us = 100_000;
+            let out = common::run_and_check(&spec, "epoch crash");
+            restarts += out.restarts;
+            rolled_back += out.totals.aborts.get("rolled-back").copied().unwrap_or(0);
+        }
+        assert!(restarts >= seeds(), "{variant}: only {restarts} nodes lost their memory over the sweep");
+        assert!(rolled_back > 0, "{variant}: no crash rolled an epoch back over the sweep");
+    }
+}
+
 /// Checkpoints in the simulator: every 40 records a node's log machine snapshots what is
 /// durable and the records it covers leave the disk; a crash (anywhere, a group commit torn)
 /// recovers from the newest checkpoint and the records after it. Nothing acknowledged may be
@@ -81,14 +101,20 @@ fn crashes_recover_from_checkpoints_in_the_simulator() {
 /// its void is durable, must not change that. Every acknowledged append survives, histories
 /// stay serializable, and the sweep must have met such orphans in both layouts (a flush as slow
 /// as six group-commit delays; 400 keys keep enough transactions committing between crashes for
-/// their records to interleave).
+/// their records to interleave). A crash fails the epoch it interrupts, so under epoch group
+/// commit (`coco`) epochs must be shorter than the time between crashes (about 20 ms here) for
+/// any to commit: 2 ms.
 #[test]
 fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit() {
     for lane_disks in [false, true] {
         for p in ready() {
             let (mut restarts, mut orphans) = (0, 0);
+            let commit = p.options.iter().find(|o| o.name == "commit").map_or("epoch", |o| o.default);
+            let takes_epochs = commit == "epoch" && p.options.iter().any(|o| o.name == "epoch_us");
+            let variant = if takes_epochs { format!("{}:epoch_us=2000", p.name) } else { p.name.to_string() };
             for seed in 1..=seeds().div_ceil(2) {
-                let mut spec = durable_spec(p.name, 2700 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
+                let mut spec =
+                    durable_spec(&variant, 2700 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
                 spec.workload.keys = 400;
                 spec.workers = 3;
                 spec.inflight = 8;

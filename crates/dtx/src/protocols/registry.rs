@@ -132,6 +132,11 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     },
 ];
 
+/// The concurrency controls that take `commit=epoch`, as variants, beside `coco` (which is
+/// OCC with it): the sweeps that test epoch group commit run each of them.
+pub const EPOCH_VARIANTS: &[&str] =
+    &["2pl-nowait:commit=epoch", "2pl-waitdie:commit=epoch", "sundial:commit=epoch", "tictoc:commit=epoch"];
+
 /// The skeleton's commit policy options ([`twopc::epoch_commit`]).
 const COMMIT: OptionSpec = twopc::epoch_commit::COMMIT_OPTION;
 const EPOCH: OptionSpec = twopc::epoch_commit::EPOCH_OPTION;

@@ -1073,6 +1073,29 @@ mod tests {
         assert_eq!((p.outcome(9), p.open_epoch()), (EpochOutcome::Aborted, Some(10)));
     }
 
+    /// A participant restarted with an epoch it voted for and never heard of learns its fate
+    /// from the next `Close` (`committed >= limbo` exactly when it committed) or from the
+    /// decision itself, and still votes down the first epoch it is asked to close.
+    #[test]
+    fn a_participant_restarted_in_limbo_learns_its_fate_and_votes_the_next_epoch_down() {
+        for (committed, fate) in [(5, EpochOutcome::Committed), (4, EpochOutcome::Aborted)] {
+            let mut p = EpochParticipant::recovering_after(0, Some(5));
+            assert!(p.on_message(0, EpochMsg::Close { epoch: 3, committed: 2 }).is_empty(), "older than its vote");
+            let vote = p.on_message(0, EpochMsg::Close { epoch: 7, committed });
+            assert_eq!(vote, vec![(0, EpochMsg::Closed { epoch: 7, durable: false })]);
+            assert_eq!((p.outcome(5), p.outcome(6), p.decided_epoch()), (fate, EpochOutcome::Aborted, 6));
+        }
+        let mut p = EpochParticipant::recovering_after(0, Some(5));
+        assert!(p.on_message(0, EpochMsg::Committed { epoch: 5 }).is_empty());
+        assert_eq!((p.outcome(5), p.state()), (EpochOutcome::Committed, ParticipantState::Recovering));
+        let vote = p.on_message(0, EpochMsg::Close { epoch: 6, committed: 5 });
+        assert_eq!(vote, vec![(0, EpochMsg::Closed { epoch: 6, durable: false })], "it may have run part of 6");
+        assert_eq!(p.outcome(5), EpochOutcome::Committed, "still known");
+        let mut c = EpochCoordinator::resuming_after(vec![0], cfg(), 0, 9, 5).expect("valid");
+        c.tick(cfg().epoch_us);
+        assert_eq!(c.committed_epoch(), 5, "its Close messages say what the failed one committed last");
+    }
+
     #[test]
     fn bad_configurations_are_refused() {
         assert_eq!(EpochCoordinator::new(vec![], cfg(), 0).unwrap_err(), EpochError::NoParticipants);

@@ -799,6 +799,85 @@ mod tests {
         assert_eq!(applied, vec![(k(1), v(9), 1, 9), (k(2), v(3), 1, 3)], "the older decision, logged later, loses");
     }
 
+    /// Epoch group commit: an epoch's `Commit` and `Prepared` records, and what follows of their
+    /// transactions, count only once the epoch is decided committed; a failed epoch's are
+    /// dropped, but not the outcome, logged in it, of a transaction of an earlier epoch.
+    #[test]
+    fn an_epochs_records_count_only_if_it_commits() {
+        let recs: Vec<Vec<u8>> = [
+            Plain::EpochOpened { epoch: 1 },
+            Plain::Commit { txn: 1, writes: vec![(k(1), v(1))], participants: vec![], ts: 0 },
+            Plain::Prepared { txn: 2, writes: vec![(k(2), v(2))], vote: () },
+            Plain::Commit { txn: 3, writes: vec![(k(3), v(3))], participants: vec![7], ts: 0 },
+            Plain::EpochSealed { epoch: 1 },
+            Plain::EpochDecided { epoch: 1, committed: true },
+            Plain::EpochOpened { epoch: 2 },
+            Plain::Commit { txn: 4, writes: vec![(k(1), v(4))], participants: vec![8], ts: 0 },
+            Plain::Outcome { txn: 2, committed: true, ts: 0 },
+            Plain::Prepared { txn: 5, writes: vec![(k(5), v(5))], vote: () },
+            Plain::Outcome { txn: 5, committed: true, ts: 0 },
+            Plain::EpochSealed { epoch: 2 },
+            Plain::EpochDecided { epoch: 2, committed: false },
+            Plain::EpochOpened { epoch: 3 },
+            Plain::Commit { txn: 6, writes: vec![(k(6), v(6))], participants: vec![], ts: 0 },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let mut applied = Vec::new();
+        let r = replay(ReplayState::<PlainLog>::new("occ"), &recs, &mut |key, val, n, _| applied.push((key, val, n)));
+        applied.sort();
+        assert_eq!(
+            applied,
+            vec![(k(1), v(1), 1), (k(2), v(2), 1), (k(3), v(3), 1)],
+            "epoch 1's commits and the outcome of its prepared 2; not epoch 2's, nor open epoch 3's"
+        );
+        assert!(r.in_doubt.is_empty(), "{:?}", r.in_doubt);
+        assert_eq!(r.unended, vec![(3, vec![7], 0, 1)], "an unended commit keeps its epoch");
+        assert_eq!(r.epochs, EpochsRecovered { last_epoch: 3, last_committed: 1, ..Default::default() });
+    }
+
+    /// An epoch the node sealed without learning its fate is replayed on top, as committed, with
+    /// what it wrote and its transactions still in doubt set apart: the node undoes them if the
+    /// epoch turns out aborted. A checkpoint taken anywhere gives the same recovery.
+    #[test]
+    fn a_sealed_epoch_without_a_decision_is_in_limbo() {
+        let recs: Vec<Vec<u8>> = [
+            Plain::EpochOpened { epoch: 4 },
+            Plain::Commit { txn: 1, writes: vec![(k(1), v(1))], participants: vec![], ts: 0 },
+            Plain::EpochSealed { epoch: 4 },
+            Plain::EpochDecided { epoch: 4, committed: true },
+            Plain::EpochOpened { epoch: 5 },
+            Plain::Commit { txn: 2, writes: vec![(k(1), v(2)), (k(2), v(2))], participants: vec![3], ts: 0 },
+            Plain::Prepared { txn: 3, writes: vec![(k(3), v(3))], vote: () },
+            Plain::EpochSealed { epoch: 5 },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let collect = |from: ReplayState<PlainLog>, rest: &[Vec<u8>]| {
+            let mut rows = Vec::new();
+            let r = replay(from, rest, &mut |k, v, n, _| rows.push((k, v, n)));
+            (rows, r.in_doubt, r.unended, r.epochs)
+        };
+        let whole = collect(ReplayState::new("occ"), &recs);
+        assert_eq!(whole.0, vec![(k(1), v(1), 1)], "the limbo epoch is not in the rows applied first");
+        assert_eq!(whole.1, vec![(3, vec![(k(3), v(3))], ())]);
+        assert_eq!(whole.2, vec![(2, vec![3], 0, 5)]);
+        let e = &whole.3;
+        assert_eq!((e.last_epoch, e.last_committed, e.limbo), (5, 4, Some(5)));
+        assert_eq!(e.limbo_rows, vec![(k(1), v(2), 1, 0), (k(2), v(2), 1, 0)]);
+        assert_eq!(e.limbo_txns, vec![3]);
+        for cut in 0..=recs.len() {
+            let mut ckpt = ReplayState::<PlainLog>::new("occ");
+            for r in &recs[..cut] {
+                ckpt.apply(r);
+            }
+            let ckpt = ReplayState::decode("occ", &ckpt.encode()).expect("a checkpoint decodes");
+            assert_eq!(collect(ckpt, &recs[cut..]), whole, "checkpoint after {cut} records");
+        }
+    }
+
     #[test]
     fn a_record_that_does_not_decode_is_counted_not_applied() {
         let recs = vec![vec![0xff, 0xff, 0xff], encode(&Plain::Boot { boot: 4 })];

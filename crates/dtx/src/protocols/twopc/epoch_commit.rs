@@ -91,6 +91,11 @@ const OPEN_WAIT_LIMIT_US: u64 = 5_000_000;
 /// enough for a slow flush and for the transactions in flight at the close to finish.
 const TIMEOUT_EPOCHS: u64 = 50;
 
+/// The most values one node saves for one epoch's undo: far more writes than an epoch of any
+/// length `epoch_us` allows holds at any throughput dtx reaches; past it, records that carry
+/// writes are refused (`epoch-closed`) until the next epoch.
+const MAX_EPOCH_UNDO: usize = 1 << 22;
+
 /// While an epoch closes, the node looks this often whether its transactions have finished.
 const DRAIN_POLL_US: u64 = 50;
 
@@ -276,7 +281,7 @@ impl EpochGate {
         append: impl FnOnce() -> Result<T, Abort>,
     ) -> Result<T, Abort> {
         let mut st = self.state.lock();
-        if !matches!(st.stage, Stage::Open | Stage::Draining) {
+        if !matches!(st.stage, Stage::Open | Stage::Draining) || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
             return Err(Abort::EpochClosed);
         }
         let appended = append()?;
