@@ -39,8 +39,14 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--workload", "ycsb", "--verify"], "no checker for ycsb"),
         (
             &["bench", "--protocol", "occ:lock_wait_us=5"],
-            "protocol `occ` has no option `lock_wait_us` (its options: orphan_after_us)",
+            "protocol `occ` has no option `lock_wait_us` (its options: orphan_after_us, commit, epoch_us)",
         ),
+        (
+            &["bench", "--protocol", "maat:commit=epoch"],
+            "commit=epoch is accepted by 2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc",
+        ),
+        (&["bench", "--protocol", "coco:epoch_us=0"], "epoch_us"),
+        (&["bench", "--protocol", "occ:commit=sometimes"], "sometimes"),
         (&["bench", "--protocol", "2pl-waitdie:lock_wait_us=soon"], "not a whole number"),
         (&["bench", "--protocol", "2pl-waitdie:lock_wait_us"], "not KEY=VALUE"),
         (&["protocols", "--options", "nope"], "unknown protocol `nope`"),

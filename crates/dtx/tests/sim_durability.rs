@@ -109,9 +109,7 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
     for lane_disks in [false, true] {
         for p in ready() {
             let (mut restarts, mut orphans) = (0, 0);
-            let commit = p.options.iter().find(|o| o.name == "commit").map_or("epoch", |o| o.default);
-            let takes_epochs = commit == "epoch" && p.options.iter().any(|o| o.name == "epoch_us");
-            let variant = if takes_epochs { format!("{}:epoch_us=2000", p.name) } else { p.name.to_string() };
+            let variant = dtx::protocols::with_epochs_within(p, 20_000);
             for seed in 1..=seeds().div_ceil(2) {
                 let mut spec =
                     durable_spec(&variant, 2700 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);

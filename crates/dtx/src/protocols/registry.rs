@@ -137,6 +137,24 @@ pub const REGISTRY: &[ProtocolInfo] = &[
 pub const EPOCH_VARIANTS: &[&str] =
     &["2pl-nowait:commit=epoch", "2pl-waitdie:commit=epoch", "sundial:commit=epoch", "tictoc:commit=epoch"];
 
+/// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
+/// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size
+/// their runs and fault intervals by it.
+pub fn acknowledges_by_epoch(p: &ProtocolInfo) -> bool {
+    let commit = p.options.iter().find(|o| o.name == COMMIT.name).map_or("epoch", |o| o.default);
+    commit == "epoch" && p.options.iter().any(|o| o.name == EPOCH.name)
+}
+
+/// `p` as a test names it when crashes come every `interval_us` or so: a protocol that
+/// acknowledges by epoch gets epochs a tenth of that (at least 1 ms), so that some commit
+/// between crashes; any other keeps its name.
+pub fn with_epochs_within(p: &ProtocolInfo, interval_us: u64) -> String {
+    match acknowledges_by_epoch(p) {
+        true => format!("{}:{}={}", p.name, EPOCH.name, (interval_us / 10).max(1_000)),
+        false => p.name.to_string(),
+    }
+}
+
 /// The skeleton's commit policy options ([`twopc::epoch_commit`]).
 const COMMIT: OptionSpec = twopc::epoch_commit::COMMIT_OPTION;
 const EPOCH: OptionSpec = twopc::epoch_commit::EPOCH_OPTION;
@@ -220,11 +238,13 @@ impl Variant {
             ),
         };
         let options = Options::parse(name, info.options, &overrides).map_err(|e| {
-            let commit_named = overrides.iter().any(|o| {
+            // `commit=` or `epoch_us=` on a protocol that lacks it: say which ones take it.
+            let lacks_commit_option = overrides.iter().any(|o| {
                 let key = o.split('=').next().unwrap_or("").trim();
-                key == twopc::epoch_commit::COMMIT_OPTION.name || key == twopc::epoch_commit::EPOCH_OPTION.name
+                let commit = [twopc::epoch_commit::COMMIT_OPTION.name, twopc::epoch_commit::EPOCH_OPTION.name];
+                commit.contains(&key) && !info.options.iter().any(|spec| spec.name == key)
             });
-            match commit_named && !info.options.iter().any(|o| o.name == twopc::epoch_commit::COMMIT_OPTION.name) {
+            match lacks_commit_option {
                 true => anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::epoch_commit::ACCEPTED_BY),
                 false => e,
             }

@@ -10,6 +10,7 @@ pub mod service;
 pub mod store;
 
 pub mod watermark;
+pub mod wm_recovery;
 
 use crate::rt::log::NodeLog;
 use crate::wal;

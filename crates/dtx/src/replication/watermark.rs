@@ -200,11 +200,9 @@ pub struct PartitionStats {
 /// it is (this is what the new leader relies on in §5.2, "the old leader has persisted them before
 /// persisting W_p").
 ///
-/// Recovery (Primo §5.2) is not here. The paper has the leaders publish "its latest W_p" and adopt
-/// "the maximum value" as the agreed W_g; the digest warns that, read literally, the maximum of
-/// *partition* watermarks would keep txns that a partition with a lower W_p never persisted. A
-/// safe reading is the maximum of the leaders' W_g views (each a minimum of persisted W_p's), or
-/// the minimum of the persisted W_p's; whoever writes recovery must pick one and prove it.
+/// Recovery (Primo §5.2) is [`super::wm_recovery`]: the partitions agree on the minimum of their
+/// latest persisted W_p (the paper's "maximum", read literally, breaks durability; that module's
+/// tests show it).
 #[derive(Debug, Clone)]
 pub struct PartitionWatermarks {
     me: usize,

@@ -402,7 +402,10 @@ mod tests {
                 let mut spec = crate::host::BenchSpec::new(p.name, wl, crate::host::Runtime::Sim);
                 spec.nodes = 2;
                 spec.inflight = 16;
-                spec.duration_us = 200_000;
+                // Audits must commit during the run: under epochs a client's every transaction
+                // waits for its epoch (about 45 ms here, where long interactive audits stretch
+                // each epoch's close), so the run is longer.
+                spec.duration_us = if crate::protocols::acknowledges_by_epoch(p) { 1_000_000 } else { 200_000 };
                 spec.warmup_us = 0;
                 spec.latency.delay_us = 100;
                 spec.latency.jitter_us = 50;

@@ -826,7 +826,7 @@ mod tests {
         .collect();
         let mut applied = Vec::new();
         let r = replay(ReplayState::<PlainLog>::new("occ"), &recs, &mut |key, val, n, _| applied.push((key, val, n)));
-        applied.sort();
+        applied.sort_by_key(|e| e.0);
         assert_eq!(
             applied,
             vec![(k(1), v(1), 1), (k(2), v(2), 1), (k(3), v(3), 1)],

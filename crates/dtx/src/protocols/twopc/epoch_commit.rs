@@ -9,9 +9,12 @@
 //! module is its side of the protocol, one [`EpochGate`] per node:
 //!
 //! - **The barrier.** A transaction joins the node's open epoch (`admit`). When the coordinator
-//!   closes the epoch, the node admits no more, lets the transactions it coordinates finish,
-//!   appends `EpochSealed` and votes once that record is durable: everything it did in the epoch
-//!   lies before it. The next epoch opens when the node learns this one's fate.
+//!   closes the epoch, the node admits no more, lets the transactions it coordinates finish and
+//!   tells node 0 it has drained. Once every node has, no transaction of the epoch is running
+//!   anywhere: node 0 tells them to seal, and each appends `EpochSealed` and votes once that
+//!   record is durable, so everything it did in the epoch lies before it. A transaction longer
+//!   than an epoch stretches its epoch instead of failing at its close. The next epoch opens
+//!   when the node learns this one's fate.
 //! - **Requests carry their epoch.** A participant serves a request only in the epoch it was
 //!   made in, and appends a transaction's records only before its seal; otherwise the request
 //!   is refused (`epoch-closed`). So what a node logged in an epoch is covered by its vote, and
@@ -106,12 +109,31 @@ enum Stage {
     Open,
     /// Closing: no transaction joins; those in flight finish, requests made in it are served.
     Draining,
+    /// This node's transactions in it finished (node 0 was told); requests made in it are still
+    /// served until every node has drained and node 0 says seal.
+    Drained,
     /// Its seal is appended (and its vote sent once durable): nothing more is done in it.
     Sealed,
     /// It failed: waiting for the node's transactions in it to finish, then undone.
     RollingBack,
     /// Restarted: no epoch until the coordinator's first message.
     Recovering,
+}
+
+impl Stage {
+    /// Requests made in the epoch are served, and their records appended.
+    fn serves(self) -> bool {
+        matches!(self, Stage::Open | Stage::Draining | Stage::Drained)
+    }
+}
+
+/// What gates send each other: the epoch protocol's messages, and the drain round before the
+/// seal (node -> node 0: drained; node 0 -> every node: seal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum GateMsg {
+    Epoch(EpochMsg),
+    Drained(u64),
+    Seal(u64),
 }
 
 /// One node's side of epoch group commit (see the module comment).
@@ -142,6 +164,8 @@ struct GateState {
     undo: Undo,
     /// Restarted, and no epoch opened since.
     restarting: bool,
+    /// Node 0: the epoch being drained, which nodes have drained it, and whether seal was sent.
+    drained: (u64, Vec<bool>, bool),
 }
 
 /// The values an epoch's writes replaced, oldest first.
@@ -209,6 +233,7 @@ impl EpochGate {
                 inflight: 0,
                 undo,
                 restarting: !fresh,
+                drained: (0, vec![false; nodes as usize], false),
             }),
         };
         if fresh {
@@ -268,7 +293,7 @@ impl EpochGate {
     /// May a request made in `epoch` be served now?
     pub fn serves(&self, epoch: u64) -> bool {
         let st = self.state.lock();
-        st.epoch == epoch && matches!(st.stage, Stage::Open | Stage::Draining)
+        st.epoch == epoch && st.stage.serves()
     }
 
     /// Append a record that carries `writes` (a vote's, or a decision's for this node), saving
@@ -281,7 +306,7 @@ impl EpochGate {
         append: impl FnOnce() -> Result<T, Abort>,
     ) -> Result<T, Abort> {
         let mut st = self.state.lock();
-        if !matches!(st.stage, Stage::Open | Stage::Draining) || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
+        if !st.stage.serves() || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
             return Err(Abort::EpochClosed);
         }
         let appended = append()?;
@@ -333,23 +358,77 @@ impl EpochGate {
         });
     }
 
-    /// An epoch message from another node (its worker 0).
+    /// A gate message from another node (its worker 0).
     pub fn on_message<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: Addr, body: &[u8]) {
-        match crate::net::decode::<EpochMsg>(body) {
+        match crate::net::decode::<GateMsg>(body) {
             Ok(msg) => self.receive(host, from.node, msg),
             Err(e) => log_warn(&format!("node {}: an undecodable epoch message from {from}: {e}", self.node)),
         }
     }
 
-    fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: EpochMsg) {
+    fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: GateMsg) {
+        let msg = match msg {
+            GateMsg::Epoch(m) => m,
+            GateMsg::Drained(epoch) => return self.on_drained(host, from, epoch),
+            GateMsg::Seal(epoch) => return self.seal(host, epoch),
+        };
         if let EpochMsg::Closed { .. } = msg {
             let now_us = host.worker().now_us();
             let out = self.state.lock().coordinator.as_mut().map(|c| c.on_message(from, msg, now_us));
             return self.coordinator_says(host, out.unwrap_or_default());
         }
-        let out = self.state.lock().participant.on_message(from, msg);
+        let (out, report_again) = {
+            let mut st = self.state.lock();
+            let out = st.participant.on_message(from, msg);
+            // Node 0 asks again to close an epoch we drained: our report may have been lost.
+            let again = matches!(msg, EpochMsg::Close { epoch, .. } if epoch == st.epoch && st.stage == Stage::Drained);
+            (out, again.then_some(st.epoch))
+        };
+        if let Some(epoch) = report_again {
+            self.report_drained(host, epoch);
+        }
         self.reconcile(host);
         self.dispatch(host, out);
+    }
+
+    /// Tell node 0 that this node's transactions of `epoch` finished.
+    fn report_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, epoch: u64) {
+        if self.node == COORDINATOR {
+            self.on_drained(host, self.node, epoch);
+        } else {
+            host.worker().send(Addr::new(COORDINATOR, 0), &super::skeleton::gate_message(&GateMsg::Drained(epoch)));
+        }
+    }
+
+    /// Node 0: `from` drained `epoch`; once every node has, tell them all to seal (and whoever
+    /// reports again, once more: its seal may have been lost).
+    fn on_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, epoch: u64) {
+        let to = {
+            let mut st = self.state.lock();
+            let closing = st.coordinator.as_ref().is_some_and(|c| c.closing() && c.current_epoch() == epoch);
+            if !closing || from >= self.nodes {
+                return;
+            }
+            if st.drained.0 != epoch {
+                st.drained = (epoch, vec![false; self.nodes as usize], false);
+            }
+            st.drained.1[from as usize] = true;
+            match (st.drained.2, st.drained.1.iter().all(|&d| d)) {
+                (true, _) => vec![from],
+                (false, true) => {
+                    st.drained.2 = true;
+                    (0..self.nodes).collect()
+                }
+                (false, false) => return,
+            }
+        };
+        for n in to {
+            if n == self.node {
+                self.seal(host, epoch);
+            } else {
+                host.worker().send(Addr::new(n, 0), &super::skeleton::gate_message(&GateMsg::Seal(epoch)));
+            }
+        }
     }
 
     /// The coordinator's messages: a decision is logged durably here before anyone hears it, so
@@ -374,9 +453,9 @@ impl EpochGate {
     fn dispatch<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, out: Vec<(NodeId, EpochMsg)>) {
         for (to, msg) in out {
             if to == self.node {
-                self.receive(host, to, msg);
+                self.receive(host, to, GateMsg::Epoch(msg));
             } else {
-                host.worker().send(Addr::new(to, 0), &super::skeleton::epoch_message(&msg));
+                host.worker().send(Addr::new(to, 0), &super::skeleton::gate_message(&GateMsg::Epoch(msg)));
             }
         }
     }
@@ -415,7 +494,7 @@ impl EpochGate {
                 Stage::Open if st.participant.closing_epoch() == Some(st.epoch) => {
                     st.stage = Stage::Draining;
                     drop(st);
-                    return self.seal_when_drained(host);
+                    return self.report_when_drained(host);
                 }
                 _ => return,
             }
@@ -461,24 +540,39 @@ impl EpochGate {
         self.epoch_now.store(st.epoch, Ordering::Release);
     }
 
-    /// Closing: once this node's transactions in the epoch finished, seal it and vote once the
-    /// seal is durable.
-    fn seal_when_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+    /// Closing: once this node's transactions in the epoch finished, tell node 0.
+    fn report_when_drained<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
         let (gate, host) = (self.clone(), host.clone());
         host.worker().clone().spawn(async move {
-            let (epoch, sealed) = loop {
+            let epoch = loop {
                 {
                     let mut st = gate.state.lock();
                     if st.stage != Stage::Draining {
                         return;
                     }
                     if st.inflight == 0 {
-                        st.stage = Stage::Sealed;
-                        break (st.epoch, host.gate_log().append_epoch_sealed(st.epoch));
+                        st.stage = Stage::Drained;
+                        break st.epoch;
                     }
                 }
                 host.worker().sleep_us(DRAIN_POLL_US).await;
             };
+            gate.report_drained(&host, epoch);
+        });
+    }
+
+    /// Every node drained `epoch`: seal it here and vote once the seal is durable.
+    fn seal<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, epoch: u64) {
+        let sealed = {
+            let mut st = self.state.lock();
+            if st.stage != Stage::Drained || st.epoch != epoch {
+                return;
+            }
+            st.stage = Stage::Sealed;
+            host.gate_log().append_epoch_sealed(epoch)
+        };
+        let (gate, host) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
             if let Ok(lsn) = sealed {
                 host.gate_log().durable(lsn).await;
             }

@@ -86,7 +86,7 @@ const TAG_PEEK: u8 = 2;
 /// `commit=epoch`: the concurrency control's request, after the epoch it was made in (8 bytes,
 /// little-endian). A participant in another epoch answers [`REFUSED_FOR_EPOCH`].
 const TAG_CC_IN_EPOCH: u8 = 3;
-/// `commit=epoch`: an epoch message ([`crate::replication::epoch::EpochMsg`]), one-way.
+/// `commit=epoch`: a message between epoch gates ([`super::epoch_commit::GateMsg`]), one-way.
 const TAG_EPOCH: u8 = 4;
 
 /// The reply to a request made in an epoch the participant is not in: empty, which no encoded
@@ -152,8 +152,8 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64, u64)> {
     }
 }
 
-/// An epoch message, as the skeleton sends it.
-pub(super) fn epoch_message(msg: &crate::replication::epoch::EpochMsg) -> Vec<u8> {
+/// A message between nodes' epoch gates, as the skeleton sends it.
+pub(super) fn gate_message(msg: &super::epoch_commit::GateMsg) -> Vec<u8> {
     framed(TAG_EPOCH, msg)
 }
 
