@@ -299,19 +299,26 @@ impl EpochGate {
     /// Append a record that carries `writes` (a vote's, or a decision's for this node), saving
     /// the values they will replace: refused once the node's epoch is sealed or failing, so
     /// that everything it logged in an epoch lies before its seal.
+    ///
+    /// The values are saved under the gate's lock (the caller holds the records' locks, so two
+    /// writers of a key save in the order they install); the append itself is not, so that the
+    /// log's lanes stay free of a shared lock. It still precedes the seal: a node seals only once
+    /// every node drained, when no transaction of the epoch runs anywhere, and a record appended
+    /// later can only be a vote of a transaction its coordinator already abandoned.
     pub fn append_writes<T>(
         &self,
         host: &dyn GateHost,
         writes: &[(RowKey, Option<Value>)],
         append: impl FnOnce() -> Result<T, Abort>,
     ) -> Result<T, Abort> {
-        let mut st = self.state.lock();
-        if !st.stage.serves() || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
-            return Err(Abort::EpochClosed);
+        {
+            let mut st = self.state.lock();
+            if !st.stage.serves() || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
+                return Err(Abort::EpochClosed);
+            }
+            st.undo.extend(writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
         }
-        let appended = append()?;
-        st.undo.extend(writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
-        Ok(appended)
+        append()
     }
 
     /// A decision to commit a transaction made in `epoch` reached this participant: `commit`
