@@ -738,13 +738,23 @@ mod tests {
             (rows, r.boot, r.in_doubt, r.unended)
         };
         let whole = collect(ReplayState::new("occ"), &recs);
+        same_from_every_checkpoint(&recs, &whole, collect);
+    }
+
+    /// A checkpoint taken after any prefix of `recs` (encoded and decoded, as a restart reads
+    /// it), then the records after it, recover `whole`, what replaying them all recovers.
+    fn same_from_every_checkpoint<T: PartialEq + std::fmt::Debug>(
+        recs: &[Vec<u8>],
+        whole: &T,
+        collect: impl Fn(ReplayState<PlainLog>, &[Vec<u8>]) -> T,
+    ) {
         for cut in 0..=recs.len() {
             let mut ckpt = ReplayState::<PlainLog>::new("occ");
             for r in &recs[..cut] {
                 ckpt.apply(r);
             }
             let ckpt = ReplayState::decode("occ", &ckpt.encode()).expect("a checkpoint decodes");
-            assert_eq!(collect(ckpt, &recs[cut..]), whole, "checkpoint after {cut} records");
+            assert_eq!(&collect(ckpt, &recs[cut..]), whole, "checkpoint after {cut} records");
         }
     }
 
@@ -868,14 +878,7 @@ mod tests {
         assert_eq!((e.last_epoch, e.last_committed, e.limbo), (5, 4, Some(5)));
         assert_eq!(e.limbo_rows, vec![(k(1), v(2), 1, 0), (k(2), v(2), 1, 0)]);
         assert_eq!(e.limbo_txns, vec![3]);
-        for cut in 0..=recs.len() {
-            let mut ckpt = ReplayState::<PlainLog>::new("occ");
-            for r in &recs[..cut] {
-                ckpt.apply(r);
-            }
-            let ckpt = ReplayState::decode("occ", &ckpt.encode()).expect("a checkpoint decodes");
-            assert_eq!(collect(ckpt, &recs[cut..]), whole, "checkpoint after {cut} records");
-        }
+        same_from_every_checkpoint(&recs, &whole, collect);
     }
 
     #[test]

@@ -94,9 +94,10 @@ const OPEN_WAIT_LIMIT_US: u64 = 5_000_000;
 /// enough for a slow flush and for the transactions in flight at the close to finish.
 const TIMEOUT_EPOCHS: u64 = 50;
 
-/// The most values one node saves for one epoch's undo: far more writes than an epoch of any
-/// length `epoch_us` allows holds at any throughput dtx reaches; past it, records that carry
-/// writes are refused (`epoch-closed`) until the next epoch.
+/// The most values one node saves for one epoch's undo (4M, a few hundred MB at most): two
+/// hundred times what a 20 ms epoch writes at a million writes a second; an epoch of seconds
+/// under heavy load can reach it, and then records that carry writes are refused
+/// (`epoch-closed`) until the next epoch.
 const MAX_EPOCH_UNDO: usize = 1 << 22;
 
 /// While an epoch closes, the node looks this often whether its transactions have finished.
