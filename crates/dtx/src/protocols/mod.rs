@@ -13,6 +13,7 @@ pub mod multilog;
 pub mod mvcc;
 pub mod occ;
 pub mod options;
+pub mod primo;
 pub mod registry;
 pub mod sundial;
 pub mod tictoc;

@@ -1,7 +1,7 @@
 //! Every protocol dtx knows, and how a user names one with its options (`NAME[:KEY=VALUE]...`).
 
 use super::options::{self, OptionSpec, Options};
-use super::{calvin, maat, mvcc, occ, sundial, tictoc, twopc, twopl, Protocol};
+use super::{calvin, maat, mvcc, occ, primo, sundial, tictoc, twopc, twopl, Protocol};
 use std::sync::Arc;
 
 pub struct ProtocolInfo {
@@ -130,6 +130,23 @@ pub const REGISTRY: &[ProtocolInfo] = &[
             two_pc_committing(occ::Occ, o, commit)
         },
     },
+    ProtocolInfo {
+        name: "primo",
+        status: "planned",
+        guarantee: Guarantee::Serializable,
+        description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo)",
+        options: primo::OPTIONS,
+        aborts: primo::ABORTS,
+        make: |o| {
+            let wm_us = o.u64(twopc::wm_commit::WM_OPTION.name);
+            let floor = match o.choice(twopc::wm_commit::FLOOR_OPTION.name) {
+                "watermark" => twopc::wm_commit::Floor::Watermark,
+                _ => twopc::wm_commit::Floor::Clock,
+            };
+            let commit = twopc::epoch_commit::CommitPolicy::Watermark { wm_us, floor };
+            two_pc_committing(primo::Primo::new(o), o, commit)
+        },
+    },
 ];
 
 /// The concurrency controls that take `commit=epoch`, as variants, beside `coco` (which is
@@ -182,7 +199,6 @@ where
 
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
-    ("primo", "write-conflict-free CC without 2PC, watermark group commit (Primo)"),
     ("slog", "deterministic multi-region with home regions (SLOG)"),
     ("detock", "deterministic multi-region with deadlock resolution (Detock)"),
     ("aria", "deterministic batches, reservation-based (Aria)"),

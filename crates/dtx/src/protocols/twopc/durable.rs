@@ -101,6 +101,9 @@ pub enum LogRecord<L: CcLog> {
     /// What became of `epoch`, as this node learned it (the coordinator logs its commit
     /// decision before anyone hears it).
     EpochDecided { epoch: u64, committed: bool },
+    /// Watermark group commit (`commit=wm`): every transaction with a timestamp below `w_p`
+    /// that this node takes part in has its records before this one.
+    Watermark { w_p: u64 },
 }
 
 /// [`LogRecord`] borrowing what it carries: encoded exactly as the owned form (same variants in
@@ -117,6 +120,7 @@ enum LogRecordRef<'a, V, R> {
     EpochOpened { epoch: u64 },
     EpochSealed { epoch: u64 },
     EpochDecided { epoch: u64, committed: bool },
+    Watermark { w_p: u64 },
 }
 
 /// A record of 2PC's own, whatever the protocol's types (they appear in no variant but these).
@@ -351,6 +355,7 @@ impl<L: CcLog> ReplayState<L> {
                 self.epochs.pending.entry(epoch).or_default().1 = true;
             }
             LogRecord::EpochDecided { epoch, committed } => self.decide_epoch(epoch, committed),
+            LogRecord::Watermark { .. } => {}
         }
     }
 
@@ -577,6 +582,11 @@ impl TxnLog {
     /// Append what became of `epoch`.
     pub fn append_epoch_decided(&self, epoch: u64, committed: bool) -> Result<Option<u64>, Abort> {
         self.append_encoded(&CoreRef::EpochDecided { epoch, committed })
+    }
+
+    /// Append this node's partition watermark (`commit=wm`).
+    pub fn append_watermark(&self, w_p: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::Watermark { w_p })
     }
 
     /// Append one of the protocol's own records ([`CcLog::Record`]).

@@ -59,6 +59,9 @@ pub enum CommitPolicy {
     TwoPc,
     /// COCO's epoch group commit with epochs this long.
     Epoch { epoch_us: u64 },
+    /// Primo's watermark group commit ([`super::wm_commit`]), each partition publishing its
+    /// watermark this often; for a concurrency control whose commits carry a logical timestamp.
+    Watermark { wm_us: u64, floor: super::wm_commit::Floor },
 }
 
 /// The skeleton's commit policy option, for the registry entries of the concurrency controls

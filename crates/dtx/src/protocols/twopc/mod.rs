@@ -13,6 +13,7 @@ pub mod record_lock;
 pub mod skeleton;
 #[cfg(test)]
 pub mod testing;
+pub mod wm_commit;
 
 pub use skeleton::{
     Cc, CcWorker, CoordTxn, Coordinator, FromNode, Messages, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION,

@@ -14,6 +14,7 @@
 
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
 use super::epoch_commit::{CommitPolicy, EpochGate, GateHost, GateRecovery};
+use super::wm_commit::WatermarkGate;
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
@@ -88,6 +89,8 @@ const TAG_PEEK: u8 = 2;
 const TAG_CC_IN_EPOCH: u8 = 3;
 /// `commit=epoch`: a message between epoch gates ([`super::epoch_commit::GateMsg`]), one-way.
 const TAG_EPOCH: u8 = 4;
+/// `commit=wm`: a message between watermark gates ([`super::wm_commit::WmGateMsg`]), one-way.
+const TAG_WM: u8 = 5;
 
 /// The reply to a request made in an epoch the participant is not in: empty, which no encoded
 /// reply is (every reply type is an enum, one byte at least).
@@ -155,6 +158,11 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64, u64)> {
 /// A message between nodes' epoch gates, as the skeleton sends it.
 pub(super) fn gate_message(msg: &super::epoch_commit::GateMsg) -> Vec<u8> {
     framed(TAG_EPOCH, msg)
+}
+
+/// A message between nodes' watermark gates, as the skeleton sends it.
+pub(super) fn wm_message(msg: &super::wm_commit::WmGateMsg) -> Vec<u8> {
+    framed(TAG_WM, msg)
 }
 
 /// A concurrency control's request made in `epoch`.
@@ -273,8 +281,14 @@ impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
         let (shared, mut recovery) = NodeShared::load::<C::Log>(env, C::NAME);
         let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
+        let wm = match self.config.commit {
+            CommitPolicy::Watermark { wm_us, floor } => {
+                Some(Arc::new(WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor)))
+            }
+            _ => None,
+        };
         let gate = match self.config.commit {
-            CommitPolicy::TwoPc => None,
+            CommitPolicy::TwoPc | CommitPolicy::Watermark { .. } => None,
             CommitPolicy::Epoch { epoch_us } => {
                 let e = &mut recovery.epochs;
                 let recovered = GateRecovery {
@@ -288,7 +302,8 @@ impl<C: Cc> Protocol for TwoPc<C> {
             }
         };
         let recovered = parking_lot::Mutex::new(recovery);
-        Arc::new(CcNode { shared: Arc::new(shared), state, cc: self.cc.clone(), config: self.config, recovered, gate })
+        let shared = Arc::new(shared);
+        Arc::new(CcNode { shared, state, cc: self.cc.clone(), config: self.config, recovered, gate, wm })
     }
 
     fn log_machine(
@@ -309,6 +324,8 @@ struct CcNode<C: Cc> {
     recovered: parking_lot::Mutex<Recovery<C::Log>>,
     /// The node's side of epoch group commit (`commit=epoch`).
     gate: Option<Arc<EpochGate>>,
+    /// The node's side of watermark group commit (`commit=wm`).
+    wm: Option<Arc<WatermarkGate>>,
 }
 
 impl<C: Cc> NodeProtocol for CcNode<C> {
@@ -326,6 +343,7 @@ impl<C: Cc> NodeProtocol for CcNode<C> {
             last_outcome_lsn: Cell::new(0),
             unended: RefCell::new(unended),
             gate: self.gate.clone(),
+            wm: self.wm.clone(),
         });
         C::adopt_in_doubt(&wk, in_doubt);
         let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
@@ -353,12 +371,17 @@ pub struct CcWorker<C: Cc> {
     unended: RefCell<super::durable::Unended>,
     /// The node's side of epoch group commit (`commit=epoch`).
     pub gate: Option<Arc<EpochGate>>,
+    /// The node's side of watermark group commit (`commit=wm`).
+    pub wm: Option<Arc<WatermarkGate>>,
 }
 
 impl<C: Cc> CcWorker<C> {
     /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit.
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.node.log.booted().await;
+        if let Some(wm) = &self.wm {
+            return self.run_until_watermark(wm, req, attempt).await;
+        }
         let Some(gate) = &self.gate else { return self.run_attempt(req, attempt).await };
         let admitted = gate.admit(&self.w).await?;
         let epoch = admitted.epoch;
@@ -375,6 +398,29 @@ impl<C: Cc> CcWorker<C> {
         gate.outcome(epoch).await?;
         self.w.note_log_wait(self.w.now_ns() - t0);
         Ok(out)
+    }
+
+    /// Run one attempt under `commit=wm`: the commit names its timestamp, which is safe once the
+    /// global watermark passes it.
+    async fn run_until_watermark(
+        &self,
+        wm: &WatermarkGate,
+        req: &TxnRequest,
+        attempt: Attempt,
+    ) -> TxnResult<TxnOutput> {
+        let mut out = self.run_attempt(req, Attempt { defer_ack: true, ..attempt }).await?;
+        if attempt.defer_ack {
+            return Ok(out);
+        }
+        let Some(ts) = out.ack_after.take() else { return Ok(out) };
+        let t0 = self.w.now_ns();
+        let acks = wm.acks();
+        crate::rt::release::AckSource::decided(&*acks, ts).await;
+        self.w.note_log_wait(self.w.now_ns() - t0);
+        match crate::rt::release::AckSource::outcome(&*acks, ts) {
+            crate::rt::release::Release::RolledBack => Err(Abort::RolledBack),
+            _ => Ok(out),
+        }
     }
 
     /// Run one attempt under the node's commit policy's first half: everything up to the
@@ -428,7 +474,7 @@ impl<C: Cc> CcWorker<C> {
     /// `commit=epoch`, where the epoch's seal makes it durable before anything it decided is
     /// acknowledged).
     pub fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
-        if self.gate.is_some() {
+        if self.gate.is_some() || self.wm.is_some() {
             return self.w.reply(to, rpc_id, &body);
         }
         self.reply_after_log(to, rpc_id, lsn, body)
@@ -683,6 +729,9 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
         if let Some(gate) = &self.gate {
             return Some(gate.acks() as Arc<dyn crate::rt::release::AckSource>);
         }
+        if let Some(wm) = &self.wm {
+            return Some(wm.acks() as Arc<dyn crate::rt::release::AckSource>);
+        }
         self.node.log.node_log().map(|log| log.clone() as Arc<dyn crate::rt::release::AckSource>)
     }
 
@@ -690,6 +739,9 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
         if let Some(me) = self.me.upgrade() {
             if let Some(gate) = &self.gate {
                 gate.start(&me);
+            }
+            if let Some(wm) = &self.wm {
+                wm.start(&me);
             }
             spawn_sweeper(&me, self.config.orphan_after_us);
             resend_unended(&me, self.unended.take());
@@ -752,6 +804,9 @@ impl<C: Cc> Handler for CcWorker<C> {
     fn on_oneway(&self, from: Addr, body: &[u8]) {
         match (body.split_first(), &self.gate, self.me.upgrade()) {
             (Some((&TAG_EPOCH, rest)), Some(gate), Some(me)) => gate.on_message(&me, from, rest),
+            (Some((&TAG_WM, rest)), _, Some(me)) if self.wm.is_some() => {
+                self.wm.as_ref().expect("checked").on_message(&me, from, rest)
+            }
             _ => log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME)),
         }
     }

@@ -1,0 +1,159 @@
+//! What a partition does for Primo's distributed transactions coordinated elsewhere (digest 004,
+//! 3.5; the paper omits this side's pseudo-code): lock what they read, each record raised past
+//! the partition's floor (R2), the transaction held active in the watermark from its first lock
+//! here until its install is logged; install on the one commit message; release on an abort.
+
+use super::messages::{Reply, Request};
+use super::meta::{self, Rec};
+use super::{Primo, PrimoWorker};
+use crate::net::{encode, Addr};
+use crate::protocols::twopc::durable::{InDoubt, Writes};
+use crate::protocols::twopc::lease::Lease;
+use crate::protocols::twopc::record_lock::{wait_lock, Acquire, Policy, Prio};
+use crate::protocols::twopc::wm_commit::WatermarkGate;
+use crate::protocols::twopc::{Participant, TxnId};
+use crate::rt::log_warn;
+use crate::storage::{RowKey, Value};
+use crate::txn::{Abort, Scan, TxnResult};
+
+/// A remote transaction's state here: the records it holds.
+#[derive(Default)]
+pub struct PartTxn {
+    pub held: Vec<RowKey>,
+}
+
+impl PrimoWorker {
+    /// The node's watermark gate: Primo always commits by watermark.
+    pub fn gate(&self) -> &WatermarkGate {
+        self.wm.as_deref().expect("Primo runs with watermark group commit")
+    }
+
+    /// Take `rec`'s lock for `txn` (waiting, WAIT_DIE), as a distributed transaction's read.
+    pub async fn lock_wcf(&self, rec: &Rec, txn: TxnId, prio: Prio) -> TxnResult<()> {
+        match meta::acquire(rec, txn, prio, Policy::WaitDie, true) {
+            Acquire::Granted => Ok(()),
+            Acquire::Abort(a) => Err(a),
+            Acquire::Wait(slot) => wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await.map(|_| ()),
+        }
+    }
+
+    /// Lock `keys` for a remote `txn`, each read after its raise past the floor.
+    async fn lock_keys(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for &key in keys {
+            self.w.charge_ops(1);
+            let rec = self.node.store.get_or_create(key);
+            self.lock_wcf(rec, txn, prio).await?;
+            if !self.note_held(txn, key, rec) {
+                return Err(Abort::ParticipantLost);
+            }
+            let floor_ts = self.gate().enter(txn, 0);
+            out.push(meta::locked_read(rec, txn, floor_ts, true));
+        }
+        Ok(out)
+    }
+
+    /// Record a lock taken for `txn`; if it was aborted here meanwhile, give the lock back.
+    fn note_held(&self, txn: TxnId, key: RowKey, rec: &Rec) -> bool {
+        match self.parts.txns.borrow_mut().get_mut(&txn) {
+            Some((p, _)) => {
+                if !p.held.contains(&key) {
+                    p.held.push(key);
+                }
+                true
+            }
+            None => {
+                meta::release(rec, txn);
+                false
+            }
+        }
+    }
+
+    fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, keys: Vec<RowKey>) {
+        self.parts.remember(txn, self.w.now_ns(), |_| {});
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let reply = match me.lock_keys(txn, prio, &keys).await {
+                Ok(values) => Reply::Locked(values),
+                Err(a) => Reply::Aborted(a),
+            };
+            me.w.reply(from, rpc_id, &encode(&reply));
+        });
+    }
+
+    fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, scan: Scan) {
+        self.parts.remember(txn, self.w.now_ns(), |_| {});
+        let Some(me) = self.me.upgrade() else { return };
+        self.w.spawn(async move {
+            let keys: Vec<RowKey> =
+                meta::range_keys(&me.node.store, scan).into_iter().map(|k| RowKey::new(scan.table, k)).collect();
+            let reply = match me.lock_keys(txn, prio, &keys).await {
+                Ok(values) => Reply::Rows(
+                    keys.iter().zip(values).filter_map(|(k, (v, lease))| v.map(|v| (k.key, v, lease))).collect(),
+                ),
+                Err(a) => Reply::Aborted(a),
+            };
+            me.w.reply(from, rpc_id, &encode(&reply));
+        });
+    }
+
+    /// The commit of `txn` at `ts` (Algorithm 1's participant side): extend every lease it holds
+    /// here to `ts`, install its writes at `ts`, append them to the log before the locks go (log
+    /// order is install order), release, and leave the watermark's active set.
+    fn install(&self, txn: TxnId, ts: u64, writes: Writes) {
+        // Absent: installed already (the commit was resent).
+        let Some(p) = self.parts.remove(txn) else { return };
+        self.w.charge_ops(p.held.len());
+        if !writes.is_empty() {
+            if let Err(a) = self.node.log.append_commit(txn, &writes, &[], ts) {
+                log_warn(&format!("node {}: primo txn {txn:x}: its install was not logged: {a:?}", self.node.id));
+            }
+        }
+        let store = &self.node.store;
+        let mut writes = writes;
+        for key in &p.held {
+            let write = writes.iter().position(|w| w.0 == *key).map(|i| writes.swap_remove(i).1);
+            meta::commit(store.get_or_create(*key), txn, ts, write);
+        }
+        assert!(writes.is_empty(), "txn {txn:x} installs writes it did not lock here: {writes:?}");
+        self.gate().leave(txn, Some(ts));
+    }
+}
+
+/// What a partition does for Primo, as the skeleton calls it.
+impl Participant for Primo {
+    type Part = PartTxn;
+
+    fn serve(wk: &PrimoWorker, from: Addr, rpc_id: u64, req: Request) {
+        match req {
+            Request::Lock { txn, prio, keys } => wk.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Scan { txn, prio, scan } => wk.serve_scan(from, rpc_id, txn, prio, scan),
+            Request::Install { txn, ts, writes } => {
+                wk.install(txn, ts, writes);
+                wk.w.reply(from, rpc_id, &encode(&Reply::Installed));
+            }
+        }
+    }
+
+    /// The coordinator's table says committed: its `Install` is on its way (it is resent until
+    /// acknowledged), and only it carries the writes.
+    fn commit_here(wk: &PrimoWorker, txn: TxnId, _ts: u64) {
+        wk.parts.touch(txn, wk.w.now_ns());
+    }
+
+    fn abort_here(wk: &PrimoWorker, txn: TxnId) {
+        if let Some(p) = wk.parts.remove(txn) {
+            for key in p.held {
+                if let Some(rec) = wk.node.store.get(key) {
+                    meta::release(rec, txn);
+                }
+            }
+            wk.gate().leave(txn, None);
+        }
+    }
+
+    /// Primo logs no votes: nothing is in doubt after a restart.
+    fn adopt_in_doubt(_wk: &PrimoWorker, in_doubt: InDoubt<()>) {
+        debug_assert!(in_doubt.is_empty(), "Primo logs no prepared transactions");
+    }
+}

@@ -1,0 +1,1 @@
+//! Primo's own cases; the shared sweeps run it with every other protocol.
