@@ -132,7 +132,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     },
     ProtocolInfo {
         name: "primo",
-        status: "planned",
+        status: "ready",
         guarantee: Guarantee::Serializable,
         description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo)",
         options: primo::OPTIONS,

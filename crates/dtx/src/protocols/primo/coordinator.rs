@@ -12,13 +12,13 @@ use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::{AckAfter, Writes};
 use crate::protocols::twopc::lease::{needs_renewal, validate_own_write, CommitTs, Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::{Acquire, Policy, Prio};
+use crate::protocols::twopc::wm_commit::point;
 use crate::protocols::twopc::{CoordTxn, Coordinator, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, KeySet, Scan, Step, TxnResult};
 use rustc_hash::FxHashMap;
-use std::rc::Rc;
 
 /// A read: the version seen, with its lease. Prefetched reads count in the timestamp only once
 /// the procedure reads them (`used`); a dummy read (a write's lock) never does.
@@ -56,6 +56,8 @@ pub struct PrimoTxn<'a> {
     locked_at: Vec<NodeId>,
     /// Active in the node's watermark (its timestamp fixed).
     registered: bool,
+    /// The recovery agreement term it runs in.
+    term: u64,
 }
 
 /// How a Primo attempt starts, as the skeleton calls it.
@@ -76,6 +78,7 @@ impl Coordinator for Primo {
             held_here: Vec::new(),
             locked_at: Vec::new(),
             registered: false,
+            term: wk.gate().term(),
         }
     }
 }
@@ -104,7 +107,7 @@ impl<'a> PrimoTxn<'a> {
         let wk = self.wk;
         wk.coord.touch(self.id, &mut self.locked_at, n);
         let len = keys.len();
-        match wk.ask(n, &Request::Lock { txn: self.id, prio: self.prio, keys }).await? {
+        match wk.ask(n, &Request::Lock { txn: self.id, term: self.term, prio: self.prio, keys }).await? {
             Reply::Locked(vals) if vals.len() == len => Ok(vals),
             Reply::Aborted(a) => Err(a),
             _ => Err(Abort::BadReply),
@@ -207,7 +210,10 @@ impl<'a> PrimoTxn<'a> {
         let mut candidate = CommitTs::default();
         self.reads.iter().filter(|e| e.used).for_each(|e| candidate.read(e.lease));
         self.writes.iter().for_each(|w| candidate.write(self.locked_lease(w.0)));
-        let ts = wk.gate().commit_ts(self.id, candidate.0);
+        let ts = match wk.gate().commit_ts(self.id, self.term, candidate.0) {
+            Ok(ts) => ts,
+            Err(a) => return Err(self.abort(a)),
+        };
         self.registered = true;
         let me = wk.node.id;
         let mut local_writes = Writes::new();
@@ -228,14 +234,16 @@ impl<'a> PrimoTxn<'a> {
         let logged = (!local_writes.is_empty()).then_some(ts);
         for (key, rec) in std::mem::take(&mut self.held_here) {
             let write = local_writes.iter().position(|w| w.0 == key).map(|i| local_writes.swap_remove(i).1);
-            meta::commit(rec, self.id, ts, write);
+            if let Some(old) = meta::commit(rec, self.id, ts, write) {
+                wk.gate().keep_undo(ts, key, old);
+            }
         }
         assert!(local_writes.is_empty(), "a local write without its lock");
         wk.gate().leave(self.id, logged);
         self.registered = false;
         self.locked_at.clear();
-        tell_installs(wk, self.id, ts, remote.into_iter().collect());
-        Ok(Some(ts))
+        tell_installs(wk, self.id, self.term, ts, remote.into_iter().collect());
+        Ok(Some(point(self.term, ts)))
     }
 
     /// A local transaction's commit (TicToc): lock the writes (NO_WAIT), fix the timestamp,
@@ -247,6 +255,9 @@ impl<'a> PrimoTxn<'a> {
         for (key, _) in &writes {
             let rec = self.local_rec(*key);
             if !matches!(meta::acquire(rec, self.id, self.prio, Policy::NoWait, false), Acquire::Granted) {
+                if meta::held_by_wcf(rec) {
+                    wk.w.count(WCF_LOCAL_ABORTS, 1);
+                }
                 return Err(self.abort(Abort::Protocol(LOCAL_WRITE_LOCKED)));
             }
             self.held_here.push((*key, rec));
@@ -256,10 +267,13 @@ impl<'a> PrimoTxn<'a> {
         self.reads.iter().filter(|e| e.used).for_each(|e| candidate.read(e.lease));
         let ts = match writes.is_empty() {
             true => candidate.0,
-            false => {
-                self.registered = true;
-                wk.gate().commit_ts(self.id, candidate.0)
-            }
+            false => match wk.gate().commit_ts(self.id, self.term, candidate.0) {
+                Ok(ts) => {
+                    self.registered = true;
+                    ts
+                }
+                Err(a) => return Err(self.abort(a)),
+            },
         };
         if let Err(a) = self.validate_local(ts) {
             return Err(self.abort(a));
@@ -272,12 +286,14 @@ impl<'a> PrimoTxn<'a> {
         self.reads.clear();
         for ((key, rec), (k, v)) in std::mem::take(&mut self.held_here).into_iter().zip(writes) {
             debug_assert_eq!(key, k, "locks taken in write order");
-            meta::commit(rec, self.id, ts, Some(v));
+            if let Some(old) = meta::commit(rec, self.id, ts, Some(v)) {
+                wk.gate().keep_undo(ts, key, old);
+            }
         }
         if std::mem::take(&mut self.registered) {
             wk.gate().leave(self.id, Some(ts));
         }
-        Ok(Some(ts))
+        Ok(Some(point(self.term, ts)))
     }
 
     /// TicToc's validation of every read at `ts`; an extension a distributed transaction's lock
@@ -317,7 +333,7 @@ impl<'a> PrimoTxn<'a> {
 /// Send each partition its `Install` in the background, again until it answers (the paper's
 /// message is one-way over reliable channels; dtx's links may lose it). The coordinator's table
 /// says committed until then, so that a partition asking about the transaction waits for it.
-fn tell_installs(wk: &PrimoWorker, txn: TxnId, ts: u64, parts: Vec<(NodeId, Writes)>) {
+fn tell_installs(wk: &PrimoWorker, txn: TxnId, term: u64, ts: u64, parts: Vec<(NodeId, Writes)>) {
     if parts.is_empty() {
         return;
     }
@@ -326,10 +342,9 @@ fn tell_installs(wk: &PrimoWorker, txn: TxnId, ts: u64, parts: Vec<(NodeId, Writ
     let w = wk.w.clone();
     w.spawn(async move {
         let mut left: Vec<(NodeId, Request)> =
-            parts.into_iter().map(|(n, writes)| (n, Request::Install { txn, ts, writes })).collect();
+            parts.into_iter().map(|(n, writes)| (n, Request::Install { txn, term, ts, writes })).collect();
         while !left.is_empty() {
-            let me2: &Rc<PrimoWorker> = &me;
-            let calls: Vec<_> = left.iter().map(|(n, req)| me2.ask(*n, req)).collect();
+            let calls: Vec<_> = left.iter().map(|(n, req)| me.ask(*n, req)).collect();
             let replies = join_all(calls).await;
             left = left
                 .into_iter()
@@ -415,7 +430,8 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
                 self.turn_distributed().await?;
             }
             wk.coord.touch(self.id, &mut self.locked_at, n);
-            match wk.ask(n, &Request::Scan { txn: self.id, prio: self.prio, scan: s }).await? {
+            let scan = Request::Scan { txn: self.id, term: self.term, prio: self.prio, scan: s };
+            match wk.ask(n, &scan).await? {
                 Reply::Rows(rows) => rows.into_iter().map(|(k, v, l)| (k, v, l, true)).collect(),
                 Reply::Aborted(a) => return Err(a),
                 _ => return Err(Abort::BadReply),
@@ -469,8 +485,8 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
         for (n, _) in &asked {
             wk.coord.touch(self.id, &mut self.locked_at, *n);
         }
-        let (id, prio) = (self.id, self.prio);
-        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn: id, prio, keys: ks.clone() }));
+        let (txn, term, prio) = (self.id, self.term, self.prio);
+        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn, term, prio, keys: ks.clone() }));
         let replies = wk.ask_all(calls).await;
         for ((_, ks), reply) in asked.iter().zip(replies) {
             let vals = match reply? {

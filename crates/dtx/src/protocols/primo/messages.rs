@@ -18,12 +18,15 @@ use serde::{Deserialize, Serialize};
 pub enum Request {
     /// Lock each record for `txn` (exclusive, WAIT_DIE), raise its version past the partition's
     /// floor (R2), and answer its value and lease.
-    Lock { txn: TxnId, prio: Prio, keys: Vec<RowKey> },
+    /// `term`: the recovery agreement term the transaction runs in; a partition in another
+    /// refuses (`wm-recovered`).
+    Lock { txn: TxnId, term: u64, prio: Prio, keys: Vec<RowKey> },
     /// Lock the existing rows of a range, as `Lock` does each.
-    Scan { txn: TxnId, prio: Prio, scan: Scan },
+    Scan { txn: TxnId, term: u64, prio: Prio, scan: Scan },
     /// The commit at `ts`: extend the lease of every record `txn` holds here to `ts`, install its
-    /// `writes` at `ts`, log them, release.
-    Install { txn: TxnId, ts: u64, writes: Writes },
+    /// `writes` at `ts`, log them, release. A partition that has gone through an agreement since
+    /// `term` rolled the transaction back: it releases instead.
+    Install { txn: TxnId, term: u64, ts: u64, writes: Writes },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

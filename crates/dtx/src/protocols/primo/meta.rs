@@ -25,9 +25,20 @@ impl Locked for PrimoMeta {
     }
 }
 
-/// Replayed records keep the lease `[0, 0]`; the watermark floor lifts whatever a distributed
-/// transaction locks, and a local one commits past it.
-impl TxnMeta for PrimoMeta {}
+/// A replayed record's version reads as written at its commit's timestamp (leases are not
+/// logged: after a recovery every new timestamp lies past the agreed W_g, above every lease an
+/// acknowledged reader relied on).
+impl TxnMeta for PrimoMeta {
+    fn on_replayed_at(&mut self, ts: u64) {
+        self.lease = Lease { wts: ts, rts: ts };
+    }
+
+    /// The value a rolled-back install replaced is back: as a version written past every lease
+    /// granted on the undone one.
+    fn on_rolled_back(&mut self) {
+        self.lease = lease::rolled_back(self.lease);
+    }
+}
 
 pub type Rec = Record<PrimoMeta>;
 
@@ -36,6 +47,12 @@ pub type Rec = Record<PrimoMeta>;
 pub fn read(rec: &Rec) -> (Option<Value>, Lease) {
     let row = rec.lock();
     (row.value.clone(), row.meta.lease)
+}
+
+/// A distributed transaction holds the record under WCF's read lock.
+pub fn held_by_wcf(rec: &Rec) -> bool {
+    let row = rec.lock();
+    row.meta.lock.is_held() && row.meta.held_by_wcf
 }
 
 /// Ask for the exclusive lock without waiting (`wcf`: a distributed transaction's read lock).
@@ -84,8 +101,9 @@ pub fn validate(rec: &Rec, txn: TxnId, read_wts: u64, ts: u64) -> Result<(), (Re
 
 /// Commit on a record `txn` holds: install its write at `ts` (`Some`), or extend the lease of
 /// the version it read to `ts` (`None`: it holds it unextended by anyone else, so this always
-/// succeeds: Algorithm 1, lines 18-20); then release the lock.
-pub fn commit(rec: &Rec, txn: TxnId, ts: u64, write: Option<Option<Value>>) {
+/// succeeds: Algorithm 1, lines 18-20); then release the lock. Returns the value a write
+/// replaced, which the watermark keeps while a recovery may roll the write back.
+pub fn commit(rec: &Rec, txn: TxnId, ts: u64, write: Option<Option<Value>>) -> Option<Option<Value>> {
     let mut row = rec.lock();
     assert!(row.meta.lock.holds(txn, Mode::Exclusive), "committing on a record without its lock");
     let old = match write {
@@ -100,11 +118,7 @@ pub fn commit(rec: &Rec, txn: TxnId, ts: u64, write: Option<Option<Value>>) {
     };
     row.meta.held_by_wcf = false;
     row.meta.lock.release(txn);
-    // Outside the latch: freeing (or keeping) the old value is no part of installing.
-    drop(row);
-    if let Some(old) = old {
-        Value::recycle(old);
-    }
+    old
 }
 
 /// Release `txn`'s lock (an abort).

@@ -96,7 +96,8 @@ pub const ABORTS: &[(&str, &str)] = &[
     ),
 ];
 
-/// The counter of local aborts caused by a distributed transaction's read lock (WCF's cost).
+/// The counter of local aborts caused by a distributed transaction's read lock (WCF's cost): a
+/// validation whose extension it refused, or a write it held.
 pub const WCF_LOCAL_ABORTS: &str = "primo-wcf-local-aborts";
 
 /// The most transactions a node remembers to start distributed: each is one a client of it is

@@ -16,10 +16,11 @@ use crate::rt::log_warn;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan, TxnResult};
 
-/// A remote transaction's state here: the records it holds.
+/// A remote transaction's state here: the records it holds, and the agreement term it runs in.
 #[derive(Default)]
 pub struct PartTxn {
     pub held: Vec<RowKey>,
+    pub term: u64,
 }
 
 impl PrimoWorker {
@@ -37,8 +38,16 @@ impl PrimoWorker {
         }
     }
 
-    /// Lock `keys` for a remote `txn`, each read after its raise past the floor.
-    async fn lock_keys(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+    /// Lock `keys` for a remote `txn` of agreement term `term`, each read after its raise past
+    /// the floor; the transaction is active here from the first.
+    async fn lock_keys(
+        &self,
+        txn: TxnId,
+        term: u64,
+        prio: Prio,
+        keys: &[RowKey],
+    ) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+        self.gate().enter(txn, term, 0)?;
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
             self.w.charge_ops(1);
@@ -47,7 +56,7 @@ impl PrimoWorker {
             if !self.note_held(txn, key, rec) {
                 return Err(Abort::ParticipantLost);
             }
-            let floor_ts = self.gate().enter(txn, 0);
+            let floor_ts = self.gate().enter(txn, term, 0)?;
             out.push(meta::locked_read(rec, txn, floor_ts, true));
         }
         Ok(out)
@@ -69,11 +78,11 @@ impl PrimoWorker {
         }
     }
 
-    fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, keys: Vec<RowKey>) {
-        self.parts.remember(txn, self.w.now_ns(), |_| {});
+    fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, term: u64, prio: Prio, keys: Vec<RowKey>) {
+        self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
-            let reply = match me.lock_keys(txn, prio, &keys).await {
+            let reply = match me.lock_keys(txn, term, prio, &keys).await {
                 Ok(values) => Reply::Locked(values),
                 Err(a) => Reply::Aborted(a),
             };
@@ -81,13 +90,13 @@ impl PrimoWorker {
         });
     }
 
-    fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, prio: Prio, scan: Scan) {
-        self.parts.remember(txn, self.w.now_ns(), |_| {});
+    fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, term: u64, prio: Prio, scan: Scan) {
+        self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
             let keys: Vec<RowKey> =
                 meta::range_keys(&me.node.store, scan).into_iter().map(|k| RowKey::new(scan.table, k)).collect();
-            let reply = match me.lock_keys(txn, prio, &keys).await {
+            let reply = match me.lock_keys(txn, term, prio, &keys).await {
                 Ok(values) => Reply::Rows(
                     keys.iter().zip(values).filter_map(|(k, (v, lease))| v.map(|v| (k.key, v, lease))).collect(),
                 ),
@@ -100,9 +109,16 @@ impl PrimoWorker {
     /// The commit of `txn` at `ts` (Algorithm 1's participant side): extend every lease it holds
     /// here to `ts`, install its writes at `ts`, append them to the log before the locks go (log
     /// order is install order), release, and leave the watermark's active set.
-    fn install(&self, txn: TxnId, ts: u64, writes: Writes) {
+    fn install(&self, txn: TxnId, term: u64, ts: u64, writes: Writes) {
         // Absent: installed already (the commit was resent).
-        let Some(p) = self.parts.remove(txn) else { return };
+        if !self.parts.contains(txn) {
+            return;
+        }
+        if self.gate().begin_install(txn, term).is_err() {
+            // An agreement since rolled it back everywhere: nothing of it may install here.
+            return Primo::abort_here(self, txn);
+        }
+        let p = self.parts.remove(txn).expect("checked");
         self.w.charge_ops(p.held.len());
         if !writes.is_empty() {
             if let Err(a) = self.node.log.append_commit(txn, &writes, &[], ts) {
@@ -113,7 +129,9 @@ impl PrimoWorker {
         let mut writes = writes;
         for key in &p.held {
             let write = writes.iter().position(|w| w.0 == *key).map(|i| writes.swap_remove(i).1);
-            meta::commit(store.get_or_create(*key), txn, ts, write);
+            if let Some(old) = meta::commit(store.get_or_create(*key), txn, ts, write) {
+                self.gate().keep_undo(ts, *key, old);
+            }
         }
         assert!(writes.is_empty(), "txn {txn:x} installs writes it did not lock here: {writes:?}");
         self.gate().leave(txn, Some(ts));
@@ -126,10 +144,10 @@ impl Participant for Primo {
 
     fn serve(wk: &PrimoWorker, from: Addr, rpc_id: u64, req: Request) {
         match req {
-            Request::Lock { txn, prio, keys } => wk.serve_lock(from, rpc_id, txn, prio, keys),
-            Request::Scan { txn, prio, scan } => wk.serve_scan(from, rpc_id, txn, prio, scan),
-            Request::Install { txn, ts, writes } => {
-                wk.install(txn, ts, writes);
+            Request::Lock { txn, term, prio, keys } => wk.serve_lock(from, rpc_id, txn, term, prio, keys),
+            Request::Scan { txn, term, prio, scan } => wk.serve_scan(from, rpc_id, txn, term, prio, scan),
+            Request::Install { txn, term, ts, writes } => {
+                wk.install(txn, term, ts, writes);
                 wk.w.reply(from, rpc_id, &encode(&Reply::Installed));
             }
         }
@@ -149,6 +167,16 @@ impl Participant for Primo {
                 }
             }
             wk.gate().leave(txn, None);
+        }
+    }
+
+    /// Transactions of older terms were rolled back by the agreement: release what they hold.
+    fn on_new_term(wk: &PrimoWorker, term: u64) {
+        let stale: Vec<TxnId> =
+            wk.parts.txns.borrow().iter().filter(|(_, (p, _))| p.term < term).map(|(t, _)| *t).collect();
+        wk.w.count("wm-stale-released", stale.len() as u64);
+        for txn in stale {
+            Self::abort_here(wk, txn);
         }
     }
 

@@ -102,8 +102,14 @@ pub enum LogRecord<L: CcLog> {
     /// decision before anyone hears it).
     EpochDecided { epoch: u64, committed: bool },
     /// Watermark group commit (`commit=wm`): every transaction with a timestamp below `w_p`
-    /// that this node takes part in has its records before this one.
-    Watermark { w_p: u64 },
+    /// that this node takes part in has its records before this one; `w_g` is the node's view of
+    /// the global watermark then, below which no recovery rolls back.
+    Watermark { w_p: u64, w_g: u64 },
+    /// `commit=wm`: the recovery agreement of `term` rolled back every transaction at or above
+    /// `w_g`: the `Commit` records before this one at or above it do not count.
+    WmRolledBack { term: u64, w_g: u64 },
+    /// `commit=wm`: the node coordinating recovery agreements started `term`.
+    WmTerm { term: u64 },
 }
 
 /// [`LogRecord`] borrowing what it carries: encoded exactly as the owned form (same variants in
@@ -120,7 +126,9 @@ enum LogRecordRef<'a, V, R> {
     EpochOpened { epoch: u64 },
     EpochSealed { epoch: u64 },
     EpochDecided { epoch: u64, committed: bool },
-    Watermark { w_p: u64 },
+    Watermark { w_p: u64, w_g: u64 },
+    WmRolledBack { term: u64, w_g: u64 },
+    WmTerm { term: u64 },
 }
 
 /// A record of 2PC's own, whatever the protocol's types (they appear in no variant but these).
@@ -149,6 +157,26 @@ pub struct Recovery<L: CcLog> {
     pub own: L,
     /// Epoch group commit: what the log says of the epochs.
     pub epochs: EpochsRecovered,
+    /// Watermark group commit: what the log says of the watermarks.
+    pub wm: WmRecovered,
+}
+
+/// What a node's log says of watermark group commit (`commit=wm`; all zero without).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WmRecovered {
+    /// The latest W_p the node persisted.
+    pub persisted: u64,
+    /// The node's latest logged view of W_g: no agreement rolls back below it.
+    pub view: u64,
+    /// The latest agreement term the log names.
+    pub term: u64,
+    /// The largest timestamp the log holds a commit of.
+    pub max_ts: u64,
+    /// Commits at or above `view` (a recovery may roll them back), in log order: applied over
+    /// the rest by the node, which keeps what they replace (`undo`).
+    pub limbo: Vec<(u64, Writes)>,
+    /// What rolling `limbo` back puts back, `(ts, key, value)` in install order.
+    pub undo: Vec<(u64, RowKey, Option<Value>)>,
 }
 
 /// What a node's log says of its epochs (`commit=epoch`; all zero without).
@@ -210,6 +238,24 @@ pub struct ReplayState<L: CcLog> {
     pub own: L,
     /// Epoch group commit: the epochs not decided yet, and where the log stands.
     pub epochs: EpochReplay,
+    /// Watermark group commit: the commits a recovery may still roll back.
+    pub wm: WmReplay,
+}
+
+/// Replaying a log of watermark group commit (`commit=wm`): from its first `Watermark` record
+/// on, a `Commit` at or above the node's logged view of W_g waits, since a recovery agreement
+/// may roll it back; it counts once a later view passes it, and is dropped by a `WmRolledBack`
+/// at or below its timestamp (by log position: commits after that record count as usual).
+/// Bounded by what a node commits in the few intervals its view trails its commits.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WmReplay {
+    on: bool,
+    view: u64,
+    persisted: u64,
+    term: u64,
+    max_ts: u64,
+    /// Commits at or above `view`, in log order.
+    pending: Vec<(u64, Writes)>,
 }
 
 /// Replaying a log of epoch group commit (`commit=epoch`): a `Commit` or `Prepared` record made
@@ -246,6 +292,7 @@ impl<L: CcLog> ReplayState<L> {
             row_ts: FxHashMap::default(),
             own: L::default(),
             epochs: EpochReplay::default(),
+            wm: WmReplay::default(),
         }
     }
 
@@ -325,7 +372,12 @@ impl<L: CcLog> ReplayState<L> {
     fn apply_record(&mut self, r: LogRecord<L>) {
         match r {
             LogRecord::Boot { boot } => self.last_boot = self.last_boot.max(boot),
+            LogRecord::Commit { ts, writes, .. } if self.wm.on && ts >= self.wm.view => {
+                self.wm.max_ts = self.wm.max_ts.max(ts);
+                self.wm.pending.push((ts, writes));
+            }
             LogRecord::Commit { txn, writes, participants, ts } => {
+                self.wm.max_ts = self.wm.max_ts.max(ts);
                 self.install(writes, ts);
                 if !participants.is_empty() {
                     self.unended.insert(txn, (participants, ts, self.epochs.deciding));
@@ -355,7 +407,29 @@ impl<L: CcLog> ReplayState<L> {
                 self.epochs.pending.entry(epoch).or_default().1 = true;
             }
             LogRecord::EpochDecided { epoch, committed } => self.decide_epoch(epoch, committed),
-            LogRecord::Watermark { .. } => {}
+            LogRecord::Watermark { w_p, w_g } => {
+                self.wm.on = true;
+                self.wm.persisted = self.wm.persisted.max(w_p);
+                self.settle_below(w_g);
+            }
+            LogRecord::WmRolledBack { term, w_g } => {
+                self.wm.term = self.wm.term.max(term);
+                self.wm.pending.retain(|(ts, _)| *ts < w_g);
+                self.settle_below(w_g);
+            }
+            LogRecord::WmTerm { term } => self.wm.term = self.wm.term.max(term),
+        }
+    }
+
+    /// No recovery rolls back below `w_g` any more: the commits waiting below it count, in log
+    /// order.
+    fn settle_below(&mut self, w_g: u64) {
+        self.wm.view = self.wm.view.max(w_g);
+        let view = self.wm.view;
+        let (settled, pending) = std::mem::take(&mut self.wm.pending).into_iter().partition(|(ts, _)| *ts < view);
+        self.wm.pending = pending;
+        for (ts, writes) in settled {
+            self.install(writes, ts);
         }
     }
 
@@ -432,6 +506,14 @@ impl<L: CcLog> ReplayState<L> {
             undecodable: self.undecodable,
             own: state.own.clone(),
             epochs,
+            wm: WmRecovered {
+                persisted: self.wm.persisted,
+                view: self.wm.view,
+                term: self.wm.term,
+                max_ts: self.wm.max_ts,
+                limbo: self.wm.pending.clone(),
+                undo: Vec::new(),
+            },
         }
     }
 }
@@ -584,9 +666,19 @@ impl TxnLog {
         self.append_encoded(&CoreRef::EpochDecided { epoch, committed })
     }
 
-    /// Append this node's partition watermark (`commit=wm`).
-    pub fn append_watermark(&self, w_p: u64) -> Result<Option<u64>, Abort> {
-        self.append_encoded(&CoreRef::Watermark { w_p })
+    /// Append this node's partition watermark and its view of the global one (`commit=wm`).
+    pub fn append_watermark(&self, w_p: u64, w_g: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::Watermark { w_p, w_g })
+    }
+
+    /// Append that the agreement of `term` rolled back everything at or above `w_g`.
+    pub fn append_wm_rolled_back(&self, term: u64, w_g: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::WmRolledBack { term, w_g })
+    }
+
+    /// Append that this node started the agreement of `term`.
+    pub fn append_wm_term(&self, term: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::WmTerm { term })
     }
 
     /// Append one of the protocol's own records ([`CcLog::Record`]).
@@ -855,6 +947,45 @@ mod tests {
         assert!(r.in_doubt.is_empty(), "{:?}", r.in_doubt);
         assert_eq!(r.unended, vec![(3, vec![7], 0, 1)], "an unended commit keeps its epoch");
         assert_eq!(r.epochs, EpochsRecovered { last_epoch: 3, last_committed: 1, ..Default::default() });
+    }
+
+    /// Watermark group commit: a commit counts once a logged view of W_g passes it, a rollback
+    /// drops the commits before it at or above its W_g (by log position: a later commit at a high
+    /// timestamp stays), and what no view passed yet comes back as limbo. A checkpoint taken
+    /// anywhere gives the same recovery.
+    #[test]
+    fn watermark_commits_wait_for_a_view_and_a_rollback_drops_by_log_position() {
+        let commit = |txn, n: u64, b, ts| Plain::Commit { txn, writes: vec![(k(n), v(b))], participants: vec![], ts };
+        let recs: Vec<Vec<u8>> = [
+            Plain::Watermark { w_p: 0, w_g: 0 },
+            commit(1, 1, 1, 5),
+            commit(2, 2, 2, 12),
+            Plain::Watermark { w_p: 10, w_g: 8 },
+            commit(3, 3, 3, 15),
+            commit(4, 1, 4, 20),
+            Plain::WmRolledBack { term: 1, w_g: 14 },
+            commit(5, 4, 5, 30),
+            Plain::Watermark { w_p: 25, w_g: 11 },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let collect = |from: ReplayState<PlainLog>, rest: &[Vec<u8>]| {
+            let mut rows = Vec::new();
+            let r = replay(from, rest, &mut |k, v, _, ts| rows.push((k, v, ts)));
+            rows.sort_by_key(|e| e.0);
+            (rows, r.wm)
+        };
+        let whole = collect(ReplayState::new("occ"), &recs);
+        assert_eq!(
+            whole.0,
+            vec![(k(1), v(1), 5), (k(2), v(2), 12)],
+            "5 under the view of 8, 12 under the rollback's 14; 15 and 20 rolled back; 30 waits"
+        );
+        let wm = &whole.1;
+        assert_eq!((wm.persisted, wm.view, wm.term, wm.max_ts), (25, 14, 1, 30));
+        assert_eq!(wm.limbo, vec![(30, vec![(k(4), v(5))])]);
+        same_from_every_checkpoint(&recs, &whole, collect);
     }
 
     /// An epoch the node sealed without learning its fate is replayed on top, as committed, with

@@ -146,6 +146,15 @@ impl<M: TxnMeta> NodeShared<M> {
         for (_, writes, _) in recovery.in_doubt.iter().filter(|e| epochs.limbo_txns.contains(&e.0)) {
             epochs.limbo_undo.extend(writes.iter().map(|(k, _)| (*k, committed_value(&store, *k))));
         }
+        // Commits a watermark recovery may still roll back are applied last, keeping what they
+        // replace.
+        let wm = &mut recovery.wm;
+        for (ts, writes) in std::mem::take(&mut wm.limbo) {
+            for (k, v) in writes {
+                let old = replayed(k, v, 1, ts);
+                wm.undo.push((ts, k, old));
+            }
+        }
         if recovery.undecodable > 0 {
             crate::rt::log_warn(&format!(
                 "node {}: {} log records did not decode and were skipped",

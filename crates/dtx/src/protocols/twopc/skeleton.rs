@@ -253,6 +253,14 @@ pub trait Participant: Messages + Sized {
     fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<<Self as Cc>::Log as CcLog>::Vote>)
     where
         Self: Cc;
+    /// Under `commit=wm`, a recovery agreement moved the node to term `term`: drop what
+    /// transactions of older terms hold here (they were rolled back everywhere, and their
+    /// coordinators may be gone), rather than wait for the orphan sweeper.
+    fn on_new_term(_wk: &CcWorker<Self>, _term: u64)
+    where
+        Self: Cc,
+    {
+    }
     /// The committed value of `key` here, taking nothing: what reconnaissance reads, for a
     /// coordinator here or on another node (the skeleton carries the request). By default the
     /// record's value, for a concurrency control whose records hold only committed values.
@@ -283,7 +291,11 @@ impl<C: Cc> Protocol for TwoPc<C> {
         let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
         let wm = match self.config.commit {
             CommitPolicy::Watermark { wm_us, floor } => {
-                Some(Arc::new(WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor)))
+                let recovered = std::mem::take(&mut recovery.wm);
+                let restarted = recovery.boot > 1;
+                let gate = WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor, recovered, restarted);
+                gate.log_start(&shared.log);
+                Some(Arc::new(gate))
             }
             _ => None,
         };
@@ -380,6 +392,10 @@ impl<C: Cc> CcWorker<C> {
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.node.log.booted().await;
         if let Some(wm) = &self.wm {
+            // A restarted node serves nothing until its recovery agreement is through.
+            while wm.recovering() {
+                self.w.sleep_us(1_000).await;
+            }
             return self.run_until_watermark(wm, req, attempt).await;
         }
         let Some(gate) = &self.gate else { return self.run_attempt(req, attempt).await };
@@ -711,6 +727,11 @@ impl<C: Cc> CcWorker<C> {
                         status = TxnStatus::Active;
                     }
                 }
+                if self.wm.as_ref().is_some_and(|wm| wm.recovering()) {
+                    // Restarted: the agreement decides what became of the transactions it
+                    // coordinated; until then, hold on.
+                    status = TxnStatus::Active;
+                }
                 let fence = self.node.log.read_fence();
                 let reply = crate::net::encode(&TerminationReply::Status(status, ts, epoch));
                 return self.reply_after_log(from, rpc_id, fence, reply);
@@ -742,11 +763,32 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
             }
             if let Some(wm) = &self.wm {
                 wm.start(&me);
+                spawn_term_watch(&me, wm.clone());
             }
             spawn_sweeper(&me, self.config.orphan_after_us);
             resend_unended(&me, self.unended.take());
         }
     }
+}
+
+/// Under `commit=wm`, every worker looks each watermark interval whether an agreement moved the
+/// node to a new term, and then drops what older terms' transactions hold here.
+fn spawn_term_watch<C: Cc>(me: &Rc<CcWorker<C>>, wm: Arc<WatermarkGate>) {
+    let weak = Rc::downgrade(me);
+    let w = me.w.clone();
+    w.spawn(async move {
+        let mut seen = wm.term();
+        loop {
+            let Some(w) = weak.upgrade().map(|m| m.w.clone()) else { return };
+            w.sleep_us(wm.interval_us()).await;
+            let Some(me) = weak.upgrade() else { return };
+            let term = wm.term();
+            if term != seen {
+                seen = term;
+                C::on_new_term(&me, term);
+            }
+        }
+    });
 }
 
 /// Reconnaissance (OLLP) reads the committed state wherever it lives, the same way for every

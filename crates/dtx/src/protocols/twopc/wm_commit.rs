@@ -22,24 +22,38 @@
 //! - **The global watermark W_g** is the minimum of the latest W_p heard from every node; a
 //!   commit at `ts < W_g` is acknowledged ([`WatermarkGate::acks`], points are timestamps).
 //!
-//! What this does not do yet: recover. A crash would need every partition to roll back what
-//! lies at or above one agreed W_g ([`crate::replication::wm_recovery`] holds the agreement);
-//! until that is wired in, a protocol under `commit=wm` refuses to run with crashes
-//! ([`crate::protocols::Protocol::check_faults`]).
+//! **Recovery (§5.2).** A node that restarts (or whose logs fail over to another host) rebuilt
+//! from its log everything it committed; what lies at or above its last logged view of W_g it
+//! applied with the values it replaced kept (`durable::WmReplay`), since no agreement rolls back
+//! below a view. It serves nothing and asks node 0 for an agreement
+//! ([`crate::replication::wm_recovery`]; the paper's ZooKeeper is node 0, whose terms are
+//! logged). Every partition reports its latest *persisted* W_p and stops broadcasting; node 0
+//! takes their minimum (the digest's safe reading: the paper's "maximum" would keep half a
+//! transaction, a test there shows it), and every partition logs `(term, W_g)`, then puts back
+//! what every install at or above W_g replaced, newest first, and reports those commits to their
+//! clients as rolled back. Every install keeps the value it replaced while its timestamp is at or
+//! above the node's view of W_g. A transaction that ran across an agreement aborts: its
+//! coordinator checks the term when it fixes the timestamp, and a partition refuses a request
+//! or an install made in another term. Acknowledgement points are `(term, ts)`, so that the
+//! commits of a new term never fall in a range rolled back in an older one.
 //!
 //! The gate is one mutex per node, taken when a transaction enters and leaves, and at each
 //! generation: generation must see every transaction that entered before it.
 
+use super::durable::WmRecovered;
 use super::epoch_commit::GateHost;
 use super::TxnId;
 use crate::net::{Addr, NodeId};
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::replication::watermark::PartitionWatermarks;
+use crate::replication::wm_recovery::{PartitionAction, RecoveryCoordinator, RecoveryPartition, WmMsg};
 use crate::rt::log_warn;
 use crate::rt::release::ReleasePoints;
+use crate::storage::{RowKey, Value};
+use crate::txn::Abort;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -79,12 +93,40 @@ pub const FLOOR_OPTION: OptionSpec = OptionSpec {
 /// transaction in flight (`--inflight` is at most 100,000 per worker); more means a leak.
 const MAX_ACTIVE: usize = 1 << 22;
 
-/// What gates send each other: a partition's watermark, once it is persisted. One-way, and
-/// periodic: a lost one is made up for by the next.
+/// What gates send each other, one-way: a partition's watermark once it is persisted (periodic: a
+/// lost one is made up for by the next), a restarted node's call for an agreement (resent until it
+/// has rolled back), and the agreement's own messages (resent by node 0 until answered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WmGateMsg {
     Mark { w_p: u64 },
+    /// A restarted node whose last agreement was `after` asks for a new one.
+    Recover { after: u64 },
+    Agreement(WmMsg),
 }
+
+/// Timestamps stay below 2^40 (a million commits a second for twelve days of one chain of
+/// writes): an acknowledgement point is `term << 40 | ts`.
+const TS_BITS: u32 = 40;
+
+/// The acknowledgement point of a commit at `ts` in agreement term `term`.
+pub fn point(term: u64, ts: u64) -> u64 {
+    assert!(ts < 1 << TS_BITS, "a logical timestamp {ts} past 2^40");
+    (term << TS_BITS) | ts
+}
+
+/// The most values one node keeps to roll back (4M): what it installs while its view of W_g
+/// trails, a few intervals' worth, unless a partition stops answering for long.
+const MAX_UNDO: usize = 1 << 22;
+
+/// How often a restarting node calls for an agreement, and node 0 resends its messages.
+const RECOVERY_RESEND_US: u64 = 20_000;
+
+/// While a rollback waits for the commits in progress to append their records, it looks this
+/// often (they append without waiting for anything).
+const DRAIN_POLL_US: u64 = 50;
+
+/// The node that coordinates recovery agreements.
+const COORDINATOR: NodeId = 0;
 
 /// One node's side of watermark group commit (see the module comment).
 pub struct WatermarkGate {
@@ -92,6 +134,8 @@ pub struct WatermarkGate {
     nodes: u16,
     interval_us: u64,
     state: Mutex<WmState>,
+    /// What installs at or above the view replaced: `(ts, seq) -> (key, value)`.
+    undo: Mutex<BTreeMap<(u64, u64), (RowKey, Option<Value>)>>,
     acks: Arc<ReleasePoints>,
 }
 
@@ -108,9 +152,27 @@ struct WmState {
     /// `clock` when W_p was last generated, under [`Floor::Clock`] (0 otherwise).
     clock_floor: u64,
     floor: Floor,
+    /// The agreement term this node is in: its commits' points carry it.
+    term: u64,
+    /// Restarted and not yet through an agreement: serves nothing.
+    recovering: bool,
+    /// Rolling back to an agreed W_g: serves nothing until done.
+    rolling_back: bool,
+    /// Transactions between fixing their timestamp (or starting an install) here and appending
+    /// their record: the rollback's record must follow all of theirs.
+    committing: rustc_hash::FxHashSet<TxnId>,
+    partition: RecoveryPartition,
+    /// Node 0's side of agreements.
+    coordinator: Option<RecoveryCoordinator>,
+    undo_seq: u64,
 }
 
 impl WmState {
+    /// Serving transactions of `term`: not recovering, not rolling back, in that term.
+    fn open(&self, term: u64) -> bool {
+        !self.recovering && !self.rolling_back && self.term == term
+    }
+
     fn insert(&mut self, txn: TxnId, bound: u64) {
         if let Some(old) = self.bound_of.insert(txn, bound) {
             self.active.remove(&(old, txn));
@@ -143,55 +205,124 @@ impl WmState {
 }
 
 impl WatermarkGate {
-    pub fn new(node: NodeId, nodes: u16, interval_us: u64, floor: Floor) -> WatermarkGate {
+    /// A node's gate, from what its log says (`recovered`; a node that restarted recovers
+    /// before it serves).
+    pub fn new(node: NodeId, nodes: u16, interval_us: u64, floor: Floor, recovered: WmRecovered, restarted: bool) -> WatermarkGate {
         assert!(interval_us > 0, "a watermark interval of 0");
-        let marks = PartitionWatermarks::new(nodes as usize, node as usize).expect("a node of the cluster");
+        let mut marks = PartitionWatermarks::new(nodes as usize, node as usize).expect("a node of the cluster");
+        marks.generate(Some(recovered.persisted));
+        let clock = recovered.max_ts.max(recovered.view);
         let state = WmState {
             marks,
             active: BTreeSet::new(),
             bound_of: FxHashMap::default(),
-            max_logged_ts: 0,
-            clock: 0,
-            clock_floor: 0,
+            max_logged_ts: recovered.max_ts,
+            clock,
+            clock_floor: clock,
             floor,
+            term: recovered.term,
+            recovering: restarted,
+            rolling_back: false,
+            committing: Default::default(),
+            partition: RecoveryPartition::new(COORDINATOR, recovered.persisted, recovered.term),
+            coordinator: None,
+            undo_seq: 0,
         };
-        WatermarkGate { node, nodes, interval_us, state: Mutex::new(state), acks: ReleasePoints::new() }
+        let gate = WatermarkGate {
+            node,
+            nodes,
+            interval_us,
+            state: Mutex::new(state),
+            undo: Mutex::new(BTreeMap::new()),
+            acks: ReleasePoints::new(),
+        };
+        for (ts, key, value) in recovered.undo {
+            gate.keep_undo(ts, key, value);
+        }
+        gate
     }
 
-    /// Where clients wait: a commit at `ts` is released once `ts < W_g`.
+    /// The first record of a log under `commit=wm` (replay waits for what follows it).
+    pub fn log_start(&self, log: &super::durable::TxnLog) {
+        let (w_p, w_g) = {
+            let st = self.state.lock();
+            (st.marks.own(), st.marks.global())
+        };
+        let _ = log.append_watermark(w_p, w_g);
+    }
+
+    /// Where clients wait: a commit at point `(term, ts)` is released once `ts < W_g`, or
+    /// rolled back by the agreement of a later term.
     pub fn acks(&self) -> Arc<ReleasePoints> {
         self.acks.clone()
     }
 
-    /// A transaction becomes active here as a participant, with every timestamp it may take at
-    /// least `lower`: returns the bound it is held at (at least the floor + 1, R2), to which the
-    /// caller raises the records it locks for it. A transaction already active keeps its bound.
-    pub fn enter(&self, txn: TxnId, lower: u64) -> u64 {
-        let mut st = self.state.lock();
-        let bound = lower.max(st.ts_floor() + 1);
-        if let Some(&held) = st.bound_of.get(&txn) {
-            return held.max(bound);
-        }
-        st.insert(txn, bound);
-        bound
+    /// The agreement term now (a transaction notes it when it starts).
+    pub fn term(&self) -> u64 {
+        self.state.lock().term
     }
 
-    /// The coordinator fixes `txn`'s timestamp: at least `candidate`, past the floor (R2, with
-    /// the force-update). The transaction is active here until [`WatermarkGate::leave`].
-    pub fn commit_ts(&self, txn: TxnId, candidate: u64) -> u64 {
+    /// How often the node publishes its watermark.
+    pub fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+
+    /// Restarted and not yet through an agreement, or rolling back: serving nothing.
+    pub fn recovering(&self) -> bool {
+        let st = self.state.lock();
+        st.recovering || st.rolling_back
+    }
+
+    /// A transaction of term `term` becomes active here as a participant, with every timestamp
+    /// it may take at least `lower`: returns the bound it is held at (at least the floor + 1,
+    /// R2), to which the caller raises the records it locks for it; refused if the node is in
+    /// another term or recovering. A transaction already active keeps its bound.
+    pub fn enter(&self, txn: TxnId, term: u64, lower: u64) -> Result<u64, Abort> {
         let mut st = self.state.lock();
+        if !st.open(term) {
+            return Err(Abort::Protocol(RECOVERED));
+        }
+        let bound = lower.max(st.ts_floor() + 1);
+        if let Some(&held) = st.bound_of.get(&txn) {
+            return Ok(held.max(bound));
+        }
+        st.insert(txn, bound);
+        Ok(bound)
+    }
+
+    /// The coordinator fixes the timestamp of `txn`, which started in `term`: at least
+    /// `candidate`, past the floor (R2, with the force-update). The transaction is active here
+    /// until [`WatermarkGate::leave`]. Refused if an agreement came between.
+    pub fn commit_ts(&self, txn: TxnId, term: u64, candidate: u64) -> Result<u64, Abort> {
+        let mut st = self.state.lock();
+        if !st.open(term) {
+            return Err(Abort::Protocol(RECOVERED));
+        }
+        st.committing.insert(txn);
         let ts = candidate.max(st.ts_floor() + 1);
-        st.clock = st.clock.max(ts);
         if let Some(&held) = st.bound_of.get(&txn) {
             assert!(held <= ts, "a timestamp {ts} below the bound {held} its transaction was held at");
         }
+        st.clock = st.clock.max(ts);
         st.insert(txn, ts);
-        ts
+        Ok(ts)
+    }
+
+    /// A participant is about to install `txn` of `term` (its record follows): refused if an
+    /// agreement came between, which rolled it back everywhere.
+    pub fn begin_install(&self, txn: TxnId, term: u64) -> Result<(), Abort> {
+        let mut st = self.state.lock();
+        if !st.open(term) {
+            return Err(Abort::Protocol(RECOVERED));
+        }
+        st.committing.insert(txn);
+        Ok(())
     }
 
     /// `txn` is done here: its record, at `logged_ts` if it appended one, is in the log.
     pub fn leave(&self, txn: TxnId, logged_ts: Option<u64>) {
         let mut st = self.state.lock();
+        st.committing.remove(&txn);
         if let Some(bound) = st.bound_of.remove(&txn) {
             st.active.remove(&(bound, txn));
         }
@@ -199,6 +330,23 @@ impl WatermarkGate {
             st.max_logged_ts = st.max_logged_ts.max(ts);
             st.clock = st.clock.max(ts);
         }
+    }
+
+    /// An install at `ts` replaced `key`'s `value`: kept while an agreement may roll it back
+    /// (at or above the node's view of W_g).
+    pub fn keep_undo(&self, ts: u64, key: RowKey, value: Option<Value>) {
+        let seq = {
+            let mut st = self.state.lock();
+            if ts < st.marks.global() {
+                drop(st);
+                return Value::recycle(value);
+            }
+            st.undo_seq += 1;
+            st.undo_seq
+        };
+        let mut undo = self.undo.lock();
+        undo.insert((ts, seq), (key, value));
+        assert!(undo.len() <= MAX_UNDO, "{MAX_UNDO} values kept to roll back: the global watermark is stuck");
     }
 
     /// New transactions here get timestamps past this.
@@ -211,29 +359,66 @@ impl WatermarkGate {
         self.state.lock().marks.global()
     }
 
-    /// Worker 0 of every node generates, persists and broadcasts the node's W_p every interval.
+    /// How many transactions are active here (tests).
+    pub fn active(&self) -> usize {
+        self.state.lock().active.len()
+    }
+
+    /// Worker 0 of every node generates, persists and broadcasts the node's W_p every interval;
+    /// a restarted node calls for an agreement until it is through one.
     pub fn start<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
         let w = host.worker().clone();
         if w.addr.worker != 0 {
             return;
         }
-        let (gate, host) = (self.clone(), host.clone());
+        if self.node == COORDINATOR {
+            let last_term = self.state.lock().term;
+            let partitions = (0..self.nodes).collect();
+            self.state.lock().coordinator = Some(RecoveryCoordinator::new(partitions, last_term, RECOVERY_RESEND_US));
+        }
+        let (gate, h) = (self.clone(), host.clone());
         w.clone().spawn(async move {
             loop {
                 w.sleep_us(gate.interval_us).await;
-                let w_p = gate.state.lock().generate();
-                match host.gate_log().append_watermark(w_p) {
-                    Ok(lsn) => host.gate_log().durable(lsn).await,
+                let generated = {
+                    let mut st = gate.state.lock();
+                    (st.partition.may_broadcast() && !st.recovering).then(|| (st.generate(), st.marks.global()))
+                };
+                let Some((w_p, w_g)) = generated else { continue };
+                match h.gate_log().append_watermark(w_p, w_g) {
+                    Ok(lsn) => h.gate_log().durable(lsn).await,
                     // Not persisted: not broadcast either (the next interval tries again).
                     Err(_) => continue,
                 }
-                gate.persisted(&host, w_p);
+                gate.persisted(&h, w_p);
+            }
+        });
+        let (gate, h, w) = (self.clone(), host.clone(), host.worker().clone());
+        w.clone().spawn(async move {
+            loop {
+                w.sleep_us(RECOVERY_RESEND_US).await;
+                let (recovering, after) = {
+                    let st = gate.state.lock();
+                    (st.recovering, st.term)
+                };
+                if recovering {
+                    gate.send(&h, COORDINATOR, WmGateMsg::Recover { after });
+                }
+                let resend = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
+                gate.dispatch(&h, resend);
             }
         });
     }
 
-    /// Own W_p is durable: count it, and tell every other node.
+    /// Own W_p is durable: count it, and tell every other node (unless an agreement froze it).
     fn persisted<H: GateHost>(&self, host: &Rc<H>, w_p: u64) {
+        {
+            let mut st = self.state.lock();
+            if !st.partition.may_broadcast() {
+                return;
+            }
+            st.partition.on_persisted(w_p);
+        }
         let body = super::skeleton::wm_message(&WmGateMsg::Mark { w_p });
         for n in (0..self.nodes).filter(|&n| n != self.node) {
             host.worker().send(Addr::new(n, 0), &body);
@@ -242,27 +427,221 @@ impl WatermarkGate {
     }
 
     /// A gate message from another node (its worker 0).
-    pub fn on_message<H: GateHost>(&self, _host: &Rc<H>, from: Addr, body: &[u8]) {
+    pub fn on_message<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: Addr, body: &[u8]) {
         match crate::net::decode::<WmGateMsg>(body) {
-            Ok(WmGateMsg::Mark { w_p }) => self.heard(from.node, w_p),
+            Ok(msg) => self.receive(host, from.node, msg),
             Err(e) => log_warn(&format!("node {}: an undecodable watermark message from {from}: {e}", self.node)),
         }
     }
 
-    /// Partition `from`'s latest W_p: release every commit below the new W_g.
-    fn heard(&self, from: NodeId, w_p: u64) {
-        let global = {
-            let mut st = self.state.lock();
-            st.marks.update(from as usize, w_p);
-            st.marks.global()
-        };
-        if global > 0 {
-            self.acks.release_through(global - 1);
+    fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: WmGateMsg) {
+        match msg {
+            WmGateMsg::Mark { w_p } => self.heard(from, w_p),
+            WmGateMsg::Recover { after } => self.begin_agreement(host, after),
+            WmGateMsg::Agreement(m @ (WmMsg::Persisted { .. } | WmMsg::RolledBack { .. })) => {
+                let now_us = host.worker().now_us();
+                let out = self.state.lock().coordinator.as_mut().map(|c| c.on_message(from, m, now_us));
+                self.dispatch(host, out.unwrap_or_default());
+            }
+            WmGateMsg::Agreement(m) => {
+                let (out, action) = self.state.lock().partition.on_message(from, m);
+                self.dispatch(host, out);
+                if let PartitionAction::RollBack { term, w_g } = action {
+                    self.roll_back(host, term, w_g);
+                }
+            }
         }
     }
 
-    /// How many transactions are active here (tests).
-    pub fn active(&self) -> usize {
-        self.state.lock().active.len()
+    /// Node 0: a restarted node whose last agreement was `after` asks for one; start the next
+    /// term (logged before anyone hears of it) unless one is under way or already past `after`.
+    fn begin_agreement<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, after: u64) {
+        let out = {
+            let mut st = self.state.lock();
+            let Some(c) = st.coordinator.as_mut() else { return };
+            if c.busy() || c.term() > after {
+                return;
+            }
+            c.begin(host.worker().now_us())
+        };
+        let term = self.state.lock().coordinator.as_ref().map_or(0, |c| c.term());
+        let lsn = host.gate_log().append_wm_term(term).unwrap_or(None);
+        let (gate, h) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            h.gate_log().durable(lsn).await;
+            gate.dispatch(&h, out);
+        });
+    }
+
+    /// The agreement of `term` is `w_g`: log it, put back what every install at or above it
+    /// replaced (newest first), report those commits as rolled back, and move to the new term.
+    fn roll_back<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, term: u64, w_g: u64) {
+        {
+            let mut st = self.state.lock();
+            if st.term >= term {
+                // Done already (a resent message): answer again.
+                let out = st.partition.rolled_back(term);
+                drop(st);
+                return self.dispatch(host, out);
+            }
+            if st.rolling_back {
+                return;
+            }
+            // From now on nothing fixes a timestamp or installs here until the rollback is done.
+            st.rolling_back = true;
+        }
+        let (gate, h) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            // Those that started before append their records first, so that every rolled-back
+            // record precedes the rollback's (replay drops by log position).
+            while !gate.state.lock().committing.is_empty() {
+                h.worker().sleep_us(DRAIN_POLL_US).await;
+            }
+            let lsn = h.gate_log().append_wm_rolled_back(term, w_g).unwrap_or(None);
+            h.gate_log().durable(lsn).await;
+            let old_term = {
+                let st = gate.state.lock();
+                if st.term >= term {
+                    return;
+                }
+                st.term
+            };
+            let undone = gate.undo.lock().split_off(&(w_g, 0));
+            h.worker().count("wm-values-rolled-back", undone.len() as u64);
+            for (_, (key, value)) in undone.into_iter().rev() {
+                h.restore_row(key, value);
+            }
+            gate.acks.roll_back(point(old_term, w_g), point(old_term, (1 << TS_BITS) - 1));
+            let out = {
+                let mut st = gate.state.lock();
+                st.term = term;
+                st.recovering = false;
+                st.rolling_back = false;
+                st.clock = st.clock.max(w_g);
+                st.clock_floor = st.clock_floor.max(st.clock);
+                st.partition.rolled_back(term)
+            };
+            h.worker().count("wm-rollbacks", 1);
+            gate.release(&gate.state.lock());
+            gate.dispatch(&h, out);
+        });
+    }
+
+    /// Send agreement messages, to this node's own gate at once.
+    fn dispatch<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, out: Vec<(NodeId, WmMsg)>) {
+        for (to, msg) in out {
+            if to == self.node {
+                self.receive(host, to, WmGateMsg::Agreement(msg));
+            } else {
+                self.send(host, to, WmGateMsg::Agreement(msg));
+            }
+        }
+    }
+
+    fn send<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, to: NodeId, msg: WmGateMsg) {
+        if to == self.node {
+            return self.receive(host, to, msg);
+        }
+        host.worker().send(Addr::new(to, 0), &super::skeleton::wm_message(&msg));
+    }
+
+    /// Partition `from`'s latest W_p: release every commit below the new W_g, and forget what
+    /// installs below it replaced.
+    fn heard(&self, from: NodeId, w_p: u64) {
+        let global = {
+            let mut st = self.state.lock();
+            if !st.marks.update(from as usize, w_p) {
+                return;
+            }
+            self.release(&st);
+            st.marks.global()
+        };
+        let mut undo = self.undo.lock();
+        let kept = undo.split_off(&(global, 0));
+        let forgotten = std::mem::replace(&mut *undo, kept);
+        drop(undo);
+        forgotten.into_values().for_each(|(_, v)| Value::recycle(v));
+    }
+
+    fn release(&self, st: &WmState) {
+        let global = st.marks.global();
+        if global > 0 && !st.recovering {
+            self.acks.release_through(point(st.term, global - 1));
+        }
+    }
+}
+
+/// The abort of a transaction that ran across a recovery agreement, or reached a node that is
+/// recovering.
+pub const RECOVERED: crate::txn::Reason = crate::txn::Reason::new("wm-recovered");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(floor: Floor) -> WatermarkGate {
+        WatermarkGate::new(0, 2, 1_000, floor, WmRecovered::default(), false)
+    }
+
+    /// RULE 1 and R2: W_p is the smallest bound or timestamp of the active transactions, new
+    /// ones start past it, and an idle node moves past everything it logged.
+    #[test]
+    fn the_watermark_stays_below_every_active_transaction_and_new_ones_start_past_it() {
+        let g = gate(Floor::Watermark);
+        assert_eq!(g.enter(1, 0, 0), Ok(1), "a participant's bound: past the floor");
+        assert_eq!(g.commit_ts(2, 0, 7), Ok(7), "a coordinator's candidate past the floor stays");
+        assert_eq!(g.state.lock().generate(), 1, "held by the participant's bound");
+        assert_eq!(g.enter(3, 0, 0), Ok(2), "past the new W_p");
+        g.leave(1, Some(9));
+        g.leave(3, None);
+        assert_eq!(g.state.lock().generate(), 7, "the coordinator's transaction, logged at 7 next");
+        g.leave(2, Some(7));
+        assert_eq!(g.state.lock().generate(), 10, "idle: past the 9 it logged");
+        assert_eq!(g.active(), 0);
+    }
+
+    /// The clock floor: with W_p held low by an active transaction, new timestamps still start
+    /// past the largest one the node had fixed or installed at the last generation; the paper's
+    /// floor starts them just past W_p.
+    #[test]
+    fn the_clock_floor_starts_new_timestamps_past_the_partitions_clock() {
+        for (floor, expected) in [(Floor::Clock, 51), (Floor::Watermark, 2)] {
+            let g = gate(floor);
+            assert_eq!(g.enter(1, 0, 0), Ok(1), "a participant's transaction holds W_p at 1");
+            assert_eq!(g.commit_ts(2, 0, 50), Ok(50));
+            g.leave(2, Some(50));
+            assert_eq!(g.state.lock().generate(), 1);
+            assert_eq!(g.commit_ts(3, 0, 1), Ok(expected), "{floor:?}");
+        }
+    }
+
+    /// A node in another term, or recovering, refuses: the transaction ran across an agreement.
+    #[test]
+    fn a_transaction_of_another_term_or_at_a_recovering_node_is_refused() {
+        let g = gate(Floor::Clock);
+        assert_eq!(g.enter(1, 1, 0), Err(Abort::Protocol(RECOVERED)));
+        assert_eq!(g.commit_ts(1, 1, 0), Err(Abort::Protocol(RECOVERED)));
+        let r = WatermarkGate::new(1, 2, 1_000, Floor::Clock, WmRecovered { term: 3, ..Default::default() }, true);
+        assert!(r.recovering());
+        assert_eq!(r.enter(1, 3, 0), Err(Abort::Protocol(RECOVERED)), "recovering: nothing served");
+    }
+
+    /// Only installs at or above the view of W_g keep what they replaced; hearing a higher W_g
+    /// forgets what lies below it. Points order by term first.
+    #[test]
+    fn undo_is_kept_above_the_view_only_and_points_order_by_term() {
+        let g = gate(Floor::Clock);
+        g.heard(0, 10);
+        g.heard(1, 10);
+        assert_eq!(g.global(), 10);
+        g.keep_undo(9, RowKey::new(0, 1), None);
+        g.keep_undo(12, RowKey::new(0, 2), None);
+        g.keep_undo(15, RowKey::new(0, 3), None);
+        assert_eq!(g.undo.lock().len(), 2, "9 lies below the view");
+        g.heard(0, 14);
+        g.heard(1, 14);
+        assert_eq!(g.undo.lock().keys().map(|k| k.0).collect::<Vec<_>>(), vec![15]);
+        assert!(point(1, 0) > point(0, (1 << TS_BITS) - 1));
+        assert_eq!(crate::rt::release::AckSource::outcome(&*g.acks(), point(0, 13)), crate::rt::release::Release::Released);
     }
 }
