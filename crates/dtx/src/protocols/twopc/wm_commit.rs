@@ -98,9 +98,13 @@ const MAX_ACTIVE: usize = 1 << 22;
 /// has rolled back), and the agreement's own messages (resent by node 0 until answered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WmGateMsg {
-    Mark { w_p: u64 },
+    Mark {
+        w_p: u64,
+    },
     /// A restarted node whose last agreement was `after` asks for a new one.
-    Recover { after: u64 },
+    Recover {
+        after: u64,
+    },
     Agreement(WmMsg),
 }
 
@@ -128,14 +132,17 @@ const DRAIN_POLL_US: u64 = 50;
 /// The node that coordinates recovery agreements.
 const COORDINATOR: NodeId = 0;
 
+/// What installs at or above the view of W_g replaced: `(ts, seq) -> (key, value)`, so that a
+/// rollback puts values back newest first.
+type Undo = BTreeMap<(u64, u64), (RowKey, Option<Value>)>;
+
 /// One node's side of watermark group commit (see the module comment).
 pub struct WatermarkGate {
     node: NodeId,
     nodes: u16,
     interval_us: u64,
     state: Mutex<WmState>,
-    /// What installs at or above the view replaced: `(ts, seq) -> (key, value)`.
-    undo: Mutex<BTreeMap<(u64, u64), (RowKey, Option<Value>)>>,
+    undo: Mutex<Undo>,
     acks: Arc<ReleasePoints>,
 }
 
@@ -207,7 +214,14 @@ impl WmState {
 impl WatermarkGate {
     /// A node's gate, from what its log says (`recovered`; a node that restarted recovers
     /// before it serves).
-    pub fn new(node: NodeId, nodes: u16, interval_us: u64, floor: Floor, recovered: WmRecovered, restarted: bool) -> WatermarkGate {
+    pub fn new(
+        node: NodeId,
+        nodes: u16,
+        interval_us: u64,
+        floor: Floor,
+        recovered: WmRecovered,
+        restarted: bool,
+    ) -> WatermarkGate {
         assert!(interval_us > 0, "a watermark interval of 0");
         let mut marks = PartitionWatermarks::new(nodes as usize, node as usize).expect("a node of the cluster");
         marks.generate(Some(recovered.persisted));
@@ -642,6 +656,9 @@ mod tests {
         g.heard(1, 14);
         assert_eq!(g.undo.lock().keys().map(|k| k.0).collect::<Vec<_>>(), vec![15]);
         assert!(point(1, 0) > point(0, (1 << TS_BITS) - 1));
-        assert_eq!(crate::rt::release::AckSource::outcome(&*g.acks(), point(0, 13)), crate::rt::release::Release::Released);
+        assert_eq!(
+            crate::rt::release::AckSource::outcome(&*g.acks(), point(0, 13)),
+            crate::rt::release::Release::Released
+        );
     }
 }
