@@ -144,6 +144,19 @@ impl<'a> PrimoTxn<'a> {
         }
     }
 
+    /// Note a read of a key the attempt had not read, as the procedure uses it; its value.
+    fn read_done(
+        &mut self,
+        key: RowKey,
+        value: Option<Value>,
+        lease: Lease,
+        rec: Option<&'a Rec>,
+        locked: bool,
+    ) -> Option<Value> {
+        self.reads.push(ReadEntry { key, value: value.clone(), lease, rec, used: true, locked });
+        value
+    }
+
     /// Release whatever this attempt holds, here and remotely.
     fn abort(&mut self, reason: Abort) -> Abort {
         for (_, rec) in std::mem::take(&mut self.held_here) {
@@ -371,36 +384,19 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
                 let rec = self.local_rec(key);
                 self.wk.w.charge_ops(1);
                 let (value, lease) = meta::read(rec);
-                self.reads.push(ReadEntry {
-                    key,
-                    value: value.clone(),
-                    lease,
-                    rec: Some(rec),
-                    used: true,
-                    locked: false,
-                });
-                Step::Ready(Ok(value))
+                Step::Ready(Ok(self.read_done(key, value, lease, Some(rec), false)))
             }
             None => Step::Wait(Box::pin(async move {
                 let rec = self.local_rec(key);
                 let (value, lease) = self.lock_here(key, rec).await?;
-                self.reads.push(ReadEntry {
-                    key,
-                    value: value.clone(),
-                    lease,
-                    rec: Some(rec),
-                    used: true,
-                    locked: true,
-                });
-                Ok(value)
+                Ok(self.read_done(key, value, lease, Some(rec), true))
             })),
             Some(n) => Step::Wait(Box::pin(async move {
                 if !self.distributed {
                     self.turn_distributed().await?;
                 }
                 let (value, lease) = self.lock_there(n, vec![key]).await?.pop().expect("one asked, one answered");
-                self.reads.push(ReadEntry { key, value: value.clone(), lease, rec: None, used: true, locked: true });
-                Ok(value)
+                Ok(self.read_done(key, value, lease, None, true))
             })),
         }
     }
