@@ -50,6 +50,20 @@ fn epoch_group_commit_is_serializable_under_every_concurrency_control() {
     }
 }
 
+/// The ablations (`primo:wcf=off`): plain, with faults, and interactive.
+#[test]
+fn ablations_are_serializable_too() {
+    for variant in dtx::protocols::ABLATION_VARIANTS {
+        for seed in 1..=seeds().div_ceil(2) {
+            check(&append_spec(variant, 700 + seed), "ablation");
+            check(&append_spec(variant, 1700 + seed).with_faults(true, true, 0.02), "ablation faults");
+            let mut s = append_spec(variant, 2700 + seed);
+            s.proto.one_shot = false;
+            check(&s, "ablation interactive");
+        }
+    }
+}
+
 #[test]
 fn interactive_execution_is_serializable_too() {
     for p in ready() {

@@ -33,19 +33,20 @@ fn check(spec: &BenchSpec, tag: &str) -> (u64, u64) {
     (out.restarts, out.totals.log_waits)
 }
 
+/// Every ready protocol, and the ablations (`primo:wcf=off`).
 #[test]
 fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
-    for p in ready() {
+    for name in ready().map(|p| p.name).chain(dtx::protocols::ABLATION_VARIANTS.iter().copied()) {
         let (mut restarts, mut log_waits) = (0, 0);
         for seed in 1..=seeds() {
-            let mut spec = durable_spec(p.name, 2000 + seed, dtx::host::Runtime::Sim).with_faults(true, true, 0.02);
+            let mut spec = durable_spec(name, 2000 + seed, dtx::host::Runtime::Sim).with_faults(true, true, 0.02);
             spec.faults.fault_interval_us = 100_000;
             let (r, l) = check(&spec, "crash");
             restarts += r;
             log_waits += l;
         }
-        assert!(restarts >= seeds(), "{}: only {restarts} nodes lost their memory over the sweep", p.name);
-        assert!(log_waits > 0, "{}: no commit waited for the log over the sweep", p.name);
+        assert!(restarts >= seeds(), "{name}: only {restarts} nodes lost their memory over the sweep");
+        assert!(log_waits > 0, "{name}: no commit waited for the log over the sweep");
     }
 }
 

@@ -154,6 +154,10 @@ pub const REGISTRY: &[ProtocolInfo] = &[
 pub const EPOCH_VARIANTS: &[&str] =
     &["2pl-nowait:commit=epoch", "2pl-waitdie:commit=epoch", "sundial:commit=epoch", "tictoc:commit=epoch"];
 
+/// Variants that change how a protocol works (ablations), beside its default: the shared sweeps
+/// check them as they do the ready protocols.
+pub const ABLATION_VARIANTS: &[&str] = &["primo:wcf=off"];
+
 /// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
 /// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size
 /// their runs and fault intervals by it.
@@ -260,9 +264,17 @@ impl Variant {
                 let commit = [twopc::epoch_commit::COMMIT_OPTION.name, twopc::epoch_commit::EPOCH_OPTION.name];
                 commit.contains(&key) && !info.options.iter().any(|spec| spec.name == key)
             });
-            match lacks_commit_option {
-                true => anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::epoch_commit::ACCEPTED_BY),
-                false => e,
+            let asks_watermark = overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
+            match (asks_watermark, lacks_commit_option) {
+                (true, _) => anyhow::anyhow!(
+                    "protocol `{name}` does not take commit=wm: watermark group commit needs a commit timestamp \
+                     fixed by the protocol, which only {} has (where it is how every commit is acknowledged)",
+                    twopc::wm_commit::ACCEPTED_BY
+                ),
+                (false, true) => {
+                    anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::epoch_commit::ACCEPTED_BY)
+                }
+                (false, false) => e,
             }
         })?;
         let full = std::iter::once(name).chain(overrides.iter().copied()).collect::<Vec<_>>().join(":");

@@ -11,7 +11,7 @@ use crate::net::NodeId;
 use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::{AckAfter, Writes};
 use crate::protocols::twopc::lease::{needs_renewal, validate_own_write, CommitTs, Lease, RenewFailure};
-use crate::protocols::twopc::record_lock::{Acquire, Policy, Prio};
+use crate::protocols::twopc::record_lock::{Acquire, Mode, Policy, Prio};
 use crate::protocols::twopc::wm_commit::point;
 use crate::protocols::twopc::{CoordTxn, Coordinator, TxnId, TxnStatus};
 use crate::protocols::Attempt;
@@ -29,8 +29,8 @@ struct ReadEntry<'a> {
     /// The local record (`None`: remote).
     rec: Option<&'a Rec>,
     used: bool,
-    /// Held under this transaction's lock (every read of a distributed transaction).
-    locked: bool,
+    /// The lock this transaction holds on it (every read of a distributed transaction).
+    lock: Option<Mode>,
 }
 
 impl ReadOf for ReadEntry<'_> {
@@ -91,23 +91,23 @@ impl<'a> PrimoTxn<'a> {
         }
     }
 
-    /// Lock a local record (exclusive, WAIT_DIE, waiting) and read it.
-    async fn lock_here(&mut self, key: RowKey, rec: &'a Rec) -> TxnResult<(Option<Value>, Lease)> {
+    /// Lock a local record in `mode` (WAIT_DIE, waiting) and read it.
+    async fn lock_here(&mut self, key: RowKey, rec: &'a Rec, mode: Mode) -> TxnResult<(Option<Value>, Lease)> {
         self.wk.w.charge_ops(1);
-        self.wk.lock_wcf(rec, self.id, self.prio).await?;
+        self.wk.lock_distributed(rec, self.id, self.prio, mode).await?;
         if !self.held_here.iter().any(|(k, _)| *k == key) {
             self.held_here.push((key, rec));
         }
         // No raise at the coordinator: its timestamp is fixed past the floor instead (R2).
-        Ok(meta::locked_read(rec, self.id, 0, true))
+        Ok(meta::locked_read(rec, self.id, 0))
     }
 
-    /// Lock and read `keys` at partition `n`.
-    async fn lock_there(&mut self, n: NodeId, keys: Vec<RowKey>) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+    /// Lock `keys` in `mode` at partition `n` and read them.
+    async fn lock_there(&mut self, n: NodeId, keys: Vec<RowKey>, mode: Mode) -> TxnResult<Vec<(Option<Value>, Lease)>> {
         let wk = self.wk;
         wk.coord.touch(self.id, &mut self.locked_at, n);
         let len = keys.len();
-        match wk.ask(n, &Request::Lock { txn: self.id, term: self.term, prio: self.prio, keys }).await? {
+        match wk.ask(n, &Request::Lock { txn: self.id, term: self.term, prio: self.prio, mode, keys }).await? {
             Reply::Locked(vals) if vals.len() == len => Ok(vals),
             Reply::Aborted(a) => Err(a),
             _ => Err(Abort::BadReply),
@@ -120,16 +120,17 @@ impl<'a> PrimoTxn<'a> {
         self.distributed = true;
         for i in 0..self.reads.len() {
             let (key, rec, seen) = match &self.reads[i] {
-                ReadEntry { rec: Some(rec), locked: false, key, lease, .. } => (*key, *rec, lease.wts),
+                ReadEntry { rec: Some(rec), lock: None, key, lease, .. } => (*key, *rec, lease.wts),
                 _ => continue,
             };
-            let (_, lease) = self.lock_here(key, rec).await?;
+            let mode = self.wk.cc.read_mode();
+            let (_, lease) = self.lock_here(key, rec, mode).await?;
             if lease.wts != seen {
                 self.wk.state.start_distributed(self.wk.w.addr.worker, self.first_start_us);
                 return Err(Abort::Protocol(SWITCH_CHANGED));
             }
             let e = &mut self.reads[i];
-            (e.lease, e.locked) = (lease, true);
+            (e.lease, e.lock) = (lease, Some(mode));
         }
         Ok(())
     }
@@ -151,9 +152,9 @@ impl<'a> PrimoTxn<'a> {
         value: Option<Value>,
         lease: Lease,
         rec: Option<&'a Rec>,
-        locked: bool,
+        lock: Option<Mode>,
     ) -> Option<Value> {
-        self.reads.push(ReadEntry { key, value: value.clone(), lease, rec, used: true, locked });
+        self.reads.push(ReadEntry { key, value: value.clone(), lease, rec, used: true, lock });
         value
     }
 
@@ -169,31 +170,41 @@ impl<'a> PrimoTxn<'a> {
         reason
     }
 
-    /// The writes to keys this distributed attempt holds no lock on take one now (a dummy read:
-    /// the lock only), remote ones one `Lock` per partition.
-    async fn lock_blind_writes(&mut self) -> TxnResult<()> {
+    /// Every write of this distributed attempt not yet held exclusively takes the exclusive
+    /// lock now, remote ones one `Lock` per partition: under WCF only blind writes (a dummy read:
+    /// the lock only); under `wcf=off` every write, upgrading its shared lock (2PC's prepare,
+    /// whose vote is the answer).
+    async fn lock_writes(&mut self) -> TxnResult<()> {
         let me = self.wk.node.id;
         let mut remote: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
-        let blind: Vec<RowKey> = self
+        let unlocked: Vec<RowKey> = self
             .writes
             .iter()
             .map(|w| w.0)
-            .filter(|k| self.reads.find(*k).is_none_or(|i| !self.reads[i].locked))
+            .filter(|k| self.reads.find(*k).is_none_or(|i| self.reads[i].lock != Some(Mode::Exclusive)))
             .collect();
-        for key in blind {
+        for key in unlocked {
             match self.wk.node.node_of(key) {
                 n if n == me => {
-                    let (value, lease) = self.lock_here(key, self.local_rec(key)).await?;
+                    let (value, lease) = self.lock_here(key, self.local_rec(key), Mode::Exclusive).await?;
                     let rec = Some(self.local_rec(key));
-                    self.add_dummy(ReadEntry { key, value, lease, rec, used: false, locked: true });
+                    self.add_dummy(ReadEntry { key, value, lease, rec, used: false, lock: Some(Mode::Exclusive) });
                 }
                 n => remote.entry(n).or_default().push(key),
             }
         }
-        for (n, keys) in remote {
-            let vals = self.lock_there(n, keys.clone()).await?;
+        let asked: Vec<_> = remote.into_iter().collect();
+        let (txn, term, prio, mode) = (self.id, self.term, self.prio, Mode::Exclusive);
+        let calls = asked.iter().map(|(n, keys)| (*n, Request::Lock { txn, term, prio, mode, keys: keys.clone() }));
+        let replies = self.wk.ask_all(calls).await;
+        for ((_, keys), reply) in asked.into_iter().zip(replies) {
+            let vals = match reply? {
+                Reply::Locked(vals) if vals.len() == keys.len() => vals,
+                Reply::Aborted(a) => return Err(a),
+                _ => return Err(Abort::BadReply),
+            };
             for (key, (value, lease)) in keys.into_iter().zip(vals) {
-                self.add_dummy(ReadEntry { key, value, lease, rec: None, used: false, locked: true });
+                self.add_dummy(ReadEntry { key, value, lease, rec: None, used: false, lock: Some(Mode::Exclusive) });
             }
         }
         Ok(())
@@ -209,14 +220,14 @@ impl<'a> PrimoTxn<'a> {
     /// The lease a written key was locked with.
     fn locked_lease(&self, key: RowKey) -> Lease {
         let i = self.reads.find(key).expect("every write of a distributed transaction is locked");
-        debug_assert!(self.reads[i].locked, "a write whose lock is not held");
+        debug_assert_eq!(self.reads[i].lock, Some(Mode::Exclusive), "a write whose lock is not held");
         self.reads[i].lease
     }
 
     /// Algorithm 1's commit phase: no validation (every lock is held), the timestamp from the
     /// leases, extend and install here, one `Install` per partition.
     async fn commit_distributed(&mut self) -> TxnResult<AckAfter> {
-        if let Err(a) = self.lock_blind_writes().await {
+        if let Err(a) = self.lock_writes().await {
             return Err(self.abort(a));
         }
         let wk = self.wk;
@@ -267,8 +278,9 @@ impl<'a> PrimoTxn<'a> {
         let mut candidate = CommitTs::default();
         for (key, _) in &writes {
             let rec = self.local_rec(*key);
-            if !matches!(meta::acquire(rec, self.id, self.prio, Policy::NoWait, false), Acquire::Granted) {
-                if meta::held_by_wcf(rec) {
+            let got = meta::acquire(rec, self.id, self.prio, Mode::Exclusive, Policy::NoWait, false);
+            if !matches!(got, Acquire::Granted) {
+                if meta::held_by_distributed(rec) {
                     wk.w.count(WCF_LOCAL_ABORTS, 1);
                 }
                 return Err(self.abort(Abort::Protocol(LOCAL_WRITE_LOCKED)));
@@ -384,19 +396,20 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
                 let rec = self.local_rec(key);
                 self.wk.w.charge_ops(1);
                 let (value, lease) = meta::read(rec);
-                Step::Ready(Ok(self.read_done(key, value, lease, Some(rec), false)))
+                Step::Ready(Ok(self.read_done(key, value, lease, Some(rec), None)))
             }
             None => Step::Wait(Box::pin(async move {
-                let rec = self.local_rec(key);
-                let (value, lease) = self.lock_here(key, rec).await?;
-                Ok(self.read_done(key, value, lease, Some(rec), true))
+                let (rec, mode) = (self.local_rec(key), self.wk.cc.read_mode());
+                let (value, lease) = self.lock_here(key, rec, mode).await?;
+                Ok(self.read_done(key, value, lease, Some(rec), Some(mode)))
             })),
             Some(n) => Step::Wait(Box::pin(async move {
                 if !self.distributed {
                     self.turn_distributed().await?;
                 }
-                let (value, lease) = self.lock_there(n, vec![key]).await?.pop().expect("one asked, one answered");
-                Ok(self.read_done(key, value, lease, None, true))
+                let mode = self.wk.cc.read_mode();
+                let (value, lease) = self.lock_there(n, vec![key], mode).await?.pop().expect("one asked, one answered");
+                Ok(self.read_done(key, value, lease, None, Some(mode)))
             })),
         }
     }
@@ -409,15 +422,16 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
     async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
         let wk = self.wk;
         let n = wk.node.node_of(RowKey::new(s.table, s.lo));
-        let rows: Vec<(u64, Value, Lease, bool)> = if n == wk.node.id && !self.distributed {
+        let mode = wk.cc.read_mode();
+        let rows: Vec<(u64, Value, Lease, Option<Mode>)> = if n == wk.node.id && !self.distributed {
             wk.w.charge_ops(1);
-            meta::scan(&wk.node.store, s).into_iter().map(|(k, v, l)| (k, v, l, false)).collect()
+            meta::scan(&wk.node.store, s).into_iter().map(|(k, v, l)| (k, v, l, None)).collect()
         } else if n == wk.node.id {
             let mut rows = Vec::new();
             for k in meta::range_keys(&wk.node.store, s) {
                 let key = RowKey::new(s.table, k);
-                if let (Some(v), lease) = self.lock_here(key, self.local_rec(key)).await? {
-                    rows.push((k, v, lease, true));
+                if let (Some(v), lease) = self.lock_here(key, self.local_rec(key), mode).await? {
+                    rows.push((k, v, lease, Some(mode)));
                 }
             }
             rows
@@ -426,18 +440,18 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
                 self.turn_distributed().await?;
             }
             wk.coord.touch(self.id, &mut self.locked_at, n);
-            let scan = Request::Scan { txn: self.id, term: self.term, prio: self.prio, scan: s };
+            let scan = Request::Scan { txn: self.id, term: self.term, prio: self.prio, mode, scan: s };
             match wk.ask(n, &scan).await? {
-                Reply::Rows(rows) => rows.into_iter().map(|(k, v, l)| (k, v, l, true)).collect(),
+                Reply::Rows(rows) => rows.into_iter().map(|(k, v, l)| (k, v, l, Some(mode))).collect(),
                 Reply::Aborted(a) => return Err(a),
                 _ => return Err(Abort::BadReply),
             }
         };
         let mut out = Vec::with_capacity(rows.len());
-        for (k, v, lease, locked) in rows {
+        for (k, v, lease, lock) in rows {
             let key = RowKey::new(s.table, k);
             let rec = (n == wk.node.id).then(|| self.local_rec(key));
-            self.note_read(ReadEntry { key, value: Some(v.clone()), lease, rec, used: true, locked });
+            self.note_read(ReadEntry { key, value: Some(v.clone()), lease, rec, used: true, lock });
             out.push((k, v));
         }
         Ok(out)
@@ -481,8 +495,8 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
         for (n, _) in &asked {
             wk.coord.touch(self.id, &mut self.locked_at, *n);
         }
-        let (txn, term, prio) = (self.id, self.term, self.prio);
-        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn, term, prio, keys: ks.clone() }));
+        let (txn, term, prio, mode) = (self.id, self.term, self.prio, wk.cc.read_mode());
+        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn, term, prio, mode, keys: ks.clone() }));
         let replies = wk.ask_all(calls).await;
         for ((_, ks), reply) in asked.iter().zip(replies) {
             let vals = match reply? {
@@ -491,13 +505,13 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
                 _ => return Err(Abort::BadReply),
             };
             for (k, (value, lease)) in ks.iter().zip(vals) {
-                self.reads.push(ReadEntry { key: *k, value, lease, rec: None, used: false, locked: true });
+                self.reads.push(ReadEntry { key: *k, value, lease, rec: None, used: false, lock: Some(mode) });
             }
         }
         for key in here {
             let rec = self.local_rec(key);
-            let (value, lease) = self.lock_here(key, rec).await?;
-            self.reads.push(ReadEntry { key, value, lease, rec: Some(rec), used: false, locked: true });
+            let (value, lease) = self.lock_here(key, rec, mode).await?;
+            self.reads.push(ReadEntry { key, value, lease, rec: Some(rec), used: false, lock: Some(mode) });
         }
         Ok(())
     }

@@ -1,14 +1,15 @@
 //! Primo's messages. Per remote partition of a distributed transaction: its reads, each locking
 //! what it reads (`Lock`, one round trip per partition in one-shot mode, one per read
 //! otherwise; a write to a key it did not read locks it with a dummy read), a range as `Scan`,
-//! and at commit one `Install` that extends, installs and unlocks. `Install` is one-way in the
+//! and at commit one `Install` that extends, installs and unlocks. Under `wcf=off` reads lock
+//! shared and the prepare round is a `Lock` in exclusive mode of the keys written there. `Install` is one-way in the
 //! paper; here it is answered, off the client's path, only so that a lost one is sent again.
 //! An abort is the skeleton's `Abort`.
 
 use super::Primo;
 use crate::protocols::twopc::durable::Writes;
 use crate::protocols::twopc::lease::Lease;
-use crate::protocols::twopc::record_lock::Prio;
+use crate::protocols::twopc::record_lock::{Mode, Prio};
 use crate::protocols::twopc::{Messages, TxnId};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan};
@@ -16,13 +17,14 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// Lock each record for `txn` (exclusive, WAIT_DIE), raise its version past the partition's
+    /// Lock each record for `txn` in `mode` (WAIT_DIE; exclusive under WCF, and for a prepare
+    /// under `wcf=off`, an upgrade of a shared lock), raise its version past the partition's
     /// floor (R2), and answer its value and lease.
     /// `term`: the recovery agreement term the transaction runs in; a partition in another
     /// refuses (`wm-recovered`).
-    Lock { txn: TxnId, term: u64, prio: Prio, keys: Vec<RowKey> },
+    Lock { txn: TxnId, term: u64, prio: Prio, mode: Mode, keys: Vec<RowKey> },
     /// Lock the existing rows of a range, as `Lock` does each.
-    Scan { txn: TxnId, term: u64, prio: Prio, scan: Scan },
+    Scan { txn: TxnId, term: u64, prio: Prio, mode: Mode, scan: Scan },
     /// The commit at `ts`: extend the lease of every record `txn` holds here to `ts`, install its
     /// `writes` at `ts`, log them, release. A partition that has gone through an agreement since
     /// `term` rolled the transaction back: it releases instead.

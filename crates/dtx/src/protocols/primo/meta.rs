@@ -1,6 +1,7 @@
 //! What a record carries under Primo: its lease `[wts, rts]` (TicToc's, which local transactions
-//! read and validate) and the exclusive lock that distributed transactions take on everything
-//! they read, and local ones on what they write at commit (`twopc::record_lock`). Each function
+//! read and validate) and the lock that distributed transactions take on everything they read
+//! (exclusive under WCF, shared under `wcf=off`) and local ones on what they write at commit
+//! (`twopc::record_lock`). Each function
 //! here runs under the record's latch, so a read sees a value with its own lease, and an
 //! extension, a raise or an install is atomic per record.
 
@@ -14,9 +15,9 @@ use crate::txn::Scan;
 pub struct PrimoMeta {
     pub lock: LockMeta,
     pub lease: Lease,
-    /// The lock is held by a distributed transaction (WCF's read lock), not a local one's write
-    /// lock: a local validation it fails counts as an abort WCF caused.
-    pub held_by_wcf: bool,
+    /// The lock is held by distributed transactions (WCF's read lock, or 2PL's under `wcf=off`),
+    /// not by a local one's write lock: a local abort it causes counts as one WCF caused.
+    pub held_by_distributed: bool,
 }
 
 impl Locked for PrimoMeta {
@@ -49,18 +50,19 @@ pub fn read(rec: &Rec) -> (Option<Value>, Lease) {
     (row.value.clone(), row.meta.lease)
 }
 
-/// A distributed transaction holds the record under WCF's read lock.
-pub fn held_by_wcf(rec: &Rec) -> bool {
+/// Distributed transactions hold the record under their read locks.
+pub fn held_by_distributed(rec: &Rec) -> bool {
     let row = rec.lock();
-    row.meta.lock.is_held() && row.meta.held_by_wcf
+    row.meta.lock.is_held() && row.meta.held_by_distributed
 }
 
-/// Ask for the exclusive lock without waiting (`wcf`: a distributed transaction's read lock).
-pub fn acquire(rec: &Rec, txn: TxnId, prio: Prio, policy: Policy, wcf: bool) -> Acquire {
+/// Ask for the lock in `mode` (`distributed`: a distributed transaction's lock; a local
+/// transaction locks only its writes, exclusively, and only a free record).
+pub fn acquire(rec: &Rec, txn: TxnId, prio: Prio, mode: Mode, policy: Policy, distributed: bool) -> Acquire {
     let mut row = rec.lock();
-    let got = row.meta.lock.acquire(txn, prio, Mode::Exclusive, policy);
+    let got = row.meta.lock.acquire(txn, prio, mode, policy);
     if matches!(got, Acquire::Granted) {
-        row.meta.held_by_wcf = wcf;
+        row.meta.held_by_distributed = distributed;
     }
     got
 }
@@ -69,10 +71,10 @@ pub fn acquire(rec: &Rec, txn: TxnId, prio: Prio, policy: Policy, wcf: bool) -> 
 /// if it started before (R2 at a participant: "if x.wts <= W_p, x.wts = x.rts = W_p + 1"). The
 /// paper sets `rts` to the same value; a lease that already reached past it keeps its end here,
 /// since a local reader may have committed inside it.
-pub fn locked_read(rec: &Rec, txn: TxnId, floor_ts: u64, wcf: bool) -> (Option<Value>, Lease) {
+pub fn locked_read(rec: &Rec, txn: TxnId, floor_ts: u64) -> (Option<Value>, Lease) {
     let mut row = rec.lock();
-    debug_assert!(row.meta.lock.holds(txn, Mode::Exclusive), "reading under a lock not held");
-    row.meta.held_by_wcf = wcf;
+    debug_assert!(row.meta.lock.holds(txn, Mode::Shared), "reading under a lock not held");
+    row.meta.held_by_distributed = true;
     if row.meta.lease.wts < floor_ts {
         let rts = row.meta.lease.rts.max(floor_ts);
         row.meta.lease = Lease { wts: floor_ts, rts };
@@ -89,23 +91,25 @@ pub fn held_lease(rec: &Rec, txn: TxnId) -> Lease {
 
 /// TicToc's validation of a local read of the version written at `read_wts` at `ts`: valid if
 /// its lease reaches there or can be extended to, which needs the version unchanged and, for an
-/// extension, no other transaction holding the record. `Err((why, wcf))`: `wcf` when the lock in
-/// the way was a distributed transaction's read lock.
+/// extension, no other transaction holding the record exclusively (a shared holder only reads
+/// it, and extends the lease itself). `Err((why, wcf))`: `wcf` when the lock in the way was a
+/// distributed transaction's read lock.
 pub fn validate(rec: &Rec, txn: TxnId, read_wts: u64, ts: u64) -> Result<(), (RenewFailure, bool)> {
     let mut row = rec.lock();
     let meta = &mut row.meta;
-    let locked = meta.lock.is_held() && !meta.lock.holds(txn, Mode::Shared);
-    let wcf = locked && meta.held_by_wcf;
+    let locked = meta.lock.held_exclusive_by_other(txn);
+    let wcf = locked && meta.held_by_distributed;
     lease::renew(&mut meta.lease, locked, read_wts, ts).map_err(|f| (f, wcf))
 }
 
-/// Commit on a record `txn` holds: install its write at `ts` (`Some`), or extend the lease of
-/// the version it read to `ts` (`None`: it holds it unextended by anyone else, so this always
-/// succeeds: Algorithm 1, lines 18-20); then release the lock. Returns the value a write
-/// replaced, which the watermark keeps while a recovery may roll the write back.
+/// Commit on a record `txn` holds: install its write at `ts` (`Some`, held exclusively), or
+/// extend the lease of the version it read to `ts` (`None`: no one can have written it since, so
+/// this always succeeds: Algorithm 1, lines 18-20); then release the lock. Returns the value a
+/// write replaced, which the watermark keeps while a recovery may roll the write back.
 pub fn commit(rec: &Rec, txn: TxnId, ts: u64, write: Option<Option<Value>>) -> Option<Option<Value>> {
     let mut row = rec.lock();
-    assert!(row.meta.lock.holds(txn, Mode::Exclusive), "committing on a record without its lock");
+    let mode = if write.is_some() { Mode::Exclusive } else { Mode::Shared };
+    assert!(row.meta.lock.holds(txn, mode), "committing on a record without its lock ({mode:?})");
     let old = match write {
         Some(value) => {
             lease::install(&mut row.meta.lease, ts);
@@ -116,18 +120,16 @@ pub fn commit(rec: &Rec, txn: TxnId, ts: u64, write: Option<Option<Value>>) -> O
             None
         }
     };
-    row.meta.held_by_wcf = false;
     row.meta.lock.release(txn);
+    row.meta.held_by_distributed &= row.meta.lock.is_held();
     old
 }
 
 /// Release `txn`'s lock (an abort).
 pub fn release(rec: &Rec, txn: TxnId) {
     let mut row = rec.lock();
-    if row.meta.lock.holds(txn, Mode::Shared) {
-        row.meta.held_by_wcf = false;
-    }
     row.meta.lock.release(txn);
+    row.meta.held_by_distributed &= row.meta.lock.is_held();
 }
 
 /// The keys of the existing rows of a range (a distributed scan then locks each).

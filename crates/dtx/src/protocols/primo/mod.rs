@@ -34,9 +34,16 @@
 //!   are not built.
 //! - A scan locks the rows it returns, not the gaps (as every concurrency control in dtx); the
 //!   paper's predicate locks and its 2PC fallback for large scans are not built.
-//! - No crash recovery yet: [`crate::replication::wm_recovery`] holds the agreement on the
-//!   watermark to roll back to, not yet wired here; Primo refuses runs with crashes.
-//! - `wcf=off` (the ablation: 2PL+2PC for distributed transactions) is not built yet.
+//!
+//! **`wcf=off`, the ablation (§6.2, Fig. 4b: "we replace it with classic 2PL and add back 2PC
+//! for atomicity, but still use TicToc for local transactions").** A distributed transaction
+//! takes shared locks on what it reads, and at commit a prepare round upgrades (or takes) the
+//! exclusive lock on each record it writes: the same `Lock` message, in exclusive mode, to each
+//! partition it writes, answered with a vote (the leases, or an abort: WAIT_DIE dies here when
+//! two readers both upgrade); then the decision is the `Install`. So its commit costs the round
+//! trip WCF saves, with every lock held across it. Watermark group commit stays: the paper's
+//! bar without WCF ran with COCO's epochs, which Primo's own commit does not offer here (its
+//! prepare logs no vote, since a crash rolls the watermark back instead).
 
 pub mod coordinator;
 pub mod messages;
@@ -47,8 +54,9 @@ pub mod participant;
 mod tests;
 
 use crate::protocols::twopc::durable::PlainLog;
+use crate::protocols::twopc::record_lock::Mode;
 use crate::protocols::twopc::{Cc, CcWorker};
-use crate::protocols::{OptionSpec, Options};
+use crate::protocols::{OptionKind, OptionSpec, Options};
 use crate::txn::Reason;
 use meta::PrimoMeta;
 
@@ -57,19 +65,42 @@ use meta::PrimoMeta;
 pub struct Primo {
     /// Longest an older transaction waits for a lock (WAIT_DIE) before it aborts.
     pub lock_wait_us: u64,
+    /// Write-conflict-free: distributed transactions lock what they read exclusively and commit
+    /// without a prepare round (`wcf=off`: shared read locks and a prepare that upgrades them).
+    pub wcf: bool,
 }
 
 impl Primo {
     pub fn new(o: &Options) -> Primo {
-        Primo { lock_wait_us: o.u64(crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION.name) }
+        Primo {
+            lock_wait_us: o.u64(crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION.name),
+            wcf: o.choice(WCF_OPTION.name) == "on",
+        }
+    }
+
+    /// The lock a distributed transaction takes on what it reads.
+    pub fn read_mode(&self) -> Mode {
+        match self.wcf {
+            true => Mode::Exclusive,
+            false => Mode::Shared,
+        }
     }
 }
+
+/// The ablation of §6.2: `wcf=off` runs distributed transactions under 2PL with a prepare round.
+pub const WCF_OPTION: OptionSpec = OptionSpec {
+    name: "wcf",
+    kind: OptionKind::Choice(&["on", "off"]),
+    default: "on",
+    help: "on: distributed reads locked exclusively, no prepare (WCF); off: shared read locks and a prepare round that upgrades the writes (the paper's 2PL+2PC ablation)",
+};
 
 /// A worker running Primo.
 pub type PrimoWorker = CcWorker<Primo>;
 
 /// Its options.
 pub const OPTIONS: &[OptionSpec] = &[
+    WCF_OPTION,
     crate::protocols::twopc::wm_commit::WM_OPTION,
     crate::protocols::twopc::wm_commit::FLOOR_OPTION,
     crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,

@@ -9,12 +9,18 @@ use super::{Primo, PrimoWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::{InDoubt, Writes};
 use crate::protocols::twopc::lease::Lease;
-use crate::protocols::twopc::record_lock::{wait_lock, Acquire, Policy, Prio};
+use crate::protocols::twopc::record_lock::{wait_lock, Acquire, Mode, Policy, Prio};
 use crate::protocols::twopc::wm_commit::WatermarkGate;
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::rt::log_warn;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan, TxnResult};
+
+/// What a lock request is for: the transaction, its agreement term, its age and the mode.
+type LockOf = (TxnId, u64, Prio, Mode);
+
+/// Each record's value and lease, as locked.
+type LockedReads = TxnResult<Vec<(Option<Value>, Lease)>>;
 
 /// A remote transaction's state here: the records it holds, and the agreement term it runs in.
 #[derive(Default)]
@@ -29,35 +35,29 @@ impl PrimoWorker {
         self.wm.as_deref().expect("Primo runs with watermark group commit")
     }
 
-    /// Take `rec`'s lock for `txn` (waiting, WAIT_DIE), as a distributed transaction's read.
-    pub async fn lock_wcf(&self, rec: &Rec, txn: TxnId, prio: Prio) -> TxnResult<()> {
-        match meta::acquire(rec, txn, prio, Policy::WaitDie, true) {
+    /// Take `rec`'s lock in `mode` for the distributed transaction `txn` (waiting, WAIT_DIE).
+    pub async fn lock_distributed(&self, rec: &Rec, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<()> {
+        match meta::acquire(rec, txn, prio, mode, Policy::WaitDie, true) {
             Acquire::Granted => Ok(()),
             Acquire::Abort(a) => Err(a),
             Acquire::Wait(slot) => wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await.map(|_| ()),
         }
     }
 
-    /// Lock `keys` for a remote `txn` of agreement term `term`, each read after its raise past
-    /// the floor; the transaction is active here from the first.
-    async fn lock_keys(
-        &self,
-        txn: TxnId,
-        term: u64,
-        prio: Prio,
-        keys: &[RowKey],
-    ) -> TxnResult<Vec<(Option<Value>, Lease)>> {
+    /// Lock `keys` in `mode` for a remote `txn` of agreement term `term`, each read after its
+    /// raise past the floor; the transaction is active here from the first.
+    async fn lock_keys(&self, txn: TxnId, term: u64, prio: Prio, mode: Mode, keys: &[RowKey]) -> LockedReads {
         self.gate().enter(txn, term, 0)?;
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
             self.w.charge_ops(1);
             let rec = self.node.store.get_or_create(key);
-            self.lock_wcf(rec, txn, prio).await?;
+            self.lock_distributed(rec, txn, prio, mode).await?;
             if !self.note_held(txn, key, rec) {
                 return Err(Abort::ParticipantLost);
             }
             let floor_ts = self.gate().enter(txn, term, 0)?;
-            out.push(meta::locked_read(rec, txn, floor_ts, true));
+            out.push(meta::locked_read(rec, txn, floor_ts));
         }
         Ok(out)
     }
@@ -78,11 +78,11 @@ impl PrimoWorker {
         }
     }
 
-    fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, term: u64, prio: Prio, keys: Vec<RowKey>) {
+    fn serve_lock(&self, from: Addr, rpc_id: u64, (txn, term, prio, mode): LockOf, keys: Vec<RowKey>) {
         self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
-            let reply = match me.lock_keys(txn, term, prio, &keys).await {
+            let reply = match me.lock_keys(txn, term, prio, mode, &keys).await {
                 Ok(values) => Reply::Locked(values),
                 Err(a) => Reply::Aborted(a),
             };
@@ -90,13 +90,13 @@ impl PrimoWorker {
         });
     }
 
-    fn serve_scan(&self, from: Addr, rpc_id: u64, txn: TxnId, term: u64, prio: Prio, scan: Scan) {
+    fn serve_scan(&self, from: Addr, rpc_id: u64, (txn, term, prio, mode): LockOf, scan: Scan) {
         self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
             let keys: Vec<RowKey> =
                 meta::range_keys(&me.node.store, scan).into_iter().map(|k| RowKey::new(scan.table, k)).collect();
-            let reply = match me.lock_keys(txn, term, prio, &keys).await {
+            let reply = match me.lock_keys(txn, term, prio, mode, &keys).await {
                 Ok(values) => Reply::Rows(
                     keys.iter().zip(values).filter_map(|(k, (v, lease))| v.map(|v| (k.key, v, lease))).collect(),
                 ),
@@ -144,8 +144,8 @@ impl Participant for Primo {
 
     fn serve(wk: &PrimoWorker, from: Addr, rpc_id: u64, req: Request) {
         match req {
-            Request::Lock { txn, term, prio, keys } => wk.serve_lock(from, rpc_id, txn, term, prio, keys),
-            Request::Scan { txn, term, prio, scan } => wk.serve_scan(from, rpc_id, txn, term, prio, scan),
+            Request::Lock { txn, term, prio, mode, keys } => wk.serve_lock(from, rpc_id, (txn, term, prio, mode), keys),
+            Request::Scan { txn, term, prio, mode, scan } => wk.serve_scan(from, rpc_id, (txn, term, prio, mode), scan),
             Request::Install { txn, term, ts, writes } => {
                 wk.install(txn, term, ts, writes);
                 wk.w.reply(from, rpc_id, &encode(&Reply::Installed));

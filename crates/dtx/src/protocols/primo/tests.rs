@@ -5,7 +5,7 @@
 
 use super::meta::{self, PrimoMeta};
 use crate::protocols::twopc::lease::{Lease, RenewFailure};
-use crate::protocols::twopc::record_lock::{Acquire, Policy, Prio};
+use crate::protocols::twopc::record_lock::{Acquire, Mode, Policy, Prio};
 use crate::protocols::twopc::testing::durable_run_with_crashes;
 use crate::storage::{Layout, RowKey, Storage, TableDef, Value};
 use crate::testkit::{checked_run as checked, contended_append, protocol_spec};
@@ -29,7 +29,11 @@ fn set_lease(s: &Storage<PrimoMeta>, n: u64, wts: u64, rts: u64) {
 }
 
 fn lock(s: &Storage<PrimoMeta>, n: u64, txn: u64) {
-    let got = meta::acquire(s.get(k(n)).expect("loaded"), txn, Prio(txn, txn), Policy::WaitDie, true);
+    lock_in(s, n, txn, Mode::Exclusive);
+}
+
+fn lock_in(s: &Storage<PrimoMeta>, n: u64, txn: u64, mode: Mode) {
+    let got = meta::acquire(s.get(k(n)).expect("loaded"), txn, Prio(txn, txn), mode, Policy::WaitDie, true);
     assert!(matches!(got, Acquire::Granted), "record {n} is free");
 }
 
@@ -45,7 +49,7 @@ fn figure_2_a_distributed_commit_extends_what_it_read_and_installs_at_the_lease_
     for n in 1..=3 {
         lock(&s, n, t);
     }
-    let leases: Vec<Lease> = (1..=3).map(|n| meta::locked_read(s.get(k(n)).unwrap(), t, 0, true).1).collect();
+    let leases: Vec<Lease> = (1..=3).map(|n| meta::locked_read(s.get(k(n)).unwrap(), t, 0).1).collect();
     let mut ts = crate::protocols::twopc::lease::CommitTs::default();
     ts.read(leases[0]);
     ts.write(leases[1]);
@@ -70,8 +74,8 @@ fn a_participant_raises_a_cold_record_past_the_floor_and_keeps_a_longer_lease() 
     set_lease(&s, 2, 2, 40);
     lock(&s, 1, 7);
     lock(&s, 2, 7);
-    assert_eq!(meta::locked_read(s.get(k(1)).unwrap(), 7, 10, true).1, Lease::new(10, 10));
-    assert_eq!(meta::locked_read(s.get(k(2)).unwrap(), 7, 10, true).1, Lease::new(10, 40));
+    assert_eq!(meta::locked_read(s.get(k(1)).unwrap(), 7, 10).1, Lease::new(10, 10));
+    assert_eq!(meta::locked_read(s.get(k(2)).unwrap(), 7, 10).1, Lease::new(10, 40));
 }
 
 /// A local transaction reads a record a distributed one holds, and commits if its timestamp lies
@@ -84,7 +88,32 @@ fn a_wcf_lock_refuses_only_an_extension() {
     lock(&s, 1, 9);
     assert_eq!(meta::validate(s.get(k(1)).unwrap(), 5, read.wts, 3), Ok(()), "inside the lease");
     assert_eq!(meta::validate(s.get(k(1)).unwrap(), 5, read.wts, 4), Err((RenewFailure::Locked, true)));
-    assert!(meta::held_by_wcf(s.get(k(1)).unwrap()));
+    assert!(meta::held_by_distributed(s.get(k(1)).unwrap()));
+}
+
+/// `wcf=off`: a distributed transaction's shared read lock lets a local validation extend the
+/// lease (the reader extends it itself at commit) but refuses a local write, which counts as a
+/// distributed lock's abort; a second reader shares it, and the upgrade of one waits (WAIT_DIE)
+/// while the other holds it.
+#[test]
+fn without_wcf_a_shared_read_lock_lets_local_extensions_through() {
+    let s = store();
+    set_lease(&s, 1, 1, 3);
+    let (_, read) = meta::read(s.get(k(1)).unwrap());
+    lock_in(&s, 1, 9, Mode::Shared);
+    assert_eq!(meta::validate(s.get(k(1)).unwrap(), 5, read.wts, 8), Ok(()), "extended under a shared lock");
+    assert_eq!(s.get(k(1)).unwrap().lock().meta.lease, Lease::new(1, 8));
+    let local_write = meta::acquire(s.get(k(1)).unwrap(), 5, Prio(5, 5), Mode::Exclusive, Policy::NoWait, false);
+    assert!(matches!(local_write, Acquire::Abort(_)), "a local write is refused");
+    assert!(meta::held_by_distributed(s.get(k(1)).unwrap()));
+    lock_in(&s, 1, 11, Mode::Shared);
+    let upgrade = meta::acquire(s.get(k(1)).unwrap(), 9, Prio(9, 9), Mode::Exclusive, Policy::WaitDie, true);
+    assert!(matches!(upgrade, Acquire::Wait(_)), "the older reader waits for the other to upgrade");
+    meta::release(s.get(k(1)).unwrap(), 11);
+    assert!(s.get(k(1)).unwrap().lock().meta.lock.holds(9, Mode::Exclusive), "granted on release");
+    assert!(meta::held_by_distributed(s.get(k(1)).unwrap()));
+    assert!(meta::commit(s.get(k(1)).unwrap(), 9, 9, Some(Some(Value::copy_from(b"w")))).is_some());
+    assert!(!meta::held_by_distributed(s.get(k(1)).unwrap()), "free again");
 }
 
 /// The runs' abort reasons: Primo's own local ones and the switch, in one-shot and interactive
@@ -123,9 +152,11 @@ fn every_abort_path_is_its_own_reason() {
 
 #[test]
 fn contended_histories_are_serializable() {
-    for seed in 1..=3 {
-        let out = checked(&protocol_spec("primo:wm_us=2000", contended_append(), seed));
-        assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+    for variant in ["primo:wm_us=2000", "primo:wm_us=2000:wcf=off"] {
+        for seed in 1..=3 {
+            let out = checked(&protocol_spec(variant, contended_append(), seed));
+            assert!(out.totals.committed > 100, "{variant} seed {seed}: {} committed", out.totals.committed);
+        }
     }
 }
 

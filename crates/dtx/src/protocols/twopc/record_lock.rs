@@ -111,6 +111,11 @@ impl LockMeta {
         self.holders().any(|(p, m)| p.1 == txn && (mode == Mode::Shared || m == Mode::Exclusive))
     }
 
+    /// Another transaction holds the lock exclusively (shared holders let a lease be extended).
+    pub fn held_exclusive_by_other(&self, txn: TxnId) -> bool {
+        self.holders().any(|(p, m)| p.1 != txn && m == Mode::Exclusive)
+    }
+
     fn compatible(&self, txn: TxnId, mode: Mode) -> bool {
         self.holders().all(|(p, m)| p.1 == txn || (m == Mode::Shared && mode == Mode::Shared))
     }

@@ -55,6 +55,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The watermark interval `t_m` under `commit=wm` (Primo's evaluation: 20 ms, the same as
@@ -80,6 +81,10 @@ pub enum Floor {
     /// about two intervals. dtx's default.
     Clock,
 }
+
+/// The registry entries that commit by watermark, for the error a user sees when asking
+/// another for `commit=wm`.
+pub const ACCEPTED_BY: &str = "primo";
 
 /// The floor option of a protocol under `commit=wm`.
 pub const FLOOR_OPTION: OptionSpec = OptionSpec {
@@ -118,9 +123,17 @@ pub fn point(term: u64, ts: u64) -> u64 {
     (term << TS_BITS) | ts
 }
 
-/// The most values one node keeps to roll back (4M): what it installs while its view of W_g
-/// trails, a few intervals' worth, unless a partition stops answering for long.
+/// What one node keeps to roll back before it refuses new commits (`wm-undo-full`) until the
+/// global watermark moves: values and their bytes. It is what installs while the node's view of
+/// W_g trails, a few intervals' worth, unless a partition stops answering for long. Installs of
+/// commits already decided cannot refuse, so the map overshoots by what is in flight, far below
+/// `MAX_UNDO`, which is asserted.
+const UNDO_FULL_VALUES: usize = 1 << 20;
+const UNDO_FULL_BYTES: usize = 256 << 20;
 const MAX_UNDO: usize = 1 << 22;
+
+/// The bytes a kept value is charged beyond its own: the map's entry.
+const UNDO_ENTRY_BYTES: usize = 64;
 
 /// How often a restarting node calls for an agreement, and node 0 resends its messages.
 const RECOVERY_RESEND_US: u64 = 20_000;
@@ -133,8 +146,29 @@ const DRAIN_POLL_US: u64 = 50;
 const COORDINATOR: NodeId = 0;
 
 /// What installs at or above the view of W_g replaced: `(ts, seq) -> (key, value)`, so that a
-/// rollback puts values back newest first.
-type Undo = BTreeMap<(u64, u64), (RowKey, Option<Value>)>;
+/// rollback puts values back newest first; with the bytes it holds.
+#[derive(Default)]
+struct Undo {
+    values: BTreeMap<(u64, u64), (RowKey, Option<Value>)>,
+    bytes: usize,
+}
+
+impl Undo {
+    fn charge(value: &Option<Value>) -> usize {
+        UNDO_ENTRY_BYTES + value.as_ref().map_or(0, |v| v.len())
+    }
+
+    fn full(&self) -> bool {
+        self.values.len() >= UNDO_FULL_VALUES || self.bytes >= UNDO_FULL_BYTES
+    }
+
+    /// Take out everything at or above `(ts, 0)`.
+    fn split_off(&mut self, ts: u64) -> BTreeMap<(u64, u64), (RowKey, Option<Value>)> {
+        let above = self.values.split_off(&(ts, 0));
+        self.bytes -= above.values().map(|(_, v)| Self::charge(v)).sum::<usize>();
+        above
+    }
+}
 
 /// One node's side of watermark group commit (see the module comment).
 pub struct WatermarkGate {
@@ -143,6 +177,8 @@ pub struct WatermarkGate {
     interval_us: u64,
     state: Mutex<WmState>,
     undo: Mutex<Undo>,
+    /// The undo is over its budget: new commits are refused until the watermark moves.
+    undo_full: std::sync::atomic::AtomicBool,
     acks: Arc<ReleasePoints>,
 }
 
@@ -247,7 +283,8 @@ impl WatermarkGate {
             nodes,
             interval_us,
             state: Mutex::new(state),
-            undo: Mutex::new(BTreeMap::new()),
+            undo: Mutex::new(Undo::default()),
+            undo_full: Default::default(),
             acks: ReleasePoints::new(),
         };
         for (ts, key, value) in recovered.undo {
@@ -308,6 +345,9 @@ impl WatermarkGate {
     /// `candidate`, past the floor (R2, with the force-update). The transaction is active here
     /// until [`WatermarkGate::leave`]. Refused if an agreement came between.
     pub fn commit_ts(&self, txn: TxnId, term: u64, candidate: u64) -> Result<u64, Abort> {
+        if self.undo_full.load(Ordering::Relaxed) {
+            return Err(Abort::Protocol(UNDO_FULL));
+        }
         let mut st = self.state.lock();
         if !st.open(term) {
             return Err(Abort::Protocol(RECOVERED));
@@ -359,8 +399,15 @@ impl WatermarkGate {
             st.undo_seq
         };
         let mut undo = self.undo.lock();
-        undo.insert((ts, seq), (key, value));
-        assert!(undo.len() <= MAX_UNDO, "{MAX_UNDO} values kept to roll back: the global watermark is stuck");
+        undo.bytes += Undo::charge(&value);
+        undo.values.insert((ts, seq), (key, value));
+        assert!(
+            undo.values.len() <= MAX_UNDO,
+            "{MAX_UNDO} values kept to roll back, past the refusal at {UNDO_FULL_VALUES}"
+        );
+        if undo.full() {
+            self.undo_full.store(true, Ordering::Relaxed);
+        }
     }
 
     /// New transactions here get timestamps past this.
@@ -520,7 +567,12 @@ impl WatermarkGate {
                 }
                 st.term
             };
-            let undone = gate.undo.lock().split_off(&(w_g, 0));
+            let undone = {
+                let mut undo = gate.undo.lock();
+                let undone = undo.split_off(w_g);
+                gate.undo_full.store(undo.full(), Ordering::Relaxed);
+                undone
+            };
             h.worker().count("wm-values-rolled-back", undone.len() as u64);
             for (_, (key, value)) in undone.into_iter().rev() {
                 h.restore_row(key, value);
@@ -571,8 +623,10 @@ impl WatermarkGate {
             st.marks.global()
         };
         let mut undo = self.undo.lock();
-        let kept = undo.split_off(&(global, 0));
-        let forgotten = std::mem::replace(&mut *undo, kept);
+        let kept = undo.values.split_off(&(global, 0));
+        let forgotten = std::mem::replace(&mut undo.values, kept);
+        undo.bytes -= forgotten.values().map(|(_, v)| Undo::charge(v)).sum::<usize>();
+        self.undo_full.store(undo.full(), Ordering::Relaxed);
         drop(undo);
         forgotten.into_values().for_each(|(_, v)| Value::recycle(v));
     }
@@ -588,6 +642,10 @@ impl WatermarkGate {
 /// The abort of a transaction that ran across a recovery agreement, or reached a node that is
 /// recovering.
 pub const RECOVERED: crate::txn::Reason = crate::txn::Reason::new("wm-recovered");
+
+/// A commit refused while the node keeps as much to roll back as it may: the global watermark
+/// has not moved for long (a partition is slow or unreachable); retried, it commits once it does.
+pub const UNDO_FULL: crate::txn::Reason = crate::txn::Reason::new("wm-undo-full");
 
 #[cfg(test)]
 mod tests {
@@ -651,14 +709,30 @@ mod tests {
         g.keep_undo(9, RowKey::new(0, 1), None);
         g.keep_undo(12, RowKey::new(0, 2), None);
         g.keep_undo(15, RowKey::new(0, 3), None);
-        assert_eq!(g.undo.lock().len(), 2, "9 lies below the view");
+        assert_eq!(g.undo.lock().values.len(), 2, "9 lies below the view");
         g.heard(0, 14);
         g.heard(1, 14);
-        assert_eq!(g.undo.lock().keys().map(|k| k.0).collect::<Vec<_>>(), vec![15]);
+        assert_eq!(g.undo.lock().values.keys().map(|k| k.0).collect::<Vec<_>>(), vec![15]);
         assert!(point(1, 0) > point(0, (1 << TS_BITS) - 1));
         assert_eq!(
             crate::rt::release::AckSource::outcome(&*g.acks(), point(0, 13)),
             crate::rt::release::Release::Released
         );
+    }
+
+    /// Past its budget the undo refuses new commits (`wm-undo-full`) until the watermark moves
+    /// past what it holds; the bytes it counts go with what it forgets.
+    #[test]
+    fn a_full_undo_refuses_commits_until_the_watermark_moves() {
+        let g = gate(Floor::Clock);
+        let big = Value::copy_from(&vec![7u8; 1 << 20]);
+        for i in 0..(UNDO_FULL_BYTES >> 20) as u64 {
+            g.keep_undo(100 + i, RowKey::new(0, i), Some(big.clone()));
+        }
+        assert_eq!(g.commit_ts(1, 0, 0), Err(Abort::Protocol(UNDO_FULL)));
+        g.heard(0, 10_000);
+        g.heard(1, 10_000);
+        assert_eq!(g.undo.lock().bytes, 0, "all of it forgotten");
+        assert!(g.commit_ts(1, 0, 0).is_ok(), "commits again");
     }
 }
