@@ -13,6 +13,11 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
     for e in &all {
         let sweeps_runtime = e.sweep.as_ref().is_some_and(|s| s.param == "runtime");
         let folder = out.path().join(&e.name);
+        let mut set = ["duration=0.1", "warmup=0.02", "keys=2000"].map(String::from).to_vec();
+        if e.bench.get("workload").map(String::as_str) == Some("tpcc") {
+            // Loading the paper's warehouses is most of such a run in a debug build.
+            set.push("warehouses=4".into());
+        }
         let args = RunArgs {
             name: Some(e.name.clone()),
             all: false,
@@ -20,7 +25,7 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
             repeat: 2,
             // sim-calibration compares local with sim: it keeps both.
             runtime: (!sweeps_runtime).then(|| "sim".to_string()),
-            set: ["duration=0.1", "warmup=0.02", "keys=2000"].map(String::from).to_vec(),
+            set,
             json: None,
             out: Some(folder.clone()),
             dir: DirArg { dir: Some(dir.clone()) },
