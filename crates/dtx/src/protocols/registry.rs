@@ -85,7 +85,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         name: "tictoc",
         status: "ready",
         guarantee: Guarantee::Serializable,
-        description: "data-driven timestamps: leases per record, NO_WAIT write locks at commit, reads validated and extended (TicToc)",
+        description: "data-driven timestamps: leases per record, NO_WAIT write locks at commit, reads validated and extended (TicToc); serializable, not strict: a logical timestamp may order a later transaction first",
         options: tictoc::OPTIONS,
         aborts: tictoc::ABORTS,
         make: |o| two_pc(tictoc::TicToc, o),
@@ -134,7 +134,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         name: "primo",
         status: "ready",
         guarantee: Guarantee::Serializable,
-        description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo)",
+        description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo); serializable, not strict: a logical timestamp may order a later transaction first",
         options: primo::OPTIONS,
         aborts: primo::ABORTS,
         make: |o| {
