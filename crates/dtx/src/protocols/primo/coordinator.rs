@@ -194,6 +194,9 @@ impl<'a> PrimoTxn<'a> {
             }
         }
         let asked: Vec<_> = remote.into_iter().collect();
+        for (n, _) in &asked {
+            self.wk.coord.touch(self.id, &mut self.locked_at, *n);
+        }
         let (txn, term, prio, mode) = (self.id, self.term, self.prio, Mode::Exclusive);
         let calls = asked.iter().map(|(n, keys)| (*n, Request::Lock { txn, term, prio, mode, keys: keys.clone() }));
         let replies = self.wk.ask_all(calls).await;

@@ -150,6 +150,27 @@ fn every_abort_path_is_its_own_reason() {
     assert!(!seen.contains_key("tictoc-version-changed"), "Primo reports its own reasons: {seen:?}");
 }
 
+/// Blind writes to other partitions, interactively: each takes its lock at commit (a dummy read
+/// under WCF, the prepare under `wcf=off`), and the partition must then hear the outcome.
+#[test]
+fn interactive_blind_writes_to_other_partitions_commit() {
+    for variant in ["primo:wm_us=2000", "primo:wm_us=2000:wcf=off"] {
+        let wl = WorkloadParams {
+            name: "ycsb".into(),
+            keys: 200,
+            ops: 6,
+            read_ratio: 0.3,
+            blind_write_ratio: 1.0,
+            distributed: 0.5,
+            ..Default::default()
+        };
+        let mut s = protocol_spec(variant, wl, 5);
+        s.proto.one_shot = false;
+        let out = crate::host::run_sim(&s).expect("the run");
+        assert!(out.totals.committed > 100, "{variant}: {} committed", out.totals.committed);
+    }
+}
+
 #[test]
 fn contended_histories_are_serializable() {
     for variant in ["primo:wm_us=2000", "primo:wm_us=2000:wcf=off"] {
