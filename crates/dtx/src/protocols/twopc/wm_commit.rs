@@ -75,10 +75,10 @@ pub enum Floor {
     /// W_p + 1), while timestamps on hot records grow by their chains of writes: acknowledgements
     /// fall further behind as the run goes on.
     Watermark,
-    /// Also past every timestamp this partition had fixed or installed when its clock was last
-    /// sampled (a Lamport clock, `CLOCK_SAMPLES` times an interval): R2 allows any floor past
-    /// W_p, and this one lets W_p keep up with the timestamps, so that a commit is acknowledged
-    /// within about one and a half intervals. dtx's default.
+    /// Also past every timestamp this partition had fixed or installed when W_p was last
+    /// generated (a Lamport clock sampled once per interval): R2 allows any floor past W_p, and
+    /// this one lets W_p keep up with the timestamps, so that a commit is acknowledged within
+    /// about two intervals. dtx's default.
     Clock,
 }
 
@@ -134,13 +134,6 @@ const MAX_UNDO: usize = 1 << 22;
 
 /// The bytes a kept value is charged beyond its own: the map's entry.
 const UNDO_ENTRY_BYTES: usize = 64;
-
-/// How many times an interval the clock floor is sampled ([`Floor::Clock`]). A commit is
-/// acknowledged at the first generation of W_p after every transaction that may take a smaller
-/// timestamp has left; those that start after the next sample start past it. Sampled once an
-/// interval, at generation, a commit waited about two intervals; sampled more often, one and a
-/// little more (each sample lifts local timestamps a little, which costs lease extensions).
-const CLOCK_SAMPLES: u64 = 8;
 
 /// How often a restarting node calls for an agreement, and node 0 resends its messages.
 const RECOVERY_RESEND_US: u64 = 20_000;
@@ -236,16 +229,11 @@ impl WmState {
         self.marks.ts_floor().max(self.clock_floor)
     }
 
-    /// Under [`Floor::Clock`], new timestamps start past every one fixed so far.
-    fn sample_clock(&mut self) {
+    /// RULE 1, kept monotone, and past everything logged when idle.
+    fn generate(&mut self) -> u64 {
         if self.floor == Floor::Clock {
             self.clock_floor = self.clock;
         }
-    }
-
-    /// RULE 1, kept monotone, and past everything logged when idle.
-    fn generate(&mut self) -> u64 {
-        self.sample_clock();
         match self.active.first() {
             Some(&(bound, _)) => self.marks.generate(Some(bound)),
             None => {
@@ -452,10 +440,7 @@ impl WatermarkGate {
         let (gate, h) = (self.clone(), host.clone());
         w.clone().spawn(async move {
             loop {
-                for _ in 0..CLOCK_SAMPLES {
-                    w.sleep_us(gate.interval_us / CLOCK_SAMPLES).await;
-                    gate.state.lock().sample_clock();
-                }
+                w.sleep_us(gate.interval_us).await;
                 let generated = {
                     let mut st = gate.state.lock();
                     (st.partition.may_broadcast() && !st.recovering).then(|| (st.generate(), st.marks.global()))
