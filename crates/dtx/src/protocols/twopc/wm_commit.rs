@@ -162,11 +162,23 @@ impl Undo {
         self.values.len() >= UNDO_FULL_VALUES || self.bytes >= UNDO_FULL_BYTES
     }
 
-    /// Take out everything at or above `(ts, 0)`.
+    /// Take out everything at or above `(ts, 0)` (a rollback's).
     fn split_off(&mut self, ts: u64) -> BTreeMap<(u64, u64), (RowKey, Option<Value>)> {
         let above = self.values.split_off(&(ts, 0));
-        self.bytes -= above.values().map(|(_, v)| Self::charge(v)).sum::<usize>();
+        self.bytes -= Self::bytes_of(&above);
         above
+    }
+
+    /// Take out everything below `(ts, 0)` (what no agreement can roll back any more).
+    fn split_below(&mut self, ts: u64) -> BTreeMap<(u64, u64), (RowKey, Option<Value>)> {
+        let above = self.values.split_off(&(ts, 0));
+        let below = std::mem::replace(&mut self.values, above);
+        self.bytes -= Self::bytes_of(&below);
+        below
+    }
+
+    fn bytes_of(values: &BTreeMap<(u64, u64), (RowKey, Option<Value>)>) -> usize {
+        values.values().map(|(_, v)| Self::charge(v)).sum()
     }
 }
 
@@ -623,9 +635,7 @@ impl WatermarkGate {
             st.marks.global()
         };
         let mut undo = self.undo.lock();
-        let kept = undo.values.split_off(&(global, 0));
-        let forgotten = std::mem::replace(&mut undo.values, kept);
-        undo.bytes -= forgotten.values().map(|(_, v)| Undo::charge(v)).sum::<usize>();
+        let forgotten = undo.split_below(global);
         self.undo_full.store(undo.full(), Ordering::Relaxed);
         drop(undo);
         forgotten.into_values().for_each(|(_, v)| Value::recycle(v));
