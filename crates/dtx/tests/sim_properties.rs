@@ -132,7 +132,7 @@ fn a_delay_holds_the_named_nodes_messages() {
         s.latency.delay_us = 100;
         s.workers = 2;
         if let Some(worker) = delay {
-            let kind = TargetedKind::Delay { by_us: 20_000, worker };
+            let kind = TargetedKind::Delay { by_us: 20_000, worker, control: false };
             s.faults.targeted =
                 vec![TargetedFault { kind, target: FaultTarget::Node(0), at_us: 50_000, for_us: Some(100_000) }];
         }
@@ -149,6 +149,33 @@ fn a_delay_holds_the_named_nodes_messages() {
     assert_eq!(events, [("delay".to_string(), 0, 50.0, 100.0)]);
     assert!(plain_p99 < 5_000, "p99 {plain_p99} µs without the delay");
     assert!(delayed_p99 >= 20_000, "p99 {delayed_p99} µs with node 0's messages held 20 ms");
+}
+
+/// `--fault-at delay:node=1,by=100ms,messages=control@50ms+100ms`: only group commit's
+/// control messages are held. A 2PC protocol sends none and does not notice; under COCO's
+/// epochs every commit waits for node 1's vote, so some wait the 100 ms.
+#[test]
+fn a_control_delay_holds_only_group_commits_messages() {
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
+    let slowest_us = |protocol: &str, held: bool| {
+        let mut s = ycsb(protocol, 2, 0.5, 0.8);
+        s.latency.delay_us = 100;
+        s.workers = 2;
+        s.duration_us = 300_000;
+        if held {
+            let kind = TargetedKind::Delay { by_us: 100_000, worker: None, control: true };
+            s.faults.targeted =
+                vec![TargetedFault { kind, target: FaultTarget::Node(1), at_us: 50_000, for_us: Some(100_000) }];
+        }
+        let out = host::run_sim(&s).unwrap();
+        assert!(out.totals.committed > 100, "{protocol}: committed {}", out.totals.committed);
+        out.totals.histogram().max()
+    };
+    let occ = slowest_us("occ", true);
+    assert!(occ < 20_000, "occ's slowest took {occ} µs with only control messages held");
+    let (plain, held) = (slowest_us("coco:epoch_us=5000", false), slowest_us("coco:epoch_us=5000", true));
+    assert!(plain < 50_000, "coco's slowest took {plain} µs without the delay");
+    assert!(held >= 100_000, "coco's slowest took {held} µs with node 1's control messages held 100 ms");
 }
 
 /// `--fault-at pause:node=1@50ms+100ms`: node 1 runs nothing for 100 ms (what reaches it

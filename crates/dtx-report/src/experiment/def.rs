@@ -84,12 +84,22 @@ pub struct Sweep {
     /// others run the same at every point.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub protocols: Vec<String>,
+    /// Protocols whose option of the same meaning has another name (`[sweep.option_of]`, e.g.
+    /// `primo = "wm_us"` beside `"primo:commit=epoch" = "epoch_us"` in a sweep of the group
+    /// commit interval); `param` is then the axis's name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub option_of: BTreeMap<String, String>,
 }
 
 impl Sweep {
     /// Whether this sweep sets `protocol`'s option (an option sweep over it).
     pub fn sweeps_option_of(&self, protocol: &str) -> bool {
         self.option && self.protocols.iter().any(|p| p == protocol)
+    }
+
+    /// The name of the option this sweep sets on `protocol`.
+    pub fn option_name_of<'a>(&'a self, protocol: &str) -> &'a str {
+        self.option_of.get(protocol).map_or(self.param.as_str(), |o| o.as_str())
     }
 }
 
@@ -335,6 +345,7 @@ struct RawSweep {
     param: Option<String>,
     option: Option<String>,
     protocols: Option<Vec<String>>,
+    option_of: Option<BTreeMap<String, String>>,
     values: Vec<toml::Value>,
     quick: Option<Vec<toml::Value>>,
 }
@@ -443,14 +454,22 @@ impl Experiment {
                 (None, Some(o)) => (o, true),
                 _ => bail!("[sweep]: give param (a bench flag) or option (a protocol option), one of them"),
             };
+            let option_of = s.option_of.unwrap_or_default();
+            if !option && !option_of.is_empty() {
+                bail!("[sweep.option_of]: only an option sweep names its protocols' options");
+            }
             let protocols = match s.protocols {
                 Some(_) if !option => bail!("[sweep] protocols: only an option sweep names its protocols"),
                 Some(p) if p.is_empty() => bail!("[sweep] protocols: name at least one protocol"),
                 Some(p) => p,
+                None if !option_of.is_empty() => option_of.keys().cloned().collect(),
                 None if option => raw.protocols.clone(),
                 None => Vec::new(),
             };
-            Ok(Sweep { param, values, quick, option, protocols })
+            if let Some(p) = option_of.keys().find(|p| !protocols.contains(p)) {
+                bail!("[sweep.option_of] {p}: not among the protocols the sweep sets");
+            }
+            Ok(Sweep { param, values, quick, option, protocols, option_of })
         });
         let sweep = sweep.transpose()?;
         let plot = parse_plot(raw.plot, &raw.protocols)?;
@@ -525,9 +544,10 @@ impl Experiment {
                     if !self.protocols.contains(p) {
                         bail!("[sweep] protocols: `{p}` is not among protocols = {:?}", self.protocols);
                     }
-                    let sets = p.split(':').skip(1).any(|kv| kv.split('=').next().map(str::trim) == Some(&s.param));
+                    let name = s.option_name_of(p);
+                    let sets = p.split(':').skip(1).any(|kv| kv.split('=').next().map(str::trim) == Some(name));
                     if sets {
-                        bail!("[sweep] option: `{p}` sets {} itself, which the sweep sets at each point", s.param);
+                        bail!("[sweep] option: `{p}` sets {name} itself, which the sweep sets at each point");
                     }
                 }
             }
@@ -586,7 +606,9 @@ impl Experiment {
     /// (`2pl-waitdie:lock_wait_us=50`).
     pub fn variant_at(&self, protocol: &str, point: Option<&PointValue>) -> String {
         match (&self.sweep, point) {
-            (Some(s), Some(v)) if s.sweeps_option_of(protocol) => format!("{protocol}:{}={}", s.param, point_text(v)),
+            (Some(s), Some(v)) if s.sweeps_option_of(protocol) => {
+                format!("{protocol}:{}={}", s.option_name_of(protocol), point_text(v))
+            }
             _ => protocol.to_string(),
         }
     }

@@ -224,6 +224,21 @@ fn an_option_sweep_runs_variants_of_its_protocols() {
 }
 
 #[test]
+fn an_option_sweep_may_name_each_protocols_option() {
+    let sweep = "[sweep]\noption = \"interval_us\"\noption_of = { a = \"wm_us\", b = \"epoch_us\" }";
+    let e = Experiment::parse(&FILE.replace("[sweep]\nparam = \"theta\"", sweep)).unwrap();
+    let v = serde_json::json!(20000);
+    assert_eq!(e.variant_at("a", Some(&v)), "a:wm_us=20000");
+    assert_eq!(e.variant_at("b", Some(&v)), "b:epoch_us=20000");
+    assert_eq!(e.sweep.as_ref().unwrap().protocols, ["a", "b"], "the protocols named");
+    let stray = sweep.replace("b = ", "c = ");
+    let err = format!("{:#}", Experiment::parse(&FILE.replace("[sweep]\nparam = \"theta\"", &stray)).unwrap_err());
+    assert!(err.contains("`c` is not among protocols"), "{err}");
+    let by_flag = FILE.replace("[sweep]\nparam = \"theta\"", "[sweep]\nparam = \"theta\"\noption_of = { a = \"x\" }");
+    assert!(format!("{:#}", Experiment::parse(&by_flag).unwrap_err()).contains("only an option sweep"));
+}
+
+#[test]
 fn class_region_and_ratio_metrics() {
     for m in ["latency.class.new-order.p50", "latency.region.1.p99", "counter.a / counter.b", "p99 / p50"] {
         assert_eq!(Metric::parse(m).unwrap().key(), m);

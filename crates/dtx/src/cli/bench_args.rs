@@ -126,7 +126,8 @@ pub struct BenchArgs {
     /// wal or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
     /// (tcp: SIGSTOP, then SIGCONT), `delay:node=N,by=5ms` (every message the node sends is held
     /// that much longer; `worker=W`: only what its worker W sends, such as a protocol's stream of
-    /// its own), `cpu:node=N,factor=3` (sim: the node's
+    /// its own; `messages=control`: only its control messages, group commit's watermarks and
+    /// epochs), `cpu:node=N,factor=3` (sim: the node's
     /// CPU costs are multiplied). Repeat the flag, or separate faults with `;`:
     /// `--fault-at 'crash:leader=0@2s+500ms;cpu:role=data#1,factor=3@0s'`.
     #[arg(long = "fault-at", value_name = "FAULT")]
@@ -367,11 +368,11 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
     };
     let (kind_name, params) = what.split_once(':').unwrap_or((what, ""));
     let mut target = None;
-    let (mut by_us, mut factor, mut worker) = (None, None, None);
+    let (mut by_us, mut factor, mut worker, mut control) = (None, None, None, false);
     let kind_name = kind_name.trim();
     let keys: &[&str] = match kind_name {
         "crash" | "pause" => &["node", "leader", "role"],
-        "delay" => &["node", "leader", "role", "by", "worker"],
+        "delay" => &["node", "leader", "role", "by", "worker", "messages"],
         "cpu" => &["node", "leader", "role", "factor"],
         other => anyhow::bail!("unknown kind `{other}` (use crash, pause, delay or cpu)"),
     };
@@ -390,6 +391,13 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
             }
             "by" => by_us = Some(fault_time_us(v).context("by")?),
             "worker" => worker = Some(targets.worker(v)?),
+            "messages" => {
+                control = match v {
+                    "control" => true,
+                    "all" => false,
+                    _ => anyhow::bail!("messages `{v}`: use control (group commit's watermarks and epochs) or all"),
+                }
+            }
             _ => {
                 let x: f64 = v.parse().map_err(|_| anyhow::anyhow!("factor `{v}` is not a number"))?;
                 if !(x.is_finite() && x > 0.0 && x <= 1000.0) {
@@ -405,7 +413,8 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
         "crash" => TargetedKind::Crash,
         "pause" => TargetedKind::Pause,
         "delay" => {
-            TargetedKind::Delay { by_us: by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))?, worker }
+            let by_us = by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))?;
+            TargetedKind::Delay { by_us, worker, control }
         }
         _ => TargetedKind::Cpu { factor: factor.ok_or_else(|| anyhow::anyhow!("how much? add factor=X"))? },
     };

@@ -121,10 +121,17 @@ pub enum TargetedKind {
     /// it runs nothing, and what reaches it waits in its inbox).
     Pause,
     /// Every message the node sends is held this much longer; with `worker`, only what that
-    /// worker sends. A protocol sends each of its streams (watermarks, sequenced batches) from
-    /// a worker of its own, so a worker names a kind of message exactly (a packet batches every
-    /// message from one worker to another, so kinds within a worker are not told apart).
-    Delay { by_us: u64, worker: Option<u16> },
+    /// worker sends. A protocol sends each of its streams (sequenced batches) from a worker of
+    /// its own, so a worker names a kind of message exactly (a packet batches every message from
+    /// one worker to another, so kinds within a worker are not told apart); with `control`, only
+    /// its control messages (group commit's watermarks and epochs, sent apart from the rest
+    /// in packets of their own).
+    Delay {
+        by_us: u64,
+        worker: Option<u16>,
+        #[serde(default)]
+        control: bool,
+    },
     /// `sim` only: the CPU the node's workers are charged is multiplied by this factor.
     Cpu { factor: f64 },
 }

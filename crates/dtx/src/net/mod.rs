@@ -77,6 +77,8 @@ pub enum DecodeError {
 pub struct Batch {
     pub buf: Vec<u8>,
     pub count: u32,
+    /// It carries control messages only ([`Packet::control`]).
+    pub control: bool,
 }
 
 impl Batch {
@@ -128,6 +130,10 @@ pub struct Packet {
     pub src: Addr,
     pub dst: Addr,
     pub bytes: Vec<u8>,
+    /// Only control messages (group commit's watermarks and epochs), never batched with the
+    /// rest, so that a fault can delay them alone (`--fault-at delay:...,messages=control`).
+    /// Known where it is sent; not carried over the wire.
+    pub control: bool,
 }
 
 pub fn write_varint(out: &mut Vec<u8>, mut v: u64) {

@@ -143,7 +143,10 @@ pub const REGISTRY: &[ProtocolInfo] = &[
                 "watermark" => twopc::wm_commit::Floor::Watermark,
                 _ => twopc::wm_commit::Floor::Clock,
             };
-            let commit = twopc::epoch_commit::CommitPolicy::Watermark { wm_us, floor };
+            let commit = match o.choice(primo::COMMIT_OPTION.name) {
+                "epoch" => twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
+                _ => twopc::epoch_commit::CommitPolicy::Watermark { wm_us, floor },
+            };
             two_pc_committing(primo::Primo::new(o), o, commit)
         },
     },
@@ -151,8 +154,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
 
 /// The concurrency controls that take `commit=epoch`, as variants, beside `coco` (which is
 /// OCC with it): the sweeps that test epoch group commit run each of them.
-pub const EPOCH_VARIANTS: &[&str] =
-    &["2pl-nowait:commit=epoch", "2pl-waitdie:commit=epoch", "sundial:commit=epoch", "tictoc:commit=epoch"];
+pub const EPOCH_VARIANTS: &[&str] = &[
+    "2pl-nowait:commit=epoch",
+    "2pl-waitdie:commit=epoch",
+    "sundial:commit=epoch",
+    "tictoc:commit=epoch",
+    "primo:commit=epoch",
+];
 
 /// Variants that change how a protocol works (ablations), beside its default: the shared sweeps
 /// check them as they do the ready protocols.

@@ -476,14 +476,21 @@ impl Worker {
     // ---- messages ----
 
     fn push_envelope(&self, dst: Addr, kind: Kind, rpc_id: u64, body: &[u8]) {
+        self.push_envelope_of(dst, kind, rpc_id, body, false)
+    }
+
+    fn push_envelope_of(&self, dst: Addr, kind: Kind, rpc_id: u64, body: &[u8], control: bool) {
         debug_assert_ne!(dst, self.addr, "a worker never messages itself");
         let mut out = self.outbox.borrow_mut();
-        // The destination's latest batch, while it has room (`net::MAX_BATCH_BYTES`).
-        let open = out.iter().rposition(|(a, _)| *a == dst).filter(|&i| out[i].1.buf.len() < net::MAX_BATCH_BYTES);
+        // The destination's latest batch of this class, while it has room (`net::MAX_BATCH_BYTES`).
+        let open = out
+            .iter()
+            .rposition(|(a, b)| *a == dst && b.control == control)
+            .filter(|&i| out[i].1.buf.len() < net::MAX_BATCH_BYTES);
         let idx = match open {
             Some(i) => i,
             None => {
-                out.push((dst, Batch::default()));
+                out.push((dst, Batch { control, ..Batch::default() }));
                 out.len() - 1
             }
         };
@@ -498,6 +505,12 @@ impl Worker {
     /// Send a message that expects no reply.
     pub fn send(&self, dst: Addr, body: &[u8]) {
         self.push_envelope(dst, Kind::OneWay, 0, body);
+    }
+
+    /// Send a control message (a group commit gate's watermark or epoch message) that expects
+    /// no reply, in a packet of control messages only.
+    pub fn send_control(&self, dst: Addr, body: &[u8]) {
+        self.push_envelope_of(dst, Kind::OneWay, 0, body, true);
     }
 
     /// Send a request; the returned future resolves with the reply body or a timeout.
@@ -534,7 +547,7 @@ impl Worker {
         let mut ob = self.outbox.borrow_mut();
         let n = ob.len();
         for (dst, batch) in ob.drain(..) {
-            out.push(Packet { src: self.addr, dst, bytes: batch.buf });
+            out.push(Packet { src: self.addr, dst, bytes: batch.buf, control: batch.control });
         }
         if n > 0 {
             let mut st = self.stats.borrow_mut();

@@ -161,9 +161,9 @@ pub struct SimWorld {
     paused: Vec<bool>,
     /// Per host: its workers' charged CPU is multiplied by this (`cpu` faults; 1.0 otherwise).
     cpu_factor: Vec<f64>,
-    /// Per host: extra delay of the packets it sends (`delay` faults), ns, and the worker whose
-    /// packets alone are held (None: every worker's).
-    send_delay: Vec<(u64, Option<u16>)>,
+    /// Per host: extra delay of the packets it sends (`delay` faults), ns, the worker whose
+    /// packets alone are held (None: every worker's), and whether only control packets are.
+    send_delay: Vec<(u64, Option<u16>, bool)>,
     /// Targeted faults no longer start (the run's faults were healed).
     targeted_off: bool,
     /// Per targeted fault: the host it started on (none: not started, or it found its host
@@ -212,7 +212,7 @@ impl SimWorld {
             busy_ns: 0,
             paused: vec![false; nodes as usize],
             cpu_factor: vec![1.0; nodes as usize],
-            send_delay: vec![(0, None); nodes as usize],
+            send_delay: vec![(0, None, false); nodes as usize],
             targeted_off: false,
             targeted_on: vec![None; targeted_faults],
             fault_events: Vec::new(),
@@ -517,8 +517,9 @@ impl SimWorld {
             return;
         }
         let held_ns = match self.send_delay[s] {
-            (_, Some(worker)) if worker != p.src.worker => 0,
-            (ns, _) => ns,
+            (_, Some(worker), _) if worker != p.src.worker => 0,
+            (_, _, true) if !p.control => 0,
+            (ns, _, _) => ns,
         };
         let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + held_ns;
         let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
@@ -605,8 +606,10 @@ impl SimWorld {
             (TargetedKind::Crash, false) => {}
             (TargetedKind::Pause, true) => self.paused[h] = true,
             (TargetedKind::Pause, false) => self.resume(h),
-            (TargetedKind::Delay { by_us, worker }, true) => self.send_delay[h] = (by_us * 1000, worker),
-            (TargetedKind::Delay { .. }, false) => self.send_delay[h] = (0, None),
+            (TargetedKind::Delay { by_us, worker, control }, true) => {
+                self.send_delay[h] = (by_us * 1000, worker, control)
+            }
+            (TargetedKind::Delay { .. }, false) => self.send_delay[h] = (0, None, false),
             (TargetedKind::Cpu { factor }, true) => self.cpu_factor[h] = factor,
             (TargetedKind::Cpu { .. }, false) => self.cpu_factor[h] = 1.0,
         }
@@ -644,7 +647,7 @@ impl SimWorld {
         self.side = None;
         self.targeted_off = true;
         self.cpu_factor.iter_mut().for_each(|f| *f = 1.0);
-        self.send_delay.iter_mut().for_each(|d| *d = (0, None));
+        self.send_delay.iter_mut().for_each(|d| *d = (0, None, false));
         for h in 0..self.paused.len() {
             self.resume(h);
         }

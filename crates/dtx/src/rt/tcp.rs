@@ -352,7 +352,7 @@ impl TcpNet {
             if c.buf.len() - at - 4 < len {
                 break;
             }
-            out.push(Packet { src, dst: me, bytes: c.buf[at + 4..at + 4 + len].to_vec() });
+            out.push(Packet { src, dst: me, bytes: c.buf[at + 4..at + 4 + len].to_vec(), control: false });
             at += 4 + len;
         }
         c.buf.drain(..at);
@@ -402,12 +402,12 @@ impl TcpNet {
                 c();
             }
             let mut timeout = run_quantum(w, &mut delayed, &mut out);
-            let send_delay_ns = send_delay_ns(w.addr.worker);
             let now = w.now_ns();
             while let Some(p) = held_out.pop_due(now) {
                 self.send(p);
             }
             for p in out.drain(..) {
+                let send_delay_ns = send_delay_ns(w.addr.worker, p.control);
                 // Behind held packets too, even once the delay is over: links stay FIFO.
                 if send_delay_ns > 0 || held_out.next_due().is_some() {
                     held_out.hold(now + send_delay_ns, p);
@@ -489,16 +489,22 @@ static SEND_DELAY_US: AtomicU64 = AtomicU64::new(0);
 /// The worker whose packets alone are delayed, or [`EVERY_WORKER`].
 static SEND_DELAY_WORKER: AtomicU32 = AtomicU32::new(EVERY_WORKER);
 const EVERY_WORKER: u32 = u32::MAX;
+/// Only control packets ([`Packet::control`]) are delayed.
+static SEND_DELAY_CONTROL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Hold every packet this process's workers send (or only worker `worker`'s) `us` µs longer
-/// from now on (0: no longer).
-pub fn set_send_delay_us(us: u64, worker: Option<u16>) {
+/// Hold every packet this process's workers send (or only worker `worker`'s, or only control
+/// packets) `us` µs longer from now on (0: no longer).
+pub fn set_send_delay_us(us: u64, worker: Option<u16>, control: bool) {
     SEND_DELAY_WORKER.store(worker.map_or(EVERY_WORKER, u32::from), Ordering::Relaxed);
+    SEND_DELAY_CONTROL.store(control, Ordering::Relaxed);
     SEND_DELAY_US.store(us, Ordering::Relaxed);
 }
 
-/// The delay of what worker `worker` sends now, ns.
-fn send_delay_ns(worker: u16) -> u64 {
+/// The delay of a packet worker `worker` sends now (`control`: a control packet), ns.
+fn send_delay_ns(worker: u16, control: bool) -> u64 {
+    if SEND_DELAY_CONTROL.load(Ordering::Relaxed) && !control {
+        return 0;
+    }
     match SEND_DELAY_WORKER.load(Ordering::Relaxed) {
         EVERY_WORKER => SEND_DELAY_US.load(Ordering::Relaxed) * 1000,
         w if w == u32::from(worker) => SEND_DELAY_US.load(Ordering::Relaxed) * 1000,
@@ -561,7 +567,7 @@ mod tests {
         let me = Addr::new(0, 0);
         let mut net = TcpNet::bind(me, "127.0.0.1:0".parse().unwrap(), peers, LatencyModel::default()).unwrap();
         let dst = Addr::new(1, 0);
-        let packet = || Packet { src: me, dst, bytes: vec![1, 2, 3] };
+        let packet = || Packet { src: me, dst, bytes: vec![1, 2, 3], control: false };
         net.send(packet());
         assert!(accepts_within(&old, Duration::from_secs(5)), "the first packet connects to the old address");
         net.drop_moved_peers();

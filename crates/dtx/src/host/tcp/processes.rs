@@ -81,7 +81,7 @@ impl Spawned {
                     NemesisAction::Crash => self.crash(node, down),
                     NemesisAction::Pause => self.pause(node, down),
                     NemesisAction::Partition => partition(node, addrs.len(), down),
-                    NemesisAction::Delay(by, worker) => delay(node, addrs[node], by, worker, down),
+                    NemesisAction::Delay(by, worker, control) => delay(node, addrs[node], by, (worker, control), down),
                 };
                 if let Err(e) = undone {
                     eprintln!("dtx: --faults: node {node}: {e:#}");
@@ -180,9 +180,9 @@ pub(super) enum NemesisAction {
     Crash,
     Pause,
     Partition,
-    /// Hold every message the server sends this much longer.
-    /// Hold what the server sends (only its worker's, if one is named) this much longer.
-    Delay(Duration, Option<u16>),
+    /// Hold what the server sends (only its worker's, if one is named; only its control
+    /// messages, if asked) this much longer.
+    Delay(Duration, Option<u16>, bool),
 }
 
 impl NemesisAction {
@@ -250,8 +250,8 @@ pub(super) fn nemesis_schedule(
         let action = match f.kind {
             crate::net::TargetedKind::Crash => NemesisAction::Crash,
             crate::net::TargetedKind::Pause => NemesisAction::Pause,
-            crate::net::TargetedKind::Delay { by_us, worker } => {
-                NemesisAction::Delay(Duration::from_micros(by_us), worker)
+            crate::net::TargetedKind::Delay { by_us, worker, control } => {
+                NemesisAction::Delay(Duration::from_micros(by_us), worker, control)
             }
             // Refused by the CLI on tcp: simulated CPU has no meaning for a real process.
             crate::net::TargetedKind::Cpu { .. } => continue,
@@ -268,11 +268,11 @@ pub(super) fn delay(
     n: usize,
     addr: SocketAddr,
     by: Duration,
-    worker: Option<u16>,
+    (worker, control): (Option<u16>, bool),
     down: Duration,
 ) -> anyhow::Result<()> {
     let mut c = Control::connect(n, addr, Duration::from_secs(5))?;
-    c.call(&json!({"cmd": "delay", "us": by.as_micros() as u64, "worker": worker}))?;
+    c.call(&json!({"cmd": "delay", "us": by.as_micros() as u64, "worker": worker, "control": control}))?;
     let what = worker.map_or("what it sends".to_string(), |w| format!("what its worker {w} sends"));
     eprintln!("dtx: --fault-at delay: node {n}'s server holds {what} {by:?} longer, for {down:?}");
     std::thread::sleep(down);

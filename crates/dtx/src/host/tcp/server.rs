@@ -19,12 +19,14 @@ pub(super) enum ControlRequest {
     Findings,
     Stop,
     Shutdown,
-    /// Hold every message this server's workers (or only its worker `worker`) send `us` µs
-    /// longer (0: no more), for `--fault-at delay`.
+    /// Hold every message this server's workers (or only its worker `worker`, or only control
+    /// messages) send `us` µs longer (0: no more), for `--fault-at delay`.
     Delay {
         us: u64,
         #[serde(default)]
         worker: Option<u16>,
+        #[serde(default)]
+        control: bool,
     },
     /// The term this server's replica leads `node`'s log in (`null`: it does not lead it), for
     /// `--fault-at ...:leader=N`.
@@ -193,8 +195,8 @@ impl Server {
                 Ok(json!({}))
             }
             ControlRequest::Shutdown => Ok(json!({})),
-            ControlRequest::Delay { us, worker } => {
-                crate::rt::tcp::set_send_delay_us(us, worker);
+            ControlRequest::Delay { us, worker, control } => {
+                crate::rt::tcp::set_send_delay_us(us, worker, control);
                 Ok(json!({}))
             }
             ControlRequest::Leads { node } => {

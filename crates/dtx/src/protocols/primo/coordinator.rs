@@ -3,6 +3,7 @@
 //! here), and then locks whatever it reads; a distributed commit computes the timestamp from the
 //! leases, extends and installs here, and sends one `Install` per partition it touched.
 
+use super::group_commit::Replaced;
 use super::messages::{Reply, Request};
 use super::meta::{self, Rec};
 use super::{Primo, WCF_LOCAL_ABORTS};
@@ -56,8 +57,8 @@ pub struct PrimoTxn<'a> {
     locked_at: Vec<NodeId>,
     /// Active in the node's watermark (its timestamp fixed).
     registered: bool,
-    /// The recovery agreement term it runs in.
-    term: u64,
+    /// The era it runs in ([`super::group_commit`]): its agreement term or its epoch.
+    era: u64,
 }
 
 /// How a Primo attempt starts, as the skeleton calls it.
@@ -78,7 +79,7 @@ impl Coordinator for Primo {
             held_here: Vec::new(),
             locked_at: Vec::new(),
             registered: false,
-            term: wk.gate().term(),
+            era: wk.era(),
         }
     }
 }
@@ -107,7 +108,7 @@ impl<'a> PrimoTxn<'a> {
         let wk = self.wk;
         wk.coord.touch(self.id, &mut self.locked_at, n);
         let len = keys.len();
-        match wk.ask(n, &Request::Lock { txn: self.id, term: self.term, prio: self.prio, mode, keys }).await? {
+        match wk.ask(n, &Request::Lock { txn: self.id, era: self.era, prio: self.prio, mode, keys }).await? {
             Reply::Locked(vals) if vals.len() == len => Ok(vals),
             Reply::Aborted(a) => Err(a),
             _ => Err(Abort::BadReply),
@@ -164,7 +165,7 @@ impl<'a> PrimoTxn<'a> {
             meta::release(rec, self.id);
         }
         if std::mem::take(&mut self.registered) {
-            self.wk.gate().leave(self.id, None);
+            self.wk.leave(self.id, None);
         }
         self.wk.abort_remote(self.id, &mut self.locked_at);
         reason
@@ -197,8 +198,8 @@ impl<'a> PrimoTxn<'a> {
         for (n, _) in &asked {
             self.wk.coord.touch(self.id, &mut self.locked_at, *n);
         }
-        let (txn, term, prio, mode) = (self.id, self.term, self.prio, Mode::Exclusive);
-        let calls = asked.iter().map(|(n, keys)| (*n, Request::Lock { txn, term, prio, mode, keys: keys.clone() }));
+        let (txn, era, prio, mode) = (self.id, self.era, self.prio, Mode::Exclusive);
+        let calls = asked.iter().map(|(n, keys)| (*n, Request::Lock { txn, era, prio, mode, keys: keys.clone() }));
         let replies = self.wk.ask_all(calls).await;
         for ((_, keys), reply) in asked.into_iter().zip(replies) {
             let vals = match reply? {
@@ -237,7 +238,7 @@ impl<'a> PrimoTxn<'a> {
         let mut candidate = CommitTs::default();
         self.reads.iter().filter(|e| e.used).for_each(|e| candidate.read(e.lease));
         self.writes.iter().for_each(|w| candidate.write(self.locked_lease(w.0)));
-        let ts = match wk.gate().commit_ts(self.id, self.term, candidate.0) {
+        let ts = match wk.fix_ts(self.id, self.era, candidate.0) {
             Ok(ts) => ts,
             Err(a) => return Err(self.abort(a)),
         };
@@ -251,26 +252,23 @@ impl<'a> PrimoTxn<'a> {
                 n => remote.get_mut(&n).expect("a partition written is locked").push((k, v)),
             }
         }
-        if !local_writes.is_empty() {
-            if let Err(a) = wk.node.log.append_commit(self.id, &local_writes, &[], ts) {
-                return Err(self.abort(a));
-            }
-        }
-        self.reads.clear();
         wk.w.charge_ops(self.held_here.len());
-        let logged = (!local_writes.is_empty()).then_some(ts);
-        for (key, rec) in std::mem::take(&mut self.held_here) {
-            let write = local_writes.iter().position(|w| w.0 == key).map(|i| local_writes.swap_remove(i).1);
-            if let Some(old) = meta::commit(rec, self.id, ts, write) {
-                wk.gate().keep_undo(ts, key, old);
-            }
+        let (id, held) = (self.id, &self.held_here);
+        let append = |w: &Writes| wk.log_install(id, w, ts);
+        let install = |w: Writes| install_held(id, ts, held, w);
+        if let Err(a) = wk.install_logged(id, self.era, ts, local_writes, append, install) {
+            return Err(self.abort(a));
         }
-        assert!(local_writes.is_empty(), "a local write without its lock");
-        wk.gate().leave(self.id, logged);
+        self.held_here.clear();
+        self.reads.clear();
         self.registered = false;
         self.locked_at.clear();
-        tell_installs(wk, self.id, self.term, ts, remote.into_iter().collect());
-        Ok(Some(point(self.term, ts)))
+        let installs = remote.into_iter().collect();
+        match wk.installs_wait() {
+            true => send_installs(wk, id, self.era, ts, installs).await,
+            false => tell_installs(wk, id, self.era, ts, installs),
+        }
+        Ok(Some(point(self.era, ts)))
     }
 
     /// A local transaction's commit (TicToc): lock the writes (NO_WAIT), fix the timestamp,
@@ -295,7 +293,7 @@ impl<'a> PrimoTxn<'a> {
         self.reads.iter().filter(|e| e.used).for_each(|e| candidate.read(e.lease));
         let ts = match writes.is_empty() {
             true => candidate.0,
-            false => match wk.gate().commit_ts(self.id, self.term, candidate.0) {
+            false => match wk.fix_ts(self.id, self.era, candidate.0) {
                 Ok(ts) => {
                     self.registered = true;
                     ts
@@ -306,22 +304,18 @@ impl<'a> PrimoTxn<'a> {
         if let Err(a) = self.validate_local(ts) {
             return Err(self.abort(a));
         }
+        self.reads.clear();
         if !writes.is_empty() {
-            if let Err(a) = wk.node.log.append_commit(self.id, &writes, &[], ts) {
+            let (id, held) = (self.id, &self.held_here);
+            let append = |w: &Writes| wk.log_install(id, w, ts);
+            let install = |w: Writes| install_held(id, ts, held, w);
+            if let Err(a) = wk.install_logged(id, self.era, ts, writes, append, install) {
                 return Err(self.abort(a));
             }
+            self.held_here.clear();
+            self.registered = false;
         }
-        self.reads.clear();
-        for ((key, rec), (k, v)) in std::mem::take(&mut self.held_here).into_iter().zip(writes) {
-            debug_assert_eq!(key, k, "locks taken in write order");
-            if let Some(old) = meta::commit(rec, self.id, ts, Some(v)) {
-                wk.gate().keep_undo(ts, key, old);
-            }
-        }
-        if std::mem::take(&mut self.registered) {
-            wk.gate().leave(self.id, Some(ts));
-        }
-        Ok(Some(point(self.term, ts)))
+        Ok(Some(point(self.era, ts)))
     }
 
     /// TicToc's validation of every read at `ts`; an extension a distributed transaction's lock
@@ -358,31 +352,50 @@ impl<'a> PrimoTxn<'a> {
     }
 }
 
+/// Install `writes` at `ts` on the local records `txn` holds (extending and releasing those it
+/// only read); the values replaced.
+fn install_held(txn: TxnId, ts: u64, held: &[(RowKey, &Rec)], mut writes: Writes) -> Replaced {
+    let mut replaced = Replaced::with_capacity(writes.len());
+    for (key, rec) in held {
+        let write = writes.iter().position(|w| w.0 == *key).map(|i| writes.swap_remove(i).1);
+        if let Some(old) = meta::commit(rec, txn, ts, write) {
+            replaced.push((*key, old));
+        }
+    }
+    assert!(writes.is_empty(), "txn {txn:x} writes here without the lock: {writes:?}");
+    replaced
+}
+
 /// Send each partition its `Install` in the background, again until it answers (the paper's
 /// message is one-way over reliable channels; dtx's links may lose it). The coordinator's table
 /// says committed until then, so that a partition asking about the transaction waits for it.
-fn tell_installs(wk: &PrimoWorker, txn: TxnId, term: u64, ts: u64, parts: Vec<(NodeId, Writes)>) {
+fn tell_installs(wk: &PrimoWorker, txn: TxnId, era: u64, ts: u64, parts: Vec<(NodeId, Writes)>) {
     if parts.is_empty() {
         return;
     }
     let Some(me) = wk.me.upgrade() else { return };
-    wk.coord.set(txn, TxnStatus::Committed);
-    let w = wk.w.clone();
-    w.spawn(async move {
-        let mut left: Vec<(NodeId, Request)> =
-            parts.into_iter().map(|(n, writes)| (n, Request::Install { txn, term, ts, writes })).collect();
-        while !left.is_empty() {
-            let calls: Vec<_> = left.iter().map(|(n, req)| me.ask(*n, req)).collect();
-            let replies = join_all(calls).await;
-            left = left
-                .into_iter()
-                .zip(replies)
-                .filter(|(_, r)| !matches!(r, Ok(Reply::Installed)))
-                .map(|(p, _)| p)
-                .collect();
-        }
-        me.coord.forget(txn);
+    wk.w.clone().spawn(async move {
+        send_installs(&me, txn, era, ts, parts).await;
     });
+}
+
+/// Send each partition its `Install` and wait until every one answered (or, under `epoch`, the
+/// epoch failed: each participant then releases the transaction itself, when the `Install`
+/// reaches it or it asks the coordinator).
+async fn send_installs(wk: &PrimoWorker, txn: TxnId, era: u64, ts: u64, parts: Vec<(NodeId, Writes)>) {
+    if parts.is_empty() {
+        return;
+    }
+    wk.coord.set(txn, TxnStatus::Committed);
+    let mut left: Vec<(NodeId, Request)> =
+        parts.into_iter().map(|(n, writes)| (n, Request::Install { txn, era, ts, writes })).collect();
+    while !left.is_empty() && !wk.era_rolled_back(era) {
+        let calls: Vec<_> = left.iter().map(|(n, req)| wk.ask_any_epoch(*n, req)).collect();
+        let replies = join_all(calls).await;
+        left =
+            left.into_iter().zip(replies).filter(|(_, r)| !matches!(r, Ok(Reply::Installed))).map(|(p, _)| p).collect();
+    }
+    wk.coord.forget(txn);
 }
 
 impl<'a> BufferedTxn for PrimoTxn<'a> {
@@ -443,7 +456,7 @@ impl<'a> BufferedTxn for PrimoTxn<'a> {
                 self.turn_distributed().await?;
             }
             wk.coord.touch(self.id, &mut self.locked_at, n);
-            let scan = Request::Scan { txn: self.id, term: self.term, prio: self.prio, mode, scan: s };
+            let scan = Request::Scan { txn: self.id, era: self.era, prio: self.prio, mode, scan: s };
             match wk.ask(n, &scan).await? {
                 Reply::Rows(rows) => rows.into_iter().map(|(k, v, l)| (k, v, l, Some(mode))).collect(),
                 Reply::Aborted(a) => return Err(a),
@@ -498,8 +511,8 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
         for (n, _) in &asked {
             wk.coord.touch(self.id, &mut self.locked_at, *n);
         }
-        let (txn, term, prio, mode) = (self.id, self.term, self.prio, wk.cc.read_mode());
-        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn, term, prio, mode, keys: ks.clone() }));
+        let (txn, era, prio, mode) = (self.id, self.era, self.prio, wk.cc.read_mode());
+        let calls = asked.iter().map(|(n, ks)| (*n, Request::Lock { txn, era, prio, mode, keys: ks.clone() }));
         let replies = wk.ask_all(calls).await;
         for ((_, ks), reply) in asked.iter().zip(replies) {
             let vals = match reply? {

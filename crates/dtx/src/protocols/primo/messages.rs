@@ -20,15 +20,17 @@ pub enum Request {
     /// Lock each record for `txn` in `mode` (WAIT_DIE; exclusive under WCF, and for a prepare
     /// under `wcf=off`, an upgrade of a shared lock), raise its version past the partition's
     /// floor (R2), and answer its value and lease.
-    /// `term`: the recovery agreement term the transaction runs in; a partition in another
-    /// refuses (`wm-recovered`).
-    Lock { txn: TxnId, term: u64, prio: Prio, mode: Mode, keys: Vec<RowKey> },
+    /// `era`: under `commit=wm` the recovery agreement term the transaction runs in, which a
+    /// partition in another refuses (`wm-recovered`); under `commit=epoch` its epoch (the
+    /// skeleton refuses the request in another).
+    Lock { txn: TxnId, era: u64, prio: Prio, mode: Mode, keys: Vec<RowKey> },
     /// Lock the existing rows of a range, as `Lock` does each.
-    Scan { txn: TxnId, term: u64, prio: Prio, mode: Mode, scan: Scan },
+    Scan { txn: TxnId, era: u64, prio: Prio, mode: Mode, scan: Scan },
     /// The commit at `ts`: extend the lease of every record `txn` holds here to `ts`, install its
     /// `writes` at `ts`, log them, release. A partition that has gone through an agreement since
-    /// `term` rolled the transaction back: it releases instead.
-    Install { txn: TxnId, term: u64, ts: u64, writes: Writes },
+    /// `era`, or where the epoch `era` failed, rolled the transaction back: it releases instead.
+    /// Served in any epoch (`era` says which it belongs to).
+    Install { txn: TxnId, era: u64, ts: u64, writes: Writes },
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -27,7 +27,9 @@
 //!
 //! **Watermark group commit (§5).** `twopc::wm_commit`: a client hears of its commit once the
 //! global watermark passes its timestamp; a participant holds a transaction active (and its
-//! watermark below it) from its first lock there until its install is logged.
+//! watermark below it) from its first lock there until its install is logged. `commit=epoch`
+//! runs the same concurrency control under COCO's epoch group commit instead, the paper's
+//! comparison of the two ([`group_commit`] says how each is used).
 //!
 //! Simplified, and why:
 //! - Read-only transactions lock as the others do: the paper's snapshot reads for them (as Silo's)
@@ -41,11 +43,12 @@
 //! exclusive lock on each record it writes: the same `Lock` message, in exclusive mode, to each
 //! partition it writes, answered with a vote (the leases, or an abort: WAIT_DIE dies here when
 //! two readers both upgrade); then the decision is the `Install`. So its commit costs the round
-//! trip WCF saves, with every lock held across it. Watermark group commit stays: the paper's
-//! bar without WCF ran with COCO's epochs, which Primo's own commit does not offer here (its
-//! prepare logs no vote, since a crash rolls the watermark back instead).
+//! trip WCF saves, with every lock held across it. Watermark group commit stays unless asked
+//! otherwise: the paper's bar without WCF ran with COCO's epochs, `primo:wcf=off:commit=epoch`
+//! (its prepare logs no vote either way: a crash rolls the watermark or the epoch back).
 
 pub mod coordinator;
+pub mod group_commit;
 pub mod messages;
 pub mod meta;
 pub mod participant;
@@ -95,14 +98,25 @@ pub const WCF_OPTION: OptionSpec = OptionSpec {
     help: "on: distributed reads locked exclusively, no prepare (WCF); off: shared read locks and a prepare round that upgrades the writes (the paper's 2PL+2PC ablation)",
 };
 
+/// How commits become durable ([`group_commit`]): the paper's watermark, or COCO's epochs for
+/// the paper's comparison of the two under the same concurrency control (Fig. 11-13).
+pub const COMMIT_OPTION: OptionSpec = OptionSpec {
+    name: "commit",
+    kind: OptionKind::Choice(&["wm", "epoch"]),
+    default: "wm",
+    help: "wm: watermark group commit (the paper's); epoch: COCO's epoch group commit (the paper's comparison, Fig. 11-13)",
+};
+
 /// A worker running Primo.
 pub type PrimoWorker = CcWorker<Primo>;
 
 /// Its options.
 pub const OPTIONS: &[OptionSpec] = &[
     WCF_OPTION,
+    COMMIT_OPTION,
     crate::protocols::twopc::wm_commit::WM_OPTION,
     crate::protocols::twopc::wm_commit::FLOOR_OPTION,
+    crate::protocols::twopc::epoch_commit::EPOCH_OPTION,
     crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,
     crate::protocols::twopc::ORPHAN_OPTION,
 ];

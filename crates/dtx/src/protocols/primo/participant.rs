@@ -3,6 +3,7 @@
 //! the partition's floor (R2), the transaction held active in the watermark from its first lock
 //! here until its install is logged; install on the one commit message; release on an abort.
 
+use super::group_commit::Replaced;
 use super::messages::{Reply, Request};
 use super::meta::{self, Rec};
 use super::{Primo, PrimoWorker};
@@ -10,31 +11,26 @@ use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::{InDoubt, Writes};
 use crate::protocols::twopc::lease::Lease;
 use crate::protocols::twopc::record_lock::{wait_lock, Acquire, Mode, Policy, Prio};
-use crate::protocols::twopc::wm_commit::WatermarkGate;
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::rt::log_warn;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan, TxnResult};
 
-/// What a lock request is for: the transaction, its agreement term, its age and the mode.
+/// What a lock request is for: the transaction, its era, its age and the mode.
 type LockOf = (TxnId, u64, Prio, Mode);
 
 /// Each record's value and lease, as locked.
 type LockedReads = TxnResult<Vec<(Option<Value>, Lease)>>;
 
-/// A remote transaction's state here: the records it holds, and the agreement term it runs in.
+/// A remote transaction's state here: the records it holds, and the era it runs in (its
+/// agreement term or its epoch).
 #[derive(Default)]
 pub struct PartTxn {
     pub held: Vec<RowKey>,
-    pub term: u64,
+    pub era: u64,
 }
 
 impl PrimoWorker {
-    /// The node's watermark gate: Primo always commits by watermark.
-    pub fn gate(&self) -> &WatermarkGate {
-        self.wm.as_deref().expect("Primo runs with watermark group commit")
-    }
-
     /// Take `rec`'s lock in `mode` for the distributed transaction `txn` (waiting, WAIT_DIE).
     pub async fn lock_distributed(&self, rec: &Rec, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<()> {
         match meta::acquire(rec, txn, prio, mode, Policy::WaitDie, true) {
@@ -44,10 +40,10 @@ impl PrimoWorker {
         }
     }
 
-    /// Lock `keys` in `mode` for a remote `txn` of agreement term `term`, each read after its
+    /// Lock `keys` in `mode` for a remote `txn` of `era`, each read after its
     /// raise past the floor; the transaction is active here from the first.
-    async fn lock_keys(&self, txn: TxnId, term: u64, prio: Prio, mode: Mode, keys: &[RowKey]) -> LockedReads {
-        self.gate().enter(txn, term, 0)?;
+    async fn lock_keys(&self, txn: TxnId, era: u64, prio: Prio, mode: Mode, keys: &[RowKey]) -> LockedReads {
+        self.enter(txn, era)?;
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
             self.w.charge_ops(1);
@@ -56,7 +52,7 @@ impl PrimoWorker {
             if !self.note_held(txn, key, rec) {
                 return Err(Abort::ParticipantLost);
             }
-            let floor_ts = self.gate().enter(txn, term, 0)?;
+            let floor_ts = self.enter(txn, era)?;
             out.push(meta::locked_read(rec, txn, floor_ts));
         }
         Ok(out)
@@ -78,11 +74,11 @@ impl PrimoWorker {
         }
     }
 
-    fn serve_lock(&self, from: Addr, rpc_id: u64, (txn, term, prio, mode): LockOf, keys: Vec<RowKey>) {
-        self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
+    fn serve_lock(&self, from: Addr, rpc_id: u64, (txn, era, prio, mode): LockOf, keys: Vec<RowKey>) {
+        self.parts.remember(txn, self.w.now_ns(), |p| p.era = era);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
-            let reply = match me.lock_keys(txn, term, prio, mode, &keys).await {
+            let reply = match me.lock_keys(txn, era, prio, mode, &keys).await {
                 Ok(values) => Reply::Locked(values),
                 Err(a) => Reply::Aborted(a),
             };
@@ -90,13 +86,13 @@ impl PrimoWorker {
         });
     }
 
-    fn serve_scan(&self, from: Addr, rpc_id: u64, (txn, term, prio, mode): LockOf, scan: Scan) {
-        self.parts.remember(txn, self.w.now_ns(), |p| p.term = term);
+    fn serve_scan(&self, from: Addr, rpc_id: u64, (txn, era, prio, mode): LockOf, scan: Scan) {
+        self.parts.remember(txn, self.w.now_ns(), |p| p.era = era);
         let Some(me) = self.me.upgrade() else { return };
         self.w.spawn(async move {
             let keys: Vec<RowKey> =
                 meta::range_keys(&me.node.store, scan).into_iter().map(|k| RowKey::new(scan.table, k)).collect();
-            let reply = match me.lock_keys(txn, term, prio, mode, &keys).await {
+            let reply = match me.lock_keys(txn, era, prio, mode, &keys).await {
                 Ok(values) => Reply::Rows(
                     keys.iter().zip(values).filter_map(|(k, (v, lease))| v.map(|v| (k.key, v, lease))).collect(),
                 ),
@@ -108,33 +104,55 @@ impl PrimoWorker {
 
     /// The commit of `txn` at `ts` (Algorithm 1's participant side): extend every lease it holds
     /// here to `ts`, install its writes at `ts`, append them to the log before the locks go (log
-    /// order is install order), release, and leave the watermark's active set.
-    fn install(&self, txn: TxnId, term: u64, ts: u64, writes: Writes) {
+    /// order is install order), release, and leave the watermark's active set. An `Install` of
+    /// an era rolled back here releases instead.
+    fn install(&self, txn: TxnId, era: u64, ts: u64, writes: Writes) {
         // Absent: installed already (the commit was resent).
         if !self.parts.contains(txn) {
             return;
         }
-        if self.gate().begin_install(txn, term).is_err() {
+        if self.begin_install(txn, era).is_err() {
             // An agreement since rolled it back everywhere: nothing of it may install here.
             return Primo::abort_here(self, txn);
         }
         let p = self.parts.remove(txn).expect("checked");
         self.w.charge_ops(p.held.len());
-        if !writes.is_empty() {
-            if let Err(a) = self.node.log.append_commit(txn, &writes, &[], ts) {
-                log_warn(&format!("node {}: primo txn {txn:x}: its install was not logged: {a:?}", self.node.id));
+        let node = self.node.id;
+        let append = |w: &Writes| {
+            if let Err(a) = self.log_install(txn, w, ts) {
+                log_warn(&format!("node {node}: primo txn {txn:x}: its install was not logged: {a:?}"));
             }
+            Ok(())
+        };
+        let install = |w: Writes| self.install_held(txn, ts, &p.held, w);
+        if self.install_logged(txn, era, ts, writes, append, install).is_err() {
+            // Its epoch failed here (and was, or will be, undone): it releases.
+            self.w.count("primo-installs-refused", 1);
+            self.release_all(txn, &p.held);
         }
+    }
+
+    /// Install `writes` at `ts` on the records `txn` holds here; the values they replaced.
+    fn install_held(&self, txn: TxnId, ts: u64, held: &[RowKey], mut writes: Writes) -> Replaced {
         let store = &self.node.store;
-        let mut writes = writes;
-        for key in &p.held {
+        let mut replaced = Replaced::with_capacity(writes.len());
+        for key in held {
             let write = writes.iter().position(|w| w.0 == *key).map(|i| writes.swap_remove(i).1);
             if let Some(old) = meta::commit(store.get_or_create(*key), txn, ts, write) {
-                self.gate().keep_undo(ts, *key, old);
+                replaced.push((*key, old));
             }
         }
         assert!(writes.is_empty(), "txn {txn:x} installs writes it did not lock here: {writes:?}");
-        self.gate().leave(txn, Some(ts));
+        replaced
+    }
+
+    /// Give back every lock `txn` holds here.
+    fn release_all(&self, txn: TxnId, held: &[RowKey]) {
+        for key in held {
+            if let Some(rec) = self.node.store.get(*key) {
+                meta::release(rec, txn);
+            }
+        }
     }
 }
 
@@ -144,10 +162,10 @@ impl Participant for Primo {
 
     fn serve(wk: &PrimoWorker, from: Addr, rpc_id: u64, req: Request) {
         match req {
-            Request::Lock { txn, term, prio, mode, keys } => wk.serve_lock(from, rpc_id, (txn, term, prio, mode), keys),
-            Request::Scan { txn, term, prio, mode, scan } => wk.serve_scan(from, rpc_id, (txn, term, prio, mode), scan),
-            Request::Install { txn, term, ts, writes } => {
-                wk.install(txn, term, ts, writes);
+            Request::Lock { txn, era, prio, mode, keys } => wk.serve_lock(from, rpc_id, (txn, era, prio, mode), keys),
+            Request::Scan { txn, era, prio, mode, scan } => wk.serve_scan(from, rpc_id, (txn, era, prio, mode), scan),
+            Request::Install { txn, era, ts, writes } => {
+                wk.install(txn, era, ts, writes);
                 wk.w.reply(from, rpc_id, &encode(&Reply::Installed));
             }
         }
@@ -161,19 +179,15 @@ impl Participant for Primo {
 
     fn abort_here(wk: &PrimoWorker, txn: TxnId) {
         if let Some(p) = wk.parts.remove(txn) {
-            for key in p.held {
-                if let Some(rec) = wk.node.store.get(key) {
-                    meta::release(rec, txn);
-                }
-            }
-            wk.gate().leave(txn, None);
+            wk.release_all(txn, &p.held);
+            wk.leave(txn, None);
         }
     }
 
     /// Transactions of older terms were rolled back by the agreement: release what they hold.
     fn on_new_term(wk: &PrimoWorker, term: u64) {
         let stale: Vec<TxnId> =
-            wk.parts.txns.borrow().iter().filter(|(_, (p, _))| p.term < term).map(|(t, _)| *t).collect();
+            wk.parts.txns.borrow().iter().filter(|(_, (p, _))| p.era < term).map(|(t, _)| *t).collect();
         wk.w.count("wm-stale-released", stale.len() as u64);
         for txn in stale {
             Self::abort_here(wk, txn);

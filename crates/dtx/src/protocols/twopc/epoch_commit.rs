@@ -84,7 +84,7 @@ pub const EPOCH_OPTION: OptionSpec = OptionSpec {
 
 /// Registry entries of the concurrency controls that accept `commit=epoch`, for the error a
 /// user sees when naming it on another.
-pub const ACCEPTED_BY: &str = "2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc";
+pub const ACCEPTED_BY: &str = "2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc, primo";
 
 /// The node that coordinates the epochs.
 const COORDINATOR: NodeId = 0;
@@ -325,6 +325,27 @@ impl EpochGate {
         append()
     }
 
+    /// A commit whose decision carries its writes (Primo's `Install`, logged by no vote) made in
+    /// `epoch`: save the values `writes` replace and run `install` (which appends the record and
+    /// installs it), all under the gate's lock, so that a rollback undoes all of it or finds none
+    /// of it done. Refused (`epoch-closed`) unless this node still serves `epoch`: a node seals an
+    /// epoch only once every coordinator in it finished, and such a coordinator waits for its
+    /// installs, so a refusal means the epoch failed here.
+    pub fn install_in<T>(
+        &self,
+        host: &dyn GateHost,
+        epoch: u64,
+        writes: Vec<(RowKey, Option<Value>)>,
+        install: impl FnOnce(Vec<(RowKey, Option<Value>)>) -> Result<T, Abort>,
+    ) -> Result<T, Abort> {
+        let mut st = self.state.lock();
+        if st.epoch != epoch || !st.stage.serves() || st.undo.len() + writes.len() > MAX_EPOCH_UNDO {
+            return Err(Abort::EpochClosed);
+        }
+        st.undo.extend(writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
+        install(writes)
+    }
+
     /// A decision to commit a transaction made in `epoch` reached this participant: `commit`
     /// installs it, unless the epoch was rolled back here, when `abort` releases it instead.
     /// Under the gate's lock, so that no install slips past a rollback.
@@ -407,7 +428,8 @@ impl EpochGate {
         if self.node == COORDINATOR {
             self.on_drained(host, self.node, epoch);
         } else {
-            host.worker().send(Addr::new(COORDINATOR, 0), &super::skeleton::gate_message(&GateMsg::Drained(epoch)));
+            host.worker()
+                .send_control(Addr::new(COORDINATOR, 0), &super::skeleton::gate_message(&GateMsg::Drained(epoch)));
         }
     }
 
@@ -437,7 +459,7 @@ impl EpochGate {
             if n == self.node {
                 self.seal(host, epoch);
             } else {
-                host.worker().send(Addr::new(n, 0), &super::skeleton::gate_message(&GateMsg::Seal(epoch)));
+                host.worker().send_control(Addr::new(n, 0), &super::skeleton::gate_message(&GateMsg::Seal(epoch)));
             }
         }
     }
@@ -466,7 +488,7 @@ impl EpochGate {
             if to == self.node {
                 self.receive(host, to, GateMsg::Epoch(msg));
             } else {
-                host.worker().send(Addr::new(to, 0), &super::skeleton::gate_message(&GateMsg::Epoch(msg)));
+                host.worker().send_control(Addr::new(to, 0), &super::skeleton::gate_message(&GateMsg::Epoch(msg)));
             }
         }
     }

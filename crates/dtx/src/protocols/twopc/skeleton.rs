@@ -609,6 +609,13 @@ impl<C: Cc> CcWorker<C> {
         self.ask_tagged(node, TAG_CC, req).await
     }
 
+    /// [`CcWorker::ask`] for a request that carries its own era and is served in any epoch (a
+    /// decision that brings its writes, as Primo's `Install`): not framed with the epoch.
+    pub async fn ask_any_epoch(&self, node: NodeId, req: &C::Request) -> TxnResult<C::Reply> {
+        let body = self.w.call(self.participant_addr(node), framed(TAG_CC, req)).await.map_err(|_| Abort::Timeout)?;
+        decode(&body).map_err(|_| Abort::BadReply)
+    }
+
     /// One request to each of several participants, all in flight at once; the replies in the
     /// order asked.
     pub async fn ask_all(&self, requests: impl IntoIterator<Item = (NodeId, C::Request)>) -> Vec<TxnResult<C::Reply>> {

@@ -494,7 +494,7 @@ impl WatermarkGate {
         }
         let body = super::skeleton::wm_message(&WmGateMsg::Mark { w_p });
         for n in (0..self.nodes).filter(|&n| n != self.node) {
-            host.worker().send(Addr::new(n, 0), &body);
+            host.worker().send_control(Addr::new(n, 0), &body);
         }
         self.heard(self.node, w_p);
     }
@@ -620,7 +620,7 @@ impl WatermarkGate {
         if to == self.node {
             return self.receive(host, to, msg);
         }
-        host.worker().send(Addr::new(to, 0), &super::skeleton::wm_message(&msg));
+        host.worker().send_control(Addr::new(to, 0), &super::skeleton::wm_message(&msg));
     }
 
     /// Partition `from`'s latest W_p: release every commit below the new W_g, and forget what
