@@ -43,7 +43,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         ),
         (
             &["bench", "--protocol", "maat:commit=epoch"],
-            "commit=epoch is accepted by 2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc",
+            "commit=epoch is accepted by 2pl-nowait, 2pl-waitdie, occ, coco, sundial, tictoc, primo",
         ),
         (&["bench", "--protocol", "coco:epoch_us=0"], "epoch_us"),
         (&["bench", "--protocol", "occ:commit=wm"], "protocol `occ` does not take commit=wm"),
@@ -71,6 +71,8 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--runtime", "sim", "--fault-at", "crash:node=x@1s"], "node `x` is not a node number"),
         (&["bench", "--runtime", "sim", "--fault-at", "crash:node=1,by=2ms@1s"], "a crash takes no `by`"),
         (&["bench", "--runtime", "sim", "--fault-at", "delay:node=1@1s"], "add by=DURATION"),
+        (&["bench", "--runtime", "sim", "--fault-at", "delay:node=1,by=1ms,messages=some@1s"], "use control"),
+        (&["bench", "--protocol", "primo:commit=2pc"], "2pc"),
         (&["bench", "--runtime", "sim", "--fault-at", "delay:node=1,by=1ms,worker=5@1s"], "there is no worker 5"),
         (&["bench", "--runtime", "sim", "--fault-at", "cpu:node=1,factor=-2@0s"], "factor -2 must be above 0"),
         (&["bench", "--runtime", "sim", "--fault-at", "pause:node=0@9s"], "after the run's end"),

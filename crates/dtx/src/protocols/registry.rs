@@ -164,7 +164,7 @@ pub const EPOCH_VARIANTS: &[&str] = &[
 
 /// Variants that change how a protocol works (ablations), beside its default: the shared sweeps
 /// check them as they do the ready protocols.
-pub const ABLATION_VARIANTS: &[&str] = &["primo:wcf=off"];
+pub const ABLATION_VARIANTS: &[&str] = &["primo:wcf=off", "primo:wcf=off:commit=epoch"];
 
 /// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
 /// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size

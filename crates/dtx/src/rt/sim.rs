@@ -120,8 +120,9 @@ pub struct SimWorld {
     faults: FaultPlan,
     rng: Rng,
     woken: Arc<Mutex<Vec<usize>>>,
-    /// Last arrival time per (src, dst) link, to keep links FIFO.
-    link_last: rustc_hash::FxHashMap<(Addr, Addr), u64>,
+    /// Last arrival time per (src, dst) link and class (control packets travel apart, as over a
+    /// connection of their own), to keep each FIFO.
+    link_last: rustc_hash::FxHashMap<(Addr, Addr, bool), u64>,
     /// side[i] = which side of the current partition node i is on (None = no partition).
     side: Option<Vec<bool>>,
     /// Per node: its workers are down (crashed, not yet restarted or taken over).
@@ -522,7 +523,7 @@ impl SimWorld {
             (ns, _, _) => ns,
         };
         let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + held_ns;
-        let last = self.link_last.entry((p.src, p.dst)).or_insert(0);
+        let last = self.link_last.entry((p.src, p.dst, p.control)).or_insert(0);
         at = at.max(*last);
         *last = at;
         self.push(at, Ev::Deliver(p));

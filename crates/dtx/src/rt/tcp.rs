@@ -386,8 +386,10 @@ impl TcpNet {
         let mut events = Events::with_capacity(1024);
         let mut delayed = DelayQueue::default();
         // What this worker sends while `--fault-at delay` holds its server's messages back
-        // ([`set_send_delay_us`]); one sender, so it leaves in the order it was sent.
+        // ([`set_send_delay_us`]); one sender, so it leaves in the order it was sent. Control
+        // packets wait apart ([`Packet::control`]): a delay of them alone holds nothing else.
         let mut held_out = DelayQueue::default();
+        let mut held_control = DelayQueue::default();
         let delay = !self.latency.is_zero();
         let mut out = Vec::new();
         let mut received = Vec::new();
@@ -403,19 +405,23 @@ impl TcpNet {
             }
             let mut timeout = run_quantum(w, &mut delayed, &mut out);
             let now = w.now_ns();
-            while let Some(p) = held_out.pop_due(now) {
-                self.send(p);
+            for held in [&mut held_out, &mut held_control] {
+                while let Some(p) = held.pop_due(now) {
+                    self.send(p);
+                }
             }
             for p in out.drain(..) {
                 let send_delay_ns = send_delay_ns(w.addr.worker, p.control);
-                // Behind held packets too, even once the delay is over: links stay FIFO.
-                if send_delay_ns > 0 || held_out.next_due().is_some() {
-                    held_out.hold(now + send_delay_ns, p);
+                let held = if p.control { &mut held_control } else { &mut held_out };
+                // Behind held packets of its class too, even once the delay is over: each class
+                // stays FIFO.
+                if send_delay_ns > 0 || held.next_due().is_some() {
+                    held.hold(now + send_delay_ns, p);
                 } else {
                     self.send(p);
                 }
             }
-            if let Some(due) = held_out.next_due() {
+            for due in [held_out.next_due(), held_control.next_due()].into_iter().flatten() {
                 timeout = timeout.min(Duration::from_nanos(due.saturating_sub(now)));
             }
             if !self.handle.commands.lock().is_empty() {
