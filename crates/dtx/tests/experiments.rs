@@ -20,7 +20,8 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         }
         if let Some(faults) = e.bench.get("fault-at") {
             // A fault at the paper's moment lies past a tiny run's end: the same faults, early.
-            let early: Vec<String> = faults.split(';').map(|f| format!("{}@50ms", f.split('@').next().unwrap())).collect();
+            let early: Vec<String> =
+                faults.split(';').map(|f| format!("{}@50ms", f.split('@').next().unwrap())).collect();
             set.push(format!("fault-at={}", early.join(";")));
         }
         let args = RunArgs {

@@ -25,6 +25,11 @@ fn durable_spec(protocol: &str, seed: u64, runtime: dtx::host::Runtime) -> Bench
     s
 }
 
+/// A fault of `kind` on node `node` from `at_us` for `for_us`.
+fn on_node(kind: dtx::net::TargetedKind, node: u16, at_us: u64, for_us: u64) -> dtx::net::TargetedFault {
+    dtx::net::TargetedFault { kind, target: dtx::net::FaultTarget::Node(node), at_us, for_us: Some(for_us) }
+}
+
 /// Run, check the history and the durability of every acknowledged append; return the crashes
 /// that lost a node's memory and the commits that waited for the log (a worker that crashed
 /// reports no log waits: its counters die with it, so these are summed over a sweep).
@@ -68,6 +73,26 @@ fn epochs_a_crash_fails_are_rolled_back_everywhere_and_lose_nothing_acknowledged
         assert!(restarts >= seeds(), "{variant}: only {restarts} nodes lost their memory over the sweep");
         assert!(rolled_back > 0, "{variant}: no crash rolled an epoch back over the sweep");
     }
+}
+
+/// `primo:commit=epoch`: Primo's `Install` carries its writes and is served in any epoch. A
+/// participant paused past the epoch's timeout fails the epoch; an `Install` that reaches it once
+/// it knows releases the transaction's locks instead of installing (`primo-installs-refused`),
+/// and one that reaches it first installs and is undone with the epoch. Every history stays
+/// serializable with nothing acknowledged lost, and the sweep meets the refusal.
+#[test]
+fn primo_installs_that_reach_a_failed_epoch_release_instead() {
+    use dtx::net::TargetedKind;
+    let mut refused = 0;
+    for seed in 1..=6 {
+        let mut spec = durable_spec("primo:commit=epoch:epoch_us=1000", 3100 + seed, dtx::host::Runtime::Sim);
+        spec.duration_us = 500_000;
+        spec.latency.jitter_us = 0;
+        spec.faults.targeted = vec![on_node(TargetedKind::Pause, 2, 100_000, 200_000)];
+        let out = common::run_and_check(&spec, "primo epoch pause");
+        refused += out.totals.counters.get("primo-installs-refused").copied().unwrap_or(0);
+    }
+    assert!(refused > 0, "no Install reached a participant that had failed its epoch over the sweep");
 }
 
 /// Checkpoints in the simulator: every 40 records a node's log machine snapshots what is
@@ -158,17 +183,11 @@ fn a_crash_at_one_node_loses_nothing_an_acknowledged_reader_saw() {
 /// kept. Every ready protocol, a few seeds: the schedule is the flag's, not the seed's.
 #[test]
 fn a_targeted_crash_hits_the_named_node_at_the_named_time() {
-    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
+    use dtx::net::TargetedKind;
     for p in ready() {
         for seed in 1..=3 {
             let mut spec = durable_spec(p.name, 2900 + seed, dtx::host::Runtime::Sim);
-            let crash = TargetedFault {
-                kind: TargetedKind::Crash,
-                target: FaultTarget::Node(1),
-                at_us: 150_000,
-                for_us: Some(50_000),
-            };
-            spec.faults.targeted = vec![crash];
+            spec.faults.targeted = vec![on_node(TargetedKind::Crash, 1, 150_000, 50_000)];
             spec = spec.with_faults(false, false, 0.0);
             let out = common::run_and_check(&spec, "targeted");
             let events: Vec<(String, u32, f64, f64)> =

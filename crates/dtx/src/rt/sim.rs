@@ -120,8 +120,8 @@ pub struct SimWorld {
     faults: FaultPlan,
     rng: Rng,
     woken: Arc<Mutex<Vec<usize>>>,
-    /// Last arrival time per (src, dst) link and class (control packets travel apart, as over a
-    /// connection of their own), to keep each FIFO.
+    /// Last arrival time per (src, dst) link, to keep links FIFO; control packets held by a
+    /// control-only delay keep their own (the `bool`).
     link_last: rustc_hash::FxHashMap<(Addr, Addr, bool), u64>,
     /// side[i] = which side of the current partition node i is on (None = no partition).
     side: Option<Vec<bool>>,
@@ -522,8 +522,11 @@ impl SimWorld {
             (_, _, true) if !p.control => 0,
             (ns, _, _) => ns,
         };
+        // While a delay holds a host's control packets alone, they travel FIFO apart from its
+        // data (as over a connection of their own), so that they hold nothing else back.
+        let apart = p.control && self.send_delay[s].2;
         let mut at = depart + self.latency.sample_ns(s as u16, d as u16, &mut self.rng) + held_ns;
-        let last = self.link_last.entry((p.src, p.dst, p.control)).or_insert(0);
+        let last = self.link_last.entry((p.src, p.dst, apart)).or_insert(0);
         at = at.max(*last);
         *last = at;
         self.push(at, Ev::Deliver(p));

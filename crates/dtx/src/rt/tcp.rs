@@ -386,8 +386,9 @@ impl TcpNet {
         let mut events = Events::with_capacity(1024);
         let mut delayed = DelayQueue::default();
         // What this worker sends while `--fault-at delay` holds its server's messages back
-        // ([`set_send_delay_us`]); one sender, so it leaves in the order it was sent. Control
-        // packets wait apart ([`Packet::control`]): a delay of them alone holds nothing else.
+        // ([`set_send_delay_us`]); one sender, so it leaves in the order it was sent. Under a
+        // delay of control packets alone ([`Packet::control`]) they wait apart, holding nothing
+        // else back.
         let mut held_out = DelayQueue::default();
         let mut held_control = DelayQueue::default();
         let delay = !self.latency.is_zero();
@@ -412,9 +413,10 @@ impl TcpNet {
             }
             for p in out.drain(..) {
                 let send_delay_ns = send_delay_ns(w.addr.worker, p.control);
-                let held = if p.control { &mut held_control } else { &mut held_out };
-                // Behind held packets of its class too, even once the delay is over: each class
-                // stays FIFO.
+                let apart = p.control && SEND_DELAY_CONTROL.load(Ordering::Relaxed);
+                let held = if apart { &mut held_control } else { &mut held_out };
+                // Behind held packets too, even once the delay is over: links stay FIFO (control
+                // packets held by a control-only delay, among themselves).
                 if send_delay_ns > 0 || held.next_due().is_some() {
                     held.hold(now + send_delay_ns, p);
                 } else {

@@ -173,6 +173,13 @@ impl<M: Clone> RecordCache<M> {
         ENTRY_OVERHEAD_BYTES + entry.value.as_ref().map_or(0, |v| v.len())
     }
 
+    /// Drop every entry (what they were read from was rolled back).
+    pub fn clear(&self) {
+        for bank in self.banks.iter() {
+            *bank.lock() = Bank::new();
+        }
+    }
+
     /// The cached entry of `key`, made the most recently used of its bank.
     pub fn get(&self, key: RowKey) -> Option<Cached<M>> {
         let mut bank = self.bank(key).lock();

@@ -79,7 +79,7 @@ impl PrimoWorker {
     /// Commit `txn` of `era` at `ts` here: `append` logs `writes`, then `install` installs them
     /// (and extends and releases what it holds), returning the values replaced. Under `wm` the
     /// replaced values are kept until the watermark passes `ts` and the transaction leaves the
-    /// active set; under `epoch` all of it happens under the gate's lock, which saves the values
+    /// active set at `ts`; under `epoch` all of it happens under the gate's lock, which saves the values
     /// first, and is refused (`epoch-closed`, nothing done) once the epoch failed here.
     pub fn install_logged(
         &self,
@@ -93,11 +93,12 @@ impl PrimoWorker {
         match (&self.wm, &self.gate) {
             (Some(wm), _) => {
                 append(&writes)?;
-                let logged = (!writes.is_empty()).then_some(ts);
                 for (key, old) in install(writes) {
                     wm.keep_undo(ts, key, old);
                 }
-                wm.leave(txn, logged);
+                // Installed here at `ts` (its writes logged, or its leases extended): the node's
+                // clock and its idle watermark move past it.
+                wm.leave(txn, Some(ts));
                 Ok(())
             }
             (None, Some(gate)) => gate.install_in(self, era, writes, |writes| {

@@ -195,6 +195,12 @@ impl SundialWorker {
 impl Participant for Sundial {
     type Part = PartTxn;
 
+    /// Copies cached during a failed epoch may hold what it wrote: none is reused after.
+    fn on_rolled_back(wk: &SundialWorker) {
+        wk.state.cache.clear();
+        wk.w.count("cache-cleared-by-rollback", 1);
+    }
+
     fn serve(wk: &SundialWorker, from: Addr, rpc_id: u64, req: Request) {
         match req {
             Request::Fetch { txn, reads, fresh: true, .. }

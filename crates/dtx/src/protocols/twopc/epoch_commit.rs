@@ -183,6 +183,8 @@ pub trait GateHost: 'static {
     fn read_row(&self, key: RowKey) -> Option<Value>;
     /// Put back the value `key` held before a failed epoch wrote it.
     fn restore_row(&self, key: RowKey, value: Option<Value>);
+    /// Every value a rollback undid is back (after the last `restore_row` of it).
+    fn rolled_back(&self);
 }
 
 /// A transaction's place in an epoch: it leaves the epoch when dropped.
@@ -547,6 +549,7 @@ impl EpochGate {
         for (key, old) in st.undo.drain(..).rev() {
             host.restore_row(key, old);
         }
+        host.rolled_back();
         let _ = host.gate_log().append_epoch_decided(st.epoch, false);
     }
 

@@ -253,6 +253,16 @@ pub trait Participant: Messages + Sized {
     fn adopt_in_doubt(wk: &CcWorker<Self>, in_doubt: InDoubt<<<Self as Cc>::Log as CcLog>::Vote>)
     where
         Self: Cc;
+    /// A failed epoch (`commit=epoch`) or a recovery agreement (`commit=wm`) put back here every
+    /// value it undid: drop what was derived from them (Sundial's cache of remote reads, whose
+    /// copies may hold values that never committed, and whose leases a read-only transaction
+    /// may reuse without asking their home).
+    fn on_rolled_back(_wk: &CcWorker<Self>)
+    where
+        Self: Cc,
+    {
+    }
+
     /// Under `commit=wm`, a recovery agreement moved the node to term `term`: drop what
     /// transactions of older terms hold here (they were rolled back everywhere, and their
     /// coordinators may be gone), rather than wait for the orphan sweeper.
@@ -880,5 +890,9 @@ impl<C: Cc> GateHost for CcWorker<C> {
         let mut row = rec.lock();
         row.value = value;
         row.meta.on_rolled_back();
+    }
+
+    fn rolled_back(&self) {
+        C::on_rolled_back(self);
     }
 }

@@ -589,6 +589,7 @@ impl WatermarkGate {
             for (_, (key, value)) in undone.into_iter().rev() {
                 h.restore_row(key, value);
             }
+            h.rolled_back();
             gate.acks.roll_back(point(old_term, w_g), point(old_term, (1 << TS_BITS) - 1));
             let out = {
                 let mut st = gate.state.lock();
