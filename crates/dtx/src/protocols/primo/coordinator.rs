@@ -253,16 +253,10 @@ impl<'a> PrimoTxn<'a> {
             }
         }
         wk.w.charge_ops(self.held_here.len());
-        let (id, held) = (self.id, &self.held_here);
-        let append = |w: &Writes| wk.log_install(id, w, ts);
-        let install = |w: Writes| install_held(id, ts, held, w);
-        if let Err(a) = wk.install_logged(id, self.era, ts, local_writes, append, install) {
-            return Err(self.abort(a));
-        }
-        self.held_here.clear();
+        self.install_here(ts, local_writes)?;
         self.reads.clear();
-        self.registered = false;
         self.locked_at.clear();
+        let id = self.id;
         let installs = remote.into_iter().collect();
         match wk.installs_wait() {
             true => send_installs(wk, id, self.era, ts, installs).await,
@@ -306,16 +300,23 @@ impl<'a> PrimoTxn<'a> {
         }
         self.reads.clear();
         if !writes.is_empty() {
-            let (id, held) = (self.id, &self.held_here);
-            let append = |w: &Writes| wk.log_install(id, w, ts);
-            let install = |w: Writes| install_held(id, ts, held, w);
-            if let Err(a) = wk.install_logged(id, self.era, ts, writes, append, install) {
-                return Err(self.abort(a));
-            }
-            self.held_here.clear();
-            self.registered = false;
+            self.install_here(ts, writes)?;
         }
         Ok(Some(point(self.era, ts)))
+    }
+
+    /// Log and install at `ts` the writes here, on the local records this attempt holds (and
+    /// extend and release the rest); the attempt aborts if that is refused.
+    fn install_here(&mut self, ts: u64, writes: Writes) -> TxnResult<()> {
+        let (wk, id, held) = (self.wk, self.id, &self.held_here);
+        let append = |w: &Writes| wk.log_install(id, w, ts);
+        let install = |w: Writes| install_held(id, ts, held, w);
+        if let Err(a) = wk.install_logged(id, self.era, ts, writes, append, install) {
+            return Err(self.abort(a));
+        }
+        self.held_here.clear();
+        self.registered = false;
+        Ok(())
     }
 
     /// TicToc's validation of every read at `ts`; an extension a distributed transaction's lock
