@@ -32,13 +32,11 @@ impl PrimoWorker {
     pub fn era(&self) -> u64 {
         match &self.wm {
             Some(wm) => wm.term(),
-            None => self.epoch_gate_era(),
+            None => {
+                debug_assert!(self.gate.is_some(), "Primo commits by watermark or by epoch");
+                self.coord.epoch.get()
+            }
         }
-    }
-
-    fn epoch_gate_era(&self) -> u64 {
-        debug_assert!(self.gate.is_some(), "Primo commits by watermark or by epoch");
-        self.coord.epoch.get()
     }
 
     /// A remote transaction of `era` takes its first lock here, or another: under `wm` it is
