@@ -21,6 +21,16 @@
 //! replay skips the rolled-back records that precede that entry (by log position, not by `ts`:
 //! newer transactions after it have `ts >= W_g` too).
 //!
+//! **A decided term no partition may miss.** The coordinator logs each decision `(term, W_g)`
+//! before it announces it, and a partition reports the last term it carried out. If the
+//! coordinator fails after deciding term k and before every partition has rolled back, a
+//! partition still in an older term would otherwise meet term k+1 with k+1's (larger) W_g and keep
+//! what k rolled back everywhere else; so each partition rolls back to the smallest W_g of the
+//! terms it missed and the current one. That is safe: a partition serves no transaction of a term
+//! it has not reached, and its view of W_g (hence what it acknowledged and what it forgot how to
+//! undo) stays below every later agreement, since a partition counts only watermarks of its own
+//! term or older ones (a watermark only grows, so an older one stays true).
+//!
 //! **What detects a crash.** [`Heartbeats`]: every partition's leader beats every `beat_us`; a
 //! partition silent for `suspect_after_us` is suspected, and its recovery (a new leader elected
 //! by its Raft group, or the restarted node) starts the agreement. The paper uses ZooKeeper for
@@ -36,8 +46,9 @@ pub enum WmMsg {
     /// Coordinator -> partition: report your latest persisted W_p for agreement `term`, and
     /// broadcast no newer one until told the outcome.
     Report { term: u64 },
-    /// Partition -> coordinator: the latest W_p this partition persisted.
-    Persisted { term: u64, w_p: u64 },
+    /// Partition -> coordinator: the latest W_p this partition persisted, and the last term it
+    /// rolled back in (`applied`).
+    Persisted { term: u64, w_p: u64, applied: u64 },
     /// Coordinator -> partition: log `(term, w_g)`, then roll back every transaction with
     /// `ts >= w_g`.
     RollBack { term: u64, w_g: u64 },
@@ -68,18 +79,39 @@ impl Reading {
 #[derive(Debug, Clone)]
 enum Phase {
     Idle,
-    /// Waiting for every partition's report.
+    /// Waiting for every partition's report: `(w_p, applied term)`.
     Collecting {
-        reports: Vec<Option<u64>>,
+        reports: Vec<Option<(u64, u64)>>,
         last_sent_us: u64,
     },
-    /// Agreed on `w_g`; waiting for every partition to have rolled back.
+    /// Agreed on `w_g`, each partition on its own target (below `w_g` where it missed a decided
+    /// term); waiting for the decision to be logged.
+    Deciding {
+        w_g: u64,
+        targets: Vec<u64>,
+    },
+    /// The decision is logged; waiting for every partition to have rolled back.
     RollingBack {
         w_g: u64,
+        targets: Vec<u64>,
         done: Vec<bool>,
         last_sent_us: u64,
     },
 }
+
+/// What the coordinator logs before announcing an agreement: `term` rolls back from `w_g`, and
+/// every partition had carried out every term through `settled_through` (older decisions are
+/// not needed any more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub term: u64,
+    pub w_g: u64,
+    pub settled_through: u64,
+}
+
+/// Decisions kept for partitions that missed them: one per agreement since the last one every
+/// partition carried out. More means agreements keep failing before any finishes.
+pub const MAX_DECIDED: usize = 1 << 16;
 
 /// The coordinator of the agreement (node 0).
 #[derive(Debug, Clone)]
@@ -90,18 +122,34 @@ pub struct RecoveryCoordinator {
     resend_us: u64,
     /// The last agreement finished: `(term, w_g)`.
     agreed: Option<(u64, u64)>,
+    /// Decisions logged, `term -> w_g`, that a partition may not have carried out yet.
+    decided: std::collections::BTreeMap<u64, u64>,
+    /// No agreement begun since this coordinator (re)started: the next call begins one, since
+    /// one it began before a crash may have been cut short.
+    fresh: bool,
 }
 
 impl RecoveryCoordinator {
-    /// `last_term`: the highest term in the coordinator's log (0: none).
-    pub fn new(partitions: Vec<NodeId>, last_term: u64, resend_us: u64) -> Self {
+    /// `last_term`: the highest term in the coordinator's log (0: none); `decided`: the
+    /// decisions it logged that not every partition is known to have carried out.
+    pub fn new(partitions: Vec<NodeId>, last_term: u64, decided: &[(u64, u64)], resend_us: u64) -> Self {
         assert!(!partitions.is_empty() && resend_us > 0, "an agreement needs partitions and a resend interval");
-        RecoveryCoordinator { partitions, term: last_term, phase: Phase::Idle, resend_us, agreed: None }
+        let decided: std::collections::BTreeMap<u64, u64> = decided.iter().copied().collect();
+        let term = decided.keys().next_back().map_or(last_term, |&t| t.max(last_term));
+        RecoveryCoordinator { partitions, term, phase: Phase::Idle, resend_us, agreed: None, decided, fresh: true }
+    }
+
+    /// A node whose last agreement was `after` asks for one: does it need a new term? Not while
+    /// one is under way, nor once one past `after` finished (the call is stale), except the first
+    /// call after the coordinator (re)started.
+    pub fn should_begin(&self, after: u64) -> bool {
+        !self.busy() && (self.fresh || self.term <= after)
     }
 
     /// A crash was detected (or another one during an agreement): start term `term() + 1`, which
     /// the caller logs before shipping the returned messages.
     pub fn begin(&mut self, now_us: u64) -> Vec<(NodeId, WmMsg)> {
+        self.fresh = false;
         self.term += 1;
         self.phase = Phase::Collecting { reports: vec![None; self.partitions.len()], last_sent_us: now_us };
         self.to_all(WmMsg::Report { term: self.term })
@@ -121,46 +169,77 @@ impl RecoveryCoordinator {
         self.agreed
     }
 
+    /// The decisions some partition may still have to carry out, oldest first.
+    pub fn decided(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.decided.iter().map(|(&t, &w)| (t, w))
+    }
+
     /// A partition's answer. Answers of other terms, from strangers, or repeated, are ignored.
-    pub fn on_message(&mut self, from: NodeId, msg: WmMsg, now_us: u64) -> Vec<(NodeId, WmMsg)> {
-        let Some(i) = self.partitions.iter().position(|&p| p == from) else { return Vec::new() };
+    /// Once every partition reported, returns the decision for the caller to log, then to
+    /// [`RecoveryCoordinator::announce`].
+    pub fn on_message(&mut self, from: NodeId, msg: WmMsg) -> Option<Decision> {
+        let i = self.partitions.iter().position(|&p| p == from)?;
         match (&mut self.phase, msg) {
-            (Phase::Collecting { reports, .. }, WmMsg::Persisted { term, w_p }) if term == self.term => {
-                reports[i] = Some(reports[i].map_or(w_p, |r| r.max(w_p)));
-                let all: Option<Vec<u64>> = reports.iter().copied().collect();
-                let Some(all) = all else { return Vec::new() };
-                let w_g = Reading::MinPersisted.agree(&all).expect("at least one partition");
-                self.phase = Phase::RollingBack { w_g, done: vec![false; self.partitions.len()], last_sent_us: now_us };
-                self.to_all(WmMsg::RollBack { term: self.term, w_g })
+            (Phase::Collecting { reports, .. }, WmMsg::Persisted { term, w_p, applied }) if term == self.term => {
+                reports[i] = Some((reports[i].map_or(w_p, |r| r.0.max(w_p)), applied));
+                let all: Vec<(u64, u64)> = reports.iter().copied().collect::<Option<_>>()?;
+                let w_p: Vec<u64> = all.iter().map(|r| r.0).collect();
+                let w_g = Reading::MinPersisted.agree(&w_p).expect("at least one partition");
+                let targets = all.iter().map(|&(_, applied)| self.target(w_g, applied)).collect();
+                self.decided.insert(self.term, w_g);
+                assert!(self.decided.len() <= MAX_DECIDED, "{MAX_DECIDED} agreements and none finished");
+                self.phase = Phase::Deciding { w_g, targets };
+                let oldest = *self.decided.keys().next().expect("this term's decision");
+                Some(Decision { term: self.term, w_g, settled_through: oldest - 1 })
             }
             (Phase::RollingBack { w_g, done, .. }, WmMsg::RolledBack { term }) if term == self.term => {
                 done[i] = true;
                 if done.iter().all(|&d| d) {
                     self.agreed = Some((self.term, *w_g));
+                    // Every partition is at this term now: no one can miss an older decision.
+                    self.decided = self.decided.split_off(&(self.term + 1));
                     self.phase = Phase::Idle;
                 }
-                Vec::new()
+                None
             }
-            _ => Vec::new(),
+            _ => None,
         }
+    }
+
+    /// Where a partition that last carried out term `applied` rolls back to when this term
+    /// agrees on `w_g`: to the smallest W_g of every decided term it missed, and of this one.
+    fn target(&self, w_g: u64, applied: u64) -> u64 {
+        self.decided.range(applied + 1..self.term).map(|(_, &w)| w).fold(w_g, u64::min)
+    }
+
+    /// The decision of `term` is logged: tell every partition where to roll back to.
+    pub fn announce(&mut self, term: u64, now_us: u64) -> Vec<(NodeId, WmMsg)> {
+        let Phase::Deciding { w_g, targets } = &mut self.phase else { return Vec::new() };
+        if term != self.term {
+            return Vec::new();
+        }
+        let targets = std::mem::take(targets);
+        let out = self.partitions.iter().zip(&targets).map(|(&p, &w_g)| (p, WmMsg::RollBack { term, w_g })).collect();
+        let done = vec![false; self.partitions.len()];
+        self.phase = Phase::RollingBack { w_g: *w_g, targets, done, last_sent_us: now_us };
+        out
     }
 
     /// Resend to the partitions that have not answered (a new leader may be taking over).
     pub fn tick(&mut self, now_us: u64) -> Vec<(NodeId, WmMsg)> {
         let term = self.term;
-        let (msg, silent) = match &mut self.phase {
-            Phase::Idle => return Vec::new(),
+        let msgs: Vec<Option<WmMsg>> = match &mut self.phase {
             Phase::Collecting { reports, last_sent_us } if now_us >= *last_sent_us + self.resend_us => {
                 *last_sent_us = now_us;
-                (WmMsg::Report { term }, reports.iter().map(Option::is_none).collect::<Vec<_>>())
+                reports.iter().map(|r| r.is_none().then_some(WmMsg::Report { term })).collect()
             }
-            Phase::RollingBack { w_g, done, last_sent_us } if now_us >= *last_sent_us + self.resend_us => {
+            Phase::RollingBack { targets, done, last_sent_us, .. } if now_us >= *last_sent_us + self.resend_us => {
                 *last_sent_us = now_us;
-                (WmMsg::RollBack { term, w_g: *w_g }, done.iter().map(|d| !d).collect())
+                targets.iter().zip(done.iter()).map(|(&w_g, d)| (!d).then_some(WmMsg::RollBack { term, w_g })).collect()
             }
             _ => return Vec::new(),
         };
-        self.partitions.iter().zip(silent).filter(|(_, s)| *s).map(|(&p, _)| (p, msg)).collect()
+        self.partitions.iter().zip(msgs).filter_map(|(&p, m)| Some((p, m?))).collect()
     }
 
     fn to_all(&self, msg: WmMsg) -> Vec<(NodeId, WmMsg)> {
@@ -184,6 +263,8 @@ pub struct RecoveryPartition {
     coordinator: NodeId,
     /// The highest term seen (from the log after a restart).
     term: u64,
+    /// The last term this partition rolled back in.
+    applied: u64,
     /// The latest W_p whose record is durable.
     persisted: u64,
     /// Reported in this term and not yet rolled back: no newer W_p may be broadcast.
@@ -194,7 +275,7 @@ impl RecoveryPartition {
     /// `persisted`: the latest W_p in the partition's log; `last_term`: the latest agreement term
     /// in it.
     pub fn new(coordinator: NodeId, persisted: u64, last_term: u64) -> Self {
-        RecoveryPartition { coordinator, term: last_term, persisted, frozen: None }
+        RecoveryPartition { coordinator, term: last_term, applied: last_term, persisted, frozen: None }
     }
 
     /// The record of `w_p` is durable. Watermarks only grow.
@@ -220,7 +301,8 @@ impl RecoveryPartition {
             WmMsg::Report { term } if term >= self.term => {
                 self.term = term;
                 self.frozen = Some(term);
-                (vec![(self.coordinator, WmMsg::Persisted { term, w_p: self.persisted })], PartitionAction::None)
+                let report = WmMsg::Persisted { term, w_p: self.persisted, applied: self.applied };
+                (vec![(self.coordinator, report)], PartitionAction::None)
             }
             WmMsg::RollBack { term, w_g } if term >= self.term => {
                 self.term = term;
@@ -232,6 +314,7 @@ impl RecoveryPartition {
 
     /// The rollback of `term` is logged and done.
     pub fn rolled_back(&mut self, term: u64) -> Vec<(NodeId, WmMsg)> {
+        self.applied = self.applied.max(term);
         if self.frozen.is_some_and(|t| t <= term) {
             self.frozen = None;
         }
@@ -277,17 +360,23 @@ impl Heartbeats {
 mod tests {
     use super::*;
 
-    /// Drive one agreement over `persisted` (one partition each, node i), delivering every
-    /// message: the agreed value and what each partition was told to roll back.
-    fn agree(persisted: &[u64]) -> (u64, Vec<PartitionAction>) {
-        let nodes: Vec<NodeId> = (0..persisted.len() as u16).collect();
-        let mut c = RecoveryCoordinator::new(nodes.clone(), 0, 1_000);
-        let mut parts: Vec<_> = persisted.iter().map(|&w| RecoveryPartition::new(0, w, 0)).collect();
+    /// Deliver the coordinator's messages to the partitions and their answers back (the
+    /// decision logged at once) until nothing is in flight; the partitions in `cut_after_decision`
+    /// hear nothing once the decision is announced. Returns what each was told to do.
+    fn run(
+        c: &mut RecoveryCoordinator,
+        parts: &mut [RecoveryPartition],
+        mut inbox: Vec<(NodeId, WmMsg)>,
+        cut_after_decision: &[NodeId],
+    ) -> Vec<PartitionAction> {
         let mut actions = vec![PartitionAction::None; parts.len()];
-        let mut inbox = c.begin(0);
+        let mut announced = false;
         while !inbox.is_empty() {
             let mut replies = Vec::new();
             for (to, msg) in inbox {
+                if announced && cut_after_decision.contains(&to) {
+                    continue;
+                }
                 let (out, action) = parts[to as usize].on_message(0, msg);
                 if let PartitionAction::RollBack { term, .. } = action {
                     actions[to as usize] = action;
@@ -295,12 +384,58 @@ mod tests {
                 }
                 replies.extend(out.into_iter().map(|m| (to, m.1)));
             }
-            inbox = replies.into_iter().flat_map(|(from, msg)| c.on_message(from, msg, 0)).collect();
+            inbox = Vec::new();
+            for (from, msg) in replies {
+                if let Some(d) = c.on_message(from, msg) {
+                    announced = true;
+                    inbox.extend(c.announce(d.term, 0));
+                }
+            }
         }
+        actions
+    }
+
+    /// Drive one agreement over `persisted` (one partition each, node i), delivering every
+    /// message: the agreed value and what each partition was told to roll back.
+    fn agree(persisted: &[u64]) -> (u64, Vec<PartitionAction>) {
+        let nodes: Vec<NodeId> = (0..persisted.len() as u16).collect();
+        let mut c = RecoveryCoordinator::new(nodes.clone(), 0, &[], 1_000);
+        let mut parts: Vec<_> = persisted.iter().map(|&w| RecoveryPartition::new(0, w, 0)).collect();
+        let inbox = c.begin(0);
+        let actions = run(&mut c, &mut parts, inbox, &[]);
         let (term, w_g) = c.agreed().expect("the agreement finished");
         assert_eq!(term, 1);
         assert!(parts.iter().all(RecoveryPartition::may_broadcast), "every partition thawed");
+        assert_eq!(c.decided().count(), 0, "every partition carried it out: nothing kept");
         (w_g, actions)
+    }
+
+    /// The coordinator decides term 1 (W_g 4) and crashes before partition 1 hears it; the
+    /// others carry it out and move on (their W_p grows). Restarted from its log (which holds
+    /// the decision), it runs term 2 on W_g 10: partition 1, still at term 0, rolls back to 4,
+    /// what term 1 rolled back everywhere else, and not to 10 (which would keep it at 1 alone).
+    #[test]
+    fn a_partition_that_missed_a_decided_term_rolls_back_to_its_watermark() {
+        let mut c = RecoveryCoordinator::new(vec![0, 1, 2], 0, &[], 1_000);
+        let mut parts: Vec<_> = [4, 12, 9].iter().map(|&w| RecoveryPartition::new(0, w, 0)).collect();
+        let inbox = c.begin(0);
+        let actions = run(&mut c, &mut parts, inbox, &[1]);
+        assert_eq!(actions[1], PartitionAction::None, "partition 1 missed the decision");
+        assert_eq!(c.decided().collect::<Vec<_>>(), vec![(1, 4)], "logged before announced");
+        for (p, w_p) in [(0, 15), (2, 11)] {
+            parts[p].on_persisted(w_p);
+        }
+        let mut restarted = RecoveryCoordinator::new(vec![0, 1, 2], 1, &[(1, 4)], 1_000);
+        assert!(restarted.should_begin(1), "a restarted coordinator begins again");
+        let inbox = restarted.begin(0);
+        assert_eq!(restarted.term(), 2);
+        assert!(!restarted.should_begin(0), "not twice");
+        let actions = run(&mut restarted, &mut parts, inbox, &[]);
+        assert_eq!(actions[0], PartitionAction::RollBack { term: 2, w_g: 11 });
+        assert_eq!(actions[1], PartitionAction::RollBack { term: 2, w_g: 4 }, "to the term it missed");
+        assert_eq!(actions[2], PartitionAction::RollBack { term: 2, w_g: 11 });
+        assert_eq!(restarted.agreed(), Some((2, 11)));
+        assert_eq!(restarted.decided().count(), 0, "every partition is at term 2");
     }
 
     #[test]
@@ -364,18 +499,22 @@ mod tests {
     /// change nothing, and a partition follows the newer term.
     #[test]
     fn a_new_term_replaces_an_agreement_a_second_failure_interrupted() {
-        let mut c = RecoveryCoordinator::new(vec![0, 1], 3, 1_000);
+        let mut c = RecoveryCoordinator::new(vec![0, 1], 3, &[], 1_000);
         c.begin(0);
         assert_eq!(c.term(), 4);
-        c.on_message(0, WmMsg::Persisted { term: 4, w_p: 9 }, 10);
+        c.on_message(0, WmMsg::Persisted { term: 4, w_p: 9, applied: 3 });
         c.begin(20);
-        assert!(c.on_message(1, WmMsg::Persisted { term: 4, w_p: 2 }, 30).is_empty(), "an old term's answer");
-        c.on_message(0, WmMsg::Persisted { term: 5, w_p: 9 }, 40);
-        let out = c.on_message(1, WmMsg::Persisted { term: 5, w_p: 12 }, 50);
+        assert_eq!(c.on_message(1, WmMsg::Persisted { term: 4, w_p: 2, applied: 3 }), None, "an old term's answer");
+        c.on_message(0, WmMsg::Persisted { term: 5, w_p: 9, applied: 3 });
+        let decision = Decision { term: 5, w_g: 9, settled_through: 4 };
+        assert_eq!(c.on_message(1, WmMsg::Persisted { term: 5, w_p: 12, applied: 3 }), Some(decision));
+        assert_eq!(c.tick(5_000), vec![], "nothing is announced before the decision is logged");
+        let out = c.announce(5, 60);
         assert!(out.iter().all(|(_, m)| *m == WmMsg::RollBack { term: 5, w_g: 9 }), "{out:?}");
         let mut p = RecoveryPartition::new(0, 12, 4);
         assert_eq!(p.on_message(0, WmMsg::Report { term: 3 }).0, vec![], "older than its log's term");
-        assert_eq!(p.on_message(0, WmMsg::Report { term: 5 }).0, vec![(0, WmMsg::Persisted { term: 5, w_p: 12 })]);
+        let report = WmMsg::Persisted { term: 5, w_p: 12, applied: 4 };
+        assert_eq!(p.on_message(0, WmMsg::Report { term: 5 }).0, vec![(0, report)]);
         assert!(!p.may_broadcast(), "frozen between its report and the rollback");
         assert_eq!(
             p.on_message(0, WmMsg::RollBack { term: 5, w_g: 9 }).1,
@@ -384,9 +523,9 @@ mod tests {
         p.rolled_back(5);
         assert!(p.may_broadcast());
         // Resends reach only the silent.
-        let mut c = RecoveryCoordinator::new(vec![0, 1, 2], 0, 1_000);
+        let mut c = RecoveryCoordinator::new(vec![0, 1, 2], 0, &[], 1_000);
         c.begin(0);
-        c.on_message(1, WmMsg::Persisted { term: 1, w_p: 3 }, 10);
+        c.on_message(1, WmMsg::Persisted { term: 1, w_p: 3, applied: 0 });
         assert!(c.tick(500).is_empty(), "not yet");
         let again: Vec<NodeId> = c.tick(1_000).into_iter().map(|(n, _)| n).collect();
         assert_eq!(again, vec![0, 2]);

@@ -110,6 +110,10 @@ pub enum LogRecord<L: CcLog> {
     WmRolledBack { term: u64, w_g: u64 },
     /// `commit=wm`: the node coordinating recovery agreements started `term`.
     WmTerm { term: u64 },
+    /// `commit=wm`: the coordinator decided that `term` rolls back from `w_g` (logged before any
+    /// partition hears it); every partition had carried out `settled_through` and the terms
+    /// before it.
+    WmDecided { term: u64, w_g: u64, settled_through: u64 },
 }
 
 /// [`LogRecord`] borrowing what it carries: encoded exactly as the owned form (same variants in
@@ -129,6 +133,7 @@ enum LogRecordRef<'a, V, R> {
     Watermark { w_p: u64, w_g: u64 },
     WmRolledBack { term: u64, w_g: u64 },
     WmTerm { term: u64 },
+    WmDecided { term: u64, w_g: u64, settled_through: u64 },
 }
 
 /// A record of 2PC's own, whatever the protocol's types (they appear in no variant but these).
@@ -168,8 +173,12 @@ pub struct WmRecovered {
     pub persisted: u64,
     /// The node's latest logged view of W_g: no agreement rolls back below it.
     pub view: u64,
-    /// The latest agreement term the log names.
+    /// The latest agreement term this node rolled back in.
     pub term: u64,
+    /// The latest term this node began as the agreements' coordinator, and the decisions it
+    /// logged that some partition may not have carried out, `(term, w_g)` oldest first.
+    pub coordinator_term: u64,
+    pub decided: Vec<(u64, u64)>,
     /// The largest timestamp the log holds a commit of.
     pub max_ts: u64,
     /// Commits at or above `view` (a recovery may roll them back), in log order: applied over
@@ -253,6 +262,10 @@ pub struct WmReplay {
     view: u64,
     persisted: u64,
     term: u64,
+    coordinator_term: u64,
+    /// Decisions not known to be carried out everywhere: one per agreement since the last that
+    /// finished.
+    decided: std::collections::BTreeMap<u64, u64>,
     max_ts: u64,
     /// Commits at or above `view`, in log order.
     pending: Vec<(u64, Writes)>,
@@ -417,7 +430,12 @@ impl<L: CcLog> ReplayState<L> {
                 self.wm.pending.retain(|(ts, _)| *ts < w_g);
                 self.settle_below(w_g);
             }
-            LogRecord::WmTerm { term } => self.wm.term = self.wm.term.max(term),
+            LogRecord::WmTerm { term } => self.wm.coordinator_term = self.wm.coordinator_term.max(term),
+            LogRecord::WmDecided { term, w_g, settled_through } => {
+                self.wm.coordinator_term = self.wm.coordinator_term.max(term);
+                self.wm.decided.insert(term, w_g);
+                self.wm.decided = self.wm.decided.split_off(&(settled_through + 1));
+            }
         }
     }
 
@@ -510,6 +528,8 @@ impl<L: CcLog> ReplayState<L> {
                 persisted: self.wm.persisted,
                 view: self.wm.view,
                 term: self.wm.term,
+                coordinator_term: self.wm.coordinator_term,
+                decided: self.wm.decided.iter().map(|(&t, &w)| (t, w)).collect(),
                 max_ts: self.wm.max_ts,
                 limbo: self.wm.pending.clone(),
                 undo: Vec::new(),
@@ -679,6 +699,12 @@ impl TxnLog {
     /// Append that this node started the agreement of `term`.
     pub fn append_wm_term(&self, term: u64) -> Result<Option<u64>, Abort> {
         self.append_encoded(&CoreRef::WmTerm { term })
+    }
+
+    /// Append that this node decided the agreement of `term` on `w_g`, every partition having
+    /// carried out the agreements through `settled_through`.
+    pub fn append_wm_decided(&self, term: u64, w_g: u64, settled_through: u64) -> Result<Option<u64>, Abort> {
+        self.append_encoded(&CoreRef::WmDecided { term, w_g, settled_through })
     }
 
     /// Append one of the protocol's own records ([`CcLog::Record`]).
@@ -963,9 +989,13 @@ mod tests {
             Plain::Watermark { w_p: 10, w_g: 8 },
             commit(3, 3, 3, 15),
             commit(4, 1, 4, 20),
+            Plain::WmTerm { term: 1 },
+            Plain::WmDecided { term: 1, w_g: 14, settled_through: 0 },
             Plain::WmRolledBack { term: 1, w_g: 14 },
             commit(5, 4, 5, 30),
             Plain::Watermark { w_p: 25, w_g: 11 },
+            Plain::WmTerm { term: 2 },
+            Plain::WmDecided { term: 2, w_g: 26, settled_through: 1 },
         ]
         .iter()
         .map(encode)
@@ -984,6 +1014,7 @@ mod tests {
         );
         let wm = &whole.1;
         assert_eq!((wm.persisted, wm.view, wm.term, wm.max_ts), (25, 14, 1, 30));
+        assert_eq!((wm.coordinator_term, &wm.decided[..]), (2, &[(2, 26)][..]), "term 1 carried out everywhere");
         assert_eq!(wm.limbo, vec![(30, vec![(k(4), v(5))])]);
         same_from_every_checkpoint(&recs, &whole, collect);
     }

@@ -46,7 +46,7 @@ use super::TxnId;
 use crate::net::{Addr, NodeId};
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::replication::watermark::PartitionWatermarks;
-use crate::replication::wm_recovery::{PartitionAction, RecoveryCoordinator, RecoveryPartition, WmMsg};
+use crate::replication::wm_recovery::{Decision, PartitionAction, RecoveryCoordinator, RecoveryPartition, WmMsg};
 use crate::rt::log_warn;
 use crate::rt::release::ReleasePoints;
 use crate::storage::{RowKey, Value};
@@ -103,8 +103,10 @@ const MAX_ACTIVE: usize = 1 << 22;
 /// has rolled back), and the agreement's own messages (resent by node 0 until answered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WmGateMsg {
+    /// A partition's persisted W_p, generated in agreement term `term`.
     Mark {
         w_p: u64,
+        term: u64,
     },
     /// A restarted node whose last agreement was `after` asks for a new one.
     Recover {
@@ -287,7 +289,11 @@ impl WatermarkGate {
             rolling_back: false,
             committing: Default::default(),
             partition: RecoveryPartition::new(COORDINATOR, recovered.persisted, recovered.term),
-            coordinator: None,
+            coordinator: (node == COORDINATOR).then(|| {
+                let partitions = (0..nodes).collect();
+                let last_term = recovered.coordinator_term.max(recovered.term);
+                RecoveryCoordinator::new(partitions, last_term, &recovered.decided, RECOVERY_RESEND_US)
+            }),
             undo_seq: 0,
         };
         let gate = WatermarkGate {
@@ -444,26 +450,22 @@ impl WatermarkGate {
         if w.addr.worker != 0 {
             return;
         }
-        if self.node == COORDINATOR {
-            let last_term = self.state.lock().term;
-            let partitions = (0..self.nodes).collect();
-            self.state.lock().coordinator = Some(RecoveryCoordinator::new(partitions, last_term, RECOVERY_RESEND_US));
-        }
         let (gate, h) = (self.clone(), host.clone());
         w.clone().spawn(async move {
             loop {
                 w.sleep_us(gate.interval_us).await;
                 let generated = {
                     let mut st = gate.state.lock();
-                    (st.partition.may_broadcast() && !st.recovering).then(|| (st.generate(), st.marks.global()))
+                    (st.partition.may_broadcast() && !st.recovering)
+                        .then(|| (st.generate(), st.marks.global(), st.term))
                 };
-                let Some((w_p, w_g)) = generated else { continue };
+                let Some((w_p, w_g, term)) = generated else { continue };
                 match h.gate_log().append_watermark(w_p, w_g) {
                     Ok(lsn) => h.gate_log().durable(lsn).await,
                     // Not persisted: not broadcast either (the next interval tries again).
                     Err(_) => continue,
                 }
-                gate.persisted(&h, w_p);
+                gate.persisted(&h, w_p, term);
             }
         });
         let (gate, h, w) = (self.clone(), host.clone(), host.worker().clone());
@@ -483,8 +485,9 @@ impl WatermarkGate {
         });
     }
 
-    /// Own W_p is durable: count it, and tell every other node (unless an agreement froze it).
-    fn persisted<H: GateHost>(&self, host: &Rc<H>, w_p: u64) {
+    /// Own W_p, generated in `term`, is durable: count it, and tell every other node (unless an
+    /// agreement froze it).
+    fn persisted<H: GateHost>(&self, host: &Rc<H>, w_p: u64, term: u64) {
         {
             let mut st = self.state.lock();
             if !st.partition.may_broadcast() {
@@ -492,11 +495,11 @@ impl WatermarkGate {
             }
             st.partition.on_persisted(w_p);
         }
-        let body = super::skeleton::wm_message(&WmGateMsg::Mark { w_p });
+        let body = super::skeleton::wm_message(&WmGateMsg::Mark { w_p, term });
         for n in (0..self.nodes).filter(|&n| n != self.node) {
             host.worker().send_control(Addr::new(n, 0), &body);
         }
-        self.heard(self.node, w_p);
+        self.heard(self.node, w_p, term);
     }
 
     /// A gate message from another node (its worker 0).
@@ -509,12 +512,13 @@ impl WatermarkGate {
 
     fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: WmGateMsg) {
         match msg {
-            WmGateMsg::Mark { w_p } => self.heard(from, w_p),
+            WmGateMsg::Mark { w_p, term } => self.heard(from, w_p, term),
             WmGateMsg::Recover { after } => self.begin_agreement(host, after),
             WmGateMsg::Agreement(m @ (WmMsg::Persisted { .. } | WmMsg::RolledBack { .. })) => {
-                let now_us = host.worker().now_us();
-                let out = self.state.lock().coordinator.as_mut().map(|c| c.on_message(from, m, now_us));
-                self.dispatch(host, out.unwrap_or_default());
+                let decision = self.state.lock().coordinator.as_mut().and_then(|c| c.on_message(from, m));
+                if let Some(d) = decision {
+                    self.decide(host, d);
+                }
             }
             WmGateMsg::Agreement(m) => {
                 let (out, action) = self.state.lock().partition.on_message(from, m);
@@ -532,7 +536,7 @@ impl WatermarkGate {
         let out = {
             let mut st = self.state.lock();
             let Some(c) = st.coordinator.as_mut() else { return };
-            if c.busy() || c.term() > after {
+            if !c.should_begin(after) {
                 return;
             }
             c.begin(host.worker().now_us())
@@ -543,6 +547,26 @@ impl WatermarkGate {
         host.worker().clone().spawn(async move {
             h.gate_log().durable(lsn).await;
             gate.dispatch(&h, out);
+        });
+    }
+
+    /// Node 0: every partition reported. Log the decision, then announce it: a partition that
+    /// missed it (node 0 failing in between) is rolled back to it in the next term.
+    fn decide<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, d: Decision) {
+        let lsn = match host.gate_log().append_wm_decided(d.term, d.w_g, d.settled_through) {
+            Ok(lsn) => lsn,
+            Err(_) => {
+                // Not logged: not announced. The node's log failed; its restart begins anew.
+                log_warn(&format!("node {}: the decision of agreement {} could not be logged", self.node, d.term));
+                return;
+            }
+        };
+        let (gate, h) = (self.clone(), host.clone());
+        host.worker().clone().spawn(async move {
+            h.gate_log().durable(lsn).await;
+            let now_us = h.worker().now_us();
+            let out = gate.state.lock().coordinator.as_mut().map(|c| c.announce(d.term, now_us));
+            gate.dispatch(&h, out.unwrap_or_default());
         });
     }
 
@@ -624,12 +648,14 @@ impl WatermarkGate {
         host.worker().send_control(Addr::new(to, 0), &super::skeleton::wm_message(&msg));
     }
 
-    /// Partition `from`'s latest W_p: release every commit below the new W_g, and forget what
-    /// installs below it replaced.
-    fn heard(&self, from: NodeId, w_p: u64) {
+    /// Partition `from`'s latest W_p, generated in `term`: release every commit below the new
+    /// W_g, and forget what installs below it replaced. A W_p of a term this node has not reached
+    /// is not counted (it is sent again every interval): it may pass what that term's agreement
+    /// rolls back here. One of an older term stays true (a W_p only grows).
+    fn heard(&self, from: NodeId, w_p: u64, term: u64) {
         let global = {
             let mut st = self.state.lock();
-            if !st.marks.update(from as usize, w_p) {
+            if term > st.term || !st.marks.update(from as usize, w_p) {
                 return;
             }
             self.release(&st);
@@ -714,15 +740,17 @@ mod tests {
     #[test]
     fn undo_is_kept_above_the_view_only_and_points_order_by_term() {
         let g = gate(Floor::Clock);
-        g.heard(0, 10);
-        g.heard(1, 10);
+        g.heard(0, 10, 0);
+        g.heard(1, 10, 1);
+        assert_eq!(g.global(), 0, "a W_p of a term this node has not reached is not counted");
+        g.heard(1, 10, 0);
         assert_eq!(g.global(), 10);
         g.keep_undo(9, RowKey::new(0, 1), None);
         g.keep_undo(12, RowKey::new(0, 2), None);
         g.keep_undo(15, RowKey::new(0, 3), None);
         assert_eq!(g.undo.lock().values.len(), 2, "9 lies below the view");
-        g.heard(0, 14);
-        g.heard(1, 14);
+        g.heard(0, 14, 0);
+        g.heard(1, 14, 0);
         assert_eq!(g.undo.lock().values.keys().map(|k| k.0).collect::<Vec<_>>(), vec![15]);
         assert!(point(1, 0) > point(0, (1 << TS_BITS) - 1));
         assert_eq!(
@@ -741,8 +769,8 @@ mod tests {
             g.keep_undo(100 + i, RowKey::new(0, i), Some(big.clone()));
         }
         assert_eq!(g.commit_ts(1, 0, 0), Err(Abort::Protocol(UNDO_FULL)));
-        g.heard(0, 10_000);
-        g.heard(1, 10_000);
+        g.heard(0, 10_000, 0);
+        g.heard(1, 10_000, 0);
         assert_eq!(g.undo.lock().bytes, 0, "all of it forgotten");
         assert!(g.commit_ts(1, 0, 0).is_ok(), "commits again");
     }
