@@ -158,6 +158,41 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
     }
 }
 
+/// Watermark group commit's recovery: node 0 decides an agreement and crashes before a partition
+/// that was down carries it out; the next agreement must roll that partition back to it, and
+/// no partition may count the watermarks of a term it has not reached. A control-only delay of
+/// 0 ms on every node changes nothing but the order of packets (control messages travel on a
+/// FIFO of their own), which is the timing that found it: seed 2706 of the lanes sweep, where
+/// the partition kept what the missed agreement rolled back elsewhere (G1a).
+#[test]
+fn a_partition_that_missed_a_watermark_agreement_carries_it_out_in_the_next() {
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
+    let mut spec = durable_spec("primo", 2706, dtx::host::Runtime::Sim);
+    spec.faults.targeted = (0..3)
+        .map(|n| TargetedFault {
+            kind: TargetedKind::Delay { by_us: 0, worker: None, control: true },
+            target: FaultTarget::Node(n),
+            at_us: 0,
+            for_us: None,
+        })
+        .collect();
+    spec = spec.with_faults(true, false, 0.0);
+    spec.workload.keys = 400;
+    spec.workers = 3;
+    spec.inflight = 8;
+    spec.faults.fault_interval_us = 20_000;
+    spec.faults.fault_duration_us = 5_000;
+    spec.durability.group_commit_us = 50;
+    spec.durability.sim_fsync_us = 300;
+    let out = common::run_and_check(&spec, "missed-agreement");
+    let rollbacks = out.totals.counters.get("wm-rollbacks").copied().unwrap_or(0);
+    assert!(
+        out.restarts > 5 && rollbacks > 0,
+        "{} crashes, {rollbacks} agreements rolled back: it recovers",
+        out.restarts
+    );
+}
+
 /// At one node every transaction commits locally, where OCC releases its locks before its
 /// commit record is durable (early lock release): a crash then loses commits that others may
 /// have read, so a reader must not be acknowledged before what it read is durable. Without that
