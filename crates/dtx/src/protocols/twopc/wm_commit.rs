@@ -485,8 +485,9 @@ impl WatermarkGate {
         });
         let (gate, h, w) = (self.clone(), host.clone(), host.worker().clone());
         w.clone().spawn(async move {
+            // A restarted node calls at once (it serves nothing until the agreement is through),
+            // then again every resend interval, as node 0 resends what is unanswered.
             loop {
-                w.sleep_us(RECOVERY_RESEND_US).await;
                 let (recovering, after) = {
                     let st = gate.state.lock();
                     (st.recovering, st.term)
@@ -496,6 +497,7 @@ impl WatermarkGate {
                 }
                 let resend = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
                 gate.dispatch(&h, resend);
+                w.sleep_us(RECOVERY_RESEND_US).await;
             }
         });
     }
