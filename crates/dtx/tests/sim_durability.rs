@@ -137,15 +137,7 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
             let (mut restarts, mut orphans) = (0, 0);
             let variant = dtx::protocols::with_epochs_within(p, 20_000);
             for seed in 1..=seeds().div_ceil(2) {
-                let mut spec =
-                    durable_spec(&variant, 2700 + seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
-                spec.workload.keys = 400;
-                spec.workers = 3;
-                spec.inflight = 8;
-                spec.faults.fault_interval_us = 20_000;
-                spec.faults.fault_duration_us = 5_000;
-                spec.durability.group_commit_us = 50;
-                spec.durability.sim_fsync_us = 300;
+                let mut spec = torn_group_commit_spec(&variant, 2700 + seed);
                 spec.durability.sim_lane_disks = lane_disks;
                 let out = common::run_and_check(&spec, "lanes");
                 restarts += out.restarts;
@@ -158,6 +150,20 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
     }
 }
 
+/// The lanes sweep's run: a crash every 20 ms or so, down 5 ms, with a flush six group-commit
+/// delays long.
+fn torn_group_commit_spec(protocol: &str, seed: u64) -> BenchSpec {
+    let mut spec = durable_spec(protocol, seed, dtx::host::Runtime::Sim).with_faults(true, false, 0.0);
+    spec.workload.keys = 400;
+    spec.workers = 3;
+    spec.inflight = 8;
+    spec.faults.fault_interval_us = 20_000;
+    spec.faults.fault_duration_us = 5_000;
+    spec.durability.group_commit_us = 50;
+    spec.durability.sim_fsync_us = 300;
+    spec
+}
+
 /// Watermark group commit's recovery: node 0 decides an agreement and crashes before a partition
 /// that was down carries it out; the next agreement must roll that partition back to it, and
 /// no partition may count the watermarks of a term it has not reached. A control-only delay of
@@ -167,7 +173,7 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
 #[test]
 fn a_partition_that_missed_a_watermark_agreement_carries_it_out_in_the_next() {
     use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
-    let mut spec = durable_spec("primo", 2706, dtx::host::Runtime::Sim);
+    let mut spec = torn_group_commit_spec("primo", 2706);
     spec.faults.targeted = (0..3)
         .map(|n| TargetedFault {
             kind: TargetedKind::Delay { by_us: 0, worker: None, control: true },
@@ -176,14 +182,6 @@ fn a_partition_that_missed_a_watermark_agreement_carries_it_out_in_the_next() {
             for_us: None,
         })
         .collect();
-    spec = spec.with_faults(true, false, 0.0);
-    spec.workload.keys = 400;
-    spec.workers = 3;
-    spec.inflight = 8;
-    spec.faults.fault_interval_us = 20_000;
-    spec.faults.fault_duration_us = 5_000;
-    spec.durability.group_commit_us = 50;
-    spec.durability.sim_fsync_us = 300;
     let out = common::run_and_check(&spec, "missed-agreement");
     let rollbacks = out.totals.counters.get("wm-rollbacks").copied().unwrap_or(0);
     assert!(
