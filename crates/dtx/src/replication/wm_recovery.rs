@@ -135,8 +135,16 @@ impl RecoveryCoordinator {
     pub fn new(partitions: Vec<NodeId>, last_term: u64, decided: &[(u64, u64)], resend_us: u64) -> Self {
         assert!(!partitions.is_empty() && resend_us > 0, "an agreement needs partitions and a resend interval");
         let decided: std::collections::BTreeMap<u64, u64> = decided.iter().copied().collect();
-        let term = decided.keys().next_back().map_or(last_term, |&t| t.max(last_term));
-        RecoveryCoordinator { partitions, term, phase: Phase::Idle, resend_us, agreed: None, decided, fresh: true }
+        assert!(decided.keys().all(|&t| t <= last_term), "a decision past the coordinator's last term {last_term}");
+        RecoveryCoordinator {
+            partitions,
+            term: last_term,
+            phase: Phase::Idle,
+            resend_us,
+            agreed: None,
+            decided,
+            fresh: true,
+        }
     }
 
     /// A node whose last agreement was `after` asks for one: does it need a new term? Not while
@@ -170,6 +178,7 @@ impl RecoveryCoordinator {
     }
 
     /// The decisions some partition may still have to carry out, oldest first.
+    #[cfg(test)]
     pub fn decided(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.decided.iter().map(|(&t, &w)| (t, w))
     }
