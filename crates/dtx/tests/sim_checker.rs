@@ -39,10 +39,11 @@ fn every_protocol_is_serializable_with_loss_partitions_and_crashes() {
     }
 }
 
-/// `commit=epoch` under each concurrency control that takes it (`coco` runs the sweeps above).
+/// `commit=epoch` and `commit=wm` under each concurrency control that takes them (`coco` and
+/// `primo` run the sweeps above).
 #[test]
-fn epoch_group_commit_is_serializable_under_every_concurrency_control() {
-    for variant in dtx::protocols::EPOCH_VARIANTS {
+fn group_commit_is_serializable_under_every_concurrency_control() {
+    for variant in dtx::protocols::EPOCH_VARIANTS.iter().chain(dtx::protocols::WM_VARIANTS) {
         for seed in 1..=seeds().div_ceil(2) {
             check(&append_spec(variant, 600 + seed), "epoch");
             check(&append_spec(variant, 1600 + seed).with_faults(true, true, 0.02), "epoch faults");

@@ -55,13 +55,15 @@ fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     }
 }
 
-/// Epoch group commit (`commit=epoch`) under every concurrency control that takes it: crashes
-/// fail the epochs they interrupt, and every node undoes them; nothing acknowledged is lost, every
-/// history stays serializable, and the commits undone reach their clients as `rolled-back`
-/// (`coco`, OCC with epochs, runs every other sweep as a ready protocol).
+/// Group commit under every concurrency control that takes it: under `commit=epoch` crashes
+/// fail the epochs they interrupt, and under `commit=wm` they start a recovery agreement; every
+/// node undoes what lies past it, nothing acknowledged is lost, every history stays
+/// serializable, and the commits undone reach their clients as `rolled-back` (`coco`, OCC with
+/// epochs, and `primo` run every other sweep as ready protocols).
 #[test]
-fn epochs_a_crash_fails_are_rolled_back_everywhere_and_lose_nothing_acknowledged() {
-    for variant in dtx::protocols::EPOCH_VARIANTS.iter().chain(&["coco"]) {
+fn group_commits_a_crash_interrupts_are_rolled_back_everywhere_and_lose_nothing_acknowledged() {
+    let variants = dtx::protocols::EPOCH_VARIANTS.iter().chain(&["coco"]).chain(dtx::protocols::WM_VARIANTS);
+    for variant in variants {
         let (mut restarts, mut rolled_back) = (0, 0);
         for seed in 1..=seeds() {
             let mut spec = durable_spec(variant, 2900 + seed, dtx::host::Runtime::Sim).with_faults(true, true, 0.02);

@@ -137,18 +137,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo); serializable, not strict: a logical timestamp may order a later transaction first",
         options: primo::OPTIONS,
         aborts: primo::ABORTS,
-        make: |o| {
-            let wm_us = o.u64(twopc::wm_commit::WM_OPTION.name);
-            let floor = match o.choice(twopc::wm_commit::FLOOR_OPTION.name) {
-                "watermark" => twopc::wm_commit::Floor::Watermark,
-                _ => twopc::wm_commit::Floor::Clock,
-            };
-            let commit = match o.choice(primo::COMMIT_OPTION.name) {
-                "epoch" => twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
-                _ => twopc::epoch_commit::CommitPolicy::Watermark { wm_us, floor },
-            };
-            two_pc_committing(primo::Primo::new(o), o, commit)
-        },
+        make: |o| two_pc(primo::Primo::new(o), o),
     },
 ];
 
@@ -161,6 +150,10 @@ pub const EPOCH_VARIANTS: &[&str] = &[
     "tictoc:commit=epoch",
     "primo:commit=epoch",
 ];
+
+/// The concurrency controls over the skeleton that take `commit=wm` besides Primo (whose
+/// default it is): the sweeps that test watermark group commit run each of them.
+pub const WM_VARIANTS: &[&str] = &["tictoc:commit=wm", "sundial:commit=wm"];
 
 /// Variants that change how a protocol works (ablations), beside its default: the shared sweeps
 /// check them as they do the ready protocols.
@@ -195,6 +188,13 @@ where
 {
     let commit = match o.has(COMMIT.name).then(|| o.choice(COMMIT.name)) {
         Some("epoch") => twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
+        Some("wm") => {
+            let floor = match o.choice(twopc::wm_commit::FLOOR_OPTION.name) {
+                "watermark" => twopc::wm_commit::Floor::Watermark,
+                _ => twopc::wm_commit::Floor::Clock,
+            };
+            twopc::epoch_commit::CommitPolicy::Watermark { wm_us: o.u64(twopc::wm_commit::WM_OPTION.name), floor }
+        }
         _ => twopc::epoch_commit::CommitPolicy::TwoPc,
     };
     two_pc_committing(cc, o, commit)
@@ -275,8 +275,8 @@ impl Variant {
             let asks_watermark = overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
             match (asks_watermark, lacks_commit_option) {
                 (true, _) => anyhow::anyhow!(
-                    "protocol `{name}` does not take commit=wm: watermark group commit needs a commit timestamp \
-                     fixed by the protocol, which only {} has (where it is how every commit is acknowledged)",
+                    "protocol `{name}` does not take commit=wm: watermark group commit needs a logical commit \
+                     timestamp fixed before validation, which only {} have",
                     twopc::wm_commit::ACCEPTED_BY
                 ),
                 (false, true) => {

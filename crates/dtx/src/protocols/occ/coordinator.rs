@@ -11,7 +11,7 @@ use crate::net::NodeId;
 use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, Stamp, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
@@ -169,12 +169,12 @@ impl<'a> OccTxn<'a> {
             let me = wk.node.id;
             let read_here = self.reads.iter().any(|e| e.used && (e.rec.is_some() || wk.node.node_of(e.key) == me));
             if read_here {
-                wk.local_commit_lsn(self.id, &[]).unwrap_or(None)
+                wk.local_commit_lsn(self.id, Stamp::default(), &[]).unwrap_or(None)
             } else {
                 None
             }
         } else {
-            match wk.local_commit_lsn(self.id, &writes) {
+            match wk.local_commit_lsn(self.id, Stamp::default(), &writes) {
                 Ok(lsn) => lsn,
                 Err(a) => return Err(self.abort(&recs, &[], a)),
             }
@@ -186,7 +186,7 @@ impl<'a> OccTxn<'a> {
     /// Log the commit decision (this node's writes, the remote writers) and wait until it is
     /// durable; nothing to do for a read-only transaction or a run without a log.
     async fn log_commit(&self, local_writes: &Writes, remote_writers: &[NodeId]) -> TxnResult<()> {
-        self.wk.log_decision(self.id, local_writes, remote_writers, false).await
+        self.wk.log_decision((self.id, Stamp::default()), local_writes, remote_writers, false).await
     }
 
     /// Validate the local part of the read set. A read that found no record checks whether one

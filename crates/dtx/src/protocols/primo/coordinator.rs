@@ -13,8 +13,7 @@ use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::{AckAfter, Writes};
 use crate::protocols::twopc::lease::{needs_renewal, validate_own_write, CommitTs, Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::{Acquire, Mode, Policy, Prio};
-use crate::protocols::twopc::wm_commit::point;
-use crate::protocols::twopc::{CoordTxn, Coordinator, TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, Coordinator, Stamp, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
@@ -262,7 +261,7 @@ impl<'a> PrimoTxn<'a> {
             true => send_installs(wk, id, self.era, ts, installs).await,
             false => tell_installs(wk, id, self.era, ts, installs),
         }
-        Ok(Some(point(self.era, ts)))
+        Ok(wk.ack_after(Stamp { era: self.era, ts }, None))
     }
 
     /// A local transaction's commit (TicToc): lock the writes (NO_WAIT), fix the timestamp,
@@ -302,7 +301,7 @@ impl<'a> PrimoTxn<'a> {
         if !writes.is_empty() {
             self.install_here(ts, writes)?;
         }
-        Ok(Some(point(self.era, ts)))
+        Ok(wk.ack_after(Stamp { era: self.era, ts }, None))
     }
 
     /// Log and install at `ts` the writes here, on the local records this attempt holds (and

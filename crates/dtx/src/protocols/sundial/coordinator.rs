@@ -16,7 +16,7 @@ use crate::protocols::twopc::lease::{needs_renewal, CommitTs, Lease, RenewFailur
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId, TxnStatus};
+use crate::protocols::twopc::{own_view, CoordTxn, Stamp, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
@@ -60,6 +60,8 @@ pub struct SundialTxn<'a> {
     /// Remote nodes where it locked (they must hear the outcome), and where it only read.
     locked_at: Vec<NodeId>,
     read_at: Vec<NodeId>,
+    /// The agreement term it started in under `commit=wm` (0 otherwise).
+    era: u64,
 }
 
 /// How a Sundial attempt starts, as the 2PC skeleton calls it.
@@ -78,6 +80,7 @@ impl Coordinator for Sundial {
             held_local: Vec::new(),
             locked_at: Vec::new(),
             read_at: Vec::new(),
+            era: wk.wm_term(),
         }
     }
 }
@@ -348,7 +351,13 @@ impl<'a> SundialTxn<'a> {
     /// A transaction that touched no other node: with early lock release, as 2PL's and OCC's.
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
-        commit_with_early_release(self, wk, self.id, local_writes, Self::install_and_release, Self::abort)
+        let stamp = self.stamp();
+        commit_with_early_release(self, wk, (self.id, stamp), local_writes, Self::install_and_release, Self::abort)
+    }
+
+    /// Its commit timestamp, and the term it ran in.
+    fn stamp(&self) -> Stamp {
+        Stamp { era: self.era, ts: self.commit_ts.0 }
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.
@@ -356,6 +365,7 @@ impl<'a> SundialTxn<'a> {
         let wk = self.wk;
         locks::release_recs(self.id, self.held_local.drain(..));
         wk.abort_remote(self.id, &mut self.locked_at);
+        wk.wm_leave(self.id);
         reason
     }
 }
@@ -547,6 +557,14 @@ impl<'a> CoordTxn for SundialTxn<'a> {
 
     async fn commit(&mut self) -> TxnResult<AckAfter> {
         let wk = self.wk;
+        // Under `commit=wm` a writer's timestamp lies past the node's floor (R2); one that
+        // writes nothing keeps the one its reads give.
+        if !self.writes.is_empty() {
+            match wk.wm_commit_ts(self.id, self.era, self.commit_ts.0) {
+                Ok(ts) => self.commit_ts.0 = ts,
+                Err(a) => return Err(self.abort(a)),
+            }
+        }
         let ts = self.commit_ts.0;
         // Leases extended to the commit timestamp here, and writes installed at it, are granted
         // by this node: its bound goes to the log first (the commit waits for later records).
@@ -591,12 +609,14 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         let writers = self.prepare(remote).await?;
         // With a log, the decision is durable before anyone learns it.
         let read_here = self.reads.iter().any(|e| e.used && e.rec.is_some());
-        if let Err(a) = wk.log_and_tell_commit(self.id, &local_writes, writers, read_here).await {
+        let stamp = self.stamp();
+        if let Err(a) = wk.log_and_tell_commit((self.id, stamp), &local_writes, writers, read_here).await {
             return Err(self.abort(a));
         }
         self.update_cache(&remote_writes);
         self.install_and_release(local_writes);
-        Ok(None)
+        wk.wm_leave(self.id);
+        Ok(wk.ack_after(stamp, None))
     }
 
     fn abandon(&mut self, reason: Abort) -> Abort {

@@ -78,7 +78,14 @@ impl SundialWorker {
     }
 
     /// Lock each key for `txn` (waiting as WAIT_DIE lets it), then read its value and lease.
+    /// Under `commit=wm` the transaction is active here from its first lock, and each lease
+    /// answered ends below the bound its timestamp must reach (R2).
     async fn lock_all(&self, txn: TxnId, prio: Prio, keys: &[RowKey]) -> TxnResult<Vec<Fetched>> {
+        if !self.parts.contains(txn) {
+            // Aborted before this ran: nothing to enter or lock.
+            return Err(Abort::ParticipantLost);
+        }
+        let bound = self.wm_enter(txn)?;
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
             self.w.charge_ops(1);
@@ -94,10 +101,12 @@ impl SundialWorker {
                 Some((p, _)) => p.held.push(key),
                 None => {
                     locks::release_recs(txn, std::iter::once(rec));
+                    self.wm_leave(txn);
                     return Err(Abort::ParticipantLost);
                 }
             }
-            let (value, lease) = self.state.locked_lease(rec, txn, key);
+            let (value, mut lease) = self.state.locked_lease(rec, txn, key);
+            lease.rts = lease.rts.max(bound.saturating_sub(1));
             out.push(Fetched::Data(value, lease));
         }
         Ok(out)
@@ -238,7 +247,7 @@ impl Participant for Sundial {
         let Some(p) = wk.parts.remove(txn) else { return };
         let (writes, commit_ts) = p.writes.unwrap_or_default();
         wk.w.charge_ops(writes.len());
-        wk.log_commit_here(txn, 0);
+        wk.log_install_here(txn, &writes, commit_ts);
         for (key, value) in writes {
             meta::install(wk.node.store.get_or_create(key), txn, value, commit_ts, wk.state.floor);
         }
@@ -246,6 +255,7 @@ impl Participant for Sundial {
     }
 
     fn abort_here(wk: &SundialWorker, txn: TxnId) {
+        wk.wm_leave(txn);
         if let Some(p) = wk.parts.remove(txn) {
             if p.writes.is_some() {
                 wk.log_abort_here(txn);

@@ -14,7 +14,7 @@ use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::lease::{needs_renewal, validate_own_write, CommitTs, Lease};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
-use crate::protocols::twopc::{CoordTxn, Coordinator, TxnId, TxnStatus};
+use crate::protocols::twopc::{CoordTxn, Coordinator, Stamp, TxnId, TxnStatus};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
@@ -60,6 +60,8 @@ pub struct TicTocTxn<'a> {
     locked_at: Vec<NodeId>,
     /// The commit timestamp, once computed (0 before).
     commit_ts: u64,
+    /// The agreement term it started in under `commit=wm` (0 otherwise).
+    era: u64,
 }
 
 /// How a TicToc attempt starts, as the 2PC skeleton calls it.
@@ -77,6 +79,7 @@ impl Coordinator for TicToc {
             locked_here: Vec::new(),
             locked_at: Vec::new(),
             commit_ts: 0,
+            era: wk.wm_term(),
         }
     }
 }
@@ -153,6 +156,7 @@ impl<'a> TicTocTxn<'a> {
                     locked.extend(keys.iter().copied().zip(leases));
                 }
                 Ok(Reply::Locked(None)) => failure = failure.or(Some(Abort::Protocol(WRITE_LOCKED))),
+                Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
                 Ok(_) => failure = failure.or(Some(Abort::BadReply)),
                 Err(a) => failure = failure.or(Some(a)),
             }
@@ -228,6 +232,7 @@ impl<'a> TicTocTxn<'a> {
     /// Release whatever this attempt holds, here and remotely.
     fn abort(&mut self, reason: Abort) -> Abort {
         meta::unlock_all(&std::mem::take(&mut self.locked_here), self.id);
+        self.wk.wm_leave(self.id);
         self.wk.abort_remote(self.id, &mut self.locked_at);
         reason
     }
@@ -251,7 +256,13 @@ impl<'a> TicTocTxn<'a> {
         let mut ts = CommitTs::default();
         self.used_reads().for_each(|e| ts.read(e.lease));
         locked.values().for_each(|l| ts.write(*l));
-        let commit_ts = ts.0;
+        // Under `commit=wm` a writer's timestamp lies past the node's floor (R2); one that writes
+        // nothing keeps the one its reads give, which the watermark passes as soon as what it
+        // read is durable.
+        let commit_ts = match locked.is_empty() {
+            true => ts.0,
+            false => wk.wm_commit_ts(self.id, self.era, ts.0)?,
+        };
         self.commit_ts = commit_ts;
         // A key read and written: the version locked must be the one read.
         for e in self.used_reads() {
@@ -279,7 +290,13 @@ impl<'a> TicTocTxn<'a> {
     /// else): with early lock release, as OCC's and Sundial's.
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
-        commit_with_early_release(self, wk, self.id, local_writes, Self::install_here, Self::abort)
+        let stamp = self.stamp();
+        commit_with_early_release(self, wk, (self.id, stamp), local_writes, Self::install_here, Self::abort)
+    }
+
+    /// Its commit timestamp, and the term it ran in.
+    fn stamp(&self) -> Stamp {
+        Stamp { era: self.era, ts: self.commit_ts }
     }
 }
 
@@ -405,13 +422,15 @@ impl<'a> CoordTxn for TicTocTxn<'a> {
         debug_assert!(self.locked_at.iter().all(|n| writers.contains(n)), "every node locked voted yes");
         // With a log, the decision is durable before anyone learns it.
         let read_here = self.used_reads().any(|e| e.rec.is_some());
-        if let Err(a) = wk.log_and_tell_commit(self.id, &local_writes, writers, read_here).await {
+        let stamp = self.stamp();
+        if let Err(a) = wk.log_and_tell_commit((self.id, stamp), &local_writes, writers, read_here).await {
             return Err(self.abort(a));
         }
         // The remote nodes heard (or will hear) the decision: nothing to abort there any more.
         self.locked_at.clear();
         self.install_here(local_writes);
-        Ok(None)
+        wk.wm_leave(self.id);
+        Ok(wk.ack_after(stamp, None))
     }
 
     /// Execution holds nothing anywhere (reads are optimistic, writes buffered): nothing to undo.

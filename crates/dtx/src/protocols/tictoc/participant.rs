@@ -43,13 +43,25 @@ impl TicTocWorker {
         Ok(recs.into_iter().map(|r| meta::read(r, floor)).collect())
     }
 
-    /// Lock a remote transaction's write set here, all or none, and answer the leases.
+    /// Lock a remote transaction's write set here, all or none, and answer the leases. Under
+    /// `commit=wm` the transaction is active here from now on, and each lease answered ends
+    /// below the bound its timestamp must reach (R2), so that the coordinator's lands past it.
     fn serve_lock(&self, from: Addr, rpc_id: u64, txn: TxnId, keys: Vec<RowKey>) {
         self.w.charge_ops(keys.len());
+        let bound = match self.wm_enter(txn) {
+            Ok(bound) => bound,
+            Err(a) => return self.w.reply(from, rpc_id, &encode(&Reply::Aborted(a))),
+        };
         let recs: Vec<&Rec> = keys.iter().map(|k| self.node.store.get_or_create(*k)).collect();
-        let Some(leases) = meta::lock_all(&recs, txn, self.state.floor) else {
+        let Some(mut leases) = meta::lock_all(&recs, txn, self.state.floor) else {
+            if !self.parts.contains(txn) {
+                self.wm_leave(txn);
+            }
             return self.w.reply(from, rpc_id, &encode(&Reply::Locked(None)));
         };
+        for lease in &mut leases {
+            lease.rts = lease.rts.max(bound.saturating_sub(1));
+        }
         let now = self.w.now_ns();
         // Remembered with its locks, so that the orphan sweeper asks about it if the decision
         // never comes (a lost `Prepare` or `Abort`).
@@ -169,7 +181,7 @@ impl Participant for TicToc {
             return wk.release(txn, &p.held);
         };
         wk.w.charge_ops(writes.len());
-        wk.log_commit_here(txn, 0);
+        wk.log_install_here(txn, &writes, commit_ts);
         for (key, value) in writes {
             meta::install(wk.node.store.get_or_create(key), txn, value, commit_ts, wk.state.floor);
         }
@@ -178,6 +190,7 @@ impl Participant for TicToc {
     }
 
     fn abort_here(wk: &TicTocWorker, txn: TxnId) {
+        wk.wm_leave(txn);
         let Some(p) = wk.parts.remove(txn) else { return };
         if p.writes.is_some() {
             wk.log_abort_here(txn);

@@ -14,10 +14,12 @@ pub mod skeleton;
 #[cfg(test)]
 pub mod testing;
 pub mod wm_commit;
+pub mod wm_worker;
 
 pub use skeleton::{
     Cc, CcWorker, CoordTxn, Coordinator, FromNode, Messages, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION,
 };
+pub use wm_worker::Stamp;
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};

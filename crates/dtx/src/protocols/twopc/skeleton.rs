@@ -62,20 +62,25 @@ pub trait CoordTxn: Access {
 /// install order), then install and release at once; the acknowledgement waits for the
 /// returned LSN. A read-only one waits for the log's tail instead, since it may have read a
 /// write whose record is not durable yet. A record the log refuses aborts the attempt.
+///
+/// `stamp`: the commit timestamp and era of a concurrency control that has one (under
+/// `commit=wm` the record carries it and the acknowledgement waits for the watermark to pass
+/// it), else the default.
 pub fn commit_with_early_release<T, C: Cc>(
     txn: &mut T,
     wk: &CcWorker<C>,
-    id: TxnId,
+    (id, stamp): (TxnId, super::Stamp),
     local_writes: super::durable::Writes,
     install_and_release: fn(&mut T, super::durable::Writes),
     abort: fn(&mut T, Abort) -> Abort,
 ) -> TxnResult<AckAfter> {
-    let lsn = match wk.local_commit_lsn(id, &local_writes) {
+    let lsn = match wk.local_commit_lsn(id, stamp, &local_writes) {
         Ok(lsn) => lsn,
         Err(a) => return Err(abort(txn, a)),
     };
     install_and_release(txn, local_writes);
-    Ok(lsn)
+    wk.wm_leave(id);
+    Ok(wk.ack_after(stamp, lsn))
 }
 
 /// A message to a worker of a protocol over the skeleton is the concurrency control's own
@@ -85,14 +90,15 @@ const TAG_CC: u8 = 0;
 const TAG_TERMINATION: u8 = 1;
 const TAG_PEEK: u8 = 2;
 /// `commit=epoch`: the concurrency control's request, after the epoch it was made in (8 bytes,
-/// little-endian). A participant in another epoch answers [`REFUSED_FOR_EPOCH`].
+/// little-endian); `commit=wm`: after the agreement term. A participant in another epoch or
+/// term, or recovering, answers [`REFUSED_FOR_EPOCH`].
 const TAG_CC_IN_EPOCH: u8 = 3;
 /// `commit=epoch`: a message between epoch gates ([`super::epoch_commit::GateMsg`]), one-way.
 const TAG_EPOCH: u8 = 4;
 /// `commit=wm`: a message between watermark gates ([`super::wm_commit::WmGateMsg`]), one-way.
 const TAG_WM: u8 = 5;
 
-/// The reply to a request made in an epoch the participant is not in: empty, which no encoded
+/// The reply to a request made in an epoch (or term) the participant is not in: empty, which no encoded
 /// reply is (every reply type is an enum, one byte at least).
 const REFUSED_FOR_EPOCH: &[u8] = &[];
 
@@ -266,10 +272,16 @@ pub trait Participant: Messages + Sized {
     /// Under `commit=wm`, a recovery agreement moved the node to term `term`: drop what
     /// transactions of older terms hold here (they were rolled back everywhere, and their
     /// coordinators may be gone), rather than wait for the orphan sweeper.
-    fn on_new_term(_wk: &CcWorker<Self>, _term: u64)
+    fn on_new_term(wk: &CcWorker<Self>, term: u64)
     where
         Self: Cc,
     {
+        let Some(wm) = &wk.wm else { return };
+        let stale: Vec<TxnId> = wk.parts.txns.borrow().keys().copied().filter(|t| wm.active_before(*t, term)).collect();
+        wk.w.count("wm-stale-released", stale.len() as u64);
+        for txn in stale {
+            Self::abort_here(wk, txn);
+        }
     }
     /// The committed value of `key` here, taking nothing: what reconnaissance reads, for a
     /// coordinator here or on another node (the skeleton carries the request). By default the
@@ -548,10 +560,21 @@ impl<C: Cc> CcWorker<C> {
 
     /// The coordinator decided to commit `txn` (made in `epoch` under `commit=epoch`): install
     /// it here, or, if its epoch was rolled back here, release it.
+    ///
+    /// Under `commit=wm`, `epoch` is the agreement term it ran in: a participant that has moved
+    /// to another (the agreement rolled it back everywhere) releases it, and one that installs
+    /// takes it out of its gate once installed.
     fn commit_decided(&self, txn: TxnId, ts: u64, epoch: u64) {
-        match &self.gate {
-            None => C::commit_here(self, txn, ts),
-            Some(gate) => gate.decided(epoch, || C::commit_here(self, txn, ts), || C::abort_here(self, txn)),
+        match (&self.gate, &self.wm) {
+            (Some(gate), _) => gate.decided(epoch, || C::commit_here(self, txn, ts), || C::abort_here(self, txn)),
+            (None, Some(wm)) if self.parts.contains(txn) => match wm.begin_install(txn, epoch) {
+                Ok(()) => {
+                    C::commit_here(self, txn, ts);
+                    wm.leave(txn, None);
+                }
+                Err(_) => C::abort_here(self, txn),
+            },
+            (None, _) => C::commit_here(self, txn, ts),
         }
     }
 
@@ -564,9 +587,12 @@ impl<C: Cc> CcWorker<C> {
         writes: &[(RowKey, Option<Value>)],
         vote: &V,
     ) -> Result<Option<u64>, Abort> {
-        match &self.gate {
-            None => self.node.log.append_prepared(txn, writes, vote),
-            Some(gate) => gate.append_writes(self, writes, || self.node.log.append_prepared(txn, writes, vote)),
+        match (&self.gate, &self.wm) {
+            (Some(gate), _) => gate.append_writes(self, writes, || self.node.log.append_prepared(txn, writes, vote)),
+            // Nothing to log: a crash rolls back every partition past the transaction, which
+            // stays active here (and the watermark below it) until its install is logged.
+            (None, Some(_)) => Ok(None),
+            (None, None) => self.node.log.append_prepared(txn, writes, vote),
         }
     }
 
@@ -587,29 +613,40 @@ impl<C: Cc> CcWorker<C> {
     }
 
     /// What a transaction that touched only this node waits for before it is acknowledged
-    /// (see [`TxnLog::local_commit_lsn`]); under `commit=epoch`, its epoch instead.
-    pub fn local_commit_lsn(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)]) -> Result<Option<u64>, Abort> {
-        match &self.gate {
-            None => self.node.log.local_commit_lsn(txn, writes),
-            Some(_) if writes.is_empty() => Ok(None),
-            Some(_) => self.append_commit(txn, writes, &[]).map(|_| None),
+    /// (see [`TxnLog::local_commit_lsn`]); under `commit=epoch`, its epoch instead, and under
+    /// `commit=wm` the watermark ([`CcWorker::ack_after`]: its writes are appended at
+    /// `stamp.ts`).
+    pub fn local_commit_lsn(
+        &self,
+        txn: TxnId,
+        stamp: super::Stamp,
+        writes: &[(RowKey, Option<Value>)],
+    ) -> Result<Option<u64>, Abort> {
+        match (&self.gate, &self.wm) {
+            (None, Some(wm)) => self.wm_append(wm, txn, writes, stamp.ts).map(|_| None),
+            (None, None) => self.node.log.local_commit_lsn(txn, writes),
+            (Some(_), _) if writes.is_empty() => Ok(None),
+            (Some(_), _) => self.append_commit(txn, writes, &[]).map(|_| None),
         }
     }
 
     /// Log a distributed transaction's commit decision and wait until it is durable (see
     /// [`TxnLog::log_decision`]); under `commit=epoch`, append it and go on: the epoch's seal
     /// waits for it.
+    /// Under `commit=wm`, only this node's writes are appended (at `stamp.ts`): the decision
+    /// need not survive a crash, which rolls the transaction back everywhere.
     pub async fn log_decision(
         &self,
-        txn: TxnId,
+        (txn, stamp): (TxnId, super::Stamp),
         local_writes: &[(RowKey, Option<Value>)],
         writers: &[NodeId],
         read_here: bool,
     ) -> TxnResult<()> {
-        match &self.gate {
-            None => self.node.log.log_decision(&self.w, txn, local_writes, writers, read_here).await,
-            Some(_) if local_writes.is_empty() && writers.is_empty() => Ok(()),
-            Some(_) => self.append_commit(txn, local_writes, writers).map(|_| ()),
+        match (&self.gate, &self.wm) {
+            (None, Some(wm)) => self.wm_append(wm, txn, local_writes, stamp.ts),
+            (None, None) => self.node.log.log_decision(&self.w, txn, local_writes, writers, read_here).await,
+            (Some(_), _) if local_writes.is_empty() && writers.is_empty() => Ok(()),
+            (Some(_), _) => self.append_commit(txn, local_writes, writers).map(|_| ()),
         }
     }
 
@@ -634,13 +671,17 @@ impl<C: Cc> CcWorker<C> {
     }
 
     async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {
-        let framed = match &self.gate {
-            Some(gate) if tag == TAG_CC => framed_in_epoch(gate.epoch_now(), req),
+        let framed = match (&self.gate, &self.wm) {
+            (Some(gate), _) if tag == TAG_CC => framed_in_epoch(gate.epoch_now(), req),
+            (None, Some(wm)) if tag == TAG_CC => framed_in_epoch(wm.term(), req),
             _ => framed(tag, req),
         };
         let body = self.w.call(self.participant_addr(node), framed).await.map_err(|_| Abort::Timeout)?;
         if body.is_empty() {
-            return Err(Abort::EpochClosed);
+            return Err(match self.wm {
+                Some(_) => Abort::Protocol(super::wm_commit::RECOVERED),
+                None => Abort::EpochClosed,
+            });
         }
         decode(&body).map_err(|_| Abort::BadReply)
     }
@@ -679,18 +720,24 @@ impl<C: Cc> CcWorker<C> {
     /// waits for what it may have read here, `read_here`), then tell the participants that
     /// wrote (`writers`), or forget the transaction when none did. A record the log refuses is
     /// the caller's abort.
+    ///
+    /// `stamp` as for [`commit_with_early_release`]; under `commit=wm` the decision names the
+    /// term the transaction ran in, so that a participant an agreement moved on refuses it.
     pub async fn log_and_tell_commit(
         &self,
-        txn: TxnId,
+        (txn, stamp): (TxnId, super::Stamp),
         local_writes: &[(RowKey, Option<Value>)],
         writers: Vec<NodeId>,
         read_here: bool,
     ) -> TxnResult<()> {
-        self.log_decision(txn, local_writes, &writers, read_here).await?;
+        self.log_decision((txn, stamp), local_writes, &writers, read_here).await?;
         if writers.is_empty() {
             self.coord.forget(txn);
         } else {
-            self.coord.set(txn, TxnStatus::Committed);
+            match self.wm {
+                Some(_) => self.coord.set_committed_in(txn, stamp.ts, stamp.era),
+                None => self.coord.set(txn, TxnStatus::Committed),
+            }
             self.tell_commit(txn, writers);
         }
         Ok(())
@@ -846,7 +893,12 @@ impl<C: Cc> Handler for CcWorker<C> {
             Some((&TAG_CC_IN_EPOCH, rest)) if rest.len() >= 8 => {
                 let (epoch, rest) = rest.split_at(8);
                 let epoch = u64::from_le_bytes(epoch.try_into().expect("eight bytes"));
-                if !self.gate.as_ref().is_some_and(|g| g.serves(epoch)) {
+                let serves = match (&self.gate, &self.wm) {
+                    (Some(gate), _) => gate.serves(epoch),
+                    (None, Some(wm)) => wm.serves(epoch),
+                    (None, None) => false,
+                };
+                if !serves {
                     return self.w.reply(from, rpc_id, REFUSED_FOR_EPOCH);
                 }
                 decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r))

@@ -82,8 +82,19 @@ pub enum Floor {
 }
 
 /// The registry entries that commit by watermark, for the error a user sees when asking
-/// another for `commit=wm`.
-pub const ACCEPTED_BY: &str = "primo";
+/// another for `commit=wm`: Primo, where it is the default, and the concurrency controls over
+/// the skeleton that fix a logical commit timestamp before they validate
+/// ([`super::wm_worker`]).
+pub const ACCEPTED_BY: &str = "primo, tictoc, sundial";
+
+/// The commit policy of a concurrency control over the skeleton that has a logical commit
+/// timestamp: any of the three.
+pub const COMMIT_OPTION: OptionSpec = OptionSpec {
+    name: "commit",
+    kind: OptionKind::Choice(&["2pc", "epoch", "wm"]),
+    default: "2pc",
+    help: "2pc: each vote and decision is durable before it counts; epoch: COCO's epoch group commit; wm: Primo's watermark group commit",
+};
 
 /// The floor option of a protocol under `commit=wm`.
 pub const FLOOR_OPTION: OptionSpec = OptionSpec {
@@ -207,10 +218,13 @@ struct WmState {
     marks: PartitionWatermarks,
     /// The active transactions, by their timestamp (or its lower bound) and id.
     active: BTreeSet<(u64, TxnId)>,
-    /// Each active transaction's key in `active`.
-    bound_of: FxHashMap<TxnId, u64>,
+    /// Each active transaction's key in `active`, and the term it became active in.
+    bound_of: FxHashMap<TxnId, (u64, u64)>,
     /// The largest timestamp of a record this node has appended.
     max_logged_ts: u64,
+    /// The largest point a commit coordinated here waits for (a transaction that wrote nothing
+    /// takes the timestamp its reads give, which may lie past everything logged here).
+    max_awaited_ts: u64,
     /// The largest timestamp this node has fixed or installed.
     clock: u64,
     /// `clock` when W_p was last generated, under [`Floor::Clock`] (0 otherwise).
@@ -238,7 +252,8 @@ impl WmState {
     }
 
     fn insert(&mut self, txn: TxnId, bound: u64) {
-        if let Some(old) = self.bound_of.insert(txn, bound) {
+        let term = self.term;
+        if let Some((old, _)) = self.bound_of.insert(txn, (bound, term)) {
             self.active.remove(&(old, txn));
         }
         self.active.insert((bound, txn));
@@ -264,8 +279,9 @@ impl WmState {
             Some(&(bound, _)) => self.marks.generate(Some(bound)),
             None => {
                 let w = self.marks.generate(None);
-                match w <= self.max_logged_ts {
-                    true => self.marks.generate(Some(self.max_logged_ts + 1)),
+                let past = self.max_logged_ts.max(self.max_awaited_ts);
+                match w <= past {
+                    true => self.marks.generate(Some(past + 1)),
                     false => w,
                 }
             }
@@ -293,6 +309,7 @@ impl WatermarkGate {
             active: BTreeSet::new(),
             bound_of: FxHashMap::default(),
             max_logged_ts: recovered.max_ts,
+            max_awaited_ts: 0,
             clock,
             clock_floor: clock,
             floor,
@@ -364,7 +381,7 @@ impl WatermarkGate {
             return Err(Abort::Protocol(RECOVERED));
         }
         let bound = lower.max(st.ts_floor() + 1);
-        if let Some(&held) = st.bound_of.get(&txn) {
+        if let Some(&(held, _)) = st.bound_of.get(&txn) {
             return Ok(held.max(bound));
         }
         st.insert(txn, bound);
@@ -384,7 +401,7 @@ impl WatermarkGate {
         }
         st.committing.insert(txn);
         let ts = candidate.max(st.ts_floor() + 1);
-        if let Some(&held) = st.bound_of.get(&txn) {
+        if let Some(&(held, _)) = st.bound_of.get(&txn) {
             assert!(held <= ts, "a timestamp {ts} below the bound {held} its transaction was held at");
         }
         st.clock = st.clock.max(ts);
@@ -403,11 +420,37 @@ impl WatermarkGate {
         Ok(())
     }
 
+    /// Does this node serve requests of transactions of `term` now (not recovering, not rolling
+    /// back, in that term)?
+    pub fn serves(&self, term: u64) -> bool {
+        self.state.lock().open(term)
+    }
+
+    /// `txn` is active here since a term before `term` (an agreement rolled it back everywhere).
+    pub fn active_before(&self, txn: TxnId, term: u64) -> bool {
+        self.state.lock().bound_of.get(&txn).is_some_and(|&(_, entered)| entered < term)
+    }
+
+    /// A commit coordinated here waits for the watermark to pass `ts`: an idle W_p moves past it
+    /// (R2 keeps every later transaction past W_p), so that it is acknowledged without waiting
+    /// for a chain of writes to carry the timestamps there.
+    pub fn awaited(&self, ts: u64) {
+        let mut st = self.state.lock();
+        st.max_awaited_ts = st.max_awaited_ts.max(ts);
+    }
+
+    /// A record of a commit at `ts` was appended here (its transaction leaves afterwards).
+    pub fn logged(&self, ts: u64) {
+        let mut st = self.state.lock();
+        st.max_logged_ts = st.max_logged_ts.max(ts);
+        st.clock = st.clock.max(ts);
+    }
+
     /// `txn` is done here: its record, at `logged_ts` if it appended one, is in the log.
     pub fn leave(&self, txn: TxnId, logged_ts: Option<u64>) {
         let mut st = self.state.lock();
         st.committing.remove(&txn);
-        if let Some(bound) = st.bound_of.remove(&txn) {
+        if let Some((bound, _)) = st.bound_of.remove(&txn) {
             st.active.remove(&(bound, txn));
         }
         if let Some(ts) = logged_ts {

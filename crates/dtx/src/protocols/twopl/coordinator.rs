@@ -11,7 +11,7 @@ use crate::protocols::twopc::durable::AckAfter;
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Prio};
 use crate::protocols::twopc::skeleton::commit_with_early_release;
 use crate::protocols::twopc::Coordinator;
-use crate::protocols::twopc::{own_view, CoordTxn, TxnId};
+use crate::protocols::twopc::{own_view, CoordTxn, Stamp, TxnId};
 use crate::protocols::Attempt;
 use crate::rt::join_all;
 use crate::storage::{RowKey, Value};
@@ -224,7 +224,14 @@ impl<'a> TplTxn<'a> {
     /// remote reader's read-only vote wait for the log's tail, in `participant`).
     fn commit_here(&mut self, local_writes: Writes) -> TxnResult<AckAfter> {
         let wk = self.wk;
-        commit_with_early_release(self, wk, self.id, local_writes, Self::install_and_release, Self::abort)
+        commit_with_early_release(
+            self,
+            wk,
+            (self.id, Stamp::default()),
+            local_writes,
+            Self::install_and_release,
+            Self::abort,
+        )
     }
 
     /// Release every lock this attempt holds or waits for, here and remotely.
@@ -429,7 +436,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
         // With a log, the decision is durable before anyone learns it. A read-only transaction
         // waits for what it may have read here (early lock release, `commit_here`).
         let read_here = !self.held_local.is_empty();
-        if let Err(a) = wk.log_and_tell_commit(self.id, &local_writes, writers, read_here).await {
+        if let Err(a) = wk.log_and_tell_commit((self.id, Stamp::default()), &local_writes, writers, read_here).await {
             return Err(self.abort(a));
         }
         self.install_and_release(local_writes);
