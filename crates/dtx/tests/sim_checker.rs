@@ -40,13 +40,20 @@ fn every_protocol_is_serializable_with_loss_partitions_and_crashes() {
 }
 
 /// `commit=epoch` and `commit=wm` under each concurrency control that takes them (`coco` and
-/// `primo` run the sweeps above).
+/// `primo` run the sweeps above), one-shot and, for the watermark, interactive.
 #[test]
 fn group_commit_is_serializable_under_every_concurrency_control() {
     for variant in dtx::protocols::EPOCH_VARIANTS.iter().chain(dtx::protocols::WM_VARIANTS) {
         for seed in 1..=seeds().div_ceil(2) {
-            check(&append_spec(variant, 600 + seed), "epoch");
-            check(&append_spec(variant, 1600 + seed).with_faults(true, true, 0.02), "epoch faults");
+            check(&append_spec(variant, 600 + seed), "group commit");
+            check(&append_spec(variant, 1600 + seed).with_faults(true, true, 0.02), "group commit faults");
+        }
+    }
+    for variant in dtx::protocols::WM_VARIANTS {
+        for seed in 1..=seeds().div_ceil(2) {
+            let mut s = append_spec(variant, 2600 + seed);
+            s.proto.one_shot = false;
+            check(&s, "watermark interactive");
         }
     }
 }
