@@ -481,8 +481,11 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
     /// `Lock` per partition, in parallel) so that local records are not held across that trip.
     async fn prefetch(&mut self, keys: &KeySet) -> TxnResult<()> {
         let wk = self.wk;
+        let declared = keys.reads.len() + keys.writes.len();
+        self.reads.reserve(declared);
+        self.writes.reserve(keys.writes.len());
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
-        let mut here: Vec<RowKey> = Vec::new();
+        let mut here: Vec<RowKey> = Vec::with_capacity(declared);
         for &k in keys.reads.iter().chain(&keys.writes) {
             match wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().push(k),
@@ -491,10 +494,14 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
         }
         here.sort_unstable();
         here.dedup();
+        self.local_recs.reserve(here.len());
         for k in &here {
             let r = wk.node.store.get_or_create(*k);
             r.prefetch();
             self.local_recs.insert(*k, r);
+        }
+        for r in self.local_recs.values() {
+            r.prefetch_value();
         }
         if by_node.is_empty() && !self.distributed {
             return Ok(());

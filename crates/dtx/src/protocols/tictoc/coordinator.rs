@@ -377,6 +377,7 @@ impl<'a> CoordTxn for TicTocTxn<'a> {
         let store = &wk.node.store;
         self.reads.reserve(keys.reads.len() + keys.writes.len());
         self.writes.reserve(keys.writes.len());
+        self.local_recs.reserve(keys.reads.len() + keys.writes.len());
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
         for &k in keys.reads.iter().chain(&keys.writes) {
             match wk.node.remote_node(k) {
