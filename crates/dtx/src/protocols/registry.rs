@@ -272,7 +272,12 @@ impl Variant {
                 let commit = [twopc::epoch_commit::COMMIT_OPTION.name, twopc::epoch_commit::EPOCH_OPTION.name];
                 commit.contains(&key) && !info.options.iter().any(|spec| spec.name == key)
             });
-            let asks_watermark = overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
+            let takes_watermark = info.options.iter().any(|spec| {
+                spec.name == twopc::wm_commit::COMMIT_OPTION.name
+                    && matches!(spec.kind, options::OptionKind::Choice(choices) if choices.contains(&"wm"))
+            });
+            let asks_watermark =
+                !takes_watermark && overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
             match (asks_watermark, lacks_commit_option) {
                 (true, _) => anyhow::anyhow!(
                     "protocol `{name}` does not take commit=wm: watermark group commit needs a logical commit \
