@@ -276,8 +276,7 @@ impl Variant {
                 spec.name == twopc::wm_commit::COMMIT_OPTION.name
                     && matches!(spec.kind, options::OptionKind::Choice(choices) if choices.contains(&"wm"))
             });
-            let asks_watermark =
-                !takes_watermark && overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
+            let asks_watermark = !takes_watermark && overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
             match (asks_watermark, lacks_commit_option) {
                 (true, _) => anyhow::anyhow!(
                     "protocol `{name}` does not take commit=wm: watermark group commit needs a logical commit \
