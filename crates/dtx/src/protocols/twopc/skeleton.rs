@@ -545,8 +545,11 @@ impl<C: Cc> CcWorker<C> {
     /// Log that a transaction prepared here aborts, before its locks go: a later writer's vote
     /// must follow it in the log, or a crash could leave both in doubt over the same record.
     /// Presumed abort: nobody waits for this record, and a lost one reads as abort anyway.
+    /// Under `commit=wm` a vote logs nothing, so neither does its abort.
     pub fn log_abort_here(&self, txn: TxnId) {
-        let _ = self.node.log.append_outcome(txn, false, 0);
+        if self.wm.is_none() {
+            let _ = self.node.log.append_outcome(txn, false, 0);
+        }
     }
 
     /// Apply the coordinator's answer about a transaction this worker holds state for.
