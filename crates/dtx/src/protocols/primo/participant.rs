@@ -159,6 +159,7 @@ impl PrimoWorker {
 /// What a partition does for Primo, as the skeleton calls it.
 impl Participant for Primo {
     type Part = PartTxn;
+    const DECISION_INSTALLS: bool = false;
 
     fn serve(wk: &PrimoWorker, from: Addr, rpc_id: u64, req: Request) {
         match req {

@@ -241,6 +241,12 @@ pub trait Participant: Messages + Sized {
     /// A remote transaction's state on a participant.
     type Part;
 
+    /// Does the commit decision install the writes here ([`Participant::commit_here`])? Under
+    /// `commit=wm` the skeleton then checks the decision's term and takes the transaction out
+    /// of the node's watermark once installed. Primo's decision only keeps a transaction alive:
+    /// its `Install` brings the writes and leaves the watermark itself.
+    const DECISION_INSTALLS: bool = true;
+
     /// A request from a coordinator, to be answered with `wk.w.reply` (now or later).
     fn serve(wk: &CcWorker<Self>, from: Addr, rpc_id: u64, req: Self::Request)
     where
@@ -570,13 +576,15 @@ impl<C: Cc> CcWorker<C> {
     fn commit_decided(&self, txn: TxnId, ts: u64, epoch: u64) {
         match (&self.gate, &self.wm) {
             (Some(gate), _) => gate.decided(epoch, || C::commit_here(self, txn, ts), || C::abort_here(self, txn)),
-            (None, Some(wm)) if self.parts.contains(txn) => match wm.begin_install(txn, epoch) {
-                Ok(()) => {
-                    C::commit_here(self, txn, ts);
-                    wm.leave(txn, None);
+            (None, Some(wm)) if C::DECISION_INSTALLS && self.parts.contains(txn) => {
+                match wm.begin_install(txn, epoch) {
+                    Ok(()) => {
+                        C::commit_here(self, txn, ts);
+                        wm.leave(txn, None);
+                    }
+                    Err(_) => C::abort_here(self, txn),
                 }
-                Err(_) => C::abort_here(self, txn),
-            },
+            }
             (None, _) => C::commit_here(self, txn, ts),
         }
     }
