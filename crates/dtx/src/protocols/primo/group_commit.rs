@@ -52,10 +52,7 @@ impl PrimoWorker {
     /// The commit timestamp of a transaction of `era` whose leases allow `candidate`: under
     /// `wm` raised past the node's floor (R2) and active here until it leaves.
     pub fn fix_ts(&self, txn: TxnId, era: u64, candidate: u64) -> TxnResult<u64> {
-        match &self.wm {
-            Some(wm) => wm.commit_ts(txn, era, candidate),
-            None => Ok(candidate),
-        }
+        self.wm_commit_ts(txn, era, candidate)
     }
 
     /// An `Install` of `era` arrived: may it install? (Under `epoch`, [`Self::install_logged`]
