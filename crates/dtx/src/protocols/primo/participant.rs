@@ -42,7 +42,25 @@ impl PrimoWorker {
 
     /// Lock `keys` in `mode` for a remote `txn` of `era`, each read after its
     /// raise past the floor; the transaction is active here from the first.
+    ///
+    /// It enters the watermark only while it is a transaction of this partition: the request's
+    /// task runs after the frames that came with it, and an `Abort` among them (the coordinator
+    /// timed out on this request while the connection was down, then both arrived at once) has
+    /// already taken it out. Entered after that, nothing would ever take it out again, and this
+    /// partition's W_p, and so every commit's acknowledgement, would stop for good.
     async fn lock_keys(&self, txn: TxnId, era: u64, prio: Prio, mode: Mode, keys: &[RowKey]) -> LockedReads {
+        if !self.parts.contains(txn) {
+            return Err(Abort::ParticipantLost);
+        }
+        let locked = self.lock_each(txn, era, prio, mode, keys).await;
+        if locked.is_err() && !self.parts.contains(txn) {
+            // Aborted here meanwhile: its abort left already; make sure (twice is harmless).
+            self.leave(txn, None);
+        }
+        locked
+    }
+
+    async fn lock_each(&self, txn: TxnId, era: u64, prio: Prio, mode: Mode, keys: &[RowKey]) -> LockedReads {
         self.enter(txn, era)?;
         let mut out = Vec::with_capacity(keys.len());
         for &key in keys {
