@@ -28,8 +28,12 @@ const ROOM_POLL_US: u64 = 200;
 pub struct Pending {
     /// Acknowledged once the source releases this point.
     pub point: u64,
-    pub req: TxnRequest,
-    pub out: TxnOutput,
+    /// Its kind and class, taken at commit (the metrics count them at the acknowledgement).
+    pub kind: &'static str,
+    pub class: u8,
+    /// Its request and output, kept only when histories are kept or the workload watches
+    /// commits ([`crate::workloads::Workload::watches_commits`]).
+    pub txn: Option<(TxnRequest, TxnOutput)>,
     /// When the client's first attempt of this transaction started, ns.
     pub first_ns: u64,
     /// When it committed in memory, ns.
@@ -133,7 +137,8 @@ mod tests {
 
     fn pending(point: u64) -> Pending {
         let req = TxnRequest::new("test", 0, ());
-        Pending { point, req, out: TxnOutput::default(), first_ns: 0, committed_ns: 0, history: None }
+        let txn = Some((req, TxnOutput::default()));
+        Pending { point, kind: "test", class: 0, txn, first_ns: 0, committed_ns: 0, history: None }
     }
 
     fn world_with_worker() -> (SimWorld, Rc<Worker>) {

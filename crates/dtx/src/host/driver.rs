@@ -280,8 +280,8 @@ fn report_unknown(
     let held = acks.map(|a| a.take_all()).unwrap_or_default();
     shared.held_for_log.fetch_sub(held.len() as u64, Ordering::Relaxed);
     for p in held {
-        if let Some((id, start_us)) = p.history {
-            let ops = wl.attempted_ops(&p.req);
+        if let (Some((id, start_us)), Some((req, _))) = (p.history, &p.txn) {
+            let ops = wl.attempted_ops(req);
             m.record_history(HistLine { id, status: "unknown".into(), ops, start_us, end_us: now_us.max(start_us) });
         }
     }
@@ -341,10 +341,22 @@ impl Client<'_> {
                                     self.acks.expect("a protocol deferred an acknowledgement it was not asked to");
                                 // Queued before any wait: a crash must find it (its record may be durable).
                                 shared.held_for_log.fetch_add(1, Ordering::Relaxed);
-                                acks.push(w, Pending { point, req, out, first_ns, committed_ns: end_ns, history });
+                                let (kind, class) = (wl.txn_kind(&req), wl.txn_class(&req));
+                                let txn = (history.is_some() || wl.watches_commits()).then_some((req, out));
+                                let pending =
+                                    Pending { point, kind, class, txn, first_ns, committed_ns: end_ns, history };
+                                acks.push(w, pending);
                                 acks.room(w).await;
                             }
-                            None => acknowledged(w, m, shared, (wl, &req, &out), history, (first_ns, end_ns)),
+                            None => {
+                                let kind = (wl.txn_kind(&req), wl.txn_class(&req));
+                                acknowledged(
+                                    (w, m, shared),
+                                    (wl, Some((&req, &out)), kind),
+                                    history,
+                                    (first_ns, end_ns),
+                                )
+                            }
                         }
                         // Give message handlers and other clients a turn: a run of local
                         // transactions must not starve the replies other nodes wait for.
@@ -382,20 +394,26 @@ impl Client<'_> {
 /// A commit acknowledged at `end_ns`, by its client at once or later by the ack queue: its
 /// history line when histories are kept (`history`: its id and start, µs), the workload's
 /// bookkeeping, and the metrics (latency from the first attempt's start).
+/// What the acknowledgement of a commit needs of it: the workload, its request and output when
+/// kept, and its kind and class.
+type Committed<'a> = (&'a dyn Workload, Option<(&'a TxnRequest, &'a TxnOutput)>, (&'static str, u8));
+
+/// A commit reaches its client: its history line (which needs its output), the workload's
+/// hook, and the metrics (its kind and class).
 fn acknowledged(
-    w: &Worker,
-    m: &RefCell<Metrics>,
-    shared: &RunShared,
-    (wl, req, out): (&dyn Workload, &TxnRequest, &TxnOutput),
+    (w, m, shared): (&Worker, &RefCell<Metrics>, &RunShared),
+    (wl, txn, (kind, class)): Committed<'_>,
     history: Option<(u64, u64)>,
     (first_ns, end_ns): (u64, u64),
 ) {
-    if let Some((id, start_us)) = history {
-        let ops = out.history.clone();
-        record(m, shared, HistLine { id, status: "committed".into(), ops, start_us, end_us: w.history_now_us() });
+    if let Some((req, out)) = txn {
+        if let Some((id, start_us)) = history {
+            let ops = out.history.clone();
+            record(m, shared, HistLine { id, status: "committed".into(), ops, start_us, end_us: w.history_now_us() });
+        }
+        wl.on_commit(req, out);
     }
-    wl.on_commit(req, out);
-    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), wl.txn_kind(req), wl.txn_class(req));
+    m.borrow_mut().commit(end_ns, end_ns.saturating_sub(first_ns), kind, class);
 }
 
 /// What the ack queue does with a commit once its point is decided: acknowledge it once
@@ -406,10 +424,11 @@ fn acknowledge(w: Rc<Worker>, m: Rc<RefCell<Metrics>>, wl: Arc<dyn Workload>, sh
         shared.held_for_log.fetch_sub(1, Ordering::Relaxed);
         w.note_log_wait(now_ns.saturating_sub(p.committed_ns));
         if released {
-            return acknowledged(&w, &m, &shared, (&*wl, &p.req, &p.out), p.history, (p.first_ns, now_ns));
+            let txn = p.txn.as_ref().map(|(req, out)| (req, out));
+            return acknowledged((&w, &m, &shared), (&*wl, txn, (p.kind, p.class)), p.history, (p.first_ns, now_ns));
         }
-        if let Some((id, start_us)) = p.history {
-            let ops = wl.attempted_ops(&p.req);
+        if let (Some((id, start_us)), Some((req, _))) = (p.history, &p.txn) {
+            let ops = wl.attempted_ops(req);
             record(&m, &shared, HistLine { id, status: "aborted".into(), ops, start_us, end_us: w.history_now_us() });
         }
         m.borrow_mut().abort(now_ns, crate::txn::Abort::RolledBack);

@@ -238,6 +238,10 @@ impl Workload for Bank {
         TxnRequest::new(TRANSFER_PROC, home, args)
     }
 
+    fn watches_commits(&self) -> bool {
+        true
+    }
+
     fn on_commit(&self, req: &TxnRequest, out: &TxnOutput) {
         if let (Some(a), Some(&seen)) = (req.args.downcast_ref::<AuditArgs>(), out.reported.first()) {
             if !a.last {

@@ -65,6 +65,12 @@ pub trait Workload: Procedures {
     /// workload records the total its read-only audits saw only then: an attempt that fails
     /// validation may have seen an inconsistent state, and only the driver knows which one did.
     fn on_commit(&self, _req: &TxnRequest, _out: &TxnOutput) {}
+    /// Does [`Workload::on_commit`] read what it is given? A commit whose acknowledgement waits
+    /// (group commit) then keeps its request and output until then; otherwise they are dropped
+    /// at once, while still in cache, rather than thousands of commits later.
+    fn watches_commits(&self) -> bool {
+        false
+    }
     /// What this process recorded during the run that must be checked (bank: the totals its
     /// audits saw), drained once after the run on every node's process: `(condition, passed, detail)`.
     fn process_findings(&self) -> Vec<(String, bool, String)> {
