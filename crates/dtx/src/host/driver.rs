@@ -346,7 +346,7 @@ impl Client<'_> {
                                 let pending =
                                     Pending { point, kind, class, txn, first_ns, committed_ns: end_ns, history };
                                 acks.push(w, pending);
-                                acks.room(w).await;
+                                acks.room().await;
                             }
                             None => {
                                 let kind = (wl.txn_kind(&req), wl.txn_class(&req));

@@ -656,7 +656,15 @@ impl Future for Sleep {
             return Poll::Ready(());
         }
         if self.id != 0 {
-            self.w.timer_wakers.borrow_mut().remove(&self.id);
+            // Registered already (a sleep raced against other work is polled with it, once per
+            // step of that work): keep the timer, so that the heap does not fill with cancelled
+            // ones, and only take the newest waker.
+            if let Some(waker) = self.w.timer_wakers.borrow_mut().get_mut(&self.id) {
+                if !waker.will_wake(cx.waker()) {
+                    waker.clone_from(cx.waker());
+                }
+                return Poll::Pending;
+            }
         }
         let id = self.w.add_timer(self.deadline_ns, cx.waker());
         self.id = id;
