@@ -53,7 +53,8 @@ pub struct Acks {
     capacity: usize,
     /// The task that waits for the oldest commit runs (it ends whenever the queue empties).
     pumping: Cell<bool>,
-    /// Clients waiting for room (at most one entry per client between two wakes).
+    /// Clients waiting for room: a client polled again before a wake (its race against the
+    /// run's end) adds its waker again; every pass of the pump takes them all.
     room_waiters: RefCell<Vec<Waker>>,
     acknowledge: Acknowledge,
 }

@@ -391,15 +391,13 @@ impl Client<'_> {
     }
 }
 
-/// A commit acknowledged at `end_ns`, by its client at once or later by the ack queue: its
-/// history line when histories are kept (`history`: its id and start, µs), the workload's
-/// bookkeeping, and the metrics (latency from the first attempt's start).
 /// What the acknowledgement of a commit needs of it: the workload, its request and output when
 /// kept, and its kind and class.
 type Committed<'a> = (&'a dyn Workload, Option<(&'a TxnRequest, &'a TxnOutput)>, (&'static str, u8));
 
-/// A commit reaches its client: its history line (which needs its output), the workload's
-/// hook, and the metrics (its kind and class).
+/// A commit acknowledged at `end_ns`, by its client at once or later by the ack queue: its
+/// history line when histories are kept (`history`: its id and start, µs; its output is kept
+/// then), the workload's bookkeeping, and the metrics (latency from the first attempt's start).
 fn acknowledged(
     (w, m, shared): (&Worker, &RefCell<Metrics>, &RunShared),
     (wl, txn, (kind, class)): Committed<'_>,
