@@ -124,7 +124,9 @@ impl Procedures for Ycsb {
                         let old = ctx.read_for_update(key).await?.unwrap_or_default();
                         ctx.write(key, bump(&old, self.p.value_bytes as usize)).await?;
                     }
-                    YcsbOp::BlindWrite => ctx.write(key, Value::from(vec![b'y'; self.p.value_bytes as usize])).await?,
+                    YcsbOp::BlindWrite => {
+                        ctx.write(key, Value::patched(&[], self.p.value_bytes as usize, |v| v.fill(b'y'))).await?
+                    }
                 }
             }
             Ok(TxnOutput::default())
@@ -185,14 +187,14 @@ impl Workload for Ycsb {
     }
 }
 
-/// The read-modify-write: increment the counter in the value's first 8 bytes.
+/// The read-modify-write: increment the counter in the value's first 8 bytes (one copy, into
+/// a buffer a replaced value left, as TPC-C's updates do: [`Value::patched`]).
 fn bump(old: &[u8], len: usize) -> Value {
-    let mut v = vec![b'x'; len.max(8)];
-    let n = old.len().min(v.len());
-    v[..n].copy_from_slice(&old[..n]);
-    let c = u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])).wrapping_add(1);
-    v[..8].copy_from_slice(&c.to_le_bytes());
-    Value::from(v)
+    let old = &old[..old.len().min(len.max(8))];
+    Value::patched(old, len.max(8), |v| {
+        let c = u64::from_le_bytes(v[..8].try_into().unwrap_or([0; 8])).wrapping_add(1);
+        v[..8].copy_from_slice(&c.to_le_bytes());
+    })
 }
 
 #[cfg(test)]

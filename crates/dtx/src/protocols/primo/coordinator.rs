@@ -485,20 +485,16 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
         self.reads.reserve(declared);
         self.writes.reserve(keys.writes.len());
         let mut by_node: FxHashMap<NodeId, Vec<RowKey>> = FxHashMap::default();
-        let mut here: Vec<RowKey> = Vec::with_capacity(declared);
+        self.local_recs.reserve(declared);
         for &k in keys.reads.iter().chain(&keys.writes) {
             match wk.node.remote_node(k) {
                 Some(n) => by_node.entry(n).or_default().push(k),
-                None => here.push(k),
+                None => {
+                    let r = wk.node.store.get_or_create(k);
+                    r.prefetch();
+                    self.local_recs.insert(k, r);
+                }
             }
-        }
-        here.sort_unstable();
-        here.dedup();
-        self.local_recs.reserve(here.len());
-        for k in &here {
-            let r = wk.node.store.get_or_create(*k);
-            r.prefetch();
-            self.local_recs.insert(*k, r);
         }
         for r in self.local_recs.values() {
             r.prefetch_value();
@@ -507,6 +503,9 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
             return Ok(());
         }
         self.distributed = true;
+        // Locked here in key order, once each (a key may be declared both read and written).
+        let mut here: Vec<RowKey> = self.local_recs.keys().copied().collect();
+        here.sort_unstable();
         let asked: Vec<(NodeId, Vec<RowKey>)> = by_node
             .into_iter()
             .map(|(n, mut ks)| {

@@ -88,9 +88,7 @@ impl PrimoWorker {
         match (&self.wm, &self.gate) {
             (Some(wm), _) => {
                 append(&writes)?;
-                for (key, old) in install(writes) {
-                    wm.keep_undo(ts, key, old);
-                }
+                wm.keep_undo(ts, install(writes));
                 // Installed here at `ts` (its writes logged, or its leases extended): the node's
                 // clock and its idle watermark move past it.
                 wm.leave(txn, Some(ts));

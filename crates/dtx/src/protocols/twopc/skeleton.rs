@@ -321,7 +321,10 @@ impl<C: Cc> Protocol for TwoPc<C> {
             CommitPolicy::Watermark { wm_us, floor } => {
                 let recovered = std::mem::take(&mut recovery.wm);
                 let restarted = recovery.boot > 1;
-                let gate = WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor, recovered, restarted);
+                let mut gate = WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor, recovered, restarted);
+                if !shared.log.enabled() || shared.topo.nodes == 1 {
+                    gate = gate.never_rolls_back();
+                }
                 gate.log_start(&shared.log);
                 Some(Arc::new(gate))
             }

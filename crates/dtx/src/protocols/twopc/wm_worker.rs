@@ -107,12 +107,10 @@ impl<C: Cc> CcWorker<C> {
         if writes.is_empty() {
             return Ok(());
         }
-        let replaced: Vec<Option<Value>> =
-            writes.iter().map(|(k, _)| super::committed_value(&self.node.store, *k)).collect();
+        let replaced: Vec<(RowKey, Option<Value>)> =
+            writes.iter().map(|(k, _)| (*k, super::committed_value(&self.node.store, *k))).collect();
         self.node.log.append_commit(txn, writes, &[], ts)?;
-        for ((key, _), old) in writes.iter().zip(replaced) {
-            wm.keep_undo(ts, *key, old);
-        }
+        wm.keep_undo(ts, replaced);
         wm.logged(ts);
         Ok(())
     }
