@@ -3,57 +3,43 @@
 //! latch, so a read sees a value with its own lease, and a lock, a validation or an install is
 //! atomic per record.
 
-use crate::protocols::twopc::lease::{self, Lease, RenewFailure};
+use crate::protocols::twopc::lease::{self, HasLease, Lease, RecordLease, RenewFailure};
+pub use crate::protocols::twopc::lease::{read, release_in_doubt, scan};
 use crate::protocols::twopc::{TxnId, TxnMeta};
 use crate::storage::{Record, Storage, Value};
 use crate::txn::Scan;
 
 #[derive(Debug, Default)]
 pub struct TicTocMeta {
-    pub lease: Lease,
+    /// The lease, and whether a writer recovered in doubt holds the record.
+    pub leased: RecordLease,
     pub locked_by: TxnId,
-    /// Locked by a transaction prepared before a crash whose outcome is not known yet: its lease
-    /// stays below that transaction's timestamp (see [`TicTocMeta::current`]).
-    pub in_doubt: bool,
 }
 
 impl TicTocMeta {
-    /// The lease as of now, after a recovery whose logged bound is `floor`: every version
-    /// written before it reads as `[floor, floor]` (no lease granted before the crash reaches the
-    /// bound, and no version since is older), except one an in-doubt transaction holds, which
-    /// keeps the lease recovery gave it. Applied whenever a record is touched.
-    pub fn current(&mut self, floor: u64) -> Lease {
-        if !self.in_doubt && self.lease.wts < floor {
-            self.lease = Lease { wts: floor, rts: floor };
-        }
-        self.lease
-    }
-
     /// Another transaction than `txn` holds the write lock.
     pub fn locked_by_other(&self, txn: TxnId) -> bool {
         self.locked_by != 0 && self.locked_by != txn
     }
 }
 
+impl HasLease for TicTocMeta {
+    fn record_lease(&mut self) -> &mut RecordLease {
+        &mut self.leased
+    }
+}
+
 /// Replayed records keep the lease `[0, 0]`: the recovered bound lifts them when they are next
-/// touched ([`TicTocMeta::current`]).
+/// touched ([`RecordLease::current`]).
 impl TxnMeta for TicTocMeta {
     /// The value a failed epoch replaced is back: as a version written past every lease granted
     /// on the undone one, so that no read of it (nor a cached copy) validates again.
     fn on_rolled_back(&mut self) {
-        self.lease = crate::protocols::twopc::lease::rolled_back(self.lease);
+        self.leased.lease = lease::rolled_back(self.leased.lease);
     }
 }
 
 pub type Rec = Record<TicTocMeta>;
-
-/// The committed value and its lease (a writer's lock does not block a read: the reader gets the
-/// last committed version).
-pub fn read(rec: &Rec, floor: u64) -> (Option<Value>, Lease) {
-    let mut row = rec.lock();
-    let lease = row.meta.current(floor);
-    (row.value.clone(), lease)
-}
 
 /// Another transaction than `txn` holds the record's write lock: what it installs may be
 /// acknowledged already (a transaction that must see every acknowledged write cannot read
@@ -70,7 +56,7 @@ pub fn try_lock(rec: &Rec, txn: TxnId, floor: u64) -> Option<Lease> {
         return None;
     }
     row.meta.locked_by = txn;
-    Some(row.meta.current(floor))
+    Some(row.meta.leased.current(floor))
 }
 
 /// Lock every record for `txn`, or none: their leases, in order.
@@ -103,37 +89,23 @@ pub fn unlock_all(recs: &[&Rec], txn: TxnId) {
 /// needs the version unchanged and, for an extension, no other writer holding the record.
 pub fn validate(rec: &Rec, txn: TxnId, read_wts: u64, commit_ts: u64, floor: u64) -> Result<(), RenewFailure> {
     let mut row = rec.lock();
-    row.meta.current(floor);
+    row.meta.leased.current(floor);
     // A recovered in-doubt writer holds its records' locks too: no extension past its timestamp.
     let locked = row.meta.locked_by_other(txn);
-    lease::renew(&mut row.meta.lease, locked, read_wts, commit_ts)
+    lease::renew(&mut row.meta.leased.lease, locked, read_wts, commit_ts)
 }
 
 /// Install `txn`'s write at `commit_ts` and release the record's lock.
 pub fn install(rec: &Rec, txn: TxnId, value: Option<Value>, commit_ts: u64, floor: u64) {
     let mut row = rec.lock();
     assert_eq!(row.meta.locked_by, txn, "installing a write without its lock");
-    row.meta.current(floor);
-    lease::install(&mut row.meta.lease, commit_ts);
-    row.meta.in_doubt = false;
+    row.meta.leased.current(floor);
+    row.meta.leased.install(commit_ts);
     row.meta.locked_by = 0;
     let old = std::mem::replace(&mut row.value, value);
     // Outside the latch: freeing (or keeping) the old value is no part of installing.
     drop(row);
     Value::recycle(old);
-}
-
-/// The existing rows of a range, each with its lease.
-pub fn scan(store: &Storage<TicTocMeta>, s: Scan, floor: u64) -> Vec<(u64, Value, Lease)> {
-    let mut out = Vec::new();
-    for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
-        let mut row = rec.lock();
-        let lease = row.meta.current(floor);
-        if let Some(v) = &row.value {
-            out.push((k, v.clone(), lease));
-        }
-    }
-    out
 }
 
 /// A writer holds a record of the range (a fresh scan must not read around it).
@@ -143,20 +115,11 @@ pub fn scan_written(store: &Storage<TicTocMeta>, s: Scan) -> bool {
 }
 
 /// Lock again, after a restart, a record a transaction prepared before the crash writes at
-/// `ts`: its version keeps a lease below `ts` (it was the latest version up to there: the record
-/// was locked since the writer saw its lease, and nothing extended it past that while locked)
-/// until the writer installs or aborts.
+/// `ts`, its version kept below `ts` until the writer installs or aborts
+/// ([`RecordLease::hold_in_doubt`]).
 pub fn hold_in_doubt(rec: &Rec, txn: TxnId, ts: u64) {
-    assert!(ts > 0, "a prepared writer commits past some lease");
     let mut row = rec.lock();
     assert_eq!(row.meta.locked_by, 0, "a recovered node has no other lock holders");
     row.meta.locked_by = txn;
-    row.meta.in_doubt = true;
-    row.meta.lease = Lease { wts: ts - 1, rts: ts - 1 };
-}
-
-/// The in-doubt writer of this record aborted: its version is an ordinary one again (lifted to
-/// the recovered bound when next touched).
-pub fn release_in_doubt(rec: &Rec) {
-    rec.lock().meta.in_doubt = false;
+    row.meta.leased.hold_in_doubt(ts);
 }

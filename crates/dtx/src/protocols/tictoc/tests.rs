@@ -30,13 +30,13 @@ fn a_read_stays_valid_up_to_its_lease_and_extends_only_an_unchanged_version() {
     let (_, read) = meta::read(a, 0);
     assert_eq!(read, Lease::new(0, 0));
     assert_eq!(meta::validate(a, 7, read.wts, 3, 0), Ok(()), "unchanged, unlocked: extended");
-    assert_eq!(a.lock().meta.lease, Lease::new(0, 3));
+    assert_eq!(a.lock().meta.leased.lease, Lease::new(0, 3));
     let locked = meta::try_lock(a, 8, 0).expect("free");
     assert_eq!(locked, Lease::new(0, 3), "a writer locks with the lease it must pass");
     assert_eq!(meta::validate(a, 7, read.wts, 3, 0), Ok(()), "covered already: a writer's lock does not matter");
     assert_eq!(meta::validate(a, 7, read.wts, 4, 0), Err(RenewFailure::Locked), "no extension under another's lock");
     meta::install(a, 8, Some(Value::copy_from(b"two")), 4, 0);
-    assert_eq!(a.lock().meta.lease, Lease::new(4, 4));
+    assert_eq!(a.lock().meta.leased.lease, Lease::new(4, 4));
     assert_eq!(a.lock().meta.locked_by, 0, "install releases");
     assert_eq!(meta::validate(a, 7, read.wts, 4, 0), Err(RenewFailure::NewerBefore), "a newer version at 4");
     assert_eq!(meta::validate(a, 7, read.wts, 2, 0), Err(RenewFailure::NewerAfter), "a newer version after 2");

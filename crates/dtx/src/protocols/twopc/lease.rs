@@ -11,6 +11,8 @@
 //! version is unchanged, and, if the tuple is locked by a writer, only when no extension is
 //! needed. A commit installs its writes with the lease `[commit_ts, commit_ts]` (Alg. 3).
 
+use crate::storage::{Record, Storage, Value};
+use crate::txn::Scan;
 use serde::{Deserialize, Serialize};
 
 /// A version's lease in logical time.
@@ -39,6 +41,79 @@ impl Lease {
 pub fn rolled_back(lease: Lease) -> Lease {
     let wts = lease.rts + 1;
     Lease { wts, rts: wts }
+}
+
+/// What a record carries of its lease under Sundial and TicToc: the lease, and whether a writer
+/// recovered in doubt holds the record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecordLease {
+    pub lease: Lease,
+    /// Locked by a transaction prepared before a crash whose outcome is not known yet: its lease
+    /// stays below that transaction's timestamp (see [`RecordLease::current`]).
+    pub in_doubt: bool,
+}
+
+impl RecordLease {
+    /// The lease as of now, after a recovery whose logged bound is `floor`: every version
+    /// written before it reads as `[floor, floor]` (Sundial Sec. 3.5: no lease granted before
+    /// the crash reaches the bound, and no version since is older), except one an in-doubt
+    /// transaction holds, which keeps the lease recovery gave it. Applied whenever a record is
+    /// touched.
+    pub fn current(&mut self, floor: u64) -> Lease {
+        if !self.in_doubt && self.lease.wts < floor {
+            self.lease = Lease { wts: floor, rts: floor };
+        }
+        self.lease
+    }
+
+    /// A write installed at `commit_ts` ([`install`]): an ordinary version.
+    pub fn install(&mut self, commit_ts: u64) {
+        install(&mut self.lease, commit_ts);
+        self.in_doubt = false;
+    }
+
+    /// A transaction recovered in doubt holds the record and installs at `ts`: its version
+    /// keeps a lease below `ts` (it was the latest version up to there: the record was locked
+    /// since the writer saw its lease, and nothing extended it past that while locked) until the
+    /// writer installs or aborts.
+    pub fn hold_in_doubt(&mut self, ts: u64) {
+        assert!(ts > 0, "a prepared writer commits past some lease");
+        self.in_doubt = true;
+        self.lease = Lease { wts: ts - 1, rts: ts - 1 };
+    }
+}
+
+/// Record metadata that carries a [`RecordLease`].
+pub trait HasLease {
+    fn record_lease(&mut self) -> &mut RecordLease;
+}
+
+/// The committed value and its lease (a writer's lock does not block a read: the reader gets
+/// the last committed version, Sundial's Alg. 1).
+pub fn read<M: HasLease>(rec: &Record<M>, floor: u64) -> (Option<Value>, Lease) {
+    let mut row = rec.lock();
+    let lease = row.meta.record_lease().current(floor);
+    (row.value.clone(), lease)
+}
+
+/// The existing rows of a range, each with its lease (the rows returned, not the gaps between
+/// them: no workload here needs phantom protection yet, as for OCC and 2PL).
+pub fn scan<M: HasLease + Default + Send>(store: &Storage<M>, s: Scan, floor: u64) -> Vec<(u64, Value, Lease)> {
+    let mut out = Vec::new();
+    for (k, rec) in store.table(s.table).range(s.lo, s.hi, s.limit as usize, s.descending) {
+        let mut row = rec.lock();
+        let lease = row.meta.record_lease().current(floor);
+        if let Some(v) = &row.value {
+            out.push((k, v.clone(), lease));
+        }
+    }
+    out
+}
+
+/// The in-doubt writer of this record aborted: its version is an ordinary one again (lifted to
+/// the recovered bound when next touched).
+pub fn release_in_doubt<M: HasLease>(rec: &Record<M>) {
+    rec.lock().meta.record_lease().in_doubt = false;
 }
 
 /// A transaction's commit timestamp, raised as it reads and locks (Alg. 1).
