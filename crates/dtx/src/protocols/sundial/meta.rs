@@ -3,7 +3,7 @@
 //! so a read sees a value with its own lease and a renewal or an install is atomic per tuple.
 
 use crate::protocols::twopc::lease::{self, HasLease, Lease, RecordLease, RenewFailure};
-pub use crate::protocols::twopc::lease::{read, release_in_doubt, scan};
+pub use crate::protocols::twopc::lease::{read, scan};
 use crate::protocols::twopc::record_lock::{LockMeta, Locked, Mode};
 use crate::protocols::twopc::{TxnId, TxnMeta};
 use crate::storage::{Record, Value};

@@ -6,7 +6,7 @@ use super::meta;
 use super::{Sundial, SundialWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::lease::RenewFailure;
+use crate::protocols::twopc::lease::{self, RenewFailure};
 use crate::protocols::twopc::record_lock::{self as locks, LockStep, Mode, Policy, Prio};
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, TableId, Value};
@@ -260,11 +260,7 @@ impl Participant for Sundial {
             if p.writes.is_some() {
                 wk.log_abort_here(txn);
                 // A recovered in-doubt writer leaves its tuples ordinary again.
-                for k in &p.held {
-                    if let Some(rec) = wk.node.store.get(*k) {
-                        meta::release_in_doubt(rec);
-                    }
-                }
+                lease::release_all_in_doubt(&wk.node.store, p.held.iter().copied());
             }
             wk.release(txn, &p.held);
         }
@@ -291,6 +287,6 @@ impl Participant for Sundial {
     }
 
     fn peek_scan(wk: &SundialWorker, scan: Scan) -> Vec<(u64, Value)> {
-        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
+        lease::peek_scan(&wk.node.store, scan, wk.state.floor)
     }
 }

@@ -4,7 +4,7 @@
 //! atomic per record.
 
 use crate::protocols::twopc::lease::{self, HasLease, Lease, RecordLease, RenewFailure};
-pub use crate::protocols::twopc::lease::{read, release_in_doubt, scan};
+pub use crate::protocols::twopc::lease::{read, scan};
 use crate::protocols::twopc::{TxnId, TxnMeta};
 use crate::storage::{Record, Storage, Value};
 use crate::txn::Scan;

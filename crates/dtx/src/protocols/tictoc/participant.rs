@@ -195,11 +195,7 @@ impl Participant for TicToc {
         if p.writes.is_some() {
             wk.log_abort_here(txn);
             // A recovered in-doubt writer leaves its records ordinary again.
-            for (k, _) in &p.held {
-                if let Some(rec) = wk.node.store.get(*k) {
-                    meta::release_in_doubt(rec);
-                }
-            }
+            lease::release_all_in_doubt(&wk.node.store, p.held.iter().map(|(k, _)| *k));
         }
         wk.release(txn, &p.held);
     }
@@ -222,6 +218,6 @@ impl Participant for TicToc {
     }
 
     fn peek_scan(wk: &TicTocWorker, scan: Scan) -> Vec<(u64, Value)> {
-        meta::scan(&wk.node.store, scan, wk.state.floor).into_iter().map(|(k, v, _)| (k, v)).collect()
+        lease::peek_scan(&wk.node.store, scan, wk.state.floor)
     }
 }

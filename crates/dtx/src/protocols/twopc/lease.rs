@@ -11,7 +11,7 @@
 //! version is unchanged, and, if the tuple is locked by a writer, only when no extension is
 //! needed. A commit installs its writes with the lease `[commit_ts, commit_ts]` (Alg. 3).
 
-use crate::storage::{Record, Storage, Value};
+use crate::storage::{Record, RowKey, Storage, Value};
 use crate::txn::Scan;
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +114,18 @@ pub fn scan<M: HasLease + Default + Send>(store: &Storage<M>, s: Scan, floor: u6
 /// the recovered bound when next touched).
 pub fn release_in_doubt<M: HasLease>(rec: &Record<M>) {
     rec.lock().meta.record_lease().in_doubt = false;
+}
+
+/// A transaction recovered in doubt aborted: the records it held are ordinary again.
+pub fn release_all_in_doubt<M: HasLease + Default + Send>(store: &Storage<M>, keys: impl IntoIterator<Item = RowKey>) {
+    for rec in keys.into_iter().filter_map(|k| store.get(k)) {
+        release_in_doubt(rec);
+    }
+}
+
+/// The committed rows of a range, without their leases (a participant's `peek_scan`).
+pub fn peek_scan<M: HasLease + Default + Send>(store: &Storage<M>, s: Scan, floor: u64) -> Vec<(u64, Value)> {
+    scan(store, s, floor).into_iter().map(|(k, v, _)| (k, v)).collect()
 }
 
 /// A transaction's commit timestamp, raised as it reads and locks (Alg. 1).
