@@ -35,7 +35,7 @@ impl TxnMeta for TicTocMeta {
     /// The value a failed epoch replaced is back: as a version written past every lease granted
     /// on the undone one, so that no read of it (nor a cached copy) validates again.
     fn on_rolled_back(&mut self) {
-        self.leased.lease = lease::rolled_back(self.leased.lease);
+        self.leased.roll_back();
     }
 }
 

@@ -72,6 +72,11 @@ impl RecordLease {
         self.in_doubt = false;
     }
 
+    /// The value a failed epoch replaced is back ([`rolled_back`]).
+    pub fn roll_back(&mut self) {
+        self.lease = rolled_back(self.lease);
+    }
+
     /// A transaction recovered in doubt holds the record and installs at `ts`: its version
     /// keeps a lease below `ts` (it was the latest version up to there: the record was locked
     /// since the writer saw its lease, and nothing extended it past that while locked) until the
@@ -110,16 +115,11 @@ pub fn scan<M: HasLease + Default + Send>(store: &Storage<M>, s: Scan, floor: u6
     out
 }
 
-/// The in-doubt writer of this record aborted: its version is an ordinary one again (lifted to
+/// A transaction recovered in doubt aborted: the records it held are ordinary again (lifted to
 /// the recovered bound when next touched).
-pub fn release_in_doubt<M: HasLease>(rec: &Record<M>) {
-    rec.lock().meta.record_lease().in_doubt = false;
-}
-
-/// A transaction recovered in doubt aborted: the records it held are ordinary again.
 pub fn release_all_in_doubt<M: HasLease + Default + Send>(store: &Storage<M>, keys: impl IntoIterator<Item = RowKey>) {
     for rec in keys.into_iter().filter_map(|k| store.get(k)) {
-        release_in_doubt(rec);
+        rec.lock().meta.record_lease().in_doubt = false;
     }
 }
 

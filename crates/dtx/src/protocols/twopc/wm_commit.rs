@@ -492,10 +492,16 @@ impl WatermarkGate {
         }
     }
 
+    /// Would what an install at `ts` replaces be kept ([`WatermarkGate::keep_undo`])? Once not,
+    /// never again (the view of W_g only grows).
+    pub fn keeps_undo_at(&self, ts: u64) -> bool {
+        self.keeps_undo && ts >= self.global_view.load(Ordering::Relaxed)
+    }
+
     /// An install at `ts` replaced these values (key and value): kept while an agreement may
     /// roll them back (at or above the node's view of W_g).
     pub fn keep_undo(&self, ts: u64, replaced: impl IntoIterator<Item = (RowKey, Option<Value>)>) {
-        if !self.keeps_undo || ts < self.global_view.load(Ordering::Relaxed) {
+        if !self.keeps_undo_at(ts) {
             return replaced.into_iter().for_each(|(_, value)| Value::recycle(value));
         }
         let mut undo = self.undo.lock();

@@ -107,10 +107,11 @@ impl<C: Cc> CcWorker<C> {
         if writes.is_empty() {
             return Ok(());
         }
-        let replaced: Vec<(RowKey, Option<Value>)> =
-            writes.iter().map(|(k, _)| (*k, super::committed_value(&self.node.store, *k))).collect();
         self.node.log.append_commit(txn, writes, &[], ts)?;
-        wm.keep_undo(ts, replaced);
+        // The caller holds every record written: their committed values are the ones replaced.
+        if wm.keeps_undo_at(ts) {
+            wm.keep_undo(ts, writes.iter().map(|(k, _)| (*k, super::committed_value(&self.node.store, *k))));
+        }
         wm.logged(ts);
         Ok(())
     }
