@@ -27,15 +27,48 @@ impl BatchRecord {
     }
 }
 
-/// The last epoch a sequencer logged, from what its log held at start (0: none).
-pub fn last_logged_epoch(records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> u64 {
+/// What a sequencer's log held at start: the last epoch it logged (0: none), and the batches
+/// its records still hold (those behind a checkpoint are gone).
+pub fn recovered_batches(records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> (u64, Vec<(u64, Vec<Entry>)>) {
     let from_checkpoint = checkpoint.and_then(|c| decode::<MachineSnapshot>(c).ok()).map_or(0, |s| s.last_epoch);
-    records.iter().filter_map(|r| decode::<BatchRecord>(r).ok()).map(|b| b.epoch).fold(from_checkpoint, u64::max)
+    let batches: Vec<(u64, Vec<Entry>)> =
+        records.iter().filter_map(|r| decode::<BatchRecord>(r).ok()).map(|b| (b.epoch, b.entries)).collect();
+    (batches.iter().map(|(e, _)| *e).fold(from_checkpoint, u64::max), batches)
 }
 
 /// What a scheduler refuses, the copy refuses alike (see [`ReplayRules`]).
 const RULES: ReplayRules =
     ReplayRules { declared_keys_only: true, refuse_scans: Some(Abort::Protocol(SCAN_UNSUPPORTED)) };
+
+/// A replica of a sequencer's input log when every data node sequences (`sequencers=per-node`):
+/// one log holds one sequencer's share of the order, which no copy can run alone, so the
+/// replica keeps only the last epoch, for the sequencer's restart after its log is compacted.
+#[derive(Default)]
+pub struct EpochMachine {
+    last_epoch: u64,
+}
+
+impl EpochMachine {
+    pub fn open(checkpoint: Option<&[u8]>) -> anyhow::Result<Self> {
+        let Some(bytes) = checkpoint else { return Ok(EpochMachine::default()) };
+        let s: MachineSnapshot =
+            decode(bytes).map_err(|e| anyhow::anyhow!("calvin's input log checkpoint does not decode: {e}"))?;
+        Ok(EpochMachine { last_epoch: s.last_epoch })
+    }
+}
+
+impl LogMachine for EpochMachine {
+    fn apply(&mut self, record: &[u8]) {
+        match decode::<BatchRecord>(record) {
+            Ok(batch) => self.last_epoch = self.last_epoch.max(batch.epoch),
+            Err(_) => log_warn(&format!("calvin: an input log record of {} bytes is no batch", record.len())),
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy: Vec::new() })
+    }
+}
 
 #[derive(Serialize, Deserialize)]
 struct MachineSnapshot {

@@ -1,4 +1,4 @@
-//! Calvin's wire types: a client submits a request to the sequencer, the sequencer sends each
+//! Calvin's wire types: a client submits a request to its node's sequencer, a sequencer sends each
 //! batch to every data node's scheduler, participants exchange their local reads, and one of them
 //! tells the client the outcome. Requests travel as bytes (`Procedures::encode_request`): they
 //! are data, decoded and re-run at every participant.
@@ -22,10 +22,12 @@ pub struct Entry {
 pub enum Msg {
     /// Client -> sequencer.
     Submit(Entry),
-    /// Sequencer -> every data node's scheduler, in epoch order (gaps are waited for).
-    Batch { epoch: u64, entries: Vec<Entry> },
-    /// Participant -> the other participants of transaction `index` of `epoch`: its local reads.
-    Reads { epoch: u64, index: u32, from: NodeId, values: Vec<(RowKey, Option<Value>)> },
+    /// A sequencer -> every data node's scheduler: its batch of `epoch` (one every epoch, empty
+    /// or not, since schedulers take every sequencer's batch of an epoch in turn).
+    Batch { epoch: u64, sequencer: NodeId, entries: Vec<Entry> },
+    /// Participant -> the other participants of the transaction at `slot` (epoch, sequencer,
+    /// index in its batch): its local reads.
+    Reads { slot: (u64, NodeId, u32), from: NodeId, values: Vec<(RowKey, Option<Value>)> },
     /// One participant -> the client: the outcome, the output as JSON (what the driver records).
     Done { id: u64, outcome: Result<Vec<u8>, Abort> },
 }

@@ -6,26 +6,30 @@
 //! client and decoded and re-run at every participant), protocol-defined abort reasons and
 //! options, and nothing outside this folder but its registry line.
 //!
-//! Roles: [`sequencer`] batches submissions (node 0's worker 0); [`scheduler`] runs batches in
-//! log order on worker 0 of every data node; the client side (here) submits and waits for the
-//! outcome; [`messages`] the wire types.
+//! Roles: [`sequencer`] batches its node's submissions (worker 0 of every data node, or of node 0
+//! alone with `sequencers=one`); [`scheduler`] takes the batches in the global order on worker 0
+//! of every data node and runs transactions under [`locks`], Calvin's deterministic ordered
+//! locking; the client side (here) submits and waits for the outcome; [`messages`] the wire
+//! types.
 //!
 //! Copies: with `--placement per-region` every region holds a full copy, its data nodes run
 //! every batch on it, reads are exchanged within the region, and a client hears its outcome
 //! from its own region's copy.
 //!
-//! The input log ([`input_log`]): with `--durability wal` or `replicated` the sequencer logs each
-//! batch before it sends it, and every replica of that log executes it on a full copy of the
-//! data, snapshots the copy and compacts the log behind it.
+//! The input log ([`input_log`]): with `--durability wal` or `replicated` a sequencer logs each
+//! batch before it sends it, and resends what its log holds when it restarts. With one
+//! sequencer (`sequencers=one`) every replica of its log executes it on a full copy of the
+//! data, snapshots the copy and compacts the log behind it; with a sequencer per node one log
+//! holds only a share of the order, and the copies that execute all of it are the regions'
+//! (`--placement per-region`).
 //!
 //! What Calvin has that this core does not, yet (the calvin issue): recovery of a data node by
-//! replaying the input log (here a crashed data node restarts from the population), the
-//! sequencer failing over to a replica of its log, a sequencer per node with batches
-//! interleaved round-robin, concurrent execution under deterministic ordered locking (here a
-//! node executes one transaction at a time, which is serializable by construction),
-//! reconnaissance for dependent keys (here refused), scans, and tolerance of lost messages.
+//! replaying the input log (here a crashed data node restarts from the population, so crash
+//! faults are not supported), a sequencer failing over to a replica of its log,
+//! reconnaissance for dependent keys (here refused), and scans.
 
 pub mod input_log;
+pub mod locks;
 pub mod messages;
 pub mod scheduler;
 pub mod sequencer;
@@ -64,6 +68,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "the sequencer closes a batch this often (Calvin: 10 ms; Detock's default: 5 ms)",
     },
     OptionSpec {
+        name: "sequencers",
+        kind: OptionKind::Choice(&["per-node", "one"]),
+        default: "per-node",
+        help: "a sequencer on every data node, batches taken round-robin (Calvin), or node 0's alone",
+    },
+    OptionSpec {
         name: "max_pending",
         kind: OptionKind::U64 { min: 1, max: 1_000_000 },
         default: "100000",
@@ -78,46 +88,68 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("undecodable-request", "a participant could not decode the request"),
 ];
 
-/// Where the one sequencer runs.
-pub const SEQUENCER: Addr = Addr { node: 0, worker: 0 };
-
 #[derive(Debug, Clone, Copy)]
 pub struct Calvin {
     pub batch_us: u64,
     pub max_pending: usize,
+    /// Node 0 alone sequences (`sequencers=one`), not every data node.
+    pub one_sequencer: bool,
 }
 
 impl Calvin {
     pub fn new(o: &Options) -> Self {
-        Calvin { batch_us: o.u64("batch_us"), max_pending: o.u64("max_pending") as usize }
+        Calvin {
+            batch_us: o.u64("batch_us"),
+            max_pending: o.u64("max_pending") as usize,
+            one_sequencer: o.choice("sequencers") == "one",
+        }
+    }
+
+    /// The nodes that sequence, in the order each epoch's batches are taken.
+    pub fn sequencers(&self, topo: &Topology) -> Vec<NodeId> {
+        if self.one_sequencer {
+            return vec![0];
+        }
+        (0..topo.nodes).filter(|n| topo.roles_of(*n).contains(Role::Data)).collect()
+    }
+
+    /// The log machine of a sequencer's input log (see [`input_log`]).
+    fn input_machine(&self, env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
+        Ok(match self.one_sequencer {
+            true => Box::new(input_log::InputMachine::open(env, checkpoint)?),
+            false => Box::new(input_log::EpochMachine::open(checkpoint)?),
+        })
     }
 }
 
 impl Protocol for Calvin {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let last_epoch = input_log::last_logged_epoch(&env.recovered, env.checkpoint.as_deref());
+        let (last_epoch, recovered) = input_log::recovered_batches(&env.recovered, env.checkpoint.as_deref());
         if let (Some(log), true) = (&env.log, env.checkpoint_every > 0) {
             let machine_env =
                 MachineEnv { node: env.node, log: 0, topo: env.topo.clone(), workload: env.workload.clone() };
-            match input_log::InputMachine::open(&machine_env, env.checkpoint.as_deref()) {
+            match self.input_machine(&machine_env, env.checkpoint.as_deref()) {
                 Ok(mut machine) => {
                     env.recovered.iter().for_each(|r| machine.apply(r));
-                    log.set_checkpointer(Box::new(machine), env.checkpoint_every);
+                    log.set_checkpointer(machine, env.checkpoint_every);
                 }
                 Err(e) => log_warn(&format!("calvin: node {}: the input log is not checkpointed: {e:#}", env.node)),
             }
         }
         let store = load_storage(&env);
-        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, last_epoch })))
+        let sequencers = self.sequencers(&env.topo);
+        let recovered = parking_lot::Mutex::new(recovered);
+        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, last_epoch, recovered, sequencers })))
     }
 
-    /// A replica of a node's input log executes it: a full copy of the data (see [`input_log`]).
+    /// A replica of a node's input log: with one sequencer it executes the log on a full copy
+    /// of the data (see [`input_log`]).
     fn log_machine(&self, env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
-        Ok(Box::new(input_log::InputMachine::open(env, checkpoint)?))
+        self.input_machine(env, checkpoint)
     }
 
-    /// Worker 0 of every node is its scheduler (node 0's also the sequencer), and runs no
-    /// clients: a deterministic scheduler must not wait behind a client's work.
+    /// Worker 0 of every data node is its scheduler and sequencer, and runs no clients: a
+    /// deterministic scheduler must not wait behind a client's work.
     fn service_workers(&self) -> u16 {
         1
     }
@@ -160,9 +192,23 @@ pub struct NodeState {
     pub cfg: Calvin,
     /// The last batch the node's input log held when it started (its sequencer goes on after it).
     pub last_epoch: u64,
+    /// The batches that log still held, for the sequencer to send again (taken by it).
+    recovered: parking_lot::Mutex<Vec<(u64, Vec<messages::Entry>)>>,
+    /// The nodes that sequence, in the order each epoch's batches are taken.
+    pub sequencers: Vec<NodeId>,
 }
 
 impl NodeState {
+    /// The sequencer a client on node `n` submits to: its own node's, else the first one in its
+    /// region, else the first one.
+    pub fn sequencer_for(&self, n: NodeId) -> Addr {
+        let topo = &self.env.topo;
+        let node = (self.sequencers.iter().find(|s| **s == n))
+            .or_else(|| self.sequencers.iter().find(|s| topo.region_of(**s) == topo.region_of(n)))
+            .unwrap_or(&self.sequencers[0]);
+        Addr::new(*node, 0)
+    }
+
     /// Which copy of the data node `n` holds part of, or its clients read: its region's with
     /// a copy per region (`--placement per-region`), else the one copy (0).
     pub fn copy_of(&self, n: NodeId) -> u16 {
@@ -199,10 +245,11 @@ impl NodeProtocol for CalvinNode {
             me: me.clone(),
             w: w.clone(),
             node: self.0.clone(),
-            sequencer: roles
-                .contains(Role::Sequencer)
-                .then(|| sequencer::Sequencer::new(self.0.cfg.max_pending, self.0.last_epoch)),
-            scheduler: roles.contains(Role::Scheduler).then(scheduler::Scheduler::default),
+            sequencer: roles.contains(Role::Sequencer).then(|| {
+                let recovered = std::mem::take(&mut *self.0.recovered.lock());
+                sequencer::Sequencer::new(self.0.cfg.max_pending, self.0.last_epoch, recovered)
+            }),
+            scheduler: roles.contains(Role::Scheduler).then(|| scheduler::Scheduler::new(self.0.sequencers.clone())),
             waiting: RefCell::new(FxHashMap::default()),
             next_id: Cell::new(1),
         });
@@ -218,7 +265,7 @@ impl NodeProtocol for CalvinNode {
         }
         // Worker 0 is the protocol's own (`service_workers`): no clients there.
         roles = roles.without(Role::Client);
-        if w == SEQUENCER {
+        if self.0.sequencers.contains(&w.node) {
             roles = roles.with(Role::Sequencer);
         }
         if roles.contains(Role::Data) {
@@ -273,12 +320,17 @@ impl CalvinWorker {
                 Some(s) => s.submit(self, entry),
                 None => log_warn(&format!("calvin: {} got a submission from {from} but is no sequencer", self.w.addr)),
             },
-            Msg::Batch { epoch, entries } => match &self.scheduler {
-                Some(s) => s.batch(epoch, entries),
-                None => log_warn(&format!("calvin: {} got a batch but is no scheduler", self.w.addr)),
-            },
-            Msg::Reads { epoch, index, from: node, values } => match &self.scheduler {
-                Some(s) => s.reads(epoch, index, node, values),
+            Msg::Batch { epoch, sequencer, entries } => {
+                if let Some(seq) = self.sequencer.as_ref().filter(|_| sequencer != self.w.addr.node) {
+                    seq.heard(epoch);
+                }
+                match &self.scheduler {
+                    Some(s) => s.batch(epoch, sequencer, entries),
+                    None => log_warn(&format!("calvin: {} got a batch but is no scheduler", self.w.addr)),
+                }
+            }
+            Msg::Reads { slot, from: node, values } => match &self.scheduler {
+                Some(s) => s.reads(slot, node, values),
                 None => log_warn(&format!("calvin: {} got reads but is no scheduler", self.w.addr)),
             },
             Msg::Done { id, outcome } => self.done(id, outcome),
@@ -309,7 +361,10 @@ impl CalvinWorker {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.waiting.borrow_mut().insert(id, Waiting::default());
-        self.deliver(SEQUENCER, Msg::Submit(Entry { client: self.w.addr, id, req: procs.encode_request(req) }));
+        self.deliver(
+            self.node.sequencer_for(self.w.addr.node),
+            Msg::Submit(Entry { client: self.w.addr, id, req: procs.encode_request(req) }),
+        );
         let mut timeout = self.w.sleep_us(self.w.rpc.timeout_us);
         let outcome = std::future::poll_fn(|cx| {
             let mut waiting = self.waiting.borrow_mut();
@@ -340,7 +395,7 @@ impl WorkerProtocol for CalvinWorker {
             sequencer::spawn_batcher(&me);
         }
         if self.scheduler.is_some() {
-            scheduler::spawn_executor(&me);
+            scheduler::spawn_admitter(&me);
         }
     }
 }

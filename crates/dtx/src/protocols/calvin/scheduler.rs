@@ -1,120 +1,182 @@
-//! A data node's scheduler: it runs the sequencer's batches in epoch order, one transaction at a
-//! time, each to its end before the next (serializable by construction; Calvin's ordered
-//! locking, which lets non-conflicting ones overlap, is the calvin issue's). A transaction that
-//! touches several nodes runs at each of them: each reads its own keys, sends them to the
-//! others, waits for theirs, runs the procedure over the whole read set (the same inputs give the
-//! same result everywhere, so no vote is needed) and installs its own keys' writes. The first
-//! participant tells the client.
+//! A data node's scheduler: it takes the sequencers' batches in the global order (epoch by
+//! epoch, and within an epoch the sequencers round-robin in node order), requests each
+//! transaction's local locks in that order ([`OrderedLocks`]), and runs every transaction that
+//! holds its locks, many side by side. A transaction that touches several nodes runs at each of
+//! them: each reads its own keys, sends them to the others, waits for theirs, runs the procedure
+//! over the whole read set (the same inputs give the same result everywhere, so no vote is
+//! needed), installs its own keys' writes and releases its locks. The first participant tells
+//! the client.
+//!
+//! Conflicting transactions run in log order at every node and the others commute, so every
+//! node's execution is equivalent to running the log one transaction at a time.
 
+use super::locks::{Mode, OrderedLocks};
 use super::messages::{Entry, Msg};
 use super::{CalvinWorker, SCAN_UNSUPPORTED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step};
+use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step, TxnRequest};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
-/// Reads received from other participants before their transaction's turn here, at most this
-/// many transactions' worth (a peer this far ahead is a bug: they all follow one order).
+/// Reads received from other participants before their transaction was admitted here, at most
+/// this many transactions' worth (a peer this far ahead is a bug: they all follow one order).
 const MAX_EARLY_READS: usize = 1 << 20;
-/// Batches received ahead of the next epoch to run.
+/// Batches received ahead of the next one to admit.
 const MAX_EARLY_BATCHES: usize = 1 << 16;
+/// Transactions admitted and not finished: the scheduler admits no further batch past this many.
+const MAX_ACTIVE: usize = 1 << 16;
 
-/// A transaction's place in the log: (epoch, index in its batch).
-type Slot = (u64, u32);
+/// A transaction's place in the global order: (epoch, its sequencer, index in that batch).
+pub type Slot = (u64, NodeId, u32);
+/// A batch's place in the global order: (epoch, its sequencer).
+type BatchId = (u64, NodeId);
 /// Keys with the values a participant read.
 type ReadSet = Vec<(RowKey, Option<Value>)>;
 
-#[derive(Default)]
+/// An admitted transaction waiting for its locks.
+struct Admitted {
+    entry: Entry,
+    req: TxnRequest,
+    keys: KeySet,
+    participants: Vec<NodeId>,
+}
+
 pub struct Scheduler {
-    /// Batches not run yet, by epoch.
-    batches: RefCell<BTreeMap<u64, Vec<Entry>>>,
-    /// The next epoch to run (epochs start at 1).
-    next_epoch: Cell<u64>,
+    /// The sequencers, in the order each epoch's batches are taken.
+    sequencers: Vec<NodeId>,
+    /// Batches not admitted yet.
+    batches: RefCell<BTreeMap<BatchId, Vec<Entry>>>,
+    /// The next batch to admit: every slot before it is admitted (running, done, or not here).
+    next: Cell<BatchId>,
+    locks: RefCell<OrderedLocks<Slot>>,
+    /// Admitted transactions that do not hold all their locks yet.
+    waiting: RefCell<FxHashMap<Slot, Admitted>>,
     /// Other participants' reads, by transaction and by the node that sent them (a resent copy
-    /// replaces the first).
+    /// replaces the first). A running transaction's entry stays until it releases, so that a
+    /// late copy lands in it and goes with it.
     reads: RefCell<FxHashMap<Slot, FxHashMap<NodeId, ReadSet>>>,
-    /// The transaction running now: reads for earlier ones are late copies.
-    running: Cell<Slot>,
-    /// The executor task, asleep until a batch or reads arrive.
+    /// Running transactions waiting for others' reads.
+    read_wakers: RefCell<FxHashMap<Slot, Waker>>,
+    /// The admitting task, asleep until a batch arrives or room is made.
     waker: RefCell<Option<Waker>>,
+    /// Transactions running now (holding their locks).
+    running: Cell<usize>,
 }
 
 impl Scheduler {
-    pub fn batch(&self, epoch: u64, entries: Vec<Entry>) {
-        if epoch < self.next_epoch.get().max(1) {
-            return; // A resent copy of a batch already run.
+    pub fn new(mut sequencers: Vec<NodeId>) -> Self {
+        sequencers.sort_unstable();
+        sequencers.dedup();
+        assert!(!sequencers.is_empty(), "a scheduler follows at least one sequencer");
+        Scheduler {
+            next: Cell::new((1, sequencers[0])),
+            sequencers,
+            batches: RefCell::default(),
+            locks: RefCell::default(),
+            waiting: RefCell::default(),
+            reads: RefCell::default(),
+            read_wakers: RefCell::default(),
+            waker: RefCell::default(),
+            running: Cell::new(0),
+        }
+    }
+
+    pub fn batch(&self, epoch: u64, sequencer: NodeId, entries: Vec<Entry>) {
+        if (epoch, sequencer) < self.next.get() || !self.sequencers.contains(&sequencer) {
+            return; // A resent copy of a batch already admitted (or from no sequencer of ours).
         }
         let mut batches = self.batches.borrow_mut();
-        assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of epoch {}", self.next_epoch.get());
-        batches.insert(epoch, entries);
+        assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of {:?}", self.next.get());
+        batches.insert((epoch, sequencer), entries);
         drop(batches);
-        self.wake();
+        wake(&self.waker);
     }
 
-    pub fn reads(&self, epoch: u64, index: u32, from: NodeId, values: ReadSet) {
-        if (epoch, index) < self.running.get() {
-            return; // A resent copy for a transaction already run.
+    pub fn reads(&self, slot: Slot, from: NodeId, values: ReadSet) {
+        let admitted = (slot.0, slot.1) < self.next.get();
+        if admitted && !self.locks.borrow().contains(&slot) {
+            return; // A resent copy for a transaction that has finished.
         }
         let mut reads = self.reads.borrow_mut();
-        assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of epoch {}", self.next_epoch.get());
-        reads.entry((epoch, index)).or_default().insert(from, values);
+        assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of {:?}", self.next.get());
+        reads.entry(slot).or_default().insert(from, values);
         drop(reads);
-        self.wake();
-    }
-
-    /// How many other participants' reads arrived for `slot`.
-    fn arrived(&self, slot: Slot) -> usize {
-        self.reads.borrow().get(&slot).map_or(0, |r| r.len())
-    }
-
-    fn wake(&self) {
-        if let Some(w) = self.waker.borrow_mut().take() {
+        if let Some(w) = self.read_wakers.borrow_mut().remove(&slot) {
             w.wake();
         }
     }
 
-    /// Wait until `ready` holds, woken by every batch and read that arrives.
-    async fn until(&self, ready: impl Fn(&Scheduler) -> bool) {
+    /// The batch after `next`: the next sequencer's, or the first one's of the next epoch.
+    fn advance(&self) {
+        let (epoch, sequencer) = self.next.get();
+        let at = self.sequencers.iter().position(|s| *s == sequencer).expect("next names a sequencer");
+        self.next.set(match self.sequencers.get(at + 1) {
+            Some(s) => (epoch, *s),
+            None => (epoch + 1, self.sequencers[0]),
+        });
+    }
+
+    /// Wait until the next batch is here and there is room to admit it.
+    async fn next_batch(&self) -> Vec<Entry> {
         std::future::poll_fn(|cx| {
-            if ready(self) {
-                return Poll::Ready(());
+            let next = self.next.get();
+            if self.locks.borrow().len() < MAX_ACTIVE {
+                if let Some(entries) = self.batches.borrow_mut().remove(&next) {
+                    return Poll::Ready(entries);
+                }
             }
             *self.waker.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         })
         .await
     }
+
+    /// Wait until `want` other participants' reads for `slot` are here, and take them.
+    async fn others_reads(&self, slot: Slot, want: usize) -> Vec<ReadSet> {
+        std::future::poll_fn(|cx| {
+            let mut reads = self.reads.borrow_mut();
+            match reads.get_mut(&slot) {
+                Some(r) if r.len() >= want => Poll::Ready(std::mem::take(r).into_values().collect()),
+                _ => {
+                    self.read_wakers.borrow_mut().insert(slot, cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
 }
 
-/// Run batches in epoch order for as long as the worker lives.
-pub fn spawn_executor(me: &Rc<CalvinWorker>) {
+fn wake(slot: &RefCell<Option<Waker>>) {
+    if let Some(w) = slot.borrow_mut().take() {
+        w.wake();
+    }
+}
+
+/// Admit batches in the global order for as long as the worker lives.
+pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
     let weak = Rc::downgrade(me);
     me.w.clone().spawn(async move {
         loop {
             let Some(me) = weak.upgrade() else { return };
-            let s = me.scheduler.as_ref().expect("the executor runs on a scheduler");
-            if s.next_epoch.get() == 0 {
-                s.next_epoch.set(1);
-            }
-            let epoch = s.next_epoch.get();
-            s.until(|s| s.batches.borrow().contains_key(&epoch)).await;
-            let entries = s.batches.borrow_mut().remove(&epoch).expect("waited for it");
+            let s = me.scheduler.as_ref().expect("the admitter runs on a scheduler");
+            let entries = s.next_batch().await;
+            let (epoch, sequencer) = s.next.get();
             for (index, entry) in entries.into_iter().enumerate() {
-                run_one(&me, s, epoch, index as u32, entry).await;
+                admit(&me, (epoch, sequencer, index as u32), entry);
             }
-            s.next_epoch.set(epoch + 1);
+            s.advance();
         }
     });
 }
 
-/// Run one sequenced transaction here, if it touches this node.
-async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry: Entry) {
-    debug_assert!((epoch, index) >= s.running.get(), "the log runs forward");
-    s.running.set((epoch, index));
+/// Request the locks of one sequenced transaction, if it touches this node, and start it if
+/// it holds them all.
+fn admit(me: &Rc<CalvinWorker>, slot: Slot, entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
     let procs = &node.env.workload;
@@ -133,7 +195,37 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
     if !participants.contains(&here) {
         return;
     }
-    let local: Vec<(RowKey, Option<Value>)> = keys
+    let local = |k: &&RowKey| node.holder(**k, copy) == here;
+    let wanted = (keys.reads.iter().filter(local).map(|k| (*k, Mode::Shared)))
+        .chain(keys.writes.iter().filter(local).map(|k| (*k, Mode::Exclusive)));
+    let s = me.scheduler.as_ref().expect("a scheduler admits");
+    let holds_all = s.locks.borrow_mut().request(slot, wanted);
+    let admitted = Admitted { entry, req, keys, participants };
+    if holds_all {
+        spawn_run(me, slot, admitted);
+    } else {
+        me.w.count("calvin-lock-waits", 1);
+        s.waiting.borrow_mut().insert(slot, admitted);
+    }
+}
+
+fn spawn_run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
+    let me = me.clone();
+    me.w.clone().spawn(async move { run(&me, slot, txn).await });
+}
+
+/// Run one transaction that holds its local locks, then release them and start whoever they
+/// were the last for.
+async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
+    let (node, here) = (&me.node, me.w.addr.node);
+    let s = me.scheduler.as_ref().expect("a scheduler runs");
+    let copy = node.copy_of(here);
+    let Admitted { entry, req, keys, participants } = txn;
+    if s.running.get() > 0 {
+        me.w.count("calvin-overlapped", 1); // Started while another still ran: ordered locking at work.
+    }
+    s.running.set(s.running.get() + 1);
+    let local: ReadSet = keys
         .reads
         .iter()
         .chain(&keys.writes)
@@ -143,16 +235,14 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
     me.w.charge_ops(local.len());
     let others: Vec<NodeId> = participants.iter().copied().filter(|n| *n != here).collect();
     for &n in &others {
-        me.deliver(Addr::new(n, 0), Msg::Reads { epoch, index, from: here, values: local.clone() });
+        me.deliver(Addr::new(n, 0), Msg::Reads { slot, from: here, values: local.clone() });
     }
     let mut values: FxHashMap<RowKey, Option<Value>> = local.into_iter().collect();
     if !others.is_empty() {
         me.w.count("multi-node-txns", 1);
-        let want = others.len();
-        s.until(|s| s.arrived((epoch, index)) >= want).await;
-        let theirs = s.reads.borrow_mut().remove(&(epoch, index)).unwrap_or_default();
-        values.extend(theirs.into_values().flatten());
+        values.extend(s.others_reads(slot, others.len()).await.into_iter().flatten());
     }
+    let procs = &node.env.workload;
     let mut access = Deterministic { values, writes: Vec::new() };
     let result = procs.run(&req, &mut Ctx::with_declared(&mut access, &keys)).await;
     if result.is_ok() {
@@ -161,11 +251,24 @@ async fn run_one(me: &CalvinWorker, s: &Scheduler, epoch: u64, index: u32, entry
             node.store.get_or_create(k).lock().value = v;
         }
     }
+    release(me, s, slot);
     // Every copy runs it; the client hears from its own copy's first participant.
     if here == participants[0] && node.copy_of(entry.client.node) == copy {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
         me.deliver(entry.client, Msg::Done { id: entry.id, outcome });
     }
+}
+
+fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
+    s.running.set(s.running.get() - 1);
+    s.reads.borrow_mut().remove(&slot);
+    let mut ready = Vec::new();
+    s.locks.borrow_mut().release(slot, &mut ready);
+    for next in ready {
+        let txn = s.waiting.borrow_mut().remove(&next).expect("a transaction granted its locks was waiting");
+        spawn_run(me, next, txn);
+    }
+    wake(&s.waker); // Room to admit.
 }
 
 fn first_data_node(me: &CalvinWorker) -> NodeId {

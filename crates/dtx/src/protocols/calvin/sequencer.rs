@@ -1,7 +1,11 @@
-//! The sequencer: submissions queue up (at most `max_pending`) and every `batch_us` the queue
-//! becomes the next batch, sent to every data node's scheduler. The batch's epoch number is the
-//! global order: every scheduler runs batches in epoch order and a batch's transactions in their
-//! order in it, so every node sees one serial order.
+//! A sequencer: its node's clients' submissions queue up (at most `max_pending`) and every
+//! `batch_us` the queue becomes the sequencer's batch of the next epoch, sent to every data
+//! node's scheduler. With a sequencer per data node (Calvin's), the global order is every
+//! epoch's batches taken round-robin in node order, and a batch's transactions in their order
+//! in it: every node sees one serial order. A sequencer sends a batch every epoch, empty or not,
+//! since the schedulers take each sequencer's batch of an epoch in turn; one that falls behind
+//! the others (it restarted, or stalled) fills the epochs it missed with empty batches, so that
+//! the others' transactions wait for it at most one batch.
 
 use super::input_log::BatchRecord;
 use super::messages::{Entry, Msg};
@@ -13,19 +17,39 @@ use crate::txn::Abort;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+/// Epochs a sequencer fills at once when it catches up; the rest wait for its next batch.
+const MAX_FILL: u64 = 1 << 12;
+
 pub struct Sequencer {
     pending: RefCell<Vec<Entry>>,
     max_pending: usize,
     /// The last epoch sent (epochs start at 1).
     epoch: Cell<u64>,
+    /// The highest epoch heard from another sequencer (its batch reached this node's scheduler).
+    heard: Cell<u64>,
+    /// Batches the log held when the node started: sent again first, since the crash may have
+    /// cut their sending short (schedulers drop copies they have).
+    resend: RefCell<Vec<(u64, Vec<Entry>)>>,
 }
 
 impl Sequencer {
     /// A sequencer whose last batch was `last_epoch` (0: none; after a restart, the last one
-    /// its input log holds, so that epochs never repeat).
-    pub fn new(max_pending: usize, last_epoch: u64) -> Self {
+    /// its input log holds, so that epochs never repeat), with the batches its log still holds.
+    pub fn new(max_pending: usize, last_epoch: u64, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
-        Sequencer { pending: RefCell::new(Vec::new()), max_pending, epoch: Cell::new(last_epoch) }
+        assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
+        Sequencer {
+            pending: RefCell::new(Vec::new()),
+            max_pending,
+            epoch: Cell::new(last_epoch),
+            heard: Cell::new(0),
+            resend: RefCell::new(recovered),
+        }
+    }
+
+    /// Another sequencer's batch of `epoch` arrived here.
+    pub fn heard(&self, epoch: u64) {
+        self.heard.set(self.heard.get().max(epoch));
     }
 
     /// Queue a submission, or refuse it at the bound (the client retries later).
@@ -39,15 +63,15 @@ impl Sequencer {
         pending.push(entry);
     }
 
-    /// Close the batch: the next epoch with everything queued, or `None` when nothing is.
-    fn close(&self) -> Option<(u64, Vec<Entry>)> {
-        let entries = std::mem::take(&mut *self.pending.borrow_mut());
-        if entries.is_empty() {
-            return None;
-        }
-        let epoch = self.epoch.get() + 1;
+    /// Close the batch: the next epoch with everything queued, after empty batches for the
+    /// epochs the other sequencers have gone past (at most [`MAX_FILL`] of them).
+    fn close(&self) -> Vec<(u64, Vec<Entry>)> {
+        let last = self.epoch.get();
+        let epoch = (last + 1).max(self.heard.get()).min(last + MAX_FILL);
+        let mut batches: Vec<(u64, Vec<Entry>)> = (last + 1..epoch).map(|e| (e, Vec::new())).collect();
+        batches.push((epoch, std::mem::take(&mut *self.pending.borrow_mut())));
         self.epoch.set(epoch);
-        Some((epoch, entries))
+        batches
     }
 }
 
@@ -59,37 +83,96 @@ pub fn spawn_batcher(me: &Rc<CalvinWorker>) {
     let w = me.w.clone();
     let batch_us = me.node.cfg.batch_us;
     w.clone().spawn(async move {
+        if let Some(me) = weak.upgrade() {
+            let resend = std::mem::take(&mut *me.sequencer.as_ref().expect("a sequencer").resend.borrow_mut());
+            resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, entries));
+        }
         loop {
             w.sleep_us(batch_us).await;
             let Some(me) = weak.upgrade() else { return };
             let seq = me.sequencer.as_ref().expect("the batcher runs on the sequencer");
-            let Some((epoch, entries)) = seq.close() else { continue };
+            let batches = seq.close();
             me.w.count("batches", 1);
-            let entries = log_batch(&me, epoch, entries).await;
-            let topo = &me.node.env.topo;
-            for node in (0..topo.nodes).filter(|n| topo.roles_of(*n).contains(Role::Data)) {
-                me.deliver(Addr::new(node, 0), Msg::Batch { epoch, entries: entries.clone() });
+            me.w.count("empty-batches-filled", batches.len() as u64 - 1);
+            for (epoch, entries) in log_batches(&me, batches).await {
+                send(&me, epoch, entries);
             }
         }
     });
 }
 
-/// Log batch `epoch` and wait until it is durable; returns what to send. A batch the log refuses
+fn send(me: &CalvinWorker, epoch: u64, entries: Vec<Entry>) {
+    let topo = &me.node.env.topo;
+    let sequencer = me.w.addr.node;
+    for node in (0..topo.nodes).filter(|n| topo.roles_of(*n).contains(Role::Data)) {
+        me.deliver(Addr::new(node, 0), Msg::Batch { epoch, sequencer, entries: entries.clone() });
+    }
+}
+
+/// Log `batches` and wait until they are durable; returns what to send. A batch the log refuses
 /// (over its record limit) is logged and sent empty, so that the epochs stay unbroken, and its
 /// clients are told.
-async fn log_batch(me: &CalvinWorker, epoch: u64, entries: Vec<Entry>) -> Vec<Entry> {
-    let Some(log) = &me.node.env.log else { return entries };
-    let (lsn, entries) = match log.append(&BatchRecord::encode(epoch, &entries)) {
-        Ok(lsn) => (lsn, entries),
-        Err(e) => {
-            log_warn(&format!("calvin: batch {epoch} of {} transactions was refused by the log: {e}", entries.len()));
-            for entry in entries {
-                me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<(u64, Vec<Entry>)> {
+    let Some(log) = &me.node.env.log else { return batches };
+    let mut last = None;
+    let mut logged = Vec::with_capacity(batches.len());
+    for (epoch, entries) in batches {
+        let (lsn, entries) = match log.append(&BatchRecord::encode(epoch, &entries)) {
+            Ok(lsn) => (lsn, entries),
+            Err(e) => {
+                log_warn(&format!(
+                    "calvin: batch {epoch} of {} transactions was refused by the log: {e}",
+                    entries.len()
+                ));
+                for entry in entries {
+                    me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+                }
+                let empty = log.append(&BatchRecord::encode(epoch, &[])).expect("an empty batch fits in a record");
+                (empty, Vec::new())
             }
-            let empty = log.append(&BatchRecord::encode(epoch, &[])).expect("an empty batch fits in a record");
-            (empty, Vec::new())
-        }
-    };
-    log.wait(lsn).await;
-    entries
+        };
+        last = Some(lsn);
+        logged.push((epoch, entries));
+    }
+    if let Some(lsn) = last {
+        log.wait(lsn).await;
+    }
+    logged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u64) -> Entry {
+        Entry { client: Addr::new(1, 1), id, req: Vec::new() }
+    }
+
+    fn epochs(batches: &[(u64, Vec<Entry>)]) -> Vec<(u64, usize)> {
+        batches.iter().map(|(e, b)| (*e, b.len())).collect()
+    }
+
+    #[test]
+    fn a_sequencer_sends_a_batch_every_epoch_and_catches_up_on_the_others_with_empty_ones() {
+        let s = Sequencer::new(10, 0, Vec::new());
+        assert_eq!(epochs(&s.close()), vec![(1, 0)], "an empty epoch is still sent");
+        s.pending.borrow_mut().extend([entry(1), entry(2)]);
+        assert_eq!(epochs(&s.close()), vec![(2, 2)]);
+        s.heard(2);
+        assert_eq!(epochs(&s.close()), vec![(3, 0)], "an epoch heard from another is no jump");
+        s.heard(7);
+        s.pending.borrow_mut().push(entry(3));
+        assert_eq!(epochs(&s.close()), vec![(4, 0), (5, 0), (6, 0), (7, 1)], "the missed epochs are filled empty");
+        assert_eq!(epochs(&s.close()), vec![(8, 0)]);
+    }
+
+    #[test]
+    fn a_restarted_sequencer_goes_on_after_its_logged_epochs_and_fills_at_most_max_fill() {
+        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())]);
+        assert_eq!(s.resend.borrow().len(), 2, "what its log holds is sent again");
+        s.heard(40 + 10 * MAX_FILL);
+        let batches = s.close();
+        assert_eq!(batches.len() as u64, MAX_FILL);
+        assert_eq!((batches[0].0, batches.last().unwrap().0), (41, 40 + MAX_FILL));
+    }
 }

@@ -23,6 +23,31 @@ fn batches_run_in_one_order_and_multi_node_transactions_exchange_reads() {
     }
 }
 
+/// Deterministic ordered locking: transactions whose keys do not conflict run side by side
+/// (one starts while another waits for a remote read), conflicting ones queue in log order, and
+/// the history stays serializable. Every data node sequences, and the schedulers take each
+/// epoch's batches from all of them (three nodes: three batches an epoch, against one with
+/// `sequencers=one`), in one order.
+#[test]
+fn transactions_overlap_under_ordered_locks_and_every_node_sequences() {
+    for seed in 1..=3 {
+        let run = |variant: &str| {
+            let mut s = spec(variant, append(), 40 + seed);
+            s.nodes = 3;
+            checked(&s)
+        };
+        let (per_node, one) = (run("calvin:batch_us=1000"), run("calvin:batch_us=1000:sequencers=one"));
+        for out in [&per_node, &one] {
+            let c = &out.totals.counters;
+            assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+            assert!(c.get("calvin-overlapped").copied().unwrap_or(0) > 0, "seed {seed}: nothing overlapped: {c:?}");
+            assert!(c.get("calvin-lock-waits").copied().unwrap_or(0) > 0, "seed {seed}: no conflict queued: {c:?}");
+        }
+        let batches = |o: &host::Outcome| o.totals.counters.get("batches").copied().unwrap_or(0);
+        assert!(batches(&per_node) > 2 * batches(&one), "seed {seed}: {} vs {}", batches(&per_node), batches(&one));
+    }
+}
+
 #[test]
 fn a_full_sequencer_refuses_and_its_clients_retry() {
     let out = checked(&spec("calvin:max_pending=2", append(), 7));
@@ -64,27 +89,46 @@ fn worker_0_is_the_schedulers_and_runs_no_clients() {
     assert_eq!(BenchSpec::new("calvin", append(), crate::host::Runtime::Sim).workers, 2);
 }
 
-/// With a replicated log, the sequencer's batches are made durable in node 0's Raft group before
-/// any scheduler runs them, and each of that log's three replicas executes them on a full copy
-/// of the data, snapshots the copy and compacts its log behind it. Every committed transaction
-/// was applied by at least the leader's replica first, so the replicas together ran at least
-/// as many as committed; the history, checked, covers the data nodes.
+/// Three nodes, each node's log a Raft group of three, compacted every 50 records.
+fn replicated(variant: &str, seed: u64) -> BenchSpec {
+    let mut s = spec(variant, append(), seed);
+    s.nodes = 3;
+    s.durability.mode = crate::replication::Durability::Replicated;
+    s.durability.replicas = 3;
+    s.durability.snapshot_every = 50;
+    s
+}
+
+/// With one sequencer and a replicated log, the sequencer's batches are made durable in node 0's
+/// Raft group before any scheduler runs them, and each of that log's three replicas executes
+/// them on a full copy of the data, snapshots the copy and compacts its log behind it. Every
+/// committed transaction was applied by at least the leader's replica first, so the replicas
+/// together ran at least as many as committed; the history, checked, covers the data nodes.
 #[test]
 fn the_input_log_is_durable_before_it_runs_and_its_replicas_execute_it() {
-    use crate::replication::Durability;
     for seed in 1..=2 {
-        let mut s = spec("calvin:batch_us=1000", append(), seed);
-        s.nodes = 3;
-        s.durability.mode = Durability::Replicated;
-        s.durability.replicas = 3;
-        s.durability.snapshot_every = 50;
-        let out = checked(&s);
+        let out = checked(&replicated("calvin:batch_us=1000:sequencers=one", seed));
         let c = &out.totals.counters;
         let replayed = c.get("input-replayed-committed").copied().unwrap_or(0);
+        assert!(c.get("calvin-overlapped").copied().unwrap_or(0) > 0, "seed {seed}: {c:?}");
         assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
         assert!(replayed >= out.totals.committed, "seed {seed}: replicas ran {replayed} of {}", out.totals.committed);
         assert!(c.get("raft-snapshots-taken").copied().unwrap_or(0) > 0, "seed {seed}: no log compacted: {c:?}");
         assert_eq!(c.get("input-replayed-undecodable").copied().unwrap_or(0), 0, "seed {seed}: {c:?}");
+    }
+}
+
+/// With a sequencer per node, each node's batches are durable in its own Raft group before any
+/// scheduler runs them; a log holds one sequencer's share of the order, so its replicas execute
+/// nothing, but they snapshot the last epoch and compact the log behind it.
+#[test]
+fn every_sequencers_input_log_is_durable_and_compacts() {
+    for seed in 1..=2 {
+        let out = checked(&replicated("calvin:batch_us=1000", 30 + seed));
+        let c = &out.totals.counters;
+        assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+        assert!(c.get("raft-snapshots-taken").copied().unwrap_or(0) > 0, "seed {seed}: no log compacted: {c:?}");
+        assert_eq!(c.get("input-replayed-committed").copied().unwrap_or(0), 0, "seed {seed}: {c:?}");
     }
 }
 
@@ -119,4 +163,15 @@ fn a_copy_per_region_runs_every_batch_and_answers_its_own_clients() {
     let calvin = crate::protocols::Variant::parse_including_planned("calvin").unwrap().make();
     let e = calvin.check_topology(&s.topology()).unwrap_err().to_string();
     assert!(e.contains("client node 2's region 1 has no data node"), "{e}");
+}
+
+/// The same code on real threads and the machine's clock (`--runtime local`): every node's
+/// sequencer and scheduler, ordered locking and the read exchange, history checked.
+#[test]
+fn it_runs_in_the_local_runtime_too() {
+    let mut s = spec("calvin:batch_us=2000", append(), 5);
+    s.runtime = crate::host::Runtime::Local;
+    let out = checked(&s);
+    assert!(out.totals.committed > 20, "{} committed", out.totals.committed);
+    assert!(out.totals.counters.get("multi-node-txns").copied().unwrap_or(0) > 0, "{:?}", out.totals.counters);
 }
