@@ -22,6 +22,8 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--theta", "-1"], "theta"),
         (&["bench", "--read-ratio", "2"], "--read-ratio"),
         (&["bench", "--distributed", "1.5"], "--distributed"),
+        (&["bench", "--multi-partition", "1.5"], "--distributed 1.5"),
+        (&["bench", "--hot-keys", "100", "--theta", "0.9"], "drop --theta 0.9"),
         (&["bench", "--keys", "0"], "--keys"),
         (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),

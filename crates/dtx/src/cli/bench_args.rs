@@ -163,9 +163,18 @@ pub struct BenchArgs {
     /// Fraction of reads (ycsb default 0.8, append 0.5).
     #[arg(long, allow_negative_numbers = true)]
     read_ratio: Option<f64>,
-    /// Fraction of transactions touching another node.
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    /// Fraction of transactions touching another node (the Detock thesis's multi-partition
+    /// fraction, hence its alias).
+    #[arg(long, alias = "multi-partition", default_value_t = 0.1, allow_negative_numbers = true)]
     distributed: f64,
+    /// YCSB: the first N keys of each partition are hot, the rest cold; each transaction's first
+    /// --hot-ops operations draw a hot key, the others a cold one, uniformly (the Detock
+    /// thesis's 2 hot + 8 cold; 0: off, keys follow --theta).
+    #[arg(long, default_value_t = 0)]
+    hot_keys: u64,
+    /// YCSB: operations per transaction on hot keys, with --hot-keys.
+    #[arg(long, default_value_t = 2)]
+    hot_ops: u32,
     /// YCSB writes are blind instead of read-modify-write (--blind-write-ratio 1).
     #[arg(long, conflicts_with = "blind_write_ratio")]
     blind_writes: bool,
@@ -608,6 +617,8 @@ impl BenchArgs {
                 read_only_txns: self.read_only_txns,
                 blind_write_ratio: self.blind_write_ratio.unwrap_or(if self.blind_writes { 1.0 } else { 0.0 }),
                 distributed: self.distributed,
+                hot_keys: self.hot_keys,
+                hot_ops: self.hot_ops,
                 value_bytes: self.value_bytes,
                 warehouses: self.warehouses,
                 mix: self.mix.clone(),

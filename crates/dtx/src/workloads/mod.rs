@@ -96,6 +96,14 @@ pub struct WorkloadParams {
     pub read_only_txns: f64,
     /// Fraction of transactions that touch another node.
     pub distributed: f64,
+    /// YCSB: the first `hot_keys` keys of each partition are its hot set, the rest its cold set,
+    /// and a transaction's first `hot_ops` operations draw from the hot set, the others from the
+    /// cold one, uniformly (the Detock thesis's microbenchmark: 2 hot + 8 cold). 0: off (Zipf).
+    #[serde(default)]
+    pub hot_keys: u64,
+    /// YCSB: operations per transaction on hot keys, when `hot_keys` is set.
+    #[serde(default = "two")]
+    pub hot_ops: u32,
     pub value_bytes: u32,
     /// TPC-C: warehouses in total, spread over all partitions (warehouse w in partition
     /// (w-1) % partitions).
@@ -120,6 +128,10 @@ pub struct WorkloadParams {
     pub process: u16,
 }
 
+fn two() -> u32 {
+    2
+}
+
 impl Default for WorkloadParams {
     fn default() -> Self {
         WorkloadParams {
@@ -131,6 +143,8 @@ impl Default for WorkloadParams {
             blind_write_ratio: 0.0,
             read_only_txns: 0.0,
             distributed: 0.1,
+            hot_keys: 0,
+            hot_ops: 2,
             value_bytes: 100,
             warehouses: 1,
             mix: "standard".into(),

@@ -2,7 +2,9 @@
 //! or a write (read-modify-write, or blind for a fraction `blind_write_ratio`), keys drawn from a Zipf
 //! distribution inside a partition. A fraction `distributed` of transactions also touches
 //! partitions on other nodes: each of its operations picks a random partition, and at least one
-//! is on another node.
+//! is on another node. With `hot_keys` (the Detock thesis's microbenchmark) each partition's
+//! first `hot_keys` keys are hot: a transaction's first `hot_ops` operations draw one of them and
+//! the others a cold key, uniformly, so that contention is set by the hot set's size.
 
 use super::{remote_partition, Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
@@ -64,12 +66,29 @@ impl Ycsb {
         if p.value_bytes < 8 || p.value_bytes > 1 << 20 {
             bail!("--value-bytes {} must be between 8 and 1 MiB", p.value_bytes);
         }
+        if p.hot_keys > 0 {
+            if p.hot_keys >= p.keys {
+                bail!("--hot-keys {} must leave cold keys: it must be below --keys {}", p.hot_keys, p.keys);
+            }
+            if p.hot_ops > p.ops || p.hot_ops as u64 > p.hot_keys {
+                bail!("--hot-ops {} must be at most --ops {} and --hot-keys {}", p.hot_ops, p.ops, p.hot_keys);
+            }
+            if p.theta != 0.0 {
+                bail!("--hot-keys draws keys uniformly from a hot and a cold set: drop --theta {}", p.theta);
+            }
+        }
         let zipf = super::zipf::Zipf::new(p.keys, p.theta)?;
         Ok(Ycsb { p: p.clone(), topo: topo.clone(), zipf })
     }
 
-    fn key_in(&self, rng: &mut Rng, part: PartitionId) -> u64 {
-        part as u64 * self.p.keys + self.zipf.sample(rng)
+    /// A key of partition `part` for operation `op` of a transaction.
+    fn key_in(&self, rng: &mut Rng, part: PartitionId, op: usize) -> u64 {
+        let offset = match self.p.hot_keys {
+            0 => self.zipf.sample(rng),
+            hot if op < self.p.hot_ops as usize => rng.gen_range(0..hot),
+            hot => rng.gen_range(hot..self.p.keys),
+        };
+        part as u64 * self.p.keys + offset
     }
 }
 
@@ -175,10 +194,10 @@ impl Workload for Ycsb {
                 (false, _) => YcsbOp::Update,
             };
             // Distinct keys within a transaction, as YCSB-style OLTP benchmarks generate them.
-            let mut key = self.key_in(rng, part);
+            let mut key = self.key_in(rng, part, i);
             let mut tries = 0;
             while ops.iter().any(|(k, _)| *k == key) && tries < 1000 {
-                key = self.key_in(rng, part);
+                key = self.key_in(rng, part, i);
                 tries += 1;
             }
             ops.push((key, op));
@@ -262,6 +281,30 @@ mod tests {
         assert!((read_only as f64 / n as f64 - 0.5).abs() < 0.03, "{read_only} of {n} read-only");
         let bad = WorkloadParams { read_only_txns: -0.1, ..Default::default() };
         assert!(Ycsb::new(&bad, &topo).err().unwrap().to_string().contains("--read-only-txns -0.1"));
+    }
+
+    /// `--hot-keys 100` (the thesis's high contention, HOT = 0.01): the first two operations of
+    /// every transaction hit one of the partition's 100 hot keys, the other eight its cold ones.
+    #[test]
+    fn two_hot_and_eight_cold_keys() {
+        let topo = Topology::new(2, 1, 1);
+        let p = WorkloadParams { keys: 10_000, hot_keys: 100, distributed: 0.0, ..Default::default() };
+        let y = Ycsb::new(&p, &topo).unwrap();
+        let mut rng = crate::util::rng_from_seed(4);
+        for _ in 0..1000 {
+            let ops = y.next(&mut rng, 1).args::<YcsbArgs>().ops.clone();
+            let offsets: Vec<u64> = ops.iter().map(|(k, _)| k - 10_000).collect();
+            assert!(offsets[..2].iter().all(|o| *o < 100), "{offsets:?}");
+            assert!(offsets[2..].iter().all(|o| (100..10_000).contains(o)), "{offsets:?}");
+        }
+        for (bad, says) in [
+            (WorkloadParams { keys: 100, hot_keys: 100, ..Default::default() }, "--hot-keys 100 must leave cold keys"),
+            (WorkloadParams { hot_keys: 10, hot_ops: 11, ..Default::default() }, "--hot-ops 11 must be at most"),
+            (WorkloadParams { hot_keys: 10, theta: 0.9, ..Default::default() }, "drop --theta 0.9"),
+        ] {
+            let e = Ycsb::new(&bad, &topo).err().unwrap().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]
