@@ -1,11 +1,20 @@
-//! Calvin's input log: the sequencer logs every batch before any scheduler sees it (Calvin
-//! replicates its input before it executes it), and a replica of that log executes what it
-//! applies ([`InputMachine`]): a full copy of the data that runs each sequenced request in log
-//! order, under the schedulers' rules, so that it ends each as they do. Its snapshot is that
-//! copy's (the rows the log changed), so a replica's log compacts behind it.
+//! Calvin's input log, one per node: its sequencer logs every batch before any scheduler sees
+//! it (Calvin replicates its input before it executes it), and its scheduler logs what it takes
+//! from other nodes before it acknowledges it: their sequencers' batches and the reads their
+//! participants send. So a node's log holds every input its scheduler ran, and a node that lost
+//! its memory runs them again from the start, in the same order, to the same state (the
+//! others' copies of what it acknowledged are never sent again; what it had not acknowledged
+//! they send until it does).
+//!
+//! With one sequencer (`sequencers=one`) a replica of node 0's log executes its batches
+//! ([`InputMachine`]): a full copy of the data that runs each sequenced request in log order,
+//! under the schedulers' rules, so that it ends each as they do. Its snapshot is that copy's
+//! (the rows the log changed), so a replica's log compacts behind it.
 
-use super::messages::Entry;
+use super::messages::{Entry, ReadSet};
+use super::scheduler::Slot;
 use super::SCAN_UNSUPPORTED;
+use crate::net::NodeId;
 use crate::net::{decode, encode};
 use crate::protocols::MachineEnv;
 use crate::rt::log::LogMachine;
@@ -14,118 +23,144 @@ use crate::txn::replay::{ReplayRules, ReplayedCopy};
 use crate::txn::Abort;
 use serde::{Deserialize, Serialize};
 
-/// One sequenced batch, as logged.
+/// One record of a node's input log.
 #[derive(Serialize, Deserialize)]
-pub struct BatchRecord {
-    pub epoch: u64,
-    pub entries: Vec<Entry>,
+pub enum Record {
+    /// A sequencer's batch: this node's own, or another's as this node's scheduler took it.
+    Batch { epoch: u64, sequencer: NodeId, entries: Vec<Entry> },
+    /// The reads another participant sent this node's scheduler for the transaction at `slot`.
+    Reads { slot: Slot, from: NodeId, values: ReadSet },
 }
 
-impl BatchRecord {
-    pub fn encode(epoch: u64, entries: &[Entry]) -> Vec<u8> {
-        encode(&(epoch, entries))
+impl Record {
+    pub fn batch(epoch: u64, sequencer: NodeId, entries: &[Entry]) -> Vec<u8> {
+        encode(&RecordRef::Batch { epoch, sequencer, entries })
+    }
+
+    pub fn reads(slot: Slot, from: NodeId, values: &ReadSet) -> Vec<u8> {
+        encode(&RecordRef::Reads { slot, from, values })
     }
 }
 
-/// What a sequencer's log held at start: the last epoch it logged (0: none), and the batches
-/// its records still hold (those behind a checkpoint are gone).
-pub fn recovered_batches(records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> (u64, Vec<(u64, Vec<Entry>)>) {
-    let from_checkpoint = checkpoint.and_then(|c| decode::<MachineSnapshot>(c).ok()).map_or(0, |s| s.last_epoch);
-    let batches: Vec<(u64, Vec<Entry>)> =
-        records.iter().filter_map(|r| decode::<BatchRecord>(r).ok()).map(|b| (b.epoch, b.entries)).collect();
-    (batches.iter().map(|(e, _)| *e).fold(from_checkpoint, u64::max), batches)
+/// [`Record`] by reference, to encode without copying (the same wire form).
+#[derive(Serialize)]
+enum RecordRef<'a> {
+    Batch { epoch: u64, sequencer: NodeId, entries: &'a [Entry] },
+    Reads { slot: Slot, from: NodeId, values: &'a ReadSet },
+}
+
+/// What a node's log held at start.
+#[derive(Default)]
+pub struct Recovered {
+    /// The last epoch its sequencer logged (0: none).
+    pub last_epoch: u64,
+    /// Every batch it holds (its own sequencer's and those its scheduler took), in log order.
+    pub batches: Vec<(u64, NodeId, Vec<Entry>)>,
+    /// Every read its scheduler took.
+    pub reads: Vec<(Slot, NodeId, ReadSet)>,
+    /// The log's checkpoint does not decode: the inputs behind it are gone.
+    pub lost_inputs: bool,
+}
+
+/// Read what node `node`'s log held at start (records behind a checkpoint are gone).
+pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> Recovered {
+    let snapshot = checkpoint.and_then(|c| decode::<MachineSnapshot>(c).ok());
+    let mut r = Recovered {
+        last_epoch: snapshot.as_ref().map_or(0, |s| s.last_epoch),
+        lost_inputs: checkpoint.is_some() && snapshot.is_none(),
+        ..Default::default()
+    };
+    let kept = snapshot.map(|s| s.inputs).unwrap_or_default();
+    for record in kept.iter().chain(records) {
+        match decode::<Record>(record) {
+            Ok(Record::Batch { epoch, sequencer, entries }) => {
+                if sequencer == node {
+                    r.last_epoch = r.last_epoch.max(epoch);
+                }
+                r.batches.push((epoch, sequencer, entries));
+            }
+            Ok(Record::Reads { slot, from, values }) => r.reads.push((slot, from, values)),
+            Err(e) => {
+                log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
+            }
+        }
+    }
+    r
 }
 
 /// What a scheduler refuses, the copy refuses alike (see [`ReplayRules`]).
 const RULES: ReplayRules =
     ReplayRules { declared_keys_only: true, refuse_scans: Some(Abort::Protocol(SCAN_UNSUPPORTED)) };
 
-/// A replica of a sequencer's input log when every data node sequences (`sequencers=per-node`):
-/// one log holds one sequencer's share of the order, which no copy can run alone, so the
-/// replica keeps only the last epoch, for the sequencer's restart after its log is compacted.
-#[derive(Default)]
-pub struct EpochMachine {
-    last_epoch: u64,
-}
-
-impl EpochMachine {
-    pub fn open(checkpoint: Option<&[u8]>) -> anyhow::Result<Self> {
-        let Some(bytes) = checkpoint else { return Ok(EpochMachine::default()) };
-        let s: MachineSnapshot =
-            decode(bytes).map_err(|e| anyhow::anyhow!("calvin's input log checkpoint does not decode: {e}"))?;
-        Ok(EpochMachine { last_epoch: s.last_epoch })
-    }
-}
-
-impl LogMachine for EpochMachine {
-    fn apply(&mut self, record: &[u8]) {
-        match decode::<BatchRecord>(record) {
-            Ok(batch) => self.last_epoch = self.last_epoch.max(batch.epoch),
-            Err(_) => log_warn(&format!("calvin: an input log record of {} bytes is no batch", record.len())),
-        }
-    }
-
-    fn snapshot(&self) -> Vec<u8> {
-        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy: Vec::new() })
-    }
-}
-
 #[derive(Serialize, Deserialize)]
 struct MachineSnapshot {
     last_epoch: u64,
+    /// The executed copy (one sequencer's log only), as `ReplayedCopy::snapshot` has it.
     copy: Vec<u8>,
+    /// Every record the log held, in order: a restarted scheduler runs them all again.
+    inputs: Vec<Vec<u8>>,
 }
 
-/// A replica of a sequencer's input log that executes it.
+/// A replica of a node's input log. It keeps every input (a restarted scheduler runs them all
+/// again, so a snapshot must hold them: until the calvin issue checkpoints the scheduler's
+/// data, the log's snapshot grows with it) and its sequencer's last epoch. The one sequencer's
+/// replica (`sequencers=one`, node 0) also executes its batches on a full copy of the data.
 pub struct InputMachine {
-    copy: ReplayedCopy,
+    node: NodeId,
     last_epoch: u64,
-    /// Records that were no batch (a bug or another build): skipped, and counted.
+    inputs: Vec<Vec<u8>>,
+    copy: Option<ReplayedCopy>,
+    /// Records that were no input (a bug or another build): skipped, and counted.
     malformed: u64,
 }
 
 impl InputMachine {
-    pub fn open(env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Self> {
+    pub fn open(env: &MachineEnv, executes: bool, checkpoint: Option<&[u8]>) -> anyhow::Result<Self> {
         let (workload, partitions) = (env.workload.clone(), env.topo.partitions());
-        let Some(bytes) = checkpoint else {
-            return Ok(InputMachine {
-                copy: ReplayedCopy::new(workload, partitions, RULES),
-                last_epoch: 0,
-                malformed: 0,
-            });
+        let s: MachineSnapshot = match checkpoint {
+            Some(bytes) => {
+                decode(bytes).map_err(|e| anyhow::anyhow!("calvin's input log checkpoint does not decode: {e}"))?
+            }
+            None => MachineSnapshot { last_epoch: 0, copy: Vec::new(), inputs: Vec::new() },
         };
-        let s: MachineSnapshot =
-            decode(bytes).map_err(|e| anyhow::anyhow!("calvin's input log checkpoint does not decode: {e}"))?;
-        let copy = ReplayedCopy::from_snapshot(workload, partitions, RULES, &s.copy)?;
-        Ok(InputMachine { copy, last_epoch: s.last_epoch, malformed: 0 })
+        let copy = match (executes, checkpoint.is_some()) {
+            (false, _) => None,
+            (true, false) => Some(ReplayedCopy::new(workload, partitions, RULES)),
+            (true, true) => Some(ReplayedCopy::from_snapshot(workload, partitions, RULES, &s.copy)?),
+        };
+        Ok(InputMachine { node: env.node, last_epoch: s.last_epoch, inputs: s.inputs, copy, malformed: 0 })
     }
 }
 
 impl LogMachine for InputMachine {
     fn apply(&mut self, record: &[u8]) {
-        let Ok(batch) = decode::<BatchRecord>(record) else {
-            self.malformed += 1;
-            return log_warn(&format!("calvin: an input log record of {} bytes is no batch", record.len()));
+        let (epoch, entries) = match decode::<Record>(record) {
+            Ok(Record::Batch { epoch, sequencer, entries }) if sequencer == self.node => (epoch, entries),
+            Ok(_) => return self.inputs.push(record.to_vec()), // The scheduler's, taken from others.
+            Err(_) => {
+                self.malformed += 1;
+                return log_warn(&format!("calvin: an input log record of {} bytes does not decode", record.len()));
+            }
         };
-        assert!(
-            batch.epoch > self.last_epoch,
-            "the input log runs forward: epoch {} after {}",
-            batch.epoch,
-            self.last_epoch
-        );
-        for entry in &batch.entries {
-            // The outcome is the schedulers' to tell the client; the copy only keeps the writes.
-            let _ = self.copy.execute(&entry.req);
+        assert!(epoch > self.last_epoch, "the input log runs forward: epoch {epoch} after {}", self.last_epoch);
+        self.inputs.push(record.to_vec());
+        if let Some(copy) = &mut self.copy {
+            for entry in &entries {
+                // The outcome is the schedulers' to tell the client; the copy only keeps the writes.
+                let _ = copy.execute(&entry.req);
+            }
         }
-        self.last_epoch = batch.epoch;
+        self.last_epoch = epoch;
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy: self.copy.snapshot() })
+        let copy = self.copy.as_ref().map(|c| c.snapshot()).unwrap_or_default();
+        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy, inputs: self.inputs.clone() })
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let s = self.copy.stats();
+        let Some(copy) = &self.copy else { return vec![("input-replayed-undecodable", self.malformed)] };
+        let s = copy.stats();
         vec![
             ("input-replayed-committed", s.committed),
             ("input-replayed-rolled-back", s.rolled_back),

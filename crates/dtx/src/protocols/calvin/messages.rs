@@ -8,6 +8,9 @@ use crate::storage::{RowKey, Value};
 use crate::txn::Abort;
 use serde::{Deserialize, Serialize};
 
+/// Keys with the values a participant read.
+pub type ReadSet = Vec<(RowKey, Option<Value>)>;
+
 /// One sequenced transaction: who waits for it and what it is.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Entry {
@@ -27,7 +30,7 @@ pub enum Msg {
     Batch { epoch: u64, sequencer: NodeId, entries: Vec<Entry> },
     /// Participant -> the other participants of the transaction at `slot` (epoch, sequencer,
     /// index in its batch): its local reads.
-    Reads { slot: (u64, NodeId, u32), from: NodeId, values: Vec<(RowKey, Option<Value>)> },
+    Reads { slot: (u64, NodeId, u32), from: NodeId, values: ReadSet },
     /// One participant -> the client: the outcome, the output as JSON (what the driver records).
     Done { id: u64, outcome: Result<Vec<u8>, Abort> },
 }

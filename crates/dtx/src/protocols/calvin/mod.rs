@@ -1,10 +1,10 @@
-//! Calvin's core (status `planned`: the starting point of the calvin issue, not yet Calvin):
-//! one sequencer orders one-shot requests into batches, every data node's scheduler executes
-//! each batch in that order, deterministically, and participants exchange their local reads
+//! Calvin (status `planned` until reconnaissance and scans, and every shared sweep): sequencers
+//! order one-shot requests into batches, every data node's scheduler executes them in that
+//! order under deterministic ordered locking, and participants exchange their local reads
 //! instead of running two-phase commit. Nothing in it is 2PC: it stands on the engine's roles
-//! (a sequencer worker, scheduler workers), requests as data (a request is encoded once by its
-//! client and decoded and re-run at every participant), protocol-defined abort reasons and
-//! options, and nothing outside this folder but its registry line.
+//! (sequencer and scheduler workers), requests as data (a request is encoded once by its client
+//! and decoded and re-run at every participant), protocol-defined abort reasons and options,
+//! and nothing outside this folder but its registry line.
 //!
 //! Roles: [`sequencer`] batches its node's submissions (worker 0 of every data node, or of node 0
 //! alone with `sequencers=one`); [`scheduler`] takes the batches in the global order on worker 0
@@ -16,17 +16,18 @@
 //! every batch on it, reads are exchanged within the region, and a client hears its outcome
 //! from its own region's copy.
 //!
-//! The input log ([`input_log`]): with `--durability wal` or `replicated` a sequencer logs each
-//! batch before it sends it, and resends what its log holds when it restarts. With one
-//! sequencer (`sequencers=one`) every replica of its log executes it on a full copy of the
-//! data, snapshots the copy and compacts the log behind it; with a sequencer per node one log
-//! holds only a share of the order, and the copies that execute all of it are the regions'
-//! (`--placement per-region`).
+//! Durability and recovery ([`input_log`]): with `--durability wal` or `replicated` a node's log
+//! holds every input its scheduler ran: its sequencer logs each batch before sending it, and its
+//! scheduler logs the others' batches and reads before acknowledging them. A node that lost its
+//! memory (a crash with a WAL, or a failover to a replica of its Raft logs, sequencer included)
+//! runs them all again from the first, in the same order, to the same state, and its sequencer
+//! sends its logged batches again. With one sequencer (`sequencers=one`) the replicas of its log
+//! also execute the batches on a full copy of the data.
 //!
-//! What Calvin has that this core does not, yet (the calvin issue): recovery of a data node by
-//! replaying the input log (here a crashed data node restarts from the population, so crash
-//! faults are not supported), a sequencer failing over to a replica of its log,
-//! reconnaissance for dependent keys (here refused), and scans.
+//! What Calvin has that this core does not, yet (the calvin issue): a checkpoint of a
+//! scheduler's data (a node runs its whole log again, and its log's snapshots keep every
+//! input, so both grow with the run), reconnaissance for dependent keys (here refused), and
+//! scans (refused).
 
 pub mod input_log;
 pub mod locks;
@@ -45,6 +46,7 @@ use crate::storage::{RowKey, Storage};
 use crate::txn::{Abort, KeySet, Reason, TxnOutput, TxnRequest, TxnResult};
 use messages::{Entry, Msg};
 use rustc_hash::FxHashMap;
+use scheduler::Ack;
 use std::cell::{Cell, RefCell};
 use std::future::Future as _;
 use std::rc::{Rc, Weak};
@@ -113,18 +115,23 @@ impl Calvin {
         (0..topo.nodes).filter(|n| topo.roles_of(*n).contains(Role::Data)).collect()
     }
 
-    /// The log machine of a sequencer's input log (see [`input_log`]).
+    /// The log machine of a node's input log (see [`input_log`]): the one sequencer's executes
+    /// its batches.
     fn input_machine(&self, env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
-        Ok(match self.one_sequencer {
-            true => Box::new(input_log::InputMachine::open(env, checkpoint)?),
-            false => Box::new(input_log::EpochMachine::open(checkpoint)?),
-        })
+        let executes = self.one_sequencer && env.node == 0;
+        Ok(Box::new(input_log::InputMachine::open(env, executes, checkpoint)?))
     }
 }
 
 impl Protocol for Calvin {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let (last_epoch, recovered) = input_log::recovered_batches(&env.recovered, env.checkpoint.as_deref());
+        let recovered = input_log::recover(env.node, &env.recovered, env.checkpoint.as_deref());
+        if recovered.lost_inputs && env.topo.roles_of(env.node).contains(Role::Data) {
+            // Its scheduler runs its inputs again from the first: with the first gone, the
+            // node's data cannot be rebuilt, and running on would serve other data than the
+            // copies elsewhere.
+            panic!("calvin: node {}'s input log checkpoint does not decode: its inputs cannot be run again", env.node);
+        }
         if let (Some(log), true) = (&env.log, env.checkpoint_every > 0) {
             let machine_env =
                 MachineEnv { node: env.node, log: 0, topo: env.topo.clone(), workload: env.workload.clone() };
@@ -139,7 +146,7 @@ impl Protocol for Calvin {
         let store = load_storage(&env);
         let sequencers = self.sequencers(&env.topo);
         let recovered = parking_lot::Mutex::new(recovered);
-        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, last_epoch, recovered, sequencers })))
+        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, recovered, sequencers })))
     }
 
     /// A replica of a node's input log: with one sequencer it executes the log on a full copy
@@ -190,10 +197,9 @@ pub struct NodeState {
     pub store: Storage<()>,
     pub env: NodeEnv,
     pub cfg: Calvin,
-    /// The last batch the node's input log held when it started (its sequencer goes on after it).
-    pub last_epoch: u64,
-    /// The batches that log still held, for the sequencer to send again (taken by it).
-    recovered: parking_lot::Mutex<Vec<(u64, Vec<messages::Entry>)>>,
+    /// What the node's input log held when it started, taken by its sequencer (its last epoch,
+    /// and its batches to send again) and its scheduler (every input, to run again).
+    recovered: parking_lot::Mutex<input_log::Recovered>,
     /// The nodes that sequence, in the order each epoch's batches are taken.
     pub sequencers: Vec<NodeId>,
 }
@@ -246,12 +252,20 @@ impl NodeProtocol for CalvinNode {
             w: w.clone(),
             node: self.0.clone(),
             sequencer: roles.contains(Role::Sequencer).then(|| {
-                let recovered = std::mem::take(&mut *self.0.recovered.lock());
-                sequencer::Sequencer::new(self.0.cfg.max_pending, self.0.last_epoch, recovered)
+                let recovered = self.0.recovered.lock();
+                let own = recovered.batches.iter().filter(|b| b.1 == w.addr.node);
+                let own = own.map(|(epoch, _, entries)| (*epoch, entries.clone())).collect();
+                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own)
             }),
-            scheduler: roles.contains(Role::Scheduler).then(|| scheduler::Scheduler::new(self.0.sequencers.clone())),
+            scheduler: roles.contains(Role::Scheduler).then(|| {
+                let recovered = std::mem::take(&mut *self.0.recovered.lock());
+                scheduler::Scheduler::new(self.0.sequencers.clone(), recovered)
+            }),
             waiting: RefCell::new(FxHashMap::default()),
-            next_id: Cell::new(1),
+            // Outcomes of an earlier incarnation's submissions may still arrive (a restarted
+            // node's scheduler runs its inputs again and tells their clients): numbering from
+            // the clock keeps them from matching this one's (fewer than one a µs are made).
+            next_id: Cell::new(w.wall_us().max(1)),
         });
         let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
         w.set_handler(handler);
@@ -303,7 +317,10 @@ impl CalvinWorker {
     /// submission is not (its client's wait times out instead, see the calvin issue's list).
     pub fn deliver(&self, dst: Addr, msg: Msg) {
         if dst == self.w.addr {
-            return self.handle(dst, msg);
+            // Only a node's own batch reaches its scheduler so, and its sequencer logged it.
+            let ack = self.handle(dst, msg);
+            debug_assert_eq!(ack, Ack::Now, "a worker's message to itself is taken at once");
+            return;
         }
         let must_arrive = !matches!(msg, Msg::Submit(_));
         let (w, body) = (self.w.clone(), encode(&msg));
@@ -314,27 +331,30 @@ impl CalvinWorker {
         });
     }
 
-    fn handle(&self, from: Addr, msg: Msg) {
+    /// Take a message; says when to acknowledge it.
+    fn handle(&self, from: Addr, msg: Msg) -> Ack {
+        let (here, log) = (self.w.addr.node, self.node.env.log.as_deref());
         match msg {
             Msg::Submit(entry) => match &self.sequencer {
                 Some(s) => s.submit(self, entry),
                 None => log_warn(&format!("calvin: {} got a submission from {from} but is no sequencer", self.w.addr)),
             },
             Msg::Batch { epoch, sequencer, entries } => {
-                if let Some(seq) = self.sequencer.as_ref().filter(|_| sequencer != self.w.addr.node) {
+                if let Some(seq) = self.sequencer.as_ref().filter(|_| sequencer != here) {
                     seq.heard(epoch);
                 }
                 match &self.scheduler {
-                    Some(s) => s.batch(epoch, sequencer, entries),
+                    Some(s) => return s.batch(log, here, epoch, sequencer, entries),
                     None => log_warn(&format!("calvin: {} got a batch but is no scheduler", self.w.addr)),
                 }
             }
             Msg::Reads { slot, from: node, values } => match &self.scheduler {
-                Some(s) => s.reads(slot, node, values),
+                Some(s) => return s.reads(log, slot, node, values),
                 None => log_warn(&format!("calvin: {} got reads but is no scheduler", self.w.addr)),
             },
             Msg::Done { id, outcome } => self.done(id, outcome),
         }
+        Ack::Now
     }
 
     fn done(&self, id: u64, outcome: Result<Vec<u8>, Abort>) {
@@ -403,10 +423,17 @@ impl WorkerProtocol for CalvinWorker {
 impl Handler for CalvinWorker {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         match decode::<Msg>(body) {
-            Ok(msg) => {
-                self.handle(from, msg);
-                self.w.reply(from, rpc_id, &[]);
-            }
+            Ok(msg) => match self.handle(from, msg) {
+                Ack::Now => self.w.reply(from, rpc_id, &[]),
+                Ack::AfterDurable(lsn) => {
+                    let (w, log) = (self.w.clone(), self.node.env.log.clone().expect("only a log defers an ack"));
+                    self.w.spawn(async move {
+                        log.wait(lsn).await;
+                        w.reply(from, rpc_id, &[]);
+                    });
+                }
+                Ack::Withheld => self.w.count("calvin-inputs-withheld", 1),
+            },
             Err(e) => log_warn(&format!("calvin: malformed message from {from}: {e}")),
         }
     }

@@ -10,12 +10,15 @@
 //! Conflicting transactions run in log order at every node and the others commute, so every
 //! node's execution is equivalent to running the log one transaction at a time.
 
+use super::input_log::{Record, Recovered};
 use super::locks::{Mode, OrderedLocks};
-use super::messages::{Entry, Msg};
+use super::messages::{Entry, Msg, ReadSet};
 use super::{CalvinWorker, SCAN_UNSUPPORTED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
+use crate::rt::log::NodeLog;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step, TxnRequest};
+use crate::wal::Lsn;
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -34,8 +37,6 @@ const MAX_ACTIVE: usize = 1 << 16;
 pub type Slot = (u64, NodeId, u32);
 /// A batch's place in the global order: (epoch, its sequencer).
 type BatchId = (u64, NodeId);
-/// Keys with the values a participant read.
-type ReadSet = Vec<(RowKey, Option<Value>)>;
 
 /// An admitted transaction waiting for its locks.
 struct Admitted {
@@ -68,46 +69,81 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(mut sequencers: Vec<NodeId>) -> Self {
+    /// A scheduler that follows `sequencers`, with the inputs its node's log held when it
+    /// started (it runs them again from the start: see [`super::input_log`]).
+    pub fn new(mut sequencers: Vec<NodeId>, recovered: Recovered) -> Self {
         sequencers.sort_unstable();
         sequencers.dedup();
         assert!(!sequencers.is_empty(), "a scheduler follows at least one sequencer");
+        let batches = recovered.batches.into_iter().map(|(e, s, entries)| ((e, s), entries)).collect();
+        let mut reads: FxHashMap<Slot, FxHashMap<NodeId, ReadSet>> = FxHashMap::default();
+        for (slot, from, values) in recovered.reads {
+            reads.entry(slot).or_default().insert(from, values);
+        }
         Scheduler {
             next: Cell::new((1, sequencers[0])),
             sequencers,
-            batches: RefCell::default(),
+            batches: RefCell::new(batches),
             locks: RefCell::default(),
             waiting: RefCell::default(),
-            reads: RefCell::default(),
+            reads: RefCell::new(reads),
             read_wakers: RefCell::default(),
             waker: RefCell::default(),
             running: Cell::new(0),
         }
     }
 
-    pub fn batch(&self, epoch: u64, sequencer: NodeId, entries: Vec<Entry>) {
-        if (epoch, sequencer) < self.next.get() || !self.sequencers.contains(&sequencer) {
-            return; // A resent copy of a batch already admitted (or from no sequencer of ours).
+    /// Take a sequencer's batch. Another node's is logged first (its own sequencer logged its
+    /// own), and acknowledged once durable.
+    pub fn batch(
+        &self,
+        log: Option<&NodeLog>,
+        here: NodeId,
+        epoch: u64,
+        sequencer: NodeId,
+        entries: Vec<Entry>,
+    ) -> Ack {
+        let id = (epoch, sequencer);
+        if id < self.next.get() || !self.sequencers.contains(&sequencer) || self.batches.borrow().contains_key(&id) {
+            return Ack::Now; // A resent copy of a batch taken before (or from no sequencer of ours).
         }
+        let ack = match log.filter(|_| sequencer != here) {
+            Some(log) => match append(log, &Record::batch(epoch, sequencer, &entries)) {
+                Ack::Withheld => return Ack::Withheld,
+                logged => logged,
+            },
+            None => Ack::Now,
+        };
         let mut batches = self.batches.borrow_mut();
         assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of {:?}", self.next.get());
-        batches.insert((epoch, sequencer), entries);
+        batches.insert(id, entries);
         drop(batches);
         wake(&self.waker);
+        ack
     }
 
-    pub fn reads(&self, slot: Slot, from: NodeId, values: ReadSet) {
+    /// Take another participant's reads, logged first and acknowledged once durable.
+    pub fn reads(&self, log: Option<&NodeLog>, slot: Slot, from: NodeId, values: ReadSet) -> Ack {
         let admitted = (slot.0, slot.1) < self.next.get();
         if admitted && !self.locks.borrow().contains(&slot) {
-            return; // A resent copy for a transaction that has finished.
+            return Ack::Now; // A resent copy for a transaction that has finished.
         }
         let mut reads = self.reads.borrow_mut();
+        if reads.get(&slot).is_some_and(|r| r.contains_key(&from)) {
+            return Ack::Now; // A resent copy (or one taken before a restart).
+        }
+        let ack = match log.map(|log| append(log, &Record::reads(slot, from, &values))) {
+            Some(Ack::Withheld) => return Ack::Withheld,
+            Some(logged) => logged,
+            None => Ack::Now,
+        };
         assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of {:?}", self.next.get());
         reads.entry(slot).or_default().insert(from, values);
         drop(reads);
         if let Some(w) = self.read_wakers.borrow_mut().remove(&slot) {
             w.wake();
         }
+        ack
     }
 
     /// The batch after `next`: the next sequencer's, or the first one's of the next epoch.
@@ -148,6 +184,28 @@ impl Scheduler {
             }
         })
         .await
+    }
+}
+
+/// When a scheduler acknowledges an input it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    Now,
+    /// Once the log holds it durably.
+    AfterDurable(Lsn),
+    /// Not at all: the log refused it (full, or failing), so it was not taken, and its sender
+    /// sends it again until the log takes it.
+    Withheld,
+}
+
+/// Log an input the scheduler takes: the node runs it again from its log after a restart.
+fn append(log: &NodeLog, record: &[u8]) -> Ack {
+    match log.append(record) {
+        Ok(lsn) => Ack::AfterDurable(lsn),
+        Err(e) => {
+            crate::rt::log_warn(&format!("calvin: an input of {} bytes was refused by the log: {e}", record.len()));
+            Ack::Withheld
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! the others (it restarted, or stalled) fills the epochs it missed with empty batches, so that
 //! the others' transactions wait for it at most one batch.
 
-use super::input_log::BatchRecord;
+use super::input_log::Record;
 use super::messages::{Entry, Msg};
 use super::{CalvinWorker, SEQUENCER_FULL};
 use crate::cluster::Role;
@@ -117,7 +117,7 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
     let mut last = None;
     let mut logged = Vec::with_capacity(batches.len());
     for (epoch, entries) in batches {
-        let (lsn, entries) = match log.append(&BatchRecord::encode(epoch, &entries)) {
+        let (lsn, entries) = match log.append(&Record::batch(epoch, me.w.addr.node, &entries)) {
             Ok(lsn) => (lsn, entries),
             Err(e) => {
                 log_warn(&format!(
@@ -127,7 +127,8 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
                 for entry in entries {
                     me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
                 }
-                let empty = log.append(&BatchRecord::encode(epoch, &[])).expect("an empty batch fits in a record");
+                let empty =
+                    log.append(&Record::batch(epoch, me.w.addr.node, &[])).expect("an empty batch fits in a record");
                 (empty, Vec::new())
             }
         };
