@@ -169,13 +169,18 @@ fn a_copy_per_region_runs_every_batch_and_answers_its_own_clients() {
     assert!(e.contains("client node 2's region 1 has no data node"), "{e}");
 }
 
-/// The same code on real threads and the machine's clock (`--runtime local`): every node's
-/// sequencer and scheduler, ordered locking and the read exchange, history checked.
+/// The same code on real threads, the machine's clock and a real WAL (`--runtime local
+/// --durability wal`): every node's sequencer and scheduler, ordered locking, the read exchange
+/// and the logging of what a scheduler takes, history checked.
 #[test]
 fn it_runs_in_the_local_runtime_too() {
     let mut s = spec("calvin:batch_us=2000", append(), 5);
     s.runtime = crate::host::Runtime::Local;
+    let dir = std::env::temp_dir().join(format!("dtx-calvin-local-{}", std::process::id()));
+    s.durability.mode = crate::replication::Durability::Wal;
+    s.durability.data_dir = Some(dir.clone());
     let out = checked(&s);
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.totals.committed > 20, "{} committed", out.totals.committed);
     assert!(out.totals.counters.get("multi-node-txns").copied().unwrap_or(0) > 0, "{:?}", out.totals.counters);
 }
