@@ -4,9 +4,11 @@
 //! the background tasks in `mod.rs`. A new protocol is one folder plus a line in [`REGISTRY`].
 //! What a protocol is to the engine is in [`traits`]; every protocol dtx knows, and how a user
 //! names a variant of one (`NAME[:KEY=VALUE]...`, its [`options`]), in [`registry`]. Protocols
-//! over two-phase commit share the skeleton in [`twopc`].
+//! over two-phase commit share the skeleton in [`twopc`]; a search for cycles in graphs of
+//! transactions (2PL's deadlock detector; later Detock's and Janus's SCCs), in [`graph`].
 
 pub mod calvin;
+pub mod graph;
 pub mod maat;
 #[cfg(any(test, feature = "test-protocols"))]
 pub mod multilog;
