@@ -185,6 +185,35 @@ pub struct Scan {
     pub descending: bool,
 }
 
+impl Scan {
+    /// Whether `key` lies in the scanned range.
+    pub fn contains(&self, key: RowKey) -> bool {
+        key.table == self.table && (self.lo..=self.hi).contains(&key.key)
+    }
+
+    /// The scan's answer under a transaction's own `writes` (in the order made, `None` a delete,
+    /// the last write of a key the one that counts), over `stored`: the rows present before
+    /// the transaction, in the order asked, at least `limit` plus the writes in the range of
+    /// them when there are that many (a write may delete a stored row or put one before it).
+    /// The rows present afterwards, in the order asked, at most `limit`.
+    pub fn over_writes(&self, mut stored: Vec<(u64, Value)>, writes: &[(RowKey, Option<Value>)]) -> Vec<(u64, Value)> {
+        if !writes.iter().any(|(k, _)| self.contains(*k)) {
+            stored.truncate(self.limit as usize);
+            return stored;
+        }
+        let mut rows: std::collections::BTreeMap<u64, Option<Value>> =
+            stored.into_iter().map(|(k, v)| (k, Some(v))).collect();
+        for (k, v) in writes.iter().filter(|(k, _)| self.contains(*k)) {
+            rows.insert(k.key, v.clone());
+        }
+        let present = |(k, v): (u64, Option<Value>)| Some((k, v?));
+        match self.descending {
+            true => rows.into_iter().rev().filter_map(present).take(self.limit as usize).collect(),
+            false => rows.into_iter().filter_map(present).take(self.limit as usize).collect(),
+        }
+    }
+}
+
 /// What each protocol implements for the execution phase of one transaction attempt.
 pub trait Access {
     fn read(&mut self, key: RowKey) -> Step<'_, Option<Value>>;
@@ -273,6 +302,11 @@ impl<'a> Ctx<'a> {
 pub struct KeySet {
     pub reads: Vec<RowKey>,
     pub writes: Vec<RowKey>,
+    /// The scans the run makes, as reconnaissance recorded them (workloads' declarations leave
+    /// it empty). `Ctx` does not check scans against it; a protocol that locks ranges ahead of
+    /// the run (Calvin) does.
+    #[serde(default)]
+    pub scans: Vec<Scan>,
     /// Built by `covers` for sets larger than [`KeySet::LINEAR_MAX`]: slots of 1 + a position in
     /// `writes` (positive) or in `reads` (negative), 0 = empty; a power of two, at most half full.
     #[serde(skip)]
@@ -292,6 +326,7 @@ impl KeySet {
     pub fn clear(&mut self) {
         self.reads.clear();
         self.writes.clear();
+        self.scans.clear();
         self.index = Default::default();
     }
 

@@ -39,6 +39,9 @@ impl<'r> Access for ReconAccess<'r> {
     }
 
     fn scan(&mut self, scan: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        if !self.keys.scans.contains(&scan) {
+            self.keys.scans.push(scan);
+        }
         let reader = self.reader;
         Step::Wait(Box::pin(async move {
             let rows = reader.scan(scan).await?;
@@ -47,8 +50,9 @@ impl<'r> Access for ReconAccess<'r> {
     }
 }
 
-/// Discover the key set of `req` by running it against snapshot reads. Rows a scan returns are
-/// added as reads by the procedure's own `read` calls, which is how our procedures use scans.
+/// Discover the key set of `req` by running it against snapshot reads. Its scans are recorded
+/// as they were made (`KeySet::scans`); rows a scan returns are added as reads by the
+/// procedure's own `read` calls, which is how our procedures use scans.
 pub async fn discover(workload: &dyn Procedures, req: &TxnRequest, reader: &dyn SnapshotReader) -> TxnResult<KeySet> {
     let mut acc = ReconAccess { reader, keys: KeySet::default(), written: FxHashMap::default() };
     {

@@ -41,8 +41,9 @@ pub struct ReplayRules {
     /// Run under the request's declared keys ([`Ctx::with_declared`]): a stray access aborts
     /// with `ReconMismatch`, as at a deterministic scheduler.
     pub declared_keys_only: bool,
-    /// Abort a scan with this (a protocol that does not support scans yet).
-    pub refuse_scans: Option<Abort>,
+    /// With `declared_keys_only`: abort a scan that is not one of the declared scans
+    /// (`KeySet::scans`) with this, as a scheduler that locked the declared ranges does.
+    pub undeclared_scans: Option<Abort>,
 }
 
 /// The whole database, as a replica of an input log holds it.
@@ -101,6 +102,12 @@ impl ReplayedCopy {
 
     /// Run the encoded request `request` against the copy and keep its writes if it commits.
     pub fn execute(&mut self, request: &[u8]) -> TxnResult<TxnOutput> {
+        self.execute_with(request, None)
+    }
+
+    /// [`ReplayedCopy::execute`] under `keys` when the request came with them (reconnaissance
+    /// found them), else under the workload's declaration.
+    pub fn execute_with(&mut self, request: &[u8], keys: Option<&super::KeySet>) -> TxnResult<TxnOutput> {
         let req = match self.workload.decode_request(request) {
             Ok(r) => r,
             Err(_) => {
@@ -109,15 +116,25 @@ impl ReplayedCopy {
             }
         };
         let workload = self.workload.clone();
-        let mut keys = super::KeySet::default();
-        if self.rules.declared_keys_only {
-            workload.declare(&req, &mut keys);
-        }
+        let mut declared = super::KeySet::default();
+        let keys = match keys {
+            Some(keys) => keys,
+            None => {
+                if self.rules.declared_keys_only {
+                    workload.declare(&req, &mut declared);
+                }
+                &declared
+            }
+        };
         let (rules, rows) = (self.rules, self.rows());
-        let mut access = Overlay { rows, writes: Vec::new(), refuse_scans: rules.refuse_scans };
+        let scans = match (rules.declared_keys_only, rules.undeclared_scans) {
+            (true, Some(refusal)) => Some((keys.scans.as_slice(), refusal)),
+            _ => None,
+        };
+        let mut access = Overlay { rows, writes: Vec::new(), scans };
         let result = {
             let mut ctx = match rules.declared_keys_only {
-                true => Ctx::with_declared(&mut access, &keys),
+                true => Ctx::with_declared(&mut access, keys),
                 false => Ctx::new(&mut access),
             };
             let mut run = workload.run(&req, &mut ctx);
@@ -172,7 +189,8 @@ impl ReplayedCopy {
 struct Overlay<'a> {
     rows: &'a BTreeMap<RowKey, Value>,
     writes: Vec<(RowKey, Option<Value>)>,
-    refuse_scans: Option<Abort>,
+    /// The only scans allowed, and the abort for any other (`ReplayRules::undeclared_scans`).
+    scans: Option<(&'a [Scan], Abort)>,
 }
 
 impl Overlay<'_> {
@@ -197,19 +215,17 @@ impl Access for Overlay<'_> {
     /// Keys in `[lo, hi]` of the table that are present under the run's own writes, in the
     /// order asked, at most `limit`.
     fn scan(&mut self, s: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        if let Some(refusal) = self.refuse_scans {
+        if let Some((_, refusal)) = self.scans.filter(|(allowed, _)| !allowed.contains(&s)) {
             return Step::Ready(Err(refusal));
         }
-        let range = RowKey::new(s.table, s.lo)..=RowKey::new(s.table, s.hi);
-        let mut keys: Vec<RowKey> = self.rows.range(range.clone()).map(|(k, _)| *k).collect();
-        keys.extend(self.writes.iter().map(|(k, _)| *k).filter(|k| range.contains(k)));
-        keys.sort_unstable();
-        keys.dedup();
-        if s.descending {
-            keys.reverse();
-        }
-        let found = keys.into_iter().filter_map(|k| Some((k.key, self.current(k)?)));
-        Step::Ready(Ok(found.take(s.limit as usize).collect()))
+        let range = self.rows.range(RowKey::new(s.table, s.lo)..=RowKey::new(s.table, s.hi));
+        // The run's own writes in the range may delete stored rows: take as many more.
+        let want = (s.limit as usize).saturating_add(self.writes.iter().filter(|(k, _)| s.contains(*k)).count());
+        let stored: Vec<(u64, Value)> = match s.descending {
+            true => range.rev().take(want).map(|(k, v)| (k.key, v.clone())).collect(),
+            false => range.take(want).map(|(k, v)| (k.key, v.clone())).collect(),
+        };
+        Step::Ready(Ok(s.over_writes(stored, &self.writes)))
     }
 }
 
@@ -266,7 +282,7 @@ mod tests {
         let rows: BTreeMap<RowKey, Value> =
             (1..=5).map(|k| (RowKey::new(1, k * 10), Value::copy_from(&[k as u8]))).collect();
         let writes = vec![(RowKey::new(1, 25), Some(Value::copy_from(&[9]))), (RowKey::new(1, 30), None)];
-        let mut o = Overlay { rows: &rows, writes, refuse_scans: None };
+        let mut o = Overlay { rows: &rows, writes, scans: None };
         let Step::Ready(Ok(up)) = o.scan(Scan { table: 1, lo: 10, hi: 50, limit: 3, descending: false }) else {
             panic!()
         };

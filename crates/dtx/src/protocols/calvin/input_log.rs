@@ -13,7 +13,7 @@
 
 use super::messages::{Entry, ReadSet};
 use super::scheduler::Slot;
-use super::SCAN_UNSUPPORTED;
+use super::SCAN_UNDECLARED;
 use crate::net::NodeId;
 use crate::net::{decode, encode};
 use crate::protocols::MachineEnv;
@@ -90,7 +90,7 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
 
 /// What a scheduler refuses, the copy refuses alike (see [`ReplayRules`]).
 const RULES: ReplayRules =
-    ReplayRules { declared_keys_only: true, refuse_scans: Some(Abort::Protocol(SCAN_UNSUPPORTED)) };
+    ReplayRules { declared_keys_only: true, undeclared_scans: Some(Abort::Protocol(SCAN_UNDECLARED)) };
 
 #[derive(Serialize, Deserialize)]
 struct MachineSnapshot {
@@ -147,7 +147,7 @@ impl LogMachine for InputMachine {
         if let Some(copy) = &mut self.copy {
             for entry in &entries {
                 // The outcome is the schedulers' to tell the client; the copy only keeps the writes.
-                let _ = copy.execute(&entry.req);
+                let _ = copy.execute_with(&entry.req, entry.keys.as_ref());
             }
         }
         self.last_epoch = epoch;

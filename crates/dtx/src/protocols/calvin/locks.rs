@@ -6,13 +6,21 @@
 //! there are no deadlocks to detect and nothing aborts for a lock (Calvin §3.2.1). SLOG and
 //! Detock's lock-only pieces queue the same way.
 //!
-//! A key's queue grants its head: the first request, and with it every shared request up to the
-//! first exclusive one. A transaction's count of locks not yet granted reaches zero exactly once;
-//! that is when it is handed back as ready.
+//! Each request waits for the earlier requests it conflicts with that are still held or
+//! waiting: on a key, a shared request waits for the last exclusive one before it, an exclusive
+//! request for the group at the queue's tail (the shared requests after the last exclusive one,
+//! or that one); each of those waits for the ones before it, so a transaction runs when the
+//! transactions it waits for directly have all released. A transaction's count of those reaches
+//! zero exactly once; that is when it is handed back as ready.
+//!
+//! Scans lock ranges ([`KeyRange`], shared, over every key in the range whether present or
+//! not): a range waits for the last exclusive request of every key in it, and a later exclusive
+//! request in the range waits for the range. So a scan sees every insert and delete made before
+//! it in the log and none made after.
 
-use crate::storage::RowKey;
+use crate::storage::{RowKey, TableId};
 use rustc_hash::FxHashMap;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::Hash;
 
 /// A lock's mode: shared for a key only read, exclusive for a key written.
@@ -22,89 +30,176 @@ pub enum Mode {
     Exclusive,
 }
 
+/// The keys `lo..=hi` of one table, present or not: what a scan locks (shared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRange {
+    pub table: TableId,
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl KeyRange {
+    fn contains(&self, key: RowKey) -> bool {
+        key.table == self.table && (self.lo..=self.hi).contains(&key.key)
+    }
+}
+
 struct Request<T> {
     txn: T,
     mode: Mode,
-    granted: bool,
+}
+
+/// A transaction that requested and has not released.
+struct Txn<T> {
+    keys: Vec<(RowKey, Mode)>,
+    ranges: Vec<KeyRange>,
+    /// Earlier transactions it waits for that have not released.
+    waits: usize,
+    /// Later transactions that wait for it.
+    blocks: Vec<T>,
 }
 
 /// The locks of one node, for transactions named by `T` (their place in the log).
 pub struct OrderedLocks<T> {
     queues: FxHashMap<RowKey, VecDeque<Request<T>>>,
-    /// Per transaction: its keys, and how many of their locks it still waits for.
-    txns: FxHashMap<T, (Vec<RowKey>, usize)>,
+    /// Keys with exclusive requests queued, and how many: what a range waits behind.
+    written: BTreeMap<RowKey, u32>,
+    /// Ranges requested and not released, per table.
+    ranges: FxHashMap<TableId, Vec<(T, KeyRange)>>,
+    txns: FxHashMap<T, Txn<T>>,
     /// The last transaction that requested: requests come in log order (asserted).
     last: Option<T>,
 }
 
 impl<T: Copy + Ord + Hash + std::fmt::Debug> Default for OrderedLocks<T> {
     fn default() -> Self {
-        OrderedLocks { queues: FxHashMap::default(), txns: FxHashMap::default(), last: None }
+        OrderedLocks {
+            queues: FxHashMap::default(),
+            written: BTreeMap::new(),
+            ranges: FxHashMap::default(),
+            txns: FxHashMap::default(),
+            last: None,
+        }
     }
 }
 
 impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
     /// Queue `txn`'s locks on `keys` (a key listed twice, or read and written, is locked once, in
-    /// its strongest mode). Returns whether it holds them all now.
-    pub fn request(&mut self, txn: T, keys: impl IntoIterator<Item = (RowKey, Mode)>) -> bool {
+    /// its strongest mode) and on `ranges`. Returns whether it holds them all now.
+    pub fn request(
+        &mut self,
+        txn: T,
+        keys: impl IntoIterator<Item = (RowKey, Mode)>,
+        ranges: impl IntoIterator<Item = KeyRange>,
+    ) -> bool {
         assert!(
             self.last.is_none_or(|last| last < txn),
             "locks are requested in log order: {txn:?} after {:?}",
             self.last
         );
         self.last = Some(txn);
-        let mut wanted: Vec<(RowKey, Mode)> = keys.into_iter().collect();
-        wanted.sort_unstable_by_key(|(k, m)| (*k, *m == Mode::Shared));
-        wanted.dedup_by_key(|(k, _)| *k); // Exclusive sorts first, so it is the one kept.
-        let mut waiting = 0;
-        for &(key, mode) in &wanted {
-            let queue = self.queues.entry(key).or_default();
-            let granted = queue.iter().all(|r| r.granted && r.mode == Mode::Shared && mode == Mode::Shared);
-            waiting += usize::from(!granted);
-            queue.push_back(Request { txn, mode, granted });
+        let mut keys: Vec<(RowKey, Mode)> = keys.into_iter().collect();
+        keys.sort_unstable_by_key(|(k, m)| (*k, *m == Mode::Shared));
+        keys.dedup_by_key(|(k, _)| *k); // Exclusive sorts first, so it is the one kept.
+        let ranges: Vec<KeyRange> = ranges.into_iter().collect();
+        let mut before = Vec::new();
+        for &(key, mode) in &keys {
+            self.key_waits(key, mode, &mut before);
         }
-        self.txns.insert(txn, (wanted.into_iter().map(|(k, _)| k).collect(), waiting));
-        waiting == 0
+        for range in &ranges {
+            self.range_waits(range, &mut before);
+        }
+        before.sort_unstable();
+        before.dedup();
+        for earlier in &before {
+            self.txns.get_mut(earlier).expect("a queued request has its transaction").blocks.push(txn);
+        }
+        for &(key, mode) in &keys {
+            self.queues.entry(key).or_default().push_back(Request { txn, mode });
+            if mode == Mode::Exclusive {
+                *self.written.entry(key).or_default() += 1;
+            }
+        }
+        for range in &ranges {
+            self.ranges.entry(range.table).or_default().push((txn, *range));
+        }
+        let waits = before.len();
+        self.txns.insert(txn, Txn { keys, ranges, waits, blocks: Vec::new() });
+        waits == 0
+    }
+
+    /// The transactions a new request on `key` in `mode` waits for directly.
+    fn key_waits(&self, key: RowKey, mode: Mode, before: &mut Vec<T>) {
+        if let Some(queue) = self.queues.get(&key) {
+            match mode {
+                Mode::Shared => before.extend(queue.iter().rev().find(|r| r.mode == Mode::Exclusive).map(|r| r.txn)),
+                Mode::Exclusive => {
+                    for (i, r) in queue.iter().rev().enumerate() {
+                        if r.mode == Mode::Exclusive {
+                            if i == 0 {
+                                before.push(r.txn);
+                            }
+                            break;
+                        }
+                        before.push(r.txn);
+                    }
+                }
+            }
+        }
+        if mode == Mode::Exclusive {
+            let ranges = self.ranges.get(&key.table).into_iter().flatten();
+            before.extend(ranges.filter(|(_, r)| r.contains(key)).map(|(t, _)| *t));
+        }
+    }
+
+    /// The transactions a new shared lock on `range` waits for: each key's last writer.
+    fn range_waits(&self, range: &KeyRange, before: &mut Vec<T>) {
+        let keys = RowKey::new(range.table, range.lo)..=RowKey::new(range.table, range.hi);
+        for key in self.written.range(keys).map(|(k, _)| k) {
+            let queue = &self.queues[key];
+            before.extend(queue.iter().rev().find(|r| r.mode == Mode::Exclusive).map(|r| r.txn));
+        }
     }
 
     /// Release every lock `txn` holds; the transactions that now hold all theirs are pushed to
     /// `ready`, in log order.
     pub fn release(&mut self, txn: T, ready: &mut Vec<T>) {
-        let (keys, waiting) = self.txns.remove(&txn).expect("a transaction releases the locks it requested");
-        assert_eq!(waiting, 0, "{txn:?} releases before it held all its locks");
-        let first = ready.len();
-        for key in keys {
+        let done = self.txns.remove(&txn).expect("a transaction releases the locks it requested");
+        assert_eq!(done.waits, 0, "{txn:?} releases before it held all its locks");
+        for (key, mode) in done.keys {
             let queue = self.queues.get_mut(&key).expect("a requested key has a queue");
             let at = queue.iter().position(|r| r.txn == txn).expect("the request is queued");
-            debug_assert!(queue[at].granted, "a running transaction holds its locks");
             queue.remove(at);
-            self.grant_head(key, ready);
+            if queue.is_empty() {
+                self.queues.remove(&key);
+            }
+            if mode == Mode::Exclusive {
+                let n = self.written.get_mut(&key).expect("an exclusive request is counted");
+                *n -= 1;
+                if *n == 0 {
+                    self.written.remove(&key);
+                }
+            }
+        }
+        let mut tables: Vec<TableId> = done.ranges.iter().map(|r| r.table).collect();
+        tables.sort_unstable();
+        tables.dedup();
+        for table in tables {
+            let held = self.ranges.get_mut(&table).expect("a requested range is listed");
+            held.retain(|(t, _)| *t != txn);
+            if held.is_empty() {
+                self.ranges.remove(&table);
+            }
+        }
+        let first = ready.len();
+        for later in done.blocks {
+            let t = self.txns.get_mut(&later).expect("a waiting transaction has not released");
+            t.waits -= 1;
+            if t.waits == 0 {
+                ready.push(later);
+            }
         }
         ready[first..].sort_unstable();
-    }
-
-    /// Grant what now heads `key`'s queue, and count it off its transactions' waits.
-    fn grant_head(&mut self, key: RowKey, ready: &mut Vec<T>) {
-        let Some(queue) = self.queues.get_mut(&key) else { return };
-        if queue.is_empty() {
-            self.queues.remove(&key);
-            return;
-        }
-        let head_exclusive = queue[0].mode == Mode::Exclusive;
-        for (i, r) in queue.iter_mut().enumerate() {
-            if i > 0 && (head_exclusive || r.mode == Mode::Exclusive) {
-                break;
-            }
-            if r.granted {
-                continue;
-            }
-            r.granted = true;
-            let waiting = &mut self.txns.get_mut(&r.txn).expect("a queued request has its transaction").1;
-            *waiting -= 1;
-            if *waiting == 0 {
-                ready.push(r.txn);
-            }
-        }
     }
 
     /// Whether `txn` requested and has not released.
@@ -139,35 +234,35 @@ mod tests {
     #[test]
     fn transactions_that_do_not_conflict_hold_their_locks_at_once() {
         let mut l = OrderedLocks::default();
-        assert!(l.request(1, [(key(1), Mode::Exclusive)]));
-        assert!(l.request(2, [(key(2), Mode::Exclusive)]));
-        assert!(l.request(3, [(key(3), Mode::Shared), (key(4), Mode::Shared)]));
-        assert!(l.request(4, [(key(3), Mode::Shared)]), "shared locks are held together");
+        assert!(l.request(1, [(key(1), Mode::Exclusive)], []));
+        assert!(l.request(2, [(key(2), Mode::Exclusive)], []));
+        assert!(l.request(3, [(key(3), Mode::Shared), (key(4), Mode::Shared)], []));
+        assert!(l.request(4, [(key(3), Mode::Shared)], []), "shared locks are held together");
         assert_eq!(l.len(), 4);
     }
 
     #[test]
     fn a_conflicting_transaction_runs_after_the_earlier_one_releases() {
         let mut l = OrderedLocks::default();
-        assert!(l.request(1, [(key(1), Mode::Exclusive), (key(2), Mode::Shared)]));
-        assert!(!l.request(2, [(key(2), Mode::Exclusive)]), "waits behind 1's shared lock");
-        assert!(!l.request(3, [(key(2), Mode::Shared), (key(5), Mode::Exclusive)]), "queues behind 2");
-        assert!(!l.request(4, [(key(1), Mode::Shared)]));
+        assert!(l.request(1, [(key(1), Mode::Exclusive), (key(2), Mode::Shared)], []));
+        assert!(!l.request(2, [(key(2), Mode::Exclusive)], []), "waits behind 1's shared lock");
+        assert!(!l.request(3, [(key(2), Mode::Shared), (key(5), Mode::Exclusive)], []), "queues behind 2");
+        assert!(!l.request(4, [(key(1), Mode::Shared)], []));
         assert_eq!(released(&mut l, 1), vec![2, 4]);
         assert_eq!(released(&mut l, 2), vec![3]);
         assert_eq!(released(&mut l, 3), Vec::<u32>::new());
         assert_eq!(released(&mut l, 4), Vec::<u32>::new());
-        assert!(l.is_empty() && l.queues.is_empty(), "nothing is left behind");
+        assert!(l.is_empty() && l.queues.is_empty() && l.written.is_empty(), "nothing is left behind");
     }
 
     #[test]
     fn shared_requests_after_an_exclusive_one_are_granted_together() {
         let mut l = OrderedLocks::default();
-        assert!(l.request(1, [(key(1), Mode::Exclusive)]));
+        assert!(l.request(1, [(key(1), Mode::Exclusive)], []));
         for t in 2..=4 {
-            assert!(!l.request(t, [(key(1), Mode::Shared)]));
+            assert!(!l.request(t, [(key(1), Mode::Shared)], []));
         }
-        assert!(!l.request(5, [(key(1), Mode::Exclusive)]));
+        assert!(!l.request(5, [(key(1), Mode::Exclusive)], []));
         assert_eq!(released(&mut l, 1), vec![2, 3, 4]);
         assert_eq!(released(&mut l, 3), Vec::<u32>::new());
         assert_eq!(released(&mut l, 2), Vec::<u32>::new());
@@ -177,16 +272,38 @@ mod tests {
     #[test]
     fn a_key_read_and_written_is_locked_once_exclusively() {
         let mut l = OrderedLocks::default();
-        assert!(l.request(1, [(key(1), Mode::Shared), (key(1), Mode::Exclusive), (key(1), Mode::Shared)]));
-        assert!(!l.request(2, [(key(1), Mode::Shared)]));
+        assert!(l.request(1, [(key(1), Mode::Shared), (key(1), Mode::Exclusive), (key(1), Mode::Shared)], []));
+        assert!(!l.request(2, [(key(1), Mode::Shared)], []));
         assert_eq!(released(&mut l, 1), vec![2]);
+    }
+
+    fn range(lo: u64, hi: u64) -> KeyRange {
+        KeyRange { table: 0, lo, hi }
+    }
+
+    #[test]
+    fn a_range_waits_for_earlier_writers_in_it_and_later_writers_wait_for_it() {
+        let mut l = OrderedLocks::default();
+        assert!(l.request(1, [(key(5), Mode::Exclusive)], []), "an insert");
+        assert!(l.request(2, [(key(50), Mode::Exclusive)], []), "outside the range");
+        assert!(!l.request(3, [], [range(0, 10)]), "the scan waits for the insert before it");
+        assert!(l.request(4, [(key(7), Mode::Shared)], [range(6, 8), range(20, 30)]), "readers share with the scan");
+        assert!(!l.request(5, [(key(9), Mode::Exclusive)], []), "a later insert waits for the scan");
+        assert!(l.request(6, [(key(11), Mode::Exclusive)], []), "just past the range");
+        assert_eq!(released(&mut l, 2), Vec::<u32>::new());
+        assert_eq!(released(&mut l, 1), vec![3]);
+        assert_eq!(released(&mut l, 4), Vec::<u32>::new(), "5 still waits for the first scan");
+        assert_eq!(released(&mut l, 3), vec![5]);
+        assert_eq!(released(&mut l, 5), Vec::<u32>::new());
+        assert_eq!(released(&mut l, 6), Vec::<u32>::new());
+        assert!(l.is_empty() && l.queues.is_empty() && l.written.is_empty() && l.ranges.is_empty());
     }
 
     #[test]
     #[should_panic(expected = "log order")]
     fn requests_out_of_log_order_are_a_bug() {
         let mut l = OrderedLocks::default();
-        l.request(2, [(key(1), Mode::Shared)]);
-        l.request(1, [(key(1), Mode::Shared)]);
+        l.request(2, [(key(1), Mode::Shared)], []);
+        l.request(1, [(key(1), Mode::Shared)], []);
     }
 }

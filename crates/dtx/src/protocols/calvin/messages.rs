@@ -5,11 +5,19 @@
 
 use crate::net::{Addr, NodeId};
 use crate::storage::{RowKey, Value};
-use crate::txn::Abort;
+use crate::txn::{Abort, KeySet, Scan};
 use serde::{Deserialize, Serialize};
 
-/// Keys with the values a participant read.
-pub type ReadSet = Vec<(RowKey, Option<Value>)>;
+/// What a participant read locally for a transaction: its keys' values, and the rows of the
+/// scans whose range it holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReadSet {
+    pub values: Vec<(RowKey, Option<Value>)>,
+    /// Each scan with the rows present in its range before the transaction, in the order it
+    /// asks, at least its limit plus the transaction's writes in the range when there are that
+    /// many (see `Scan::over_writes`).
+    pub scans: Vec<(Scan, Vec<(u64, Value)>)>,
+}
 
 /// One sequenced transaction: who waits for it and what it is.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -19,6 +27,9 @@ pub struct Entry {
     pub id: u64,
     /// The request, encoded by the workload.
     pub req: Vec<u8>,
+    /// Its keys and scans as the client's reconnaissance found them (OLLP), when the workload
+    /// does not declare them or the procedure scans; `None`: the workload's declaration.
+    pub keys: Option<KeySet>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -33,4 +44,21 @@ pub enum Msg {
     Reads { slot: (u64, NodeId, u32), from: NodeId, values: ReadSet },
     /// One participant -> the client: the outcome, the output as JSON (what the driver records).
     Done { id: u64, outcome: Result<Vec<u8>, Abort> },
+    /// A client's reconnaissance -> any worker of the node that holds what it asks: the
+    /// committed state, read without locks (answered with a [`Peeked`]).
+    Peek(Peek),
+}
+
+/// What a reconnaissance asks.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Peek {
+    Read(RowKey),
+    Scan(Scan),
+}
+
+/// The answer to a [`Peek`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Peeked {
+    Value(Option<Value>),
+    Rows(Vec<(u64, Value)>),
 }

@@ -24,10 +24,17 @@
 //! sends its logged batches again. With one sequencer (`sequencers=one`) the replicas of its log
 //! also execute the batches on a full copy of the data.
 //!
+//! Dependent keys and scans (OLLP, Calvin §3.2.1): a procedure whose keys the workload cannot
+//! declare, or that scans, is first run by its client against the committed state without
+//! locks (a reconnaissance: `txn::recon`, reading through [`Msg::Peek`]); the keys and scans it
+//! found travel in the sequenced entry, the schedulers lock them (scans as ranges), and a run
+//! that strays from them aborts alike everywhere (`recon-mismatch`) and is tried again. A
+//! client learns that a declared procedure scans when its first run aborts with
+//! `scan-undeclared`, and reconnoiters that procedure from then on.
+//!
 //! What Calvin has that this core does not, yet (the calvin issue): a checkpoint of a
 //! scheduler's data (a node runs its whole log again, and its log's snapshots keep every
-//! input, so both grow with the run), reconnaissance for dependent keys (here refused), and
-//! scans (refused).
+//! input, so both grow with the run).
 
 pub mod input_log;
 pub mod locks;
@@ -42,9 +49,11 @@ use crate::protocols::{
 };
 use crate::rt::log::LogMachine;
 use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
+use crate::storage::Value;
 use crate::storage::{RowKey, Storage};
-use crate::txn::{Abort, KeySet, Reason, TxnOutput, TxnRequest, TxnResult};
-use messages::{Entry, Msg};
+use crate::txn::recon::{self, SnapshotReader};
+use crate::txn::{Abort, KeySet, Reason, Scan, TxnOutput, TxnRequest, TxnResult};
+use messages::{Entry, Msg, Peek, Peeked};
 use rustc_hash::FxHashMap;
 use scheduler::Ack;
 use std::cell::{Cell, RefCell};
@@ -55,10 +64,9 @@ use std::task::{Poll, Waker};
 
 /// The sequencer's queue was at its bound (`max_pending`): the request was not sequenced.
 pub const SEQUENCER_FULL: Reason = Reason::new("sequencer-full");
-/// The procedure does not declare its keys; reconnaissance is not wired in yet.
-pub const NOT_ONE_SHOT: Reason = Reason::new("not-one-shot");
-/// The procedure scans; scans are not supported yet (every participant refuses alike).
-pub const SCAN_UNSUPPORTED: Reason = Reason::new("scan-unsupported");
+/// A procedure run under its workload's declaration scanned: a scan's range must be locked
+/// before the run, so its client reconnoiters the procedure from then on.
+pub const SCAN_UNDECLARED: Reason = Reason::new("scan-undeclared");
 /// A participant could not decode the request (a bug, or another build of the workload).
 pub const UNDECODABLE: Reason = Reason::new("undecodable-request");
 
@@ -85,8 +93,7 @@ pub const OPTIONS: &[OptionSpec] = &[
 
 pub const ABORTS: &[(&str, &str)] = &[
     ("sequencer-full", "the sequencer's queue was at max_pending; the client retries"),
-    ("not-one-shot", "the procedure does not declare its keys (reconnaissance is not wired in yet)"),
-    ("scan-unsupported", "the procedure scans (not supported yet)"),
+    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
     ("undecodable-request", "a participant could not decode the request"),
 ];
 
@@ -233,9 +240,16 @@ impl NodeState {
         }
     }
 
+    /// The node of copy `copy` that holds `scan`'s range: its first key's (a scan's range lies
+    /// in one partition, as every protocol here assumes).
+    pub fn scan_holder(&self, scan: &Scan, copy: u16) -> NodeId {
+        self.holder(RowKey::new(scan.table, scan.lo), copy)
+    }
+
     /// The data nodes of copy `copy` a transaction over `keys` touches, in order.
     pub fn participants(&self, keys: &KeySet, copy: u16) -> Vec<NodeId> {
-        let mut nodes: Vec<NodeId> = keys.reads.iter().chain(&keys.writes).map(|k| self.holder(*k, copy)).collect();
+        let keyed = keys.reads.iter().chain(&keys.writes).map(|k| self.holder(*k, copy));
+        let mut nodes: Vec<NodeId> = keyed.chain(keys.scans.iter().map(|s| self.scan_holder(s, copy))).collect();
         nodes.sort_unstable();
         nodes.dedup();
         nodes
@@ -262,6 +276,7 @@ impl NodeProtocol for CalvinNode {
                 scheduler::Scheduler::new(self.0.sequencers.clone(), recovered)
             }),
             waiting: RefCell::new(FxHashMap::default()),
+            scanning: RefCell::default(),
             // Outcomes of an earlier incarnation's submissions may still arrive (a restarted
             // node's scheduler runs its inputs again and tells their clients): numbering from
             // the clock keeps them from matching this one's (fewer than one a µs are made).
@@ -307,6 +322,8 @@ pub struct CalvinWorker {
     /// the driver's transactions in flight on this worker.
     waiting: RefCell<FxHashMap<u64, Waiting>>,
     next_id: Cell<u64>,
+    /// Declared procedures seen to scan (`scan-undeclared`): reconnoitred from then on.
+    scanning: RefCell<Vec<&'static str>>,
 }
 
 impl CalvinWorker {
@@ -353,8 +370,48 @@ impl CalvinWorker {
                 None => log_warn(&format!("calvin: {} got reads but is no scheduler", self.w.addr)),
             },
             Msg::Done { id, outcome } => self.done(id, outcome),
+            Msg::Peek(_) => unreachable!("a peek is answered where it arrives"),
         }
         Ack::Now
+    }
+
+    /// Answer a reconnaissance's read from this node's committed state.
+    fn serve_peek(&self, peek: Peek) -> Peeked {
+        let store = &self.node.store;
+        match peek {
+            Peek::Read(key) => {
+                self.w.charge_ops(1);
+                Peeked::Value(store.get(key).and_then(|r| r.lock().value.clone()))
+            }
+            Peek::Scan(s) => {
+                let rows = scheduler::present_rows(store, s, s.limit as usize);
+                self.w.charge_ops(rows.len().max(1));
+                Peeked::Rows(rows)
+            }
+        }
+    }
+
+    /// Ask the node of this client's copy that holds what `peek` names (the same worker number
+    /// there, so that reconnaissance stays off the schedulers).
+    async fn peek(&self, holder: NodeId, peek: Peek) -> TxnResult<Peeked> {
+        if holder == self.w.addr.node {
+            return Ok(self.serve_peek(peek));
+        }
+        let reply = self.w.call(Addr::new(holder, self.w.addr.worker), encode(&Msg::Peek(peek))).await;
+        decode::<Peeked>(&reply.map_err(|_| Abort::Timeout)?).map_err(|_| Abort::BadReply)
+    }
+
+    /// The keys (and scans) of `req`: its workload's declaration, or when that cannot name them
+    /// (dependent keys) or the procedure scans, a reconnaissance run's (then `true`: they
+    /// travel in its entry).
+    async fn keys_of(&self, req: &TxnRequest) -> TxnResult<(KeySet, bool)> {
+        let procs = &self.node.env.workload;
+        let mut keys = KeySet::default();
+        if procs.declare(req, &mut keys) && !self.scanning.borrow().contains(&req.proc) {
+            return Ok((keys, false));
+        }
+        self.w.count("reconnaissance-runs", 1);
+        Ok((recon::discover(&**procs, req, self).await?, true))
     }
 
     fn done(&self, id: u64, outcome: Result<Vec<u8>, Abort>) {
@@ -374,16 +431,18 @@ impl CalvinWorker {
     async fn run(&self, req: &TxnRequest) -> TxnResult<TxnOutput> {
         self.w.charge(self.w.cost.txn_ns);
         let procs = &self.node.env.workload;
-        let mut keys = KeySet::default();
-        if !procs.declare(req, &mut keys) {
-            return Err(Abort::Protocol(NOT_ONE_SHOT));
+        let (keys, reconnoitred) = self.keys_of(req).await?;
+        if keys.is_empty() && keys.scans.is_empty() {
+            // It touches no data: no node would run it, and it needs no place in the order.
+            return scheduler::run_untouched(&**procs, req, &keys, reconnoitred).await;
         }
+        let keys = reconnoitred.then_some(keys);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.waiting.borrow_mut().insert(id, Waiting::default());
         self.deliver(
             self.node.sequencer_for(self.w.addr.node),
-            Msg::Submit(Entry { client: self.w.addr, id, req: procs.encode_request(req) }),
+            Msg::Submit(Entry { client: self.w.addr, id, req: procs.encode_request(req), keys }),
         );
         let mut timeout = self.w.sleep_us(self.w.rpc.timeout_us);
         let outcome = std::future::poll_fn(|cx| {
@@ -400,7 +459,35 @@ impl CalvinWorker {
         })
         .await;
         self.waiting.borrow_mut().remove(&id);
+        if matches!(outcome, Err(Abort::Protocol(SCAN_UNDECLARED))) && !self.scanning.borrow().contains(&req.proc) {
+            self.scanning.borrow_mut().push(req.proc);
+        }
         outcome
+    }
+}
+
+/// Reconnaissance reads the committed state of this client's copy, without locks: the run that
+/// follows locks what it found, and a stale answer costs a `recon-mismatch` retry, never a
+/// wrong result.
+impl SnapshotReader for CalvinWorker {
+    fn read<'a>(&'a self, key: RowKey) -> LocalBoxFuture<'a, TxnResult<Option<Value>>> {
+        Box::pin(async move {
+            let holder = self.node.holder(key, self.node.copy_of(self.w.addr.node));
+            match self.peek(holder, Peek::Read(key)).await? {
+                Peeked::Value(v) => Ok(v),
+                Peeked::Rows(_) => Err(Abort::BadReply),
+            }
+        })
+    }
+
+    fn scan<'a>(&'a self, s: Scan) -> LocalBoxFuture<'a, TxnResult<Vec<(u64, Value)>>> {
+        Box::pin(async move {
+            let holder = self.node.scan_holder(&s, self.node.copy_of(self.w.addr.node));
+            match self.peek(holder, Peek::Scan(s)).await? {
+                Peeked::Rows(rows) => Ok(rows),
+                Peeked::Value(_) => Err(Abort::BadReply),
+            }
+        })
     }
 }
 
@@ -423,6 +510,7 @@ impl WorkerProtocol for CalvinWorker {
 impl Handler for CalvinWorker {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         match decode::<Msg>(body) {
+            Ok(Msg::Peek(peek)) => self.w.reply(from, rpc_id, &encode(&self.serve_peek(peek))),
             Ok(msg) => match self.handle(from, msg) {
                 Ack::Now => self.w.reply(from, rpc_id, &[]),
                 Ack::AfterDurable(lsn) => {

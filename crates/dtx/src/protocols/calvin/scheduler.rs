@@ -9,15 +9,22 @@
 //!
 //! Conflicting transactions run in log order at every node and the others commute, so every
 //! node's execution is equivalent to running the log one transaction at a time.
+//!
+//! A transaction's keys are the workload's declaration, or what its client's reconnaissance
+//! found (OLLP: the entry carries them). Its scans lock their ranges at the node that holds the
+//! range (the node of its first key, as every protocol here places a scan), which reads the rows
+//! and sends them with its reads. A run that strays from its keys (a reconnaissance that the
+//! log's earlier transactions made stale) or scans what it did not declare aborts alike at
+//! every participant, and its client tries again.
 
 use super::input_log::{Record, Recovered};
-use super::locks::{Mode, OrderedLocks};
+use super::locks::{KeyRange, Mode, OrderedLocks};
 use super::messages::{Entry, Msg, ReadSet};
-use super::{CalvinWorker, SCAN_UNSUPPORTED, UNDECODABLE};
+use super::{CalvinWorker, SCAN_UNDECLARED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
 use crate::rt::log::NodeLog;
-use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, Access, Ctx, KeySet, Scan, Step, TxnRequest};
+use crate::storage::{RowKey, Storage, Value};
+use crate::txn::{Abort, Access, Ctx, KeySet, Procedures, Scan, Step, TxnOutput, TxnRequest, TxnResult};
 use crate::wal::Lsn;
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
@@ -43,6 +50,8 @@ struct Admitted {
     entry: Entry,
     req: TxnRequest,
     keys: KeySet,
+    /// The keys came from the client's reconnaissance, not the workload's declaration.
+    reconnoitred: bool,
     participants: Vec<NodeId>,
 }
 
@@ -234,7 +243,7 @@ pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
 
 /// Request the locks of one sequenced transaction, if it touches this node, and start it if
 /// it holds them all.
-fn admit(me: &Rc<CalvinWorker>, slot: Slot, entry: Entry) {
+fn admit(me: &Rc<CalvinWorker>, slot: Slot, mut entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
     let procs = &node.env.workload;
@@ -245,8 +254,12 @@ fn admit(me: &Rc<CalvinWorker>, slot: Slot, entry: Entry) {
         }
         return;
     };
-    let mut keys = KeySet::default();
-    procs.declare(&req, &mut keys);
+    let reconnoitred = entry.keys.is_some();
+    let keys = entry.keys.take().unwrap_or_else(|| {
+        let mut keys = KeySet::default();
+        procs.declare(&req, &mut keys);
+        keys
+    });
     // This node's copy of the data: its region's, or the only one.
     let copy = node.copy_of(here);
     let participants = node.participants(&keys, copy);
@@ -256,9 +269,14 @@ fn admit(me: &Rc<CalvinWorker>, slot: Slot, entry: Entry) {
     let local = |k: &&RowKey| node.holder(**k, copy) == here;
     let wanted = (keys.reads.iter().filter(local).map(|k| (*k, Mode::Shared)))
         .chain(keys.writes.iter().filter(local).map(|k| (*k, Mode::Exclusive)));
+    let ranges = (keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here)).map(|s| KeyRange {
+        table: s.table,
+        lo: s.lo,
+        hi: s.hi,
+    });
     let s = me.scheduler.as_ref().expect("a scheduler admits");
-    let holds_all = s.locks.borrow_mut().request(slot, wanted);
-    let admitted = Admitted { entry, req, keys, participants };
+    let holds_all = s.locks.borrow_mut().request(slot, wanted, ranges);
+    let admitted = Admitted { entry, req, keys, reconnoitred, participants };
     if holds_all {
         spawn_run(me, slot, admitted);
     } else {
@@ -278,30 +296,30 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
     let (node, here) = (&me.node, me.w.addr.node);
     let s = me.scheduler.as_ref().expect("a scheduler runs");
     let copy = node.copy_of(here);
-    let Admitted { entry, req, keys, participants } = txn;
+    let Admitted { entry, req, keys, reconnoitred, participants } = txn;
     if s.running.get() > 0 {
         me.w.count("calvin-overlapped", 1); // Started while another still ran: ordered locking at work.
     }
     s.running.set(s.running.get() + 1);
-    let local: ReadSet = keys
-        .reads
-        .iter()
-        .chain(&keys.writes)
-        .filter(|k| node.holder(**k, copy) == here)
-        .map(|k| (*k, node.store.get(*k).and_then(|r| r.lock().value.clone())))
-        .collect();
-    me.w.charge_ops(local.len());
+    let local = read_local(me, &keys, copy);
     let others: Vec<NodeId> = participants.iter().copied().filter(|n| *n != here).collect();
     for &n in &others {
         me.deliver(Addr::new(n, 0), Msg::Reads { slot, from: here, values: local.clone() });
     }
-    let mut values: FxHashMap<RowKey, Option<Value>> = local.into_iter().collect();
+    let mut access = Deterministic {
+        values: local.values.into_iter().collect(),
+        scans: local.scans,
+        writes: Vec::new(),
+        stray_scan: stray_scan(reconnoitred),
+    };
     if !others.is_empty() {
         me.w.count("multi-node-txns", 1);
-        values.extend(s.others_reads(slot, others.len()).await.into_iter().flatten());
+        for theirs in s.others_reads(slot, others.len()).await {
+            access.values.extend(theirs.values);
+            access.scans.extend(theirs.scans);
+        }
     }
     let procs = &node.env.workload;
-    let mut access = Deterministic { values, writes: Vec::new() };
     let result = procs.run(&req, &mut Ctx::with_declared(&mut access, &keys)).await;
     if result.is_ok() {
         for (k, v) in access.writes.into_iter().filter(|(k, _)| node.holder(*k, copy) == here) {
@@ -315,6 +333,60 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
         me.deliver(entry.client, Msg::Done { id: entry.id, outcome });
     }
+}
+
+/// What this participant holds of a transaction's keys and scans, read now that it holds their
+/// locks.
+fn read_local(me: &CalvinWorker, keys: &KeySet, copy: u16) -> ReadSet {
+    let (node, here) = (&me.node, me.w.addr.node);
+    let values: Vec<(RowKey, Option<Value>)> = (keys.reads.iter().chain(&keys.writes))
+        .filter(|k| node.holder(**k, copy) == here)
+        .map(|k| (*k, node.store.get(*k).and_then(|r| r.lock().value.clone())))
+        .collect();
+    let scans: Vec<_> = (keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here))
+        .map(|s| {
+            // The transaction's own writes in the range may delete rows: read as many more.
+            let writes = keys.writes.iter().filter(|k| s.contains(**k)).count();
+            (*s, present_rows(&node.store, *s, (s.limit as usize).saturating_add(writes)))
+        })
+        .collect();
+    me.w.charge_ops(values.len() + scans.iter().map(|(_, rows)| rows.len()).sum::<usize>());
+    ReadSet { values, scans }
+}
+
+/// The first `want` rows of `s`'s range that are present, in the order it asks (the store's
+/// ranges include absent records: tombstones and rows never written).
+pub fn present_rows(store: &Storage<()>, s: Scan, want: usize) -> Vec<(u64, Value)> {
+    let table = store.table(s.table);
+    let mut fetch = want.max(1);
+    loop {
+        let records = table.range(s.lo, s.hi, fetch, s.descending);
+        let exhausted = records.len() < fetch;
+        let rows: Vec<(u64, Value)> =
+            records.into_iter().filter_map(|(k, r)| Some((k, r.lock().value.clone()?))).take(want).collect();
+        if rows.len() >= want || exhausted {
+            return rows;
+        }
+        fetch = fetch.saturating_mul(2);
+    }
+}
+
+/// Run a transaction whose keys and scans are empty where its client is: it reads and writes
+/// nothing, so it needs no place in the order (and a stray access aborts as at a scheduler).
+pub async fn run_untouched(
+    procs: &dyn Procedures,
+    req: &TxnRequest,
+    keys: &KeySet,
+    reconnoitred: bool,
+) -> TxnResult<TxnOutput> {
+    debug_assert!(keys.is_empty() && keys.scans.is_empty());
+    let mut access = Deterministic {
+        values: FxHashMap::default(),
+        scans: Vec::new(),
+        writes: Vec::new(),
+        stray_scan: stray_scan(reconnoitred),
+    };
+    procs.run(req, &mut Ctx::with_declared(&mut access, keys)).await
 }
 
 fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
@@ -334,11 +406,23 @@ fn first_data_node(me: &CalvinWorker) -> NodeId {
     (0..topo.nodes).find(|n| topo.roles_of(*n).contains(crate::cluster::Role::Data)).unwrap_or(0)
 }
 
-/// The execution of one transaction at one participant: every read answered from the read set
-/// all participants gathered (the same set everywhere), writes buffered until it commits.
+/// The execution of one transaction at one participant: every read and scan answered from what
+/// all participants gathered (the same everywhere), writes buffered until it commits.
 struct Deterministic {
     values: FxHashMap<RowKey, Option<Value>>,
+    scans: Vec<(Scan, Vec<(u64, Value)>)>,
     writes: Vec<(RowKey, Option<Value>)>,
+    /// The abort for a scan not among the gathered ones.
+    stray_scan: Abort,
+}
+
+/// What a scan outside the transaction's scans aborts with: a reconnaissance gone stale, or a
+/// declared procedure that scans (its client reconnoiters it from then on).
+fn stray_scan(reconnoitred: bool) -> Abort {
+    match reconnoitred {
+        true => Abort::ReconMismatch,
+        false => Abort::Protocol(SCAN_UNDECLARED),
+    }
 }
 
 impl Access for Deterministic {
@@ -358,7 +442,10 @@ impl Access for Deterministic {
         Step::Ready(Ok(()))
     }
 
-    fn scan(&mut self, _scan: Scan) -> Step<'_, Vec<(u64, Value)>> {
-        Step::Ready(Err(Abort::Protocol(SCAN_UNSUPPORTED)))
+    fn scan(&mut self, scan: Scan) -> Step<'_, Vec<(u64, Value)>> {
+        match self.scans.iter().find(|(s, _)| *s == scan) {
+            Some((_, stored)) => Step::Ready(Ok(scan.over_writes(stored.clone(), &self.writes))),
+            None => Step::Ready(Err(self.stray_scan)),
+        }
     }
 }

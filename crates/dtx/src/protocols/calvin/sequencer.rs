@@ -146,7 +146,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Entry {
-        Entry { client: Addr::new(1, 1), id, req: Vec::new() }
+        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None }
     }
 
     fn epochs(batches: &[(u64, Vec<Entry>)]) -> Vec<(u64, usize)> {
