@@ -20,7 +20,7 @@ fn check(spec: &BenchSpec, tag: &str) {
     common::run_and_check(spec, tag);
 }
 
-/// Every protocol with code, calvin's core (planned) included.
+/// Every protocol with code, planned ones included.
 #[test]
 fn every_protocol_is_serializable_under_contention_and_delay() {
     for p in REGISTRY {

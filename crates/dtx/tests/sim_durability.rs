@@ -131,12 +131,15 @@ fn crashes_recover_from_checkpoints_in_the_simulator() {
 /// as six group-commit delays; 400 keys keep enough transactions committing between crashes for
 /// their records to interleave). A crash fails the epoch it interrupts, so under epoch group
 /// commit (`coco`) epochs must be shorter than the time between crashes (about 20 ms here) for
-/// any to commit: 2 ms.
+/// any to commit: 2 ms. A log that one worker writes (calvin's: its scheduler's) has one lane
+/// and nothing to tear across lanes; its crashes must still lose nothing, and the sweep says
+/// so, as measured (no recovery found records in two lanes).
 #[test]
 fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit() {
     for lane_disks in [false, true] {
+        let mut torn_protocols = 0;
         for p in ready() {
-            let (mut restarts, mut orphans) = (0, 0);
+            let (mut restarts, mut orphans, mut over_lanes) = (0, 0, 0);
             let variant = dtx::protocols::with_epochs_within(p, 20_000);
             for seed in 1..=seeds().div_ceil(2) {
                 let mut spec = torn_group_commit_spec(&variant, 2700 + seed);
@@ -144,11 +147,19 @@ fn per_worker_logs_lose_nothing_acknowledged_when_a_crash_tears_a_group_commit()
                 let out = common::run_and_check(&spec, "lanes");
                 restarts += out.restarts;
                 orphans += out.totals.counters.get("log-orphans-voided").copied().unwrap_or(0);
+                over_lanes += out.totals.counters.get("log-recoveries-over-lanes").copied().unwrap_or(0);
             }
             let layout = if lane_disks { "a disk per lane" } else { "one file" };
             assert!(restarts >= seeds(), "{} ({layout}): only {restarts} crashes over the sweep", p.name);
+            if over_lanes == 0 {
+                assert_eq!(orphans, 0, "{} ({layout}): orphans in a log of one lane", p.name);
+                eprintln!("{} ({layout}): its log is written by one worker: no lanes to tear", p.name);
+                continue;
+            }
             assert!(orphans > 0, "{} ({layout}): no crash tore a group commit over the sweep", p.name);
+            torn_protocols += 1;
         }
+        assert!(torn_protocols > 0, "no protocol's group commit was torn across lanes");
     }
 }
 
@@ -317,7 +328,7 @@ fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec
     for p in ready() {
         let mut spec = durable_spec(p.name, 5, dtx::host::Runtime::Local);
         spec.nodes = 2;
-        spec.workers = 1;
+        spec.workers = 1 + host::service_workers(p.name);
         spec.latency.delay_us = 0;
         spec.latency.jitter_us = 0;
         spec.duration_us = 300_000;

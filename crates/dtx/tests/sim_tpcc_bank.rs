@@ -42,7 +42,7 @@ fn tpcc_consistency_holds_under_every_protocol() {
     }
 }
 
-/// Every protocol with code, calvin's core (planned) included.
+/// Every protocol with code, planned ones included.
 #[test]
 fn bank_total_holds_in_every_audit_under_every_protocol() {
     for p in REGISTRY {

@@ -8,7 +8,7 @@ use super::acks::{Acknowledge, Acks, Pending};
 use super::metrics::{HistLine, Metrics};
 use crate::protocols::{Attempt, WorkerProtocol};
 use crate::rt::Worker;
-use crate::txn::{TxnOutput, TxnRequest};
+use crate::txn::{Abort, TxnOutput, TxnRequest};
 use crate::workloads::Workload;
 use parking_lot::Mutex;
 use rand::Rng as _;
@@ -37,6 +37,9 @@ pub struct RunShared {
     /// Records that restarted nodes found durable in one lane of their log after a record
     /// another lane lost, and voided (see `rt::lanes`).
     pub orphans_voided: AtomicU64,
+    /// Restarts (in the simulator) whose log held records in more than one lane: only those can
+    /// have been torn across lanes (a protocol whose log one worker writes never is).
+    pub recovered_over_lanes: AtomicU64,
     /// Restarts (in the simulator) that recovered from a checkpoint and the records after it.
     pub recovered_from_checkpoint: AtomicU64,
     /// Commits committed in memory and waiting in the workers' ack queues for the log, now.
@@ -365,9 +368,10 @@ impl Client<'_> {
                     }
                     Err(reason) => {
                         if let Some((id, start_us)) = history {
+                            let status = if reason == Abort::OutcomeUnknown { "unknown" } else { "aborted" };
                             let line = HistLine {
                                 id,
-                                status: "aborted".into(),
+                                status: status.into(),
                                 ops: wl.attempted_ops(&req),
                                 start_us,
                                 end_us: w.history_now_us(),

@@ -14,6 +14,7 @@ fn disk_full_file(nodes: &[Arc<NodeSetup>]) -> Option<std::path::PathBuf> {
 
 /// Run every node as threads of this process.
 pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    super::check_protocol_topology(spec)?;
     crate::util::return_free_memory();
     let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
     let shared = Arc::new(RunShared::default());

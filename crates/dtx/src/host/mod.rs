@@ -346,6 +346,14 @@ pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
     workloads::build(&spec.workload, &spec.topology())
 }
 
+/// What the runtimes check before they start a spec that `validate` did not see (tests run
+/// planned protocols): the protocol accepts the cluster's shape (calvin: a worker beside its
+/// scheduler).
+pub fn check_protocol_topology(spec: &BenchSpec) -> anyhow::Result<()> {
+    let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
+    variant.make().check_topology(&spec.try_topology()?)
+}
+
 /// A node's log as opened: its newest checkpoint and the records after it (oldest first).
 pub type OpenedLog = crate::replication::OpenedWal;
 

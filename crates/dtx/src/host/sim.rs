@@ -6,6 +6,7 @@ use super::*;
 /// Run in deterministic simulation: build the cluster, run the measured window, let what is in
 /// flight finish, then the after-run jobs (the final read, the final checks).
 pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
+    super::check_protocol_topology(spec)?;
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     world.set_lane_disks(spec.durability.sim_lane_disks);
     let shared = Arc::new(RunShared::default());
@@ -52,6 +53,10 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let orphans = shared.orphans_voided.load(Ordering::Relaxed);
     if orphans > 0 {
         totals.counters.insert("log-orphans-voided".to_string(), orphans);
+    }
+    let over_lanes = shared.recovered_over_lanes.load(Ordering::Relaxed);
+    if over_lanes > 0 {
+        totals.counters.insert("log-recoveries-over-lanes".to_string(), over_lanes);
     }
     let from_checkpoint = shared.recovered_from_checkpoint.load(Ordering::Relaxed);
     if from_checkpoint > 0 {
@@ -464,6 +469,9 @@ fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
         let opened: Vec<OpenedLog> = kept
             .into_iter()
             .map(|image| {
+                if image.lanes.iter().filter(|lane| !lane.is_empty()).count() > 1 {
+                    rebuild.shared.recovered_over_lanes.fetch_add(1, Ordering::Relaxed);
+                }
                 let r = NodeLog::simulated(image, lanes).expect("a simulated disk holds what it was given");
                 rebuild.shared.orphans_voided.fetch_add(r.orphans, Ordering::Relaxed);
                 if r.checkpoint.is_some() {

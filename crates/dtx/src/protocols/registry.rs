@@ -65,9 +65,9 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     },
     ProtocolInfo {
         name: "calvin",
-        status: "planned",
+        status: "ready",
         guarantee: Guarantee::StrictSerializable,
-        description: "deterministic, sequenced input log (Calvin); its core is in protocols/calvin",
+        description: "deterministic: sequenced input log, ordered locks in log order, reconnaissance (Calvin)",
         options: calvin::OPTIONS,
         aborts: calvin::ABORTS,
         make: |o| Arc::new(calvin::Calvin::new(o)),
@@ -251,7 +251,7 @@ impl Variant {
         Ok(v)
     }
 
-    /// As [`Variant::parse`], but a planned protocol with code in the registry (calvin's core)
+    /// As [`Variant::parse`], but a planned protocol with code in the registry
     /// is accepted: its own tests run it through the shared simulation sweep.
     pub fn parse_including_planned(text: &str) -> anyhow::Result<Variant> {
         let (name, overrides) = options::split_variant(text);

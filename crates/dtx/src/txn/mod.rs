@@ -55,6 +55,10 @@ pub enum Abort {
     /// A participant's reply did not decode as an answer to what was asked (a bug, or a peer
     /// of another build): retried, and counted apart from timeouts.
     BadReply,
+    /// The transaction was handed on (Calvin: to a sequencer) and its outcome did not reach its
+    /// client in time: it may have committed or not. Its history line says `unknown`, and it is
+    /// not retried (a retry could apply it twice).
+    OutcomeUnknown,
     /// A reason a protocol defines for itself (its registry entry lists it with its meaning);
     /// retried like the shared ones.
     Protocol(Reason),
@@ -128,6 +132,7 @@ impl Abort {
             Abort::LogRefused => "log-refused",
             Abort::BadReply => "bad-reply",
             Abort::RolledBack => "rolled-back",
+            Abort::OutcomeUnknown => "outcome-unknown",
             Abort::EpochClosed => "epoch-closed",
             Abort::Protocol(r) => r.name(),
         }
@@ -135,7 +140,7 @@ impl Abort {
 
     /// Whether the driver should run the same transaction again.
     pub fn retryable(&self) -> bool {
-        !matches!(self, Abort::User | Abort::LogRefused | Abort::RolledBack)
+        !matches!(self, Abort::User | Abort::LogRefused | Abort::RolledBack | Abort::OutcomeUnknown)
     }
 }
 

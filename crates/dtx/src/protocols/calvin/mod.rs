@@ -1,6 +1,5 @@
-//! Calvin (status `planned` until reconnaissance and scans, and every shared sweep): sequencers
-//! order one-shot requests into batches, every data node's scheduler executes them in that
-//! order under deterministic ordered locking, and participants exchange their local reads
+//! Calvin: sequencers order requests into batches, every data node's scheduler executes them
+//! in that order under deterministic ordered locking, and participants exchange their local reads
 //! instead of running two-phase commit. Nothing in it is 2PC: it stands on the engine's roles
 //! (sequencer and scheduler workers), requests as data (a request is encoded once by its client
 //! and decoded and re-run at every participant), protocol-defined abort reasons and options,
@@ -452,7 +451,8 @@ impl CalvinWorker {
                 return Poll::Ready(o);
             }
             if std::pin::Pin::new(&mut timeout).poll(cx).is_ready() {
-                return Poll::Ready(Err(Abort::Timeout));
+                // Sequenced or not, it may run: only its outcome was lost.
+                return Poll::Ready(Err(Abort::OutcomeUnknown));
             }
             slot.waker = Some(cx.waker().clone());
             Poll::Pending
