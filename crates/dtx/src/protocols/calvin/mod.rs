@@ -330,7 +330,7 @@ impl CalvinWorker {
     /// messages itself), else a request the receiver acknowledges, which the RPC layer resends
     /// on lossy links and de-duplicates. Batches, reads and outcomes must arrive, so they are
     /// sent again until acknowledged (a receiver ignores copies it has already used); a
-    /// submission is not (its client's wait times out instead, see the calvin issue's list).
+    /// submission is not (its client stops waiting after the RPC timeout: `outcome-unknown`).
     pub fn deliver(&self, dst: Addr, msg: Msg) {
         if dst == self.w.addr {
             // Only a node's own batch reaches its scheduler so, and its sequencer logged it.
