@@ -6,10 +6,13 @@ use super::meta::LockRecord;
 use super::{TwoPl, TwoPlWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::record_lock::{try_lock_rec, wait_lock, LockMeta, LockStep, Mode, Policy, Prio};
+use crate::protocols::twopc::record_lock::{
+    self as locks, try_lock_rec, LockMeta, LockStep, Mode, Policy, Prio, WaitSlot,
+};
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
+use std::sync::Arc;
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
 
@@ -68,6 +71,20 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
 }
 
 impl TwoPlWorker {
+    /// Wait for `txn`'s queued request on `key` (its record `rec`), at most `lock_wait_us`;
+    /// under DETECT the wait is in the node's table while it lasts, for the detector to see
+    /// and end.
+    pub async fn wait_queued(
+        &self,
+        txn: TxnId,
+        key: RowKey,
+        rec: &LockRecord,
+        slot: Arc<WaitSlot>,
+    ) -> TxnResult<Option<Value>> {
+        let _listed = (self.cc.policy == Policy::Detect).then(|| self.state.enter(txn, key, slot.clone()));
+        locks::wait_lock_under(&self.w, rec, slot, self.cc.lock_wait_us, self.cc.policy).await
+    }
+
     fn part_entry(&self, txn: TxnId) {
         let now = self.w.now_ns();
         let mut parts = self.parts.txns.borrow_mut();
@@ -118,7 +135,7 @@ impl TwoPlWorker {
     async fn lock(&self, key: RowKey, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<Option<Value>> {
         match try_lock(&self.node.store, key, txn, prio, mode, self.cc.policy)? {
             LockStep::Done(v) => Ok(v),
-            LockStep::Wait(rec, slot) => wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await,
+            LockStep::Wait(rec, slot) => self.wait_queued(txn, key, rec, slot).await,
         }
     }
 
@@ -161,6 +178,12 @@ impl Participant for TwoPl {
                 Reply::Aborted(Abort::ParticipantLost)
             }
             Request::Lock { txn, prio, keys, .. } => return wk.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Waits => {
+                let (waits, dropped) = wk.state.snapshot(store);
+                wk.w.count(super::deadlock::EDGES_DROPPED, dropped);
+                Reply::Waits(waits)
+            }
+            Request::Kill { txn, key } => Reply::Killed(wk.state.kill(store, txn, key)),
             Request::Scan { txn, prio, scan, .. } => return wk.serve_scan(from, rpc_id, txn, prio, scan),
             Request::Prepare { txn, writes } => {
                 let mut parts = wk.parts.txns.borrow_mut();
@@ -220,6 +243,10 @@ impl Participant for TwoPl {
     }
 
     fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
+        if wk.cc.policy == Policy::Detect {
+            // A request of it still queued here would block others until its bound.
+            wk.state.end_waits_of(&wk.node.store, txn);
+        }
         if let Some(p) = wk.parts.remove(txn) {
             if p.writes.is_some() {
                 wk.log_abort_here(txn);
