@@ -69,11 +69,9 @@ pub const REGISTRY: &[ProtocolInfo] = &[
     },
     ProtocolInfo {
         name: "2pl-detect",
-        // Not ready: under the sweeps' contended list-append (24 keys) it commits too little for
-        // `crashes_recover_from_checkpoints_in_the_simulator` to see a checkpoint.
-        status: "planned",
+        status: "ready",
         guarantee: Guarantee::StrictSerializable,
-        description: "two-phase locking, every conflict waits; node 0 gathers the wait-for graph every detect_us and aborts a random transaction of each cycle (the Detock thesis's CockroachDB-like baseline), with 2PC",
+        description: "two-phase locking, every conflict waits; a node breaks a cycle of its own waits as it forms, node 0 gathers the wait-for graph across nodes when a node tells it of a new wait (or every detect_us) and aborts a random transaction of each cycle (the Detock thesis's CockroachDB-like baseline), with 2PC",
         options: &[twopl::DETECT_OPTION, twopl::DETECT_LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
         aborts: twopl::DETECT_ABORTS,
         make: |o| {

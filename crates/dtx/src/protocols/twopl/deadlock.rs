@@ -8,23 +8,34 @@
 //! a waiting request and its record's lock the edges follow: the waiter waits for the holders
 //! and the requests queued ahead of it that it conflicts with ([`LockMeta::blockers`]).
 //!
+//! **Found as it forms.** A wait's edges only go away while it lasts, so a cycle closes at the
+//! start of one of its waits. The node where that wait starts searches its own waits from it
+//! ([`WaitTable::cycle_through`]) and breaks a cycle that lies on it alone at once, with the
+//! same random choice. A wait that closes none may still close a cycle across nodes: the node
+//! tells the detector ([`tell_detector`], a [`Request::Poke`], at most one until the detector
+//! next asks it), which starts a round as soon as the one under way ends. So a cycle across
+//! nodes stands about a round trip and a half, not `detect_us`: with a 10 ms interval and the
+//! detector waking only on it, a deadlock stalled every transaction queued behind it for
+//! milliseconds, more of them joined the graph meanwhile, cycles grew longer and victims more
+//! numerous (the sweeps' contended list-append committed 4% of WAIT_DIE's, YCSB at θ 0.9 3%).
+//!
 //! **Where the detector runs, and why.** One detector, on node 0's first worker: a cycle that
 //! spans nodes is seen by none of them alone, and one place that holds the union needs no
 //! protocol among detectors to agree on a victim (two detectors seeing the same cycle would each
-//! abort one). Every `detect_us` it asks every other node's first worker for its waits (a
-//! request, so that the detector paces what it gathers: at most [`MAX_ASKING`] requests in
-//! flight per node, and a far or slow node is not flooded by pushes it cannot drain). Once every
-//! node answered, or after another interval at most, it reads node 0's own table and builds the
-//! graph from each node's latest answer, its cycles found
+//! abort one). When told, or every `detect_us` otherwise, it asks every other node's first
+//! worker for its waits (a request, so that the detector paces what it gathers: at most
+//! [`MAX_ASKING`] requests in flight per node, and a far or slow node is not flooded by pushes it
+//! cannot drain). Once every node answered, or after another interval at most, it reads node 0's
+//! own table and builds the graph from each node's latest answer, its cycles found
 //! ([`crate::protocols::graph`]), a victim picked from each at random from the worker's seeded
 //! generator, and its waits ended on the nodes that reported them ([`Request::Kill`]); the
 //! victim aborts as any 2PL abort does, releasing everything. A lost request or answer loses
 //! that node's part of one round (its older answer is dropped when the request fails), so a
-//! cycle is found a round or two later. When node 0 is down nothing is detected, and
-//! `lock_wait_us` ends waits (`detect-timeout`), the safety net that also ends a wait a full
+//! cycle is found a round or two later. When node 0 is down nothing across nodes is detected,
+//! and `lock_wait_us` ends waits (`detect-timeout`), the safety net that also ends a wait a full
 //! graph left out. A round that broke a cycle is followed at once by the next (deadlocks come in
 //! storms under contention: the thesis suggests adapting the detection rate to the deadlock
-//! rate), so `detect_us` is the interval while none is found.
+//! rate).
 //!
 //! Answers gathered at different times can hold edges that are gone: under strict 2PL an edge
 //! between live transactions lasts until one of them ends, so a stale cycle names a transaction
@@ -55,6 +66,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
@@ -63,7 +75,7 @@ pub const DETECT_OPTION: OptionSpec = OptionSpec {
     name: "detect_us",
     kind: OptionKind::U64 { min: 100, max: 10_000_000 },
     default: "10000",
-    help: "how often node 0's detector gathers every node's waits and breaks the cycles it finds",
+    help: "how often node 0's detector gathers every node's waits and breaks the cycles it finds when no node told it of a new wait (a node that starts a wait closing no cycle of its own tells it at once)",
 };
 
 /// `lock_wait_us` as DETECT reads it: a bound the detector should make unneeded.
@@ -84,21 +96,31 @@ pub const DETECT_ABORTS: &[(&str, &str)] = &[
 ];
 
 /// Counters: cycles found (each broken by one victim), the sum of their lengths (their mean is
-/// the sum over the count), the detector's rounds, victims whose waits had ended before the
-/// detector's message came (a stale cycle, or a wait granted meanwhile), and waits or edges left
-/// out of an answer or of the graph by the bounds below.
+/// the sum over the count), those of them found on the node where they closed, at the wait that
+/// closed them ([`WaitTable::break_cycle_at`]), the sum of how long the detector's others had
+/// stood when it broke them (from the newest of their waits' starts: the wait that closed the
+/// cycle; its mean is the sum over `deadlocks-found` less `deadlocks-found-at-wait`), the
+/// detector's rounds, victims whose waits had ended before the detector's message came (a stale
+/// cycle, or a wait granted meanwhile), and waits or edges left out of an answer or of the
+/// graph by the bounds below.
 pub const DEADLOCKS_FOUND: &str = "deadlocks-found";
 pub const CYCLE_LEN: &str = "deadlock-cycle-len";
+pub const FOUND_AT_WAIT: &str = "deadlocks-found-at-wait";
+pub const DEADLOCK_AGE_US: &str = "deadlock-age-us";
 pub const ROUNDS: &str = "detector-rounds";
 pub const VICTIMS_GONE: &str = "deadlock-victims-gone";
 pub const EDGES_DROPPED: &str = "wait-edges-dropped";
 
 /// The node whose first worker runs the detector.
 pub const DETECTOR_NODE: NodeId = 0;
-/// Most waits one node reports in one answer, and blockers per wait (an answer stays far below
-/// a frame: 4,096 x (20 + 32 x 8) bytes, about 1.1 MB).
+/// Most waits one node reports in one answer, and blockers in all its waits (a queue of n
+/// conflicting requests is n(n-1)/2 edges; an answer stays far below a frame: 4,096 x 28 +
+/// 65,536 x 8 bytes, about 640 KB).
 pub const MAX_WAITS_PER_ANSWER: usize = 4096;
-pub const MAX_BLOCKERS_PER_WAIT: usize = 32;
+pub const MAX_BLOCKERS_PER_ANSWER: usize = 1 << 16;
+/// Most transactions the search at a wait's start visits on its node; a cycle beyond that is
+/// left to the detector.
+pub const MAX_LOCAL_SEARCH: usize = 1024;
 /// Most edges in the detector's graph.
 pub const MAX_GRAPH_EDGES: usize = 1 << 16;
 /// Most requests for waits in flight to one node.
@@ -113,14 +135,27 @@ pub struct Wait {
     pub key: RowKey,
     /// The transactions it waits for, in order.
     pub blockers: Vec<TxnId>,
+    /// How long it had waited when the node reported it.
+    pub waited_us: u64,
 }
+
+/// A node's waits: each transaction's wait for a key, with its slot and when it started.
+type Waits = BTreeMap<(TxnId, RowKey), (Arc<WaitSlot>, u64)>;
 
 /// The lock requests waiting on one node, shared by its workers (kept under DETECT only).
 /// Bounded by the transactions in flight: a transaction waits for at most one lock at a time
 /// on a node.
 #[derive(Default)]
 pub struct WaitTable {
-    waits: Mutex<BTreeMap<(TxnId, RowKey), Arc<WaitSlot>>>,
+    /// Each wait's slot and when it started (the node's clock, µs).
+    waits: Mutex<Waits>,
+    /// On a node other than the detector's: a wait started since the detector last asked for
+    /// this node's waits, and the detector was told ([`Request::Poke`]).
+    poke_sent: AtomicBool,
+    /// On the detector's node: a wait that may close a cycle across nodes started since the
+    /// detector's last round began, and the detector's waker.
+    poked: AtomicBool,
+    detector: Mutex<Option<Waker>>,
 }
 
 impl FromNode<TwoPl> for WaitTable {
@@ -146,10 +181,11 @@ impl Drop for Waiting<'_> {
 }
 
 impl WaitTable {
-    /// `txn` waits for `key`'s lock through `slot` until the returned guard is dropped.
-    pub fn enter(&self, txn: TxnId, key: RowKey, slot: Arc<WaitSlot>) -> Waiting<'_> {
+    /// `txn` waits for `key`'s lock through `slot` from `now_us` until the returned guard is
+    /// dropped.
+    pub fn enter(&self, txn: TxnId, key: RowKey, slot: Arc<WaitSlot>, now_us: u64) -> Waiting<'_> {
         let mut waits = self.waits.lock();
-        let before = waits.insert((txn, key), slot);
+        let before = waits.insert((txn, key), (slot, now_us));
         debug_assert!(before.is_none(), "txn {txn:x} waits twice for {key:?} on one node");
         debug_assert!(waits.len() <= MAX_TABLE_ENTRIES, "the wait table outgrew the transactions in flight");
         Waiting { table: self, id: (txn, key) }
@@ -159,13 +195,34 @@ impl WaitTable {
         self.waits.lock().len()
     }
 
+    /// On a node other than the detector's: whether to tell the detector of a wait that just
+    /// started (once until the detector next asks for this node's waits, which then hold it).
+    pub fn should_poke(&self) -> bool {
+        !self.poke_sent.swap(true, Ordering::AcqRel)
+    }
+
+    /// This node is being asked for its waits: a wait that starts from now on is news again.
+    pub fn asked(&self) {
+        self.poke_sent.store(false, Ordering::Release);
+    }
+
+    /// On the detector's node: a wait that may close a cycle across nodes started; the
+    /// detector runs a round as soon as the one under way (if any) ends.
+    pub fn poke(&self) {
+        self.poked.store(true, Ordering::Release);
+        if let Some(w) = self.detector.lock().take() {
+            w.wake();
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The waits on this node with what each waits for (at most [`MAX_WAITS_PER_ANSWER`],
-    /// [`MAX_BLOCKERS_PER_WAIT`] blockers each), and how many waits or edges were left out.
-    pub fn snapshot(&self, store: &Storage<LockMeta>) -> (Vec<Wait>, u64) {
+    /// The waits on this node at `now_us` with what each waits for (at most
+    /// [`MAX_WAITS_PER_ANSWER`] waits and [`MAX_BLOCKERS_PER_ANSWER`] blockers in all), and how
+    /// many waits or edges were left out.
+    pub fn snapshot(&self, store: &Storage<LockMeta>, now_us: u64) -> (Vec<Wait>, u64) {
         let (entries, mut dropped) = {
             let waits = self.waits.lock();
             let taken: Vec<_> = waits.iter().take(MAX_WAITS_PER_ANSWER).map(|(id, s)| (*id, s.clone())).collect();
@@ -173,23 +230,87 @@ impl WaitTable {
         };
         // One record's mutex at a time, never under the table's.
         let mut out = Vec::with_capacity(entries.len());
-        for ((waiter, key), slot) in entries {
-            let Some(rec) = store.get(key) else { continue };
-            let Some(mut blockers) = rec.lock().meta.blockers(&slot) else { continue };
-            if blockers.len() > MAX_BLOCKERS_PER_WAIT {
-                dropped += (blockers.len() - MAX_BLOCKERS_PER_WAIT) as u64;
-                blockers.truncate(MAX_BLOCKERS_PER_WAIT);
+        let mut room = MAX_BLOCKERS_PER_ANSWER;
+        for ((waiter, key), (slot, since_us)) in entries {
+            let Some(mut blockers) = self.blockers_of(store, key, &slot) else { continue };
+            if blockers.len() > room {
+                dropped += (blockers.len() - room) as u64;
+                blockers.truncate(room);
             }
+            room -= blockers.len();
             if !blockers.is_empty() {
-                out.push(Wait { waiter, key, blockers });
+                out.push(Wait { waiter, key, blockers, waited_us: now_us.saturating_sub(since_us) });
             }
         }
         (out, dropped)
     }
 
+    /// What the wait of `slot` for `key` waits for, under the record's mutex alone.
+    fn blockers_of(&self, store: &Storage<LockMeta>, key: RowKey, slot: &Arc<WaitSlot>) -> Option<Vec<TxnId>> {
+        store.get(key)?.lock().meta.blockers(slot)
+    }
+
+    /// `txn`'s waits on this node.
+    fn waits_of(&self, txn: TxnId) -> Vec<(RowKey, Arc<WaitSlot>)> {
+        self.waits
+            .lock()
+            .range((txn, RowKey::new(0, 0))..)
+            .take_while(|(id, _)| id.0 == txn)
+            .map(|(id, s)| (id.1, s.0.clone()))
+            .collect()
+    }
+
+    /// The cycle of waits on this node that runs through `txn`'s wait for `key`, if there is
+    /// one: each transaction of it with the key it waits for there, the wait for `key` first;
+    /// and how many transactions the search visited (at most [`MAX_LOCAL_SEARCH`]).
+    ///
+    /// A wait's edges only ever go away while it lasts (a request is never granted past one it
+    /// conflicts with, and what it waits for can only leave), so a cycle closes at the start of
+    /// one of its waits: searching from every wait as it starts finds every cycle whose waits
+    /// are all on one node, the moment it forms, with no message. Cycles across nodes are the
+    /// detector's.
+    pub fn cycle_through(
+        &self,
+        store: &Storage<LockMeta>,
+        txn: TxnId,
+        key: RowKey,
+    ) -> (Option<Vec<(TxnId, RowKey)>>, usize) {
+        let Some(slot) = self.waits.lock().get(&(txn, key)).map(|s| s.0.clone()) else { return (None, 0) };
+        let Some(first) = self.blockers_of(store, key, &slot) else { return (None, 0) };
+        // A depth-first search over transactions; a frame is a transaction on the path with
+        // what its waits here wait for (each blocker with the key of the wait), and the next
+        // one to follow.
+        let mut seen: rustc_hash::FxHashSet<TxnId> = Default::default();
+        seen.insert(txn);
+        type Frame = (TxnId, Vec<(TxnId, RowKey)>, usize);
+        let mut path: Vec<Frame> = vec![(txn, first.into_iter().map(|b| (b, key)).collect(), 0)];
+        while let Some((_, succ, next)) = path.last_mut() {
+            let Some(&(b, _)) = succ.get(*next) else {
+                path.pop();
+                continue;
+            };
+            *next += 1;
+            if b == txn {
+                // Each transaction on the path with the wait through which it was left.
+                let cycle = path.into_iter().map(|(t, succ, next)| (t, succ[next - 1].1)).collect();
+                return (Some(cycle), seen.len());
+            }
+            if seen.len() >= MAX_LOCAL_SEARCH || !seen.insert(b) {
+                continue;
+            }
+            // A transaction waits for one lock at a time on a node, but follow every wait.
+            let mut succ = Vec::new();
+            for (k, s) in self.waits_of(b) {
+                succ.extend(self.blockers_of(store, k, &s).into_iter().flatten().map(|t| (t, k)));
+            }
+            path.push((b, succ, 0));
+        }
+        (None, seen.len())
+    }
+
     /// End `txn`'s wait for `key` as a deadlock's victim; false if it no longer waits for it.
     pub fn kill(&self, store: &Storage<LockMeta>, txn: TxnId, key: RowKey) -> bool {
-        let Some(slot) = self.waits.lock().get(&(txn, key)).cloned() else { return false };
+        let Some(slot) = self.waits.lock().get(&(txn, key)).map(|s| s.0.clone()) else { return false };
         store.get(key).is_some_and(|rec| rec.lock().meta.kill(&slot))
     }
 
@@ -211,8 +332,9 @@ impl WaitTable {
 
 /// The detector's state, on node 0's first worker.
 struct Detector {
-    /// Each node's latest answer: the round it was asked in, and its waits.
-    latest: Vec<Option<(u64, Vec<Wait>)>>,
+    /// Each node's latest answer: the round it was asked in, when it came (the detector's clock,
+    /// µs), and its waits.
+    latest: Vec<Option<(u64, u64, Vec<Wait>)>>,
     /// Requests for waits in flight to each node.
     asking: Vec<usize>,
     /// Victims chosen lately, oldest first (answers gathered before their abort still name them).
@@ -241,7 +363,7 @@ impl Detector {
 
     /// Take in node `n`'s answer to the request of `round` (an answer to an older request than
     /// the one kept is dropped; a failed request drops what the node said before).
-    fn answered(&mut self, n: NodeId, round: u64, waits: Option<Vec<Wait>>) {
+    fn answered(&mut self, n: NodeId, round: u64, now_us: u64, waits: Option<Vec<Wait>>) {
         if round == self.round && n != DETECTOR_NODE {
             self.missing = self.missing.saturating_sub(1);
             if self.missing == 0 {
@@ -250,9 +372,9 @@ impl Detector {
                 }
             }
         }
-        let newer = self.latest[n as usize].as_ref().is_none_or(|(r, _)| *r < round);
+        let newer = self.latest[n as usize].as_ref().is_none_or(|(r, _, _)| *r < round);
         if newer {
-            self.latest[n as usize] = waits.map(|w| (round, w));
+            self.latest[n as usize] = waits.map(|w| (round, now_us, w));
         }
     }
 
@@ -261,7 +383,7 @@ impl Detector {
     fn graph(&self) -> Graph<TxnId> {
         let recent: BTreeMap<TxnId, u64> = self.victims.iter().copied().collect();
         let mut g = Graph::bounded(MAX_GRAPH_EDGES);
-        for (round, waits) in self.latest.iter().flatten() {
+        for (round, _, waits) in self.latest.iter().flatten() {
             let stale = |t: &TxnId| recent.get(t).is_some_and(|until| round <= until);
             for wait in waits.iter().filter(|w| !stale(&w.waiter)) {
                 for b in wait.blockers.iter().filter(|b| !stale(b)) {
@@ -276,11 +398,25 @@ impl Detector {
     fn waits_of(&self, txn: TxnId) -> Vec<(NodeId, RowKey)> {
         let mut out = Vec::new();
         for (n, answer) in self.latest.iter().enumerate() {
-            for w in answer.iter().flat_map(|(_, ws)| ws).filter(|w| w.waiter == txn) {
+            for w in answer.iter().flat_map(|(_, _, ws)| ws).filter(|w| w.waiter == txn) {
                 out.push((n as NodeId, w.key));
             }
         }
         out
+    }
+
+    /// How long `cycle` had stood at `now_us`, as the latest answers tell: since the newest of
+    /// the waits that make its edges started.
+    fn age_us(&self, cycle: &[TxnId], now_us: u64) -> u64 {
+        let edge_age = |from: TxnId, to: TxnId| {
+            let waits = self.latest.iter().flatten().flat_map(|(_, at, ws)| ws.iter().map(move |w| (*at, w)));
+            waits
+                .filter(|(_, w)| w.waiter == from && w.blockers.contains(&to))
+                .map(|(at, w)| w.waited_us + now_us.saturating_sub(at))
+                .max()
+                .unwrap_or(0)
+        };
+        (0..cycle.len()).map(|i| edge_age(cycle[i], cycle[(i + 1) % cycle.len()])).min().unwrap_or(0)
     }
 
     fn chose(&mut self, victim: TxnId) {
@@ -303,6 +439,23 @@ impl Detector {
     }
 }
 
+/// DETECT, as a wait survives the search of its own node ([`WaitTable::cycle_through`]): it
+/// may close a cycle across nodes, so the detector should run a round soon. On the detector's
+/// node that is a flag; elsewhere a [`Request::Poke`], at most one until the detector next asks
+/// this node for its waits.
+pub fn tell_detector(me: &TwoPlWorker) {
+    if me.node.id == DETECTOR_NODE {
+        me.state.poke();
+    } else if me.state.should_poke() {
+        let Some(me) = me.me.upgrade() else { return };
+        let w = me.w.clone();
+        w.spawn(async move {
+            // Lost with a fault: the detector's next round (at most `detect_us` away) covers it.
+            let _ = me.ask(DETECTOR_NODE, &Request::Poke).await;
+        });
+    }
+}
+
 /// Start the detector on node 0's first worker under DETECT (see the module's header).
 pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
     if me.cc.policy != Policy::Detect || me.node.id != DETECTOR_NODE || me.w.addr.worker != 0 {
@@ -315,13 +468,29 @@ pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
     w.spawn(async move {
         let mut round = 0;
         let mut found = false;
+        let mut started_us = 0;
         loop {
             let Some(w) = weak.upgrade().map(|m| m.w.clone()) else { return };
-            // After a round that broke a cycle the next starts at once: where deadlocks come
-            // one after another, rounds follow each other a round trip apart, not an interval.
-            let pause_us = if found { 1 } else { period_us };
-            w.sleep_us(pause_us).await;
+            // Rounds start an interval apart (at once when a round took longer). After a round
+            // that broke a cycle the next starts at once: where deadlocks come one after
+            // another, rounds follow each other a round trip apart.
+            let since_us = w.now_us().saturating_sub(started_us);
+            let pause_us = if found { 1 } else { period_us.saturating_sub(since_us).max(1) };
+            let mut pause = w.sleep_us(pause_us);
+            let Some(table) = weak.upgrade().map(|m| m.state.clone()) else { return };
+            // ... or as soon as a wait that may close a cycle across nodes started.
+            std::future::poll_fn(|cx| {
+                *table.detector.lock() = Some(cx.waker().clone());
+                if table.poked.swap(false, Ordering::AcqRel) || Pin::new(&mut pause).poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                Poll::Pending
+            })
+            .await;
+            table.detector.lock().take();
+            drop(table);
             let Some(me) = weak.upgrade() else { return };
+            started_us = me.w.now_us();
             round += 1;
             me.w.count(ROUNDS, 1);
             gather(&me, &det, round);
@@ -339,9 +508,10 @@ pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
             .await;
             det.borrow_mut().waker = None;
             // This node's waits as they are now.
-            let (here, dropped) = me.state.snapshot(&me.node.store);
+            let (here, dropped) = me.state.snapshot(&me.node.store, me.w.now_us());
             me.w.count(EDGES_DROPPED, dropped);
-            det.borrow_mut().latest[me.node.id as usize] = Some((round, here));
+            let now_us = me.w.now_us();
+            det.borrow_mut().latest[me.node.id as usize] = Some((round, now_us, here));
             let broken = {
                 let mut g = det.borrow().graph();
                 let mut rng = me.w.rng.borrow_mut();
@@ -353,6 +523,7 @@ pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
             for (victim, cycle) in broken {
                 me.w.count(DEADLOCKS_FOUND, 1);
                 me.w.count(CYCLE_LEN, cycle.len() as u64);
+                me.w.count(DEADLOCK_AGE_US, det.borrow().age_us(&cycle, now_us));
                 end_victim(&me, &det, victim);
             }
         }
@@ -384,7 +555,7 @@ fn gather(me: &Rc<TwoPlWorker>, det: &Rc<RefCell<Detector>>, round: u64) {
             };
             let mut d = det.borrow_mut();
             d.asking[n as usize] -= 1;
-            d.answered(n, round, answer);
+            d.answered(n, round, me2.w.now_us(), answer);
         });
     }
 }
@@ -425,21 +596,21 @@ mod tests {
     use super::*;
 
     fn wait(waiter: TxnId, blockers: &[TxnId]) -> Wait {
-        Wait { waiter, key: RowKey::new(0, waiter), blockers: blockers.to_vec() }
+        Wait { waiter, key: RowKey::new(0, waiter), blockers: blockers.to_vec(), waited_us: 0 }
     }
 
     #[test]
     fn the_graph_joins_every_nodes_latest_answer_and_leaves_out_recent_victims() {
         let mut d = Detector::new(3);
-        d.answered(0, 1, Some(vec![wait(1, &[2])]));
-        d.answered(1, 1, Some(vec![wait(2, &[3])]));
-        d.answered(2, 1, Some(vec![wait(3, &[1])]));
+        d.answered(0, 1, 0, Some(vec![wait(1, &[2])]));
+        d.answered(1, 1, 0, Some(vec![wait(2, &[3])]));
+        d.answered(2, 1, 0, Some(vec![wait(3, &[1])]));
         assert_eq!(d.graph().cycles(), vec![vec![1, 2, 3]], "a cycle across three nodes");
         // An older answer does not replace a newer one; a failed request drops the node's.
-        d.answered(2, 2, Some(vec![]));
-        d.answered(2, 1, Some(vec![wait(3, &[1])]));
+        d.answered(2, 2, 0, Some(vec![]));
+        d.answered(2, 1, 0, Some(vec![wait(3, &[1])]));
         assert!(d.graph().cycles().is_empty());
-        d.answered(2, 3, Some(vec![wait(3, &[1])]));
+        d.answered(2, 3, 0, Some(vec![wait(3, &[1])]));
         d.chose(2);
         assert!(d.graph().cycles().is_empty(), "a victim's edges are left out");
         assert_eq!(d.waits_of(2), vec![(1, RowKey::new(0, 2))]);
@@ -447,14 +618,14 @@ mod tests {
         d.round = 3;
         d.ended(2);
         assert!(d.graph().cycles().is_empty());
-        d.answered(0, 4, Some(vec![wait(1, &[2])]));
-        d.answered(1, 4, Some(vec![wait(2, &[3])]));
+        d.answered(0, 4, 0, Some(vec![wait(1, &[2])]));
+        d.answered(1, 4, 0, Some(vec![wait(2, &[3])]));
         assert_eq!(d.graph().cycles().len(), 1, "a wait it starts after its end counts");
-        d.answered(1, 5, Some(vec![]));
+        d.answered(1, 5, 0, Some(vec![]));
         d.forget_victim(2);
-        d.answered(1, 6, Some(vec![wait(2, &[3])]));
+        d.answered(1, 6, 0, Some(vec![wait(2, &[3])]));
         assert_eq!(d.graph().cycles().len(), 1);
-        d.answered(1, 7, None);
+        d.answered(1, 7, 0, None);
         assert!(d.graph().cycles().is_empty());
     }
 }

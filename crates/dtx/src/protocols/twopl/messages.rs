@@ -1,8 +1,8 @@
 //! 2PL's messages. Textbook count for a distributed transaction, per remote participant: one
 //! `Lock` round trip per remote access (or one per participant in one-shot mode), `Prepare` +
 //! vote, then `Commit` + ack only where it wrote (a read-only participant releases its shared
-//! locks at `Prepare` and leaves the commit phase). DETECT adds the detector's two: a node's
-//! waits, and ending a victim's wait.
+//! locks at `Prepare` and leaves the commit phase). DETECT adds the detector's three: a node's
+//! waits, ending a victim's wait, and telling the detector that a wait started.
 
 use super::deadlock::Wait;
 use super::TwoPl;
@@ -27,6 +27,9 @@ pub enum Request {
     Waits,
     /// DETECT: end `txn`'s wait for `key` here, a deadlock's victim.
     Kill { txn: TxnId, key: RowKey },
+    /// DETECT: to the detector, a wait started on the sender's node that may close a cycle
+    /// across nodes (run a round soon).
+    Poke,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +50,7 @@ pub enum Reply {
     Waits(Vec<Wait>),
     /// Whether the wait was still there to end.
     Killed(bool),
+    Poked,
 }
 
 /// The requests and replies of 2PL, as the 2PC skeleton carries them.

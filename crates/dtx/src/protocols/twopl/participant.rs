@@ -81,8 +81,30 @@ impl TwoPlWorker {
         rec: &LockRecord,
         slot: Arc<WaitSlot>,
     ) -> TxnResult<Option<Value>> {
-        let _listed = (self.cc.policy == Policy::Detect).then(|| self.state.enter(txn, key, slot.clone()));
+        let _listed = (self.cc.policy == Policy::Detect).then(|| {
+            let listed = self.state.enter(txn, key, slot.clone(), self.w.now_us());
+            self.break_cycle_at(txn, key);
+            listed
+        });
         locks::wait_lock_under(&self.w, rec, slot, self.cc.lock_wait_us, self.cc.policy).await
+    }
+
+    /// DETECT, as `txn`'s wait for `key` starts: if it closes a cycle of waits on this node,
+    /// end the wait of a transaction of the cycle chosen at random (the detector's rule, with
+    /// no delay and no message; [`super::deadlock::WaitTable::cycle_through`]).
+    fn break_cycle_at(&self, txn: TxnId, key: RowKey) {
+        use super::deadlock::{CYCLE_LEN, DEADLOCKS_FOUND, FOUND_AT_WAIT};
+        let (cycle, visited) = self.state.cycle_through(&self.node.store, txn, key);
+        self.w.charge_ops(visited);
+        let Some(cycle) = cycle else { return super::deadlock::tell_detector(self) };
+        let (victim, victim_key) = cycle[rand::Rng::gen_range(&mut *self.w.rng.borrow_mut(), 0..cycle.len())];
+        // On threads, another worker may have ended a wait of it meanwhile.
+        if !self.state.kill(&self.node.store, victim, victim_key) {
+            return;
+        }
+        self.w.count(DEADLOCKS_FOUND, 1);
+        self.w.count(FOUND_AT_WAIT, 1);
+        self.w.count(CYCLE_LEN, cycle.len() as u64);
     }
 
     fn part_entry(&self, txn: TxnId) {
@@ -179,11 +201,16 @@ impl Participant for TwoPl {
             }
             Request::Lock { txn, prio, keys, .. } => return wk.serve_lock(from, rpc_id, txn, prio, keys),
             Request::Waits => {
-                let (waits, dropped) = wk.state.snapshot(store);
+                wk.state.asked();
+                let (waits, dropped) = wk.state.snapshot(store, wk.w.now_us());
                 wk.w.count(super::deadlock::EDGES_DROPPED, dropped);
                 Reply::Waits(waits)
             }
             Request::Kill { txn, key } => Reply::Killed(wk.state.kill(store, txn, key)),
+            Request::Poke => {
+                wk.state.poke();
+                Reply::Poked
+            }
             Request::Scan { txn, prio, scan, .. } => return wk.serve_scan(from, rpc_id, txn, prio, scan),
             Request::Prepare { txn, writes } => {
                 let mut parts = wk.parts.txns.borrow_mut();
