@@ -53,7 +53,7 @@ use super::messages::{Reply, Request};
 use super::{TwoPl, TwoPlWorker};
 use crate::net::NodeId;
 use crate::protocols::graph::Graph;
-use crate::protocols::twopc::record_lock::{LockMeta, Policy, WaitSlot, DEADLOCK_VICTIM, DETECT_TIMEOUT};
+use crate::protocols::twopc::record_lock::{LockMeta, WaitSlot, DEADLOCK_VICTIM, DETECT_TIMEOUT};
 use crate::protocols::twopc::skeleton::FromNode;
 use crate::protocols::twopc::{NodeShared, TxnId, MAX_TABLE_ENTRIES};
 use crate::protocols::{OptionKind, OptionSpec};
@@ -76,6 +76,16 @@ pub const DETECT_OPTION: OptionSpec = OptionSpec {
     kind: OptionKind::U64 { min: 100, max: 10_000_000 },
     default: "10000",
     help: "how often node 0's detector gathers every node's waits and breaks the cycles it finds when no node told it of a new wait (a node that starts a wait closing no cycle of its own tells it at once)",
+};
+
+/// Whether `2pl-detect` detects deadlocks at all: off, no node searches its waits as one starts,
+/// none tells the detector, and there is no detector; the wait table is still kept (an aborted
+/// transaction's queued requests are ended through it). Off, only `lock_wait_us` ends a deadlock.
+pub const DETECTION_OPTION: OptionSpec = OptionSpec {
+    name: "detect",
+    kind: OptionKind::Bool,
+    default: "on",
+    help: "off: no deadlock detection at all (no search at a wait, no detector): only lock_wait_us ends a deadlock (detect-timeout), to measure or test the bound alone",
 };
 
 /// `lock_wait_us` as DETECT reads it: a bound the detector should make unneeded.
@@ -458,7 +468,7 @@ pub fn tell_detector(me: &TwoPlWorker) {
 
 /// Start the detector on node 0's first worker under DETECT (see the module's header).
 pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
-    if me.cc.policy != Policy::Detect || me.node.id != DETECTOR_NODE || me.w.addr.worker != 0 {
+    if !me.cc.detects() || me.node.id != DETECTOR_NODE || me.w.addr.worker != 0 {
         return;
     }
     let det = Rc::new(RefCell::new(Detector::new(me.node.topo.nodes)));
@@ -627,5 +637,64 @@ mod tests {
         assert_eq!(d.graph().cycles().len(), 1);
         d.answered(1, 7, 0, None);
         assert!(d.graph().cycles().is_empty());
+    }
+
+    /// A node's storage holding keys 1 to 4 of table 0, unlocked.
+    fn store() -> Storage<LockMeta> {
+        use crate::storage::{Layout, TableDef, Value};
+        let def = TableDef { name: "t", ordered: true, expected_rows: 4, dense: Vec::new(), layout: Layout::Tree };
+        let store = Storage::new(&[def]);
+        for n in 1..=4 {
+            store.load(k(n), Value::copy_from(b"v"));
+        }
+        store
+    }
+
+    fn k(n: u64) -> RowKey {
+        RowKey::new(0, n)
+    }
+
+    /// `txn` asks for `key` exclusively under DETECT: `None` if granted, else its queued slot.
+    fn lock(store: &Storage<LockMeta>, txn: TxnId, key: RowKey) -> Option<Arc<WaitSlot>> {
+        use crate::protocols::twopc::record_lock::{Acquire, Mode, Policy, Prio};
+        match store.get(key).expect("loaded").lock().meta.acquire(txn, Prio(txn, txn), Mode::Exclusive, Policy::Detect)
+        {
+            Acquire::Granted => None,
+            Acquire::Wait(slot) => Some(slot),
+            Acquire::Abort(a) => panic!("DETECT never aborts a request: {a:?}"),
+        }
+    }
+
+    #[test]
+    fn the_search_at_a_wait_finds_the_local_cycle_it_closes_and_none_in_acyclic_waits() {
+        let (s, table) = (store(), WaitTable::default());
+        for t in 1..=3 {
+            assert!(lock(&s, t, k(t)).is_none(), "txn {t} holds key {t}");
+        }
+        // 1 waits for 2, 2 for 3, and 4 for 1 and 2 (behind 1 on key 2): a chain and a fork,
+        // no cycle.
+        let slot = lock(&s, 1, k(2)).expect("2 holds it");
+        let _w12 = table.enter(1, k(2), slot, 0);
+        assert_eq!(table.cycle_through(&s, 1, k(2)), (None, 2), "1 -> 2, and 2 waits for nothing");
+        let slot = lock(&s, 2, k(3)).expect("3 holds it");
+        let _w23 = table.enter(2, k(3), slot, 0);
+        assert_eq!(table.cycle_through(&s, 2, k(3)), (None, 2), "2 -> 3, and 3 waits for nothing");
+        let slot = lock(&s, 4, k(2)).expect("2 holds it and 1 is queued");
+        let _w42 = table.enter(4, k(2), slot, 0);
+        assert_eq!(table.cycle_through(&s, 4, k(2)), (None, 4), "4 -> {{1, 2}} -> 3: acyclic");
+        assert_eq!(table.cycle_through(&s, 1, k(2)).0, None, "an earlier wait still closes nothing");
+        // 3 waits for 1: the wait that closes 3 -> 1 -> 2 -> 3, found from it, each transaction
+        // with the key it waits for, the closing wait first.
+        let slot = lock(&s, 3, k(1)).expect("1 holds it");
+        let _w31 = table.enter(3, k(1), slot, 0);
+        let (cycle, visited) = table.cycle_through(&s, 3, k(1));
+        assert_eq!(cycle, Some(vec![(3, k(1)), (1, k(2)), (2, k(3))]));
+        assert_eq!(visited, 3, "4 is not on any path from 3");
+        // Ending a wait of the cycle ends it; the fork that remains is acyclic again.
+        assert!(table.kill(&s, 1, k(2)));
+        assert_eq!(table.cycle_through(&s, 3, k(1)).0, None);
+        assert_eq!(table.cycle_through(&s, 1, k(2)), (None, 0), "1's wait was ended");
+        // A wait the table does not list has no cycle to find.
+        assert_eq!(table.cycle_through(&s, 4, k(3)), (None, 0));
     }
 }

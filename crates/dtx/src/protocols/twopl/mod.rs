@@ -22,7 +22,7 @@ use crate::protocols::twopc::record_lock::LockMeta;
 /// The record lock's policy and option, as the registry names them (`twopl::Policy`).
 pub use crate::protocols::twopc::record_lock::{Policy, LOCK_WAIT_OPTION};
 use crate::protocols::twopc::{Cc, CcWorker};
-pub use deadlock::{DETECT_ABORTS, DETECT_LOCK_WAIT_OPTION, DETECT_OPTION};
+pub use deadlock::{DETECTION_OPTION, DETECT_ABORTS, DETECT_LOCK_WAIT_OPTION, DETECT_OPTION};
 use std::rc::Rc;
 
 /// 2PL's configuration.
@@ -31,8 +31,18 @@ pub struct TwoPl {
     pub policy: Policy,
     /// Longest a transaction waits for a lock (WAIT_DIE, DETECT) before aborting.
     pub lock_wait_us: u64,
-    /// DETECT: how often the detector gathers the waits and breaks cycles (0 otherwise).
+    /// DETECT: how often the detector gathers the waits and breaks cycles; 0 under another
+    /// policy, or under DETECT with `detect=off` (no detection at all: [`TwoPl::detects`]).
     pub detect_us: u64,
+}
+
+impl TwoPl {
+    /// Whether deadlocks are detected: under DETECT, unless `detect=off` set `detect_us` to 0.
+    /// Otherwise no node searches its waits as one starts, none tells the detector, and there
+    /// is no detector: only `lock_wait_us` ends a deadlock.
+    pub fn detects(&self) -> bool {
+        self.policy == Policy::Detect && self.detect_us > 0
+    }
 }
 
 /// A worker running 2PL over the 2PC skeleton.

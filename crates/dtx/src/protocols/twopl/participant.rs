@@ -73,7 +73,7 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
 impl TwoPlWorker {
     /// Wait for `txn`'s queued request on `key` (its record `rec`), at most `lock_wait_us`;
     /// under DETECT the wait is in the node's table while it lasts, for the detector to see
-    /// and end.
+    /// and end, and unless `detect=off` its node searches for the cycle it may close.
     pub async fn wait_queued(
         &self,
         txn: TxnId,
@@ -83,7 +83,9 @@ impl TwoPlWorker {
     ) -> TxnResult<Option<Value>> {
         let _listed = (self.cc.policy == Policy::Detect).then(|| {
             let listed = self.state.enter(txn, key, slot.clone(), self.w.now_us());
-            self.break_cycle_at(txn, key);
+            if self.cc.detects() {
+                self.break_cycle_at(txn, key);
+            }
             listed
         });
         locks::wait_lock_under(&self.w, rec, slot, self.cc.lock_wait_us, self.cc.policy).await
