@@ -47,7 +47,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
         options: &[twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
-        make: |o| two_pc(twopl::TwoPl { policy: twopl::Policy::NoWait, lock_wait_us: 0 }, o),
+        make: |o| two_pc(twopl::TwoPl { policy: twopl::Policy::NoWait, lock_wait_us: 0, detect_us: 0 }, o),
     },
     ProtocolInfo {
         name: "2pl-waitdie",
@@ -58,7 +58,30 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         aborts: &[],
         make: |o| {
             two_pc(
-                twopl::TwoPl { policy: twopl::Policy::WaitDie, lock_wait_us: o.u64(twopl::LOCK_WAIT_OPTION.name) },
+                twopl::TwoPl {
+                    policy: twopl::Policy::WaitDie,
+                    lock_wait_us: o.u64(twopl::LOCK_WAIT_OPTION.name),
+                    detect_us: 0,
+                },
+                o,
+            )
+        },
+    },
+    ProtocolInfo {
+        name: "2pl-detect",
+        status: "ready",
+        guarantee: Guarantee::StrictSerializable,
+        description: "two-phase locking, every conflict waits; a node breaks a cycle of its own waits as it forms, node 0 gathers the wait-for graph across nodes when a node tells it of a new wait (or every detect_us) and aborts a random transaction of each cycle (the Detock thesis's CockroachDB-like baseline), with 2PC",
+        options: &[twopl::DETECT_OPTION, twopl::DETECTION_OPTION, twopl::DETECT_LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
+        aborts: twopl::DETECT_ABORTS,
+        make: |o| {
+            two_pc(
+                twopl::TwoPl {
+                    policy: twopl::Policy::Detect,
+                    lock_wait_us: o.u64(twopl::DETECT_LOCK_WAIT_OPTION.name),
+                    // 0: no detection (`TwoPl::detects`).
+                    detect_us: if o.bool(twopl::DETECTION_OPTION.name) { o.u64(twopl::DETECT_OPTION.name) } else { 0 },
+                },
                 o,
             )
         },

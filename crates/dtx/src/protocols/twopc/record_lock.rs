@@ -1,14 +1,15 @@
 //! The record lock that the locking protocols share (2PL's whole metadata; Sundial's write
 //! lock beside its lease; TicToc's and Hackwrench's later): holders and a FIFO of waiters, the
-//! rules of NO_WAIT and WAIT_DIE, and taking, waiting for and releasing a lock on a record.
-//! Waiting is a future: a waiter parks its waker in a slot that the releasing transaction
-//! fills, on whatever worker thread it runs.
+//! rules of NO_WAIT, WAIT_DIE and DETECT (wait, and let a deadlock detector end the wait), and
+//! taking, waiting for and releasing a lock on a record. Waiting is a future: a waiter parks its
+//! waker in a slot that the releasing transaction (or the detector, choosing it as a deadlock's
+//! victim) fills, on whatever worker thread it runs.
 
 use super::TxnId;
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::rt::Worker;
 use crate::storage::{Record, Value};
-use crate::txn::{Abort, TxnResult};
+use crate::txn::{Abort, Reason, TxnResult};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -43,11 +44,34 @@ const NONE: TxnId = 0;
 pub enum Policy {
     NoWait,
     WaitDie,
+    /// Every conflicting request waits (deadlocks can form); a detector finds the cycles of the
+    /// wait-for graph and ends one wait per cycle ([`LockMeta::kill`]), and `lock_wait_us`
+    /// bounds a wait the detector missed.
+    Detect,
 }
 
+impl Policy {
+    /// The abort of a wait that reached its bound: DETECT names its own, so that a report tells
+    /// waits the detector ended from those the bound did.
+    pub fn timeout_abort(self) -> Abort {
+        match self {
+            Policy::Detect => Abort::Protocol(DETECT_TIMEOUT),
+            Policy::NoWait | Policy::WaitDie => Abort::LockTimeout,
+        }
+    }
+}
+
+/// DETECT: the detector chose this wait's transaction as the victim of a deadlock.
+pub const DEADLOCK_VICTIM: Reason = Reason::new("deadlock-victim");
+/// DETECT: a wait reached `lock_wait_us` before it was granted or chosen as a victim.
+pub const DETECT_TIMEOUT: Reason = Reason::new("detect-timeout");
+
+// A slot's states. WAITING moves once, under the record's mutex: to GRANTED (a release), to
+// CANCELLED (the waiter gave up) or to VICTIM (the detector ended it).
 const WAITING: u8 = 0;
 const GRANTED: u8 = 1;
 const CANCELLED: u8 = 2;
+const VICTIM: u8 = 3;
 
 /// Where a waiter learns it was granted.
 pub struct WaitSlot {
@@ -187,12 +211,56 @@ impl LockMeta {
         match policy {
             Policy::NoWait => Acquire::Abort(Abort::LockConflict),
             Policy::WaitDie if !older_than_blockers => Acquire::Abort(Abort::WaitDie),
-            Policy::WaitDie => {
+            Policy::WaitDie | Policy::Detect => {
                 let slot = Arc::new(WaitSlot { state: AtomicU8::new(WAITING), waker: Mutex::new(None) });
                 self.waiters.get_or_insert_with(Default::default).push_back(Waiter { prio, mode, slot: slot.clone() });
                 Acquire::Wait(slot)
             }
         }
+    }
+
+    /// The transactions the queued request of `slot` waits for: the holders it conflicts with
+    /// and the waiters queued ahead of it that it conflicts with (as [`LockMeta::acquire`]
+    /// counts blockers), each once, in order; `None` if it no longer waits here.
+    pub fn blockers(&self, slot: &Arc<WaitSlot>) -> Option<Vec<TxnId>> {
+        let queue = self.waiters.as_ref()?;
+        let at = queue.iter().position(|w| Arc::ptr_eq(&w.slot, slot))?;
+        let me = &queue[at];
+        if me.slot.state.load(Ordering::Acquire) != WAITING {
+            return None;
+        }
+        let (txn, mode) = (me.prio.1, me.mode);
+        let conflicts = |m: Mode| m == Mode::Exclusive || mode == Mode::Exclusive;
+        let ahead = queue.iter().take(at).filter(|w| w.slot.state.load(Ordering::Acquire) == WAITING);
+        let mut out: Vec<TxnId> = self
+            .holders()
+            .chain(ahead.map(|w| (w.prio, w.mode)))
+            .filter(|(p, m)| p.1 != txn && conflicts(*m))
+            .map(|(p, _)| p.1)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    /// End the queued request of `slot` as a deadlock's victim: its waiter wakes and aborts
+    /// with [`DEADLOCK_VICTIM`], and the requests queued behind it that now fit are granted.
+    /// False if it no longer waited (granted or given up meanwhile): nothing changes.
+    pub fn kill(&mut self, slot: &Arc<WaitSlot>) -> bool {
+        if slot.state.load(Ordering::Acquire) != WAITING {
+            return false;
+        }
+        slot.state.store(VICTIM, Ordering::Release);
+        if let Some(w) = &mut self.waiters {
+            w.retain(|w| !Arc::ptr_eq(&w.slot, slot));
+        }
+        self.grant_waiters();
+        let waker = slot.waker.lock().take();
+        if let Some(wk) = waker {
+            wk.wake();
+        }
+        debug_assert!(self.well_formed(), "a kill broke the lock's rule");
+        true
     }
 
     /// Release whatever `txn` holds and grant waiters in FIFO order while they fit.
@@ -204,11 +272,20 @@ impl LockMeta {
     /// 12,000 a second at one node).
     pub fn release(&mut self, txn: TxnId) {
         self.remove_holder(txn);
+        if let Some(waiters) = &mut self.waiters {
+            waiters.retain(|w| w.prio.1 != txn || w.slot.state.load(Ordering::Acquire) != WAITING);
+        }
+        self.grant_waiters();
+        debug_assert!(self.well_formed(), "a release broke the lock's rule");
+        debug_assert!(!self.holds(txn, Mode::Shared), "a released transaction still holds");
+    }
+
+    /// Grant the queued requests in FIFO order while they fit.
+    fn grant_waiters(&mut self) {
         // Taken out while `grant` and `compatible` borrow the rest, and always put back.
         let Some(mut waiters) = self.waiters.take() else { return };
-        waiters.retain(|w| w.prio.1 != txn || w.slot.state.load(Ordering::Acquire) != WAITING);
         while let Some(w) = waiters.front() {
-            if w.slot.state.load(Ordering::Acquire) == CANCELLED {
+            if w.slot.state.load(Ordering::Acquire) != WAITING {
                 waiters.pop_front();
                 continue;
             }
@@ -224,19 +301,22 @@ impl LockMeta {
             }
         }
         self.waiters = Some(waiters);
-        debug_assert!(self.well_formed(), "a release broke the lock's rule");
-        debug_assert!(!self.holds(txn, Mode::Shared), "a released transaction still holds");
     }
 
-    /// Give up waiting: true if the lock was granted meanwhile (the caller then holds it).
+    /// Give up waiting: true if the lock was granted meanwhile (the caller then holds it). The
+    /// requests queued behind it that now fit are granted (a reader behind a writer that gave
+    /// up must not wait for the next release: under DETECT, that wait would have no edge).
     pub fn cancel(&mut self, slot: &Arc<WaitSlot>) -> bool {
-        if slot.state.load(Ordering::Acquire) == GRANTED {
-            return true;
+        match slot.state.load(Ordering::Acquire) {
+            GRANTED => return true,
+            VICTIM => return false,
+            _ => {}
         }
         slot.state.store(CANCELLED, Ordering::Release);
         if let Some(w) = &mut self.waiters {
             w.retain(|w| !Arc::ptr_eq(&w.slot, slot));
         }
+        self.grant_waiters();
         false
     }
 
@@ -255,15 +335,17 @@ pub struct Granted<'a> {
     pub slot: &'a Arc<WaitSlot>,
 }
 
+/// Ready when the request is granted, or ended as a deadlock's victim.
 impl Future for Granted<'_> {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.slot.state.load(Ordering::Acquire) == GRANTED {
+        let ended = |s: &WaitSlot| matches!(s.state.load(Ordering::Acquire), GRANTED | VICTIM);
+        if ended(self.slot) {
             return Poll::Ready(());
         }
         *self.slot.waker.lock() = Some(cx.waker().clone());
         // Re-check: the grant may have landed between the load and storing the waker.
-        if self.slot.state.load(Ordering::Acquire) == GRANTED {
+        if ended(self.slot) {
             return Poll::Ready(());
         }
         Poll::Pending
@@ -310,12 +392,25 @@ pub fn try_lock_rec<M: Locked>(
     }
 }
 
-/// Wait (at most `wait_us`) for a queued request, then read the value.
+/// Wait (at most `wait_us`) for a queued request, then read the value (WAIT_DIE's bound:
+/// `lock-timeout`).
 pub async fn wait_lock<M: Locked>(
     w: &Rc<Worker>,
     rec: &Record<M>,
     slot: Arc<WaitSlot>,
     wait_us: u64,
+) -> TxnResult<Option<Value>> {
+    wait_lock_under(w, rec, slot, wait_us, Policy::WaitDie).await
+}
+
+/// [`wait_lock`] under `policy`: a wait that reaches its bound aborts with the policy's
+/// [`Policy::timeout_abort`], one the detector ended with [`DEADLOCK_VICTIM`].
+pub async fn wait_lock_under<M: Locked>(
+    w: &Rc<Worker>,
+    rec: &Record<M>,
+    slot: Arc<WaitSlot>,
+    wait_us: u64,
+    policy: Policy,
 ) -> TxnResult<Option<Value>> {
     w.count("lock-waits", 1);
     let mut sleep = w.sleep_us(wait_us);
@@ -331,10 +426,13 @@ pub async fn wait_lock<M: Locked>(
     })
     .await;
     let mut row = rec.lock();
+    if slot.state.load(Ordering::Acquire) == VICTIM {
+        return Err(Abort::Protocol(DEADLOCK_VICTIM));
+    }
     if got || row.meta.lock_word().cancel(&slot) {
         Ok(row.value.clone())
     } else {
-        Err(Abort::LockTimeout)
+        Err(policy.timeout_abort())
     }
 }
 
@@ -424,6 +522,50 @@ mod tests {
         assert!(matches!(l.acquire(5, p(5), Mode::Shared, Policy::NoWait), Acquire::Abort(Abort::LockConflict)));
         l.release(2);
         assert!(l.is_free());
+    }
+
+    #[test]
+    fn detect_always_waits_and_names_the_blockers() {
+        let mut l = held_by(5, Mode::Shared);
+        // Younger than the holder: WAIT_DIE would die; DETECT waits.
+        let Acquire::Wait(w9) = l.acquire(9, p(9), Mode::Exclusive, Policy::Detect) else { panic!("detect waits") };
+        assert_eq!(l.blockers(&w9), Some(vec![5]));
+        // A reader behind the queued writer waits for it, not for the compatible holder.
+        let Acquire::Wait(r7) = l.acquire(7, p(7), Mode::Shared, Policy::Detect) else { panic!() };
+        assert_eq!(l.blockers(&r7), Some(vec![9]));
+        // The holder upgrading waits for nobody but the writer queued ahead of it.
+        let Acquire::Wait(u5) = l.acquire(5, p(5), Mode::Exclusive, Policy::Detect) else { panic!() };
+        assert_eq!(l.blockers(&u5), Some(vec![7, 9]));
+        l.release(5);
+        assert_eq!(w9.state.load(Ordering::Acquire), GRANTED);
+        assert_eq!(l.blockers(&w9), None, "granted: no longer waits");
+        assert_eq!(l.blockers(&r7), Some(vec![9]));
+    }
+
+    #[test]
+    fn a_killed_waiter_wakes_as_a_victim_and_lets_the_queue_move() {
+        let mut l = held_by(5, Mode::Shared);
+        let Acquire::Wait(w9) = l.acquire(9, p(9), Mode::Exclusive, Policy::Detect) else { panic!() };
+        let Acquire::Wait(r7) = l.acquire(7, p(7), Mode::Shared, Policy::Detect) else { panic!() };
+        assert!(l.kill(&w9));
+        assert_eq!(w9.state.load(Ordering::Acquire), VICTIM);
+        // The reader queued behind the victim fits beside the shared holder: granted at once.
+        assert_eq!(r7.state.load(Ordering::Acquire), GRANTED);
+        assert!(l.holds(7, Mode::Shared));
+        assert!(!l.kill(&w9), "a wait ends once");
+        assert!(!l.cancel(&w9), "a victim is not granted by giving up");
+        assert_eq!(w9.state.load(Ordering::Acquire), VICTIM);
+        assert_eq!(Policy::Detect.timeout_abort(), Abort::Protocol(DETECT_TIMEOUT));
+        assert_eq!(Policy::WaitDie.timeout_abort(), Abort::LockTimeout);
+    }
+
+    #[test]
+    fn a_waiter_that_gives_up_lets_the_queue_move() {
+        let mut l = held_by(5, Mode::Shared);
+        let Acquire::Wait(w9) = l.acquire(9, p(9), Mode::Exclusive, Policy::Detect) else { panic!() };
+        let Acquire::Wait(r7) = l.acquire(7, p(7), Mode::Shared, Policy::Detect) else { panic!() };
+        assert!(!l.cancel(&w9));
+        assert_eq!(r7.state.load(Ordering::Acquire), GRANTED);
     }
 
     #[test]

@@ -196,6 +196,10 @@ pub trait Cc: Coordinator + Participant + Clone + Send + Sync + 'static {
     /// and vote timestamps, MaaT's bound and vote ranges); [`super::durable::PlainLog`] for OCC
     /// and 2PL.
     type Log: CcLog;
+
+    /// Start the concurrency control's own background tasks on a worker, after the skeleton's
+    /// (2PL's deadlock detector); none by default.
+    fn start_worker(_wk: &Rc<CcWorker<Self>>) {}
 }
 
 /// A concurrency control's node state ([`Cc::NodeState`]), built once per node.
@@ -845,6 +849,7 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
             }
             spawn_sweeper(&me, self.config.orphan_after_us);
             resend_unended(&me, self.unended.take());
+            C::start_worker(&me);
         }
     }
 }

@@ -168,7 +168,7 @@ impl<'a> TplTxn<'a> {
             LockStep::Wait(rec, slot) => {
                 // A queued request is part of what we must release on abort.
                 self.hold(key, rec);
-                locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                wk.wait_queued(self.id, key, rec, slot).await?
             }
         };
         self.hold(key, rec);
@@ -194,7 +194,7 @@ impl<'a> TplTxn<'a> {
                 }
                 Ok(LockStep::Wait(rec, slot)) => Step::Wait(Box::pin(async move {
                     self.hold(key, rec);
-                    let v = locks::wait_lock(&self.wk.w, rec, slot, self.wk.cc.lock_wait_us).await?;
+                    let v = self.wk.wait_queued(self.id, key, rec, slot).await?;
                     self.note(key, v.clone(), mode);
                     Ok(v)
                 })),
@@ -391,7 +391,7 @@ impl<'a> CoordTxn for TplTxn<'a> {
                 LockStep::Wait(rec, slot) => {
                     // A queued request is part of what we must release on abort.
                     self.held_local.push((k, rec));
-                    locks::wait_lock(&wk.w, rec, slot, wk.cc.lock_wait_us).await?
+                    wk.wait_queued(self.id, k, rec, slot).await?
                 }
             };
             self.values.push((k, v, m));

@@ -1,8 +1,10 @@
 //! 2PL's messages. Textbook count for a distributed transaction, per remote participant: one
 //! `Lock` round trip per remote access (or one per participant in one-shot mode), `Prepare` +
 //! vote, then `Commit` + ack only where it wrote (a read-only participant releases its shared
-//! locks at `Prepare` and leaves the commit phase).
+//! locks at `Prepare` and leaves the commit phase). DETECT adds the detector's three: a node's
+//! waits, ending a victim's wait, and telling the detector that a wait started.
 
+use super::deadlock::Wait;
 use super::TwoPl;
 use crate::protocols::twopc::record_lock::{Mode, Prio};
 use crate::protocols::twopc::{Messages, TxnId};
@@ -21,6 +23,13 @@ pub enum Request {
     Scan { txn: TxnId, prio: Prio, scan: Scan, again: bool },
     /// Phase one of 2PC: keep these writes; a participant without writes releases and leaves.
     Prepare { txn: TxnId, writes: Vec<(RowKey, Option<Value>)> },
+    /// DETECT: the detector asks a node for the lock requests waiting on it.
+    Waits,
+    /// DETECT: end `txn`'s wait for `key` here, a deadlock's victim.
+    Kill { txn: TxnId, key: RowKey },
+    /// DETECT: to the detector, a wait started on the sender's node that may close a cycle
+    /// across nodes (run a round soon).
+    Poke,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +47,10 @@ pub enum Reply {
     Rows(Vec<(u64, Value)>),
     Aborted(Abort),
     Vote(Vote),
+    Waits(Vec<Wait>),
+    /// Whether the wait was still there to end.
+    Killed(bool),
+    Poked,
 }
 
 /// The requests and replies of 2PL, as the 2PC skeleton carries them.

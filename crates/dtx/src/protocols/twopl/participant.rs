@@ -6,10 +6,13 @@ use super::meta::LockRecord;
 use super::{TwoPl, TwoPlWorker};
 use crate::net::{encode, Addr};
 use crate::protocols::twopc::durable::InDoubt;
-use crate::protocols::twopc::record_lock::{try_lock_rec, wait_lock, LockMeta, LockStep, Mode, Policy, Prio};
+use crate::protocols::twopc::record_lock::{
+    self as locks, try_lock_rec, LockMeta, LockStep, Mode, Policy, Prio, WaitSlot,
+};
 use crate::protocols::twopc::{Participant, TxnId};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Scan, TxnResult};
+use std::sync::Arc;
 
 pub type Writes = Vec<(RowKey, Option<Value>)>;
 
@@ -68,6 +71,44 @@ pub fn apply_and_release(store: &Storage<LockMeta>, txn: TxnId, writes: &Writes,
 }
 
 impl TwoPlWorker {
+    /// Wait for `txn`'s queued request on `key` (its record `rec`), at most `lock_wait_us`;
+    /// under DETECT the wait is in the node's table while it lasts, for the detector to see
+    /// and end, and unless `detect=off` its node searches for the cycle it may close.
+    pub async fn wait_queued(
+        &self,
+        txn: TxnId,
+        key: RowKey,
+        rec: &LockRecord,
+        slot: Arc<WaitSlot>,
+    ) -> TxnResult<Option<Value>> {
+        let _listed = (self.cc.policy == Policy::Detect).then(|| {
+            let listed = self.state.enter(txn, key, slot.clone(), self.w.now_us());
+            if self.cc.detects() {
+                self.break_cycle_at(txn, key);
+            }
+            listed
+        });
+        locks::wait_lock_under(&self.w, rec, slot, self.cc.lock_wait_us, self.cc.policy).await
+    }
+
+    /// DETECT, as `txn`'s wait for `key` starts: if it closes a cycle of waits on this node,
+    /// end the wait of a transaction of the cycle chosen at random (the detector's rule, with
+    /// no delay and no message; [`super::deadlock::WaitTable::cycle_through`]).
+    fn break_cycle_at(&self, txn: TxnId, key: RowKey) {
+        use super::deadlock::{CYCLE_LEN, DEADLOCKS_FOUND, FOUND_AT_WAIT};
+        let (cycle, visited) = self.state.cycle_through(&self.node.store, txn, key);
+        self.w.charge_ops(visited);
+        let Some(cycle) = cycle else { return super::deadlock::tell_detector(self) };
+        let (victim, victim_key) = cycle[rand::Rng::gen_range(&mut *self.w.rng.borrow_mut(), 0..cycle.len())];
+        // On threads, another worker may have ended a wait of it meanwhile.
+        if !self.state.kill(&self.node.store, victim, victim_key) {
+            return;
+        }
+        self.w.count(DEADLOCKS_FOUND, 1);
+        self.w.count(FOUND_AT_WAIT, 1);
+        self.w.count(CYCLE_LEN, cycle.len() as u64);
+    }
+
     fn part_entry(&self, txn: TxnId) {
         let now = self.w.now_ns();
         let mut parts = self.parts.txns.borrow_mut();
@@ -118,7 +159,7 @@ impl TwoPlWorker {
     async fn lock(&self, key: RowKey, txn: TxnId, prio: Prio, mode: Mode) -> TxnResult<Option<Value>> {
         match try_lock(&self.node.store, key, txn, prio, mode, self.cc.policy)? {
             LockStep::Done(v) => Ok(v),
-            LockStep::Wait(rec, slot) => wait_lock(&self.w, rec, slot, self.cc.lock_wait_us).await,
+            LockStep::Wait(rec, slot) => self.wait_queued(txn, key, rec, slot).await,
         }
     }
 
@@ -161,6 +202,17 @@ impl Participant for TwoPl {
                 Reply::Aborted(Abort::ParticipantLost)
             }
             Request::Lock { txn, prio, keys, .. } => return wk.serve_lock(from, rpc_id, txn, prio, keys),
+            Request::Waits => {
+                wk.state.asked();
+                let (waits, dropped) = wk.state.snapshot(store, wk.w.now_us());
+                wk.w.count(super::deadlock::EDGES_DROPPED, dropped);
+                Reply::Waits(waits)
+            }
+            Request::Kill { txn, key } => Reply::Killed(wk.state.kill(store, txn, key)),
+            Request::Poke => {
+                wk.state.poke();
+                Reply::Poked
+            }
             Request::Scan { txn, prio, scan, .. } => return wk.serve_scan(from, rpc_id, txn, prio, scan),
             Request::Prepare { txn, writes } => {
                 let mut parts = wk.parts.txns.borrow_mut();
@@ -220,6 +272,10 @@ impl Participant for TwoPl {
     }
 
     fn abort_here(wk: &TwoPlWorker, txn: TxnId) {
+        if wk.cc.policy == Policy::Detect {
+            // A request of it still queued here would block others until its bound.
+            wk.state.end_waits_of(&wk.node.store, txn);
+        }
         if let Some(p) = wk.parts.remove(txn) {
             if p.writes.is_some() {
                 wk.log_abort_here(txn);
