@@ -23,7 +23,7 @@ fn check(spec: &BenchSpec, tag: &str) {
 /// Every protocol with code, planned ones included.
 #[test]
 fn every_protocol_is_serializable_under_contention_and_delay() {
-    for p in REGISTRY {
+    for p in REGISTRY.iter().filter(|p| common::chosen(p.name)) {
         for seed in 1..=seeds() {
             check(&append_spec(p.name, seed), "clean");
         }
@@ -32,7 +32,7 @@ fn every_protocol_is_serializable_under_contention_and_delay() {
 
 #[test]
 fn every_protocol_is_serializable_with_loss_partitions_and_crashes() {
-    for p in ready() {
+    for p in ready().filter(|p| common::chosen(p.name)) {
         for seed in 1..=seeds() {
             check(&append_spec(p.name, 1000 + seed).with_faults(true, true, 0.02), "faults");
         }
@@ -74,7 +74,7 @@ fn ablations_are_serializable_too() {
 
 #[test]
 fn interactive_execution_is_serializable_too() {
-    for p in ready() {
+    for p in ready().filter(|p| common::chosen(p.name)) {
         for seed in 1..=seeds().div_ceil(2) {
             let mut s = append_spec(p.name, 500 + seed);
             s.proto.one_shot = false;

@@ -17,6 +17,7 @@ pub mod occ;
 pub mod options;
 pub mod primo;
 pub mod registry;
+pub mod slog;
 pub mod sundial;
 pub mod tictoc;
 pub mod traits;

@@ -9,6 +9,21 @@ pub fn seeds(default: u64) -> u64 {
     std::env::var("DTX_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
+/// Whether a sweep runs protocol (or variant) `name`: every one, unless `DTX_PROTOCOLS` lists
+/// some (comma-separated protocol names; a variant is chosen by its protocol's name), to run
+/// the sweeps for one protocol while it is built.
+pub fn chosen(name: &str) -> bool {
+    let Ok(list) = std::env::var("DTX_PROTOCOLS") else { return true };
+    let protocol = name.split(':').next().unwrap_or(name);
+    list.split(',').any(|p| p.trim() == protocol)
+}
+
+/// Whether `DTX_PROTOCOLS` narrows the sweeps.
+#[allow(dead_code)] // Not every test file that shares this module asks.
+pub fn narrowed() -> bool {
+    std::env::var("DTX_PROTOCOLS").is_ok()
+}
+
 /// A contended list-append run on 3 nodes x 2 workers, 6 clients each, 150 µs delay with 100 µs
 /// jitter, no warm-up, for `duration_us`.
 pub fn append_spec(protocol: &str, seed: u64, runtime: Runtime, duration_us: u64) -> BenchSpec {

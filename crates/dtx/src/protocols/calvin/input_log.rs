@@ -30,6 +30,8 @@ pub enum Record {
     Batch { epoch: u64, sequencer: NodeId, entries: Vec<Entry> },
     /// The reads another participant sent this node's scheduler for the transaction at `slot`.
     Reads { slot: Slot, from: NodeId, values: ReadSet },
+    /// SLOG's orderer's batch of multi-home transactions (on the orderer's node).
+    Ordered { epoch: u64, entries: Vec<Entry> },
 }
 
 impl Record {
@@ -40,6 +42,10 @@ impl Record {
     pub fn reads(slot: Slot, from: NodeId, values: &ReadSet) -> Vec<u8> {
         encode(&RecordRef::Reads { slot, from, values })
     }
+
+    pub fn ordered(epoch: u64, entries: &[Entry]) -> Vec<u8> {
+        encode(&RecordRef::Ordered { epoch, entries })
+    }
 }
 
 /// [`Record`] by reference, to encode without copying (the same wire form).
@@ -47,6 +53,7 @@ impl Record {
 enum RecordRef<'a> {
     Batch { epoch: u64, sequencer: NodeId, entries: &'a [Entry] },
     Reads { slot: Slot, from: NodeId, values: &'a ReadSet },
+    Ordered { epoch: u64, entries: &'a [Entry] },
 }
 
 /// What a node's log held at start.
@@ -58,6 +65,8 @@ pub struct Recovered {
     pub batches: Vec<(u64, NodeId, Vec<Entry>)>,
     /// Every read its scheduler took.
     pub reads: Vec<(Slot, NodeId, ReadSet)>,
+    /// SLOG: every batch its orderer closed, in order.
+    pub ordered: Vec<(u64, Vec<Entry>)>,
     /// The log's checkpoint does not decode: the inputs behind it are gone.
     pub lost_inputs: bool,
 }
@@ -80,6 +89,7 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
                 r.batches.push((epoch, sequencer, entries));
             }
             Ok(Record::Reads { slot, from, values }) => r.reads.push((slot, from, values)),
+            Ok(Record::Ordered { epoch, entries }) => r.ordered.push((epoch, entries)),
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
             }

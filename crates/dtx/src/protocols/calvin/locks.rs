@@ -3,8 +3,13 @@
 //! request on a key queues behind the requests made before it, so two transactions that conflict
 //! run in log order at every node, and transactions that do not conflict run side by side.
 //! Because every node requests in the same order, no transaction ever waits for a later one:
-//! there are no deadlocks to detect and nothing aborts for a lock (Calvin §3.2.1). SLOG and
-//! Detock's lock-only pieces queue the same way.
+//! there are no deadlocks to detect and nothing aborts for a lock (Calvin §3.2.1).
+//!
+//! SLOG's multi-home transactions request in pieces ([`OrderedLocks::request_piece`]): one per
+//! home region, each in that region's log, and a transaction runs when every piece it makes
+//! here holds its locks. A key's requests all come from its home's log, so every node queues
+//! them in one order; SLOG's global order of multi-home transactions keeps the pieces from
+//! waiting for each other in a cycle.
 //!
 //! Each request waits for the earlier requests it conflicts with that are still held or
 //! waiting: on a key, a shared request waits for the last exclusive one before it, an exclusive
@@ -57,6 +62,8 @@ struct Txn<T> {
     waits: usize,
     /// Later transactions that wait for it.
     blocks: Vec<T>,
+    /// Pieces it will still request (SLOG's lock-only pieces): it runs only once none is left.
+    pieces_left: u32,
 }
 
 /// The locks of one node, for transactions named by `T` (their place in the log).
@@ -67,8 +74,6 @@ pub struct OrderedLocks<T> {
     /// Ranges requested and not released, per table.
     ranges: FxHashMap<TableId, Vec<(T, KeyRange)>>,
     txns: FxHashMap<T, Txn<T>>,
-    /// The last transaction that requested: requests come in log order (asserted).
-    last: Option<T>,
 }
 
 impl<T: Copy + Ord + Hash + std::fmt::Debug> Default for OrderedLocks<T> {
@@ -78,7 +83,6 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> Default for OrderedLocks<T> {
             written: BTreeMap::new(),
             ranges: FxHashMap::default(),
             txns: FxHashMap::default(),
-            last: None,
         }
     }
 }
@@ -92,12 +96,21 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         keys: impl IntoIterator<Item = (RowKey, Mode)>,
         ranges: impl IntoIterator<Item = KeyRange>,
     ) -> bool {
-        assert!(
-            self.last.is_none_or(|last| last < txn),
-            "locks are requested in log order: {txn:?} after {:?}",
-            self.last
-        );
-        self.last = Some(txn);
+        assert!(!self.txns.contains_key(&txn), "{txn:?} requests its locks once");
+        self.request_piece(txn, 1, keys, ranges)
+    }
+
+    /// Queue one of the `pieces` requests `txn` makes (the first creates it; no two pieces name
+    /// one key). Returns whether it holds all its locks now, which it can only once it has made
+    /// them all.
+    pub fn request_piece(
+        &mut self,
+        txn: T,
+        pieces: u32,
+        keys: impl IntoIterator<Item = (RowKey, Mode)>,
+        ranges: impl IntoIterator<Item = KeyRange>,
+    ) -> bool {
+        assert!(pieces > 0, "a transaction makes at least one request");
         let mut keys: Vec<(RowKey, Mode)> = keys.into_iter().collect();
         keys.sort_unstable_by_key(|(k, m)| (*k, *m == Mode::Shared));
         keys.dedup_by_key(|(k, _)| *k); // Exclusive sorts first, so it is the one kept.
@@ -109,6 +122,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         for range in &ranges {
             self.range_waits(range, &mut before);
         }
+        before.retain(|t| *t != txn);
         before.sort_unstable();
         before.dedup();
         for earlier in &before {
@@ -123,9 +137,20 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         for range in &ranges {
             self.ranges.entry(range.table).or_default().push((txn, *range));
         }
-        let waits = before.len();
-        self.txns.insert(txn, Txn { keys, ranges, waits, blocks: Vec::new() });
-        waits == 0
+        let t = self.txns.entry(txn).or_insert_with(|| Txn {
+            keys: Vec::new(),
+            ranges: Vec::new(),
+            waits: 0,
+            blocks: Vec::new(),
+            pieces_left: pieces,
+        });
+        assert!(t.pieces_left > 0, "{txn:?} requests more pieces than it said");
+        debug_assert!(keys.iter().all(|(k, _)| !t.keys.iter().any(|(held, _)| held == k)), "pieces share a key");
+        t.pieces_left -= 1;
+        t.waits += before.len();
+        t.keys.extend(keys);
+        t.ranges.extend(ranges);
+        t.waits == 0 && t.pieces_left == 0
     }
 
     /// The transactions a new request on `key` in `mode` waits for directly.
@@ -165,7 +190,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
     /// `ready`, in log order.
     pub fn release(&mut self, txn: T, ready: &mut Vec<T>) {
         let done = self.txns.remove(&txn).expect("a transaction releases the locks it requested");
-        assert_eq!(done.waits, 0, "{txn:?} releases before it held all its locks");
+        assert!(done.waits == 0 && done.pieces_left == 0, "{txn:?} releases before it held all its locks");
         for (key, mode) in done.keys {
             let queue = self.queues.get_mut(&key).expect("a requested key has a queue");
             let at = queue.iter().position(|r| r.txn == txn).expect("the request is queued");
@@ -195,7 +220,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         for later in done.blocks {
             let t = self.txns.get_mut(&later).expect("a waiting transaction has not released");
             t.waits -= 1;
-            if t.waits == 0 {
+            if t.waits == 0 && t.pieces_left == 0 {
                 ready.push(later);
             }
         }
@@ -299,11 +324,26 @@ mod tests {
         assert!(l.is_empty() && l.queues.is_empty() && l.written.is_empty() && l.ranges.is_empty());
     }
 
+    /// SLOG's pieces: a transaction holds nothing until its every piece is granted, and one
+    /// piece granted early already holds its keys against later requests.
     #[test]
-    #[should_panic(expected = "log order")]
-    fn requests_out_of_log_order_are_a_bug() {
+    fn a_transaction_in_pieces_runs_once_every_piece_holds_its_locks() {
+        let mut l = OrderedLocks::default();
+        assert!(l.request(1, [(key(2), Mode::Exclusive)], []));
+        assert!(!l.request_piece(10, 2, [(key(1), Mode::Exclusive)], []), "one piece of two");
+        assert!(!l.request(2, [(key(1), Mode::Shared)], []), "queues behind the first piece");
+        assert!(!l.request_piece(10, 2, [(key(2), Mode::Shared)], []), "the second waits for 1");
+        assert_eq!(released(&mut l, 1), vec![10]);
+        assert_eq!(released(&mut l, 10), vec![2]);
+        assert!(!l.request_piece(11, 2, [(key(3), Mode::Shared)], []));
+        assert!(l.request_piece(11, 2, [(key(4), Mode::Shared)], []), "its last piece finds nothing in the way");
+    }
+
+    #[test]
+    #[should_panic(expected = "requests its locks once")]
+    fn a_transaction_that_requests_twice_is_a_bug() {
         let mut l = OrderedLocks::default();
         l.request(2, [(key(1), Mode::Shared)], []);
-        l.request(1, [(key(1), Mode::Shared)], []);
+        l.request(2, [(key(1), Mode::Shared)], []);
     }
 }

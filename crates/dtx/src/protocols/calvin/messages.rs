@@ -30,12 +30,30 @@ pub struct Entry {
     /// Its keys and scans as the client's reconnaissance found them (OLLP), when the workload
     /// does not declare them or the procedure scans; `None`: the workload's declaration.
     pub keys: Option<KeySet>,
+    /// SLOG: this entry is a lock-only piece of a multi-home transaction, placed in the log of
+    /// one of its home regions; `None`: a whole transaction.
+    pub piece: Option<Piece>,
+}
+
+/// Where a multi-home transaction's piece comes from (SLOG).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// The transaction's place in the global order: the orderer's (epoch, index in its batch).
+    pub txn: (u64, u32),
+    /// The orderer's batch number for this region (it numbers only the batches with pieces for
+    /// the region, so that a region's sequencer sees an unbroken run and can tell a gap).
+    pub region_batch: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Msg {
     /// Client -> sequencer.
     Submit(Entry),
+    /// Client -> SLOG's orderer: a multi-home transaction.
+    Order(Entry),
+    /// SLOG's orderer -> the first sequencer of one home region: the region's next batch of
+    /// pieces (`region_batch` numbers them, from 1), in the global order.
+    Ordered { region_batch: u64, entries: Vec<Entry> },
     /// A sequencer -> every data node's scheduler: its batch of `epoch` (one every epoch, empty
     /// or not, since schedulers take every sequencer's batch of an epoch in turn).
     Batch { epoch: u64, sequencer: NodeId, entries: Vec<Entry> },

@@ -38,6 +38,7 @@
 pub mod input_log;
 pub mod locks;
 pub mod messages;
+pub mod orderer;
 pub mod scheduler;
 pub mod sequencer;
 
@@ -66,6 +67,9 @@ pub const SEQUENCER_FULL: Reason = Reason::new("sequencer-full");
 /// A procedure run under its workload's declaration scanned: a scan's range must be locked
 /// before the run, so its client reconnoiters the procedure from then on.
 pub const SCAN_UNDECLARED: Reason = Reason::new("scan-undeclared");
+/// SLOG's orderer's queue was at its bound (`max_pending`): the multi-home request was not
+/// ordered.
+pub const ORDERER_FULL: Reason = Reason::new("orderer-full");
 /// A participant could not decode the request (a bug, or another build of the workload).
 pub const UNDECODABLE: Reason = Reason::new("undecodable-request");
 
@@ -96,12 +100,24 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("undecodable-request", "a participant could not decode the request"),
 ];
 
+/// How the sequenced input is ordered into logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogOrder {
+    /// Calvin: one log, every sequencer's batches of an epoch taken round-robin.
+    Global,
+    /// SLOG: a log per region for the transactions homed there (its sequencers' batches taken
+    /// round-robin), every region's log run everywhere, and multi-home transactions ordered by
+    /// the orderer and placed as lock-only pieces in each home's log (see `protocols::slog`).
+    HomeRegions,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Calvin {
     pub batch_us: u64,
     pub max_pending: usize,
     /// Node 0 alone sequences (`sequencers=one`), not every data node.
     pub one_sequencer: bool,
+    pub order: LogOrder,
 }
 
 impl Calvin {
@@ -110,15 +126,43 @@ impl Calvin {
             batch_us: o.u64("batch_us"),
             max_pending: o.u64("max_pending") as usize,
             one_sequencer: o.choice("sequencers") == "one",
+            order: LogOrder::Global,
         }
     }
 
-    /// The nodes that sequence, in the order each epoch's batches are taken.
+    /// The nodes that sequence.
     pub fn sequencers(&self, topo: &Topology) -> Vec<NodeId> {
         if self.one_sequencer {
             return vec![0];
         }
         (0..topo.nodes).filter(|n| topo.roles_of(*n).contains(Role::Data)).collect()
+    }
+
+    /// The logs every scheduler runs, each as the sequencers whose batches it takes round-robin
+    /// (in node order): Calvin's one, or SLOG's one per region with data nodes (in region order).
+    pub fn streams(&self, topo: &Topology) -> Vec<Vec<NodeId>> {
+        let sequencers = self.sequencers(topo);
+        match self.order {
+            LogOrder::Global => vec![sequencers],
+            LogOrder::HomeRegions => {
+                let mut regions: Vec<u16> = sequencers.iter().map(|s| topo.region_of(*s)).collect();
+                regions.sort_unstable();
+                regions.dedup();
+                let in_region = |r| sequencers.iter().copied().filter(|s| topo.region_of(*s) == r).collect();
+                regions.into_iter().map(in_region).collect()
+            }
+        }
+    }
+
+    /// SLOG's orderer of multi-home transactions: the first node with the `orderer` role, else
+    /// node 0; Calvin has none.
+    pub fn orderer(&self, topo: &Topology) -> Option<NodeId> {
+        match self.order {
+            LogOrder::Global => None,
+            LogOrder::HomeRegions => {
+                Some((0..topo.nodes).find(|n| topo.roles_of(*n).contains(Role::Orderer)).unwrap_or(0))
+            }
+        }
     }
 
     /// The log machine of a node's input log (see [`input_log`]): the one sequencer's executes
@@ -150,9 +194,10 @@ impl Protocol for Calvin {
             }
         }
         let store = load_storage(&env);
-        let sequencers = self.sequencers(&env.topo);
+        let (sequencers, streams, orderer) =
+            (self.sequencers(&env.topo), self.streams(&env.topo), self.orderer(&env.topo));
         let recovered = parking_lot::Mutex::new(recovered);
-        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, recovered, sequencers })))
+        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, recovered, sequencers, streams, orderer })))
     }
 
     /// A replica of a node's input log: with one sequencer it executes the log on a full copy
@@ -172,6 +217,17 @@ impl Protocol for Calvin {
     /// replication), and a client hears its outcome from its own region's copy.
     fn keeps_copies(&self, placement: Placement) -> bool {
         matches!(placement, Placement::Single | Placement::PerRegion)
+    }
+
+    /// SLOG without regions given: even and odd nodes form two regions, so that a run has
+    /// multi-home transactions.
+    fn default_layout(&self, nodes: u16) -> crate::protocols::Layout {
+        match (self.order, nodes) {
+            (LogOrder::HomeRegions, 2..) => {
+                crate::protocols::Layout { roles: Vec::new(), regions: (0..nodes).map(|n| n % 2).collect() }
+            }
+            _ => crate::protocols::Layout::default(),
+        }
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
@@ -206,8 +262,12 @@ pub struct NodeState {
     /// What the node's input log held when it started, taken by its sequencer (its last epoch,
     /// and its batches to send again) and its scheduler (every input, to run again).
     recovered: parking_lot::Mutex<input_log::Recovered>,
-    /// The nodes that sequence, in the order each epoch's batches are taken.
+    /// The nodes that sequence.
     pub sequencers: Vec<NodeId>,
+    /// The logs every scheduler runs, each as its sequencers ([`Calvin::streams`]).
+    pub streams: Vec<Vec<NodeId>>,
+    /// SLOG's orderer of multi-home transactions.
+    pub orderer: Option<NodeId>,
 }
 
 impl NodeState {
@@ -219,6 +279,34 @@ impl NodeState {
             .or_else(|| self.sequencers.iter().find(|s| topo.region_of(**s) == topo.region_of(n)))
             .unwrap_or(&self.sequencers[0]);
         Addr::new(*node, 0)
+    }
+
+    /// The sequencer of `region`'s log a client on node `n` submits to (SLOG): its own node's if
+    /// that is one, else the region's first.
+    pub fn sequencer_in(&self, region: u16, n: NodeId) -> Addr {
+        let topo = &self.env.topo;
+        let stream = self.streams.iter().find(|s| topo.region_of(s[0]) == region).expect("a home region sequences");
+        Addr::new(if stream.contains(&n) { n } else { stream[0] }, 0)
+    }
+
+    /// The home region of `key` (SLOG): the region of its partition's leading copy (with a copy
+    /// per region, partition `p`'s home is region `p` mod regions).
+    pub fn home_of(&self, key: RowKey) -> u16 {
+        let topo = &self.env.topo;
+        topo.region_of(topo.node_of(self.env.workload.partition_of(key)))
+    }
+
+    /// The home regions of a transaction over `keys`, in order (a scan's is its first key's).
+    pub fn homes(&self, keys: &KeySet) -> Vec<u16> {
+        let keyed = keys.reads.iter().chain(&keys.writes).map(|k| self.home_of(*k));
+        let mut homes: Vec<u16> = keyed.chain(keys.scans.iter().map(|s| self.scan_home(s))).collect();
+        homes.sort_unstable();
+        homes.dedup();
+        homes
+    }
+
+    pub fn scan_home(&self, scan: &Scan) -> u16 {
+        self.home_of(RowKey::new(scan.table, scan.lo))
     }
 
     /// Which copy of the data node `n` holds part of, or its clients read: its region's with
@@ -270,9 +358,13 @@ impl NodeProtocol for CalvinNode {
                 let own = own.map(|(epoch, _, entries)| (*epoch, entries.clone())).collect();
                 sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own)
             }),
+            orderer: roles.contains(Role::Orderer).then(|| {
+                let recovered = self.0.recovered.lock();
+                orderer::Orderer::new(self.0.cfg.max_pending, recovered.ordered.clone())
+            }),
             scheduler: roles.contains(Role::Scheduler).then(|| {
                 let recovered = std::mem::take(&mut *self.0.recovered.lock());
-                scheduler::Scheduler::new(self.0.sequencers.clone(), recovered)
+                scheduler::Scheduler::new(self.0.streams.clone(), recovered)
             }),
             waiting: RefCell::new(FxHashMap::default()),
             scanning: RefCell::default(),
@@ -289,13 +381,17 @@ impl NodeProtocol for CalvinNode {
     fn worker_roles(&self, topo: &Topology, w: Addr) -> Roles {
         let mut roles = topo.roles_of(w.node);
         if w.worker != 0 {
-            return roles.without(Role::Sequencer).without(Role::Scheduler);
+            return roles.without(Role::Sequencer).without(Role::Scheduler).without(Role::Orderer);
         }
         // Worker 0 is the protocol's own (`service_workers`): no clients there.
         roles = roles.without(Role::Client);
         if self.0.sequencers.contains(&w.node) {
             roles = roles.with(Role::Sequencer);
         }
+        roles = match self.0.orderer == Some(w.node) {
+            true => roles.with(Role::Orderer),
+            false => roles.without(Role::Orderer),
+        };
         if roles.contains(Role::Data) {
             roles = roles.with(Role::Scheduler);
         }
@@ -317,6 +413,7 @@ pub struct CalvinWorker {
     pub node: Arc<NodeState>,
     sequencer: Option<sequencer::Sequencer>,
     scheduler: Option<scheduler::Scheduler>,
+    orderer: Option<orderer::Orderer>,
     /// Submitted transactions by id, until their outcome arrives or they time out. Bounded by
     /// the driver's transactions in flight on this worker.
     waiting: RefCell<FxHashMap<u64, Waiting>>,
@@ -338,7 +435,7 @@ impl CalvinWorker {
             debug_assert_eq!(ack, Ack::Now, "a worker's message to itself is taken at once");
             return;
         }
-        let must_arrive = !matches!(msg, Msg::Submit(_));
+        let must_arrive = !matches!(msg, Msg::Submit(_) | Msg::Order(_));
         let (w, body) = (self.w.clone(), encode(&msg));
         self.w.spawn(async move {
             while w.call(dst, body.clone()).await.is_err() && must_arrive {
@@ -355,8 +452,18 @@ impl CalvinWorker {
                 Some(s) => s.submit(self, entry),
                 None => log_warn(&format!("calvin: {} got a submission from {from} but is no sequencer", self.w.addr)),
             },
+            Msg::Order(entry) => match &self.orderer {
+                Some(o) => o.submit(self, entry),
+                None => log_warn(&format!(
+                    "slog: {} got a multi-home submission from {from} but is no orderer",
+                    self.w.addr
+                )),
+            },
+            Msg::Ordered { .. } => unreachable!("the orderer's batches are answered once durable"),
             Msg::Batch { epoch, sequencer, entries } => {
-                if let Some(seq) = self.sequencer.as_ref().filter(|_| sequencer != here) {
+                // A sequencer keeps pace with the others of its log.
+                let same_log = self.node.streams.iter().any(|s| s.contains(&sequencer) && s.contains(&here));
+                if let Some(seq) = self.sequencer.as_ref().filter(|_| sequencer != here && same_log) {
                     seq.heard(epoch);
                 }
                 match &self.scheduler {
@@ -427,6 +534,21 @@ impl CalvinWorker {
         }
     }
 
+    /// Where a client submits a transaction over `keys`: Calvin's to its sequencer; SLOG's
+    /// single-home one to a sequencer of its home region's log, and a multi-home one to the
+    /// orderer (then `true`).
+    fn destination(&self, keys: &KeySet) -> (Addr, bool) {
+        let here = self.w.addr.node;
+        let Some(orderer) = self.node.orderer else { return (self.node.sequencer_for(here), false) };
+        match self.node.homes(keys)[..] {
+            [home] => (self.node.sequencer_in(home, here), false),
+            _ => {
+                self.w.count("multi-home-txns", 1);
+                (Addr::new(orderer, 0), true)
+            }
+        }
+    }
+
     async fn run(&self, req: &TxnRequest) -> TxnResult<TxnOutput> {
         self.w.charge(self.w.cost.txn_ns);
         let procs = &self.node.env.workload;
@@ -435,14 +557,13 @@ impl CalvinWorker {
             // It touches no data: no node would run it, and it needs no place in the order.
             return scheduler::run_untouched(&**procs, req, &keys, reconnoitred).await;
         }
+        let (to, ordered) = self.destination(&keys);
         let keys = reconnoitred.then_some(keys);
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.waiting.borrow_mut().insert(id, Waiting::default());
-        self.deliver(
-            self.node.sequencer_for(self.w.addr.node),
-            Msg::Submit(Entry { client: self.w.addr, id, req: procs.encode_request(req), keys }),
-        );
+        let entry = Entry { client: self.w.addr, id, req: procs.encode_request(req), keys, piece: None };
+        self.deliver(to, if ordered { Msg::Order(entry) } else { Msg::Submit(entry) });
         let mut timeout = self.w.sleep_us(self.w.rpc.timeout_us);
         let outcome = std::future::poll_fn(|cx| {
             let mut waiting = self.waiting.borrow_mut();
@@ -501,6 +622,9 @@ impl WorkerProtocol for CalvinWorker {
         if self.sequencer.is_some() {
             sequencer::spawn_batcher(&me);
         }
+        if self.orderer.is_some() {
+            orderer::spawn_orderer(&me);
+        }
         if self.scheduler.is_some() {
             scheduler::spawn_admitter(&me);
         }
@@ -511,6 +635,10 @@ impl Handler for CalvinWorker {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         match decode::<Msg>(body) {
             Ok(Msg::Peek(peek)) => self.w.reply(from, rpc_id, &encode(&self.serve_peek(peek))),
+            Ok(Msg::Ordered { region_batch, entries }) => match &self.sequencer {
+                Some(seq) => seq.ordered(self, region_batch, entries, Some((from, rpc_id))),
+                None => log_warn(&format!("slog: {} got the orderer's batch but is no sequencer", self.w.addr)),
+            },
             Ok(msg) => match self.handle(from, msg) {
                 Ack::Now => self.w.reply(from, rpc_id, &[]),
                 Ack::AfterDurable(lsn) => {

@@ -40,8 +40,14 @@ const MAX_EARLY_BATCHES: usize = 1 << 16;
 /// Transactions admitted and not finished: the scheduler admits no further batch past this many.
 const MAX_ACTIVE: usize = 1 << 16;
 
-/// A transaction's place in the global order: (epoch, its sequencer, index in that batch).
+/// A transaction's place in the order: (epoch, its sequencer, index in that batch); a SLOG
+/// multi-home transaction's is its place in the orderer's log, (epoch, [`GLOBAL_ORDER`], index).
 pub type Slot = (u64, NodeId, u32);
+/// The sequencer a multi-home transaction's [`Slot`] names: the orderer's log.
+pub const GLOBAL_ORDER: NodeId = NodeId::MAX;
+/// Multi-home transactions finished here that a resent copy of their reads is still
+/// recognised for (their reads cannot be told from early ones by the logs' positions).
+const FINISHED_MULTI_KEPT: usize = 1 << 16;
 /// A batch's place in the global order: (epoch, its sequencer).
 type BatchId = (u64, NodeId);
 
@@ -56,12 +62,15 @@ struct Admitted {
 }
 
 pub struct Scheduler {
-    /// The sequencers, in the order each epoch's batches are taken.
-    sequencers: Vec<NodeId>,
+    /// The logs it runs, each as its sequencers in the order an epoch's batches are taken.
+    streams: Vec<Vec<NodeId>>,
     /// Batches not admitted yet.
     batches: RefCell<BTreeMap<BatchId, Vec<Entry>>>,
-    /// The next batch to admit: every slot before it is admitted (running, done, or not here).
-    next: Cell<BatchId>,
+    /// Per log, the next batch to admit: every slot of the log before it is admitted (running,
+    /// done, or not here).
+    next: RefCell<Vec<BatchId>>,
+    /// Multi-home transactions finished here, the last [`FINISHED_MULTI_KEPT`] of them.
+    finished_multi: RefCell<(rustc_hash::FxHashSet<Slot>, std::collections::VecDeque<Slot>)>,
     locks: RefCell<OrderedLocks<Slot>>,
     /// Admitted transactions that do not hold all their locks yet.
     waiting: RefCell<FxHashMap<Slot, Admitted>>,
@@ -78,20 +87,26 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler that follows `sequencers`, with the inputs its node's log held when it
-    /// started (it runs them again from the start: see [`super::input_log`]).
-    pub fn new(mut sequencers: Vec<NodeId>, recovered: Recovered) -> Self {
-        sequencers.sort_unstable();
-        sequencers.dedup();
-        assert!(!sequencers.is_empty(), "a scheduler follows at least one sequencer");
+    /// A scheduler that runs `streams` (each its sequencers), with the inputs its node's log
+    /// held when it started (it runs them again from the start: see [`super::input_log`]).
+    pub fn new(mut streams: Vec<Vec<NodeId>>, recovered: Recovered) -> Self {
+        for sequencers in &mut streams {
+            sequencers.sort_unstable();
+            sequencers.dedup();
+            assert!(!sequencers.is_empty(), "a log has at least one sequencer");
+        }
+        assert!(!streams.is_empty(), "a scheduler runs at least one log");
+        let all: Vec<NodeId> = streams.iter().flatten().copied().collect();
+        assert!(all.len() == all.iter().collect::<std::collections::BTreeSet<_>>().len(), "a sequencer feeds one log");
         let batches = recovered.batches.into_iter().map(|(e, s, entries)| ((e, s), entries)).collect();
         let mut reads: FxHashMap<Slot, FxHashMap<NodeId, ReadSet>> = FxHashMap::default();
         for (slot, from, values) in recovered.reads {
             reads.entry(slot).or_default().insert(from, values);
         }
         Scheduler {
-            next: Cell::new((1, sequencers[0])),
-            sequencers,
+            next: RefCell::new(streams.iter().map(|s| (1, s[0])).collect()),
+            streams,
+            finished_multi: RefCell::default(),
             batches: RefCell::new(batches),
             locks: RefCell::default(),
             waiting: RefCell::default(),
@@ -113,8 +128,9 @@ impl Scheduler {
         entries: Vec<Entry>,
     ) -> Ack {
         let id = (epoch, sequencer);
-        if id < self.next.get() || !self.sequencers.contains(&sequencer) || self.batches.borrow().contains_key(&id) {
-            return Ack::Now; // A resent copy of a batch taken before (or from no sequencer of ours).
+        let Some(stream) = self.stream_of(sequencer) else { return Ack::Now }; // From no sequencer of ours.
+        if id < self.next.borrow()[stream] || self.batches.borrow().contains_key(&id) {
+            return Ack::Now; // A resent copy of a batch taken before.
         }
         let ack = match log.filter(|_| sequencer != here) {
             Some(log) => match append(log, &Record::batch(epoch, sequencer, &entries)) {
@@ -124,7 +140,7 @@ impl Scheduler {
             None => Ack::Now,
         };
         let mut batches = self.batches.borrow_mut();
-        assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of {:?}", self.next.get());
+        assert!(batches.len() < MAX_EARLY_BATCHES, "batches pile up ahead of {:?}", self.next.borrow());
         batches.insert(id, entries);
         drop(batches);
         wake(&self.waker);
@@ -133,8 +149,11 @@ impl Scheduler {
 
     /// Take another participant's reads, logged first and acknowledged once durable.
     pub fn reads(&self, log: Option<&NodeLog>, slot: Slot, from: NodeId, values: ReadSet) -> Ack {
-        let admitted = (slot.0, slot.1) < self.next.get();
-        if admitted && !self.locks.borrow().contains(&slot) {
+        let finished = match self.stream_of(slot.1) {
+            Some(stream) => (slot.0, slot.1) < self.next.borrow()[stream] && !self.locks.borrow().contains(&slot),
+            None => self.finished_multi.borrow().0.contains(&slot),
+        };
+        if finished {
             return Ack::Now; // A resent copy for a transaction that has finished.
         }
         let mut reads = self.reads.borrow_mut();
@@ -146,7 +165,7 @@ impl Scheduler {
             Some(logged) => logged,
             None => Ack::Now,
         };
-        assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of {:?}", self.next.get());
+        assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of {:?}", self.next.borrow());
         reads.entry(slot).or_default().insert(from, values);
         drop(reads);
         if let Some(w) = self.read_wakers.borrow_mut().remove(&slot) {
@@ -155,23 +174,35 @@ impl Scheduler {
         ack
     }
 
-    /// The batch after `next`: the next sequencer's, or the first one's of the next epoch.
-    fn advance(&self) {
-        let (epoch, sequencer) = self.next.get();
-        let at = self.sequencers.iter().position(|s| *s == sequencer).expect("next names a sequencer");
-        self.next.set(match self.sequencers.get(at + 1) {
-            Some(s) => (epoch, *s),
-            None => (epoch + 1, self.sequencers[0]),
-        });
+    /// The log `sequencer` feeds, if any.
+    fn stream_of(&self, sequencer: NodeId) -> Option<usize> {
+        self.streams.iter().position(|s| s.contains(&sequencer))
     }
 
-    /// Wait until the next batch is here and there is room to admit it.
-    async fn next_batch(&self) -> Vec<Entry> {
+    /// The batch after `stream`'s next: the next sequencer's, or the first one's of the next
+    /// epoch.
+    fn advance(&self, stream: usize) {
+        let (sequencers, mut next) = (&self.streams[stream], self.next.borrow_mut());
+        let (epoch, sequencer) = next[stream];
+        let at = sequencers.iter().position(|s| *s == sequencer).expect("next names a sequencer");
+        next[stream] = match sequencers.get(at + 1) {
+            Some(s) => (epoch, *s),
+            None => (epoch + 1, sequencers[0]),
+        };
+    }
+
+    /// Wait until some log's next batch is here and there is room to admit it; which log, and
+    /// the batch. Logs are taken as their batches come: a key's requests all come from one
+    /// log (its home's), so how logs interleave changes no outcome.
+    async fn next_batch(&self) -> (usize, Vec<Entry>) {
         std::future::poll_fn(|cx| {
-            let next = self.next.get();
             if self.locks.borrow().len() < MAX_ACTIVE {
-                if let Some(entries) = self.batches.borrow_mut().remove(&next) {
-                    return Poll::Ready(entries);
+                let mut batches = self.batches.borrow_mut();
+                let next = self.next.borrow();
+                if let Some((stream, entries)) =
+                    next.iter().enumerate().find_map(|(i, id)| Some((i, batches.remove(id)?)))
+                {
+                    return Poll::Ready((stream, entries));
                 }
             }
             *self.waker.borrow_mut() = Some(cx.waker().clone());
@@ -231,25 +262,26 @@ pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
         loop {
             let Some(me) = weak.upgrade() else { return };
             let s = me.scheduler.as_ref().expect("the admitter runs on a scheduler");
-            let entries = s.next_batch().await;
-            let (epoch, sequencer) = s.next.get();
+            let (stream, entries) = s.next_batch().await;
+            let (epoch, sequencer) = s.next.borrow()[stream];
             for (index, entry) in entries.into_iter().enumerate() {
                 admit(&me, (epoch, sequencer, index as u32), entry);
             }
-            s.advance();
+            s.advance(stream);
         }
     });
 }
 
-/// Request the locks of one sequenced transaction, if it touches this node, and start it if
-/// it holds them all.
-fn admit(me: &Rc<CalvinWorker>, slot: Slot, mut entry: Entry) {
+/// Request the locks of one sequenced transaction (or of a SLOG piece: its keys homed in the
+/// region of the log it came in), if it touches this node, and start it if it holds them all.
+fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
     let procs = &node.env.workload;
     let Ok(req) = procs.decode_request(&entry.req) else {
-        // Every participant fails alike; the lowest data node answers.
-        if here == first_data_node(me) {
+        // Every participant fails alike; the lowest data node answers (a piece is never
+        // undecodable: SLOG's orderer decoded it to find its homes).
+        if here == first_data_node(me) && entry.piece.is_none() {
             me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)) });
         }
         return;
@@ -266,23 +298,53 @@ fn admit(me: &Rc<CalvinWorker>, slot: Slot, mut entry: Entry) {
     if !participants.contains(&here) {
         return;
     }
-    let local = |k: &&RowKey| node.holder(**k, copy) == here;
-    let wanted = (keys.reads.iter().filter(local).map(|k| (*k, Mode::Shared)))
-        .chain(keys.writes.iter().filter(local).map(|k| (*k, Mode::Exclusive)));
-    let ranges = (keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here)).map(|s| KeyRange {
+    // A piece locks the keys homed in its log's region; a whole transaction all of its own.
+    let (slot, home, pieces) = match entry.piece {
+        None => (at, None, 1),
+        Some(piece) => {
+            let here_homes = local_homes(node, &keys, copy, here);
+            let home = node.env.topo.region_of(at.1);
+            if !here_homes.contains(&home) {
+                return; // None of this piece's keys is here.
+            }
+            ((piece.txn.0, GLOBAL_ORDER, piece.txn.1), Some(home), here_homes.len() as u32)
+        }
+    };
+    let mine = |k: &RowKey| node.holder(*k, copy) == here && home.is_none_or(|h| node.home_of(*k) == h);
+    let wanted = (keys.reads.iter().filter(|k| mine(k)).map(|k| (*k, Mode::Shared)))
+        .chain(keys.writes.iter().filter(|k| mine(k)).map(|k| (*k, Mode::Exclusive)));
+    let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
+    let ranges = (scans.filter(|s| home.is_none_or(|h| node.scan_home(s) == h))).map(|s| KeyRange {
         table: s.table,
         lo: s.lo,
         hi: s.hi,
     });
     let s = me.scheduler.as_ref().expect("a scheduler admits");
-    let holds_all = s.locks.borrow_mut().request(slot, wanted, ranges);
-    let admitted = Admitted { entry, req, keys, reconnoitred, participants };
+    let first = !s.locks.borrow().contains(&slot);
+    let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
+    let admitted = match first {
+        true => Admitted { entry, req, keys, reconnoitred, participants },
+        false => s.waiting.borrow_mut().remove(&slot).expect("an earlier piece waits"),
+    };
     if holds_all {
         spawn_run(me, slot, admitted);
     } else {
-        me.w.count("calvin-lock-waits", 1);
+        if first {
+            me.w.count("calvin-lock-waits", 1);
+        }
         s.waiting.borrow_mut().insert(slot, admitted);
     }
+}
+
+/// The home regions of the keys and scans of `keys` that node `here` holds in `copy` (SLOG: the
+/// pieces it locks a multi-home transaction in).
+fn local_homes(node: &super::NodeState, keys: &KeySet, copy: u16, here: NodeId) -> Vec<u16> {
+    let keyed = (keys.reads.iter().chain(&keys.writes)).filter(|k| node.holder(**k, copy) == here);
+    let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
+    let mut homes: Vec<u16> = keyed.map(|k| node.home_of(*k)).chain(scans.map(|s| node.scan_home(s))).collect();
+    homes.sort_unstable();
+    homes.dedup();
+    homes
 }
 
 fn spawn_run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
@@ -392,6 +454,14 @@ pub async fn run_untouched(
 fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
     s.running.set(s.running.get() - 1);
     s.reads.borrow_mut().remove(&slot);
+    if slot.1 == GLOBAL_ORDER {
+        let (set, order) = &mut *s.finished_multi.borrow_mut();
+        set.insert(slot);
+        order.push_back(slot);
+        if order.len() > FINISHED_MULTI_KEPT {
+            set.remove(&order.pop_front().expect("kept ones"));
+        }
+    }
     let mut ready = Vec::new();
     s.locks.borrow_mut().release(slot, &mut ready);
     for next in ready {

@@ -15,7 +15,30 @@ use crate::net::Addr;
 use crate::rt::log_warn;
 use crate::txn::Abort;
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::rc::Rc;
+
+/// SLOG's orderer batches held ahead of the next one a region's sequencer takes.
+const MAX_EARLY_ORDERED: usize = 1 << 12;
+
+/// An RPC to answer later: who asked, and its id.
+pub type Reply = (Addr, u64);
+
+/// What the first sequencer of a SLOG region's log takes from the orderer: the region's pieces
+/// of multi-home transactions, batch after batch in the orderer's numbering, placed in its
+/// next batches in that order (so every home's log holds them in the global order). The
+/// orderer hears that a batch was taken once the log batch holding its pieces is durable: a
+/// sequencer that crashes before loses nothing the orderer does not send again.
+#[derive(Default)]
+struct FromOrderer {
+    /// The next orderer batch to take (batches are numbered from 1).
+    next: u64,
+    /// The last orderer batch whose pieces a durable batch of this sequencer holds.
+    durable: u64,
+    early: BTreeMap<u64, Vec<Entry>>,
+    /// Answers owed to the orderer, by the batch they acknowledge.
+    replies: Vec<(u64, Reply)>,
+}
 
 /// Epochs a sequencer fills at once when it catches up; the rest wait for its next batch.
 const MAX_FILL: u64 = 1 << 12;
@@ -30,6 +53,7 @@ pub struct Sequencer {
     /// Batches the log held when the node started: sent again first, since the crash may have
     /// cut their sending short (schedulers drop copies they have).
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
+    from_orderer: RefCell<FromOrderer>,
 }
 
 impl Sequencer {
@@ -38,7 +62,10 @@ impl Sequencer {
     pub fn new(max_pending: usize, last_epoch: u64, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
         assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
+        let pieces = recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.piece));
+        let durable = pieces.map(|p| p.region_batch).max().unwrap_or(0);
         Sequencer {
+            from_orderer: RefCell::new(FromOrderer { next: durable + 1, durable, ..Default::default() }),
             pending: RefCell::new(Vec::new()),
             max_pending,
             epoch: Cell::new(last_epoch),
@@ -61,6 +88,50 @@ impl Sequencer {
             return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(SEQUENCER_FULL)) });
         }
         pending.push(entry);
+    }
+
+    /// Take the orderer's batch `region_batch` of pieces (SLOG), answering `reply` once a
+    /// durable batch of this sequencer holds them (at once for a copy of one that does; no
+    /// answer is owed when the orderer is this worker: its log sends the batch again).
+    pub fn ordered(&self, wk: &CalvinWorker, region_batch: u64, entries: Vec<Entry>, reply: Option<Reply>) {
+        let mut o = self.from_orderer.borrow_mut();
+        if region_batch <= o.durable {
+            if let Some((from, rpc_id)) = reply {
+                wk.w.reply(from, rpc_id, &[]);
+            }
+            return;
+        }
+        o.replies.extend(reply.map(|r| (region_batch, r)));
+        if region_batch < o.next || o.early.contains_key(&region_batch) {
+            return; // A copy of one taken, not yet durable: answered with the first.
+        }
+        assert!(o.early.len() < MAX_EARLY_ORDERED, "orderer batches pile up ahead of {}", o.next);
+        o.early.insert(region_batch, entries);
+        while let Some(entries) = {
+            let next = o.next;
+            o.early.remove(&next)
+        } {
+            // Pieces are never refused: the orderer has ordered them, and every home must
+            // place them (max_pending bounds only clients' submissions).
+            self.pending.borrow_mut().extend(entries);
+            o.next += 1;
+        }
+    }
+
+    /// `batches` are durable: answer the orderer for the batches of pieces they hold.
+    fn logged(&self, wk: &CalvinWorker, batches: &[(u64, Vec<Entry>)]) {
+        let pieces = batches.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.piece));
+        let Some(last) = pieces.map(|p| p.region_batch).max() else { return };
+        let mut o = self.from_orderer.borrow_mut();
+        o.durable = o.durable.max(last);
+        let durable = o.durable;
+        o.replies.retain(|(batch, (from, rpc_id))| {
+            let done = *batch <= durable;
+            if done {
+                wk.w.reply(*from, *rpc_id, &[]);
+            }
+            !done
+        });
     }
 
     /// Close the batch: the next epoch with everything queued, after empty batches for the
@@ -94,7 +165,9 @@ pub fn spawn_batcher(me: &Rc<CalvinWorker>) {
             let batches = seq.close();
             me.w.count("batches", 1);
             me.w.count("empty-batches-filled", batches.len() as u64 - 1);
-            for (epoch, entries) in log_batches(&me, batches).await {
+            let batches = log_batches(&me, batches).await;
+            seq.logged(&me, &batches);
+            for (epoch, entries) in batches {
                 send(&me, epoch, entries);
             }
         }
@@ -111,7 +184,7 @@ fn send(me: &CalvinWorker, epoch: u64, entries: Vec<Entry>) {
 
 /// Log `batches` and wait until they are durable; returns what to send. A batch the log refuses
 /// (over its record limit) is logged and sent empty, so that the epochs stay unbroken, and its
-/// clients are told.
+/// clients are told (its SLOG pieces wait for the next batch).
 async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<(u64, Vec<Entry>)> {
     let Some(log) = &me.node.env.log else { return batches };
     let mut last = None;
@@ -124,9 +197,14 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
                     "calvin: batch {epoch} of {} transactions was refused by the log: {e}",
                     entries.len()
                 ));
-                for entry in entries {
+                let (pieces, whole): (Vec<Entry>, Vec<Entry>) = entries.into_iter().partition(|e| e.piece.is_some());
+                for entry in whole {
                     me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
                 }
+                // SLOG's pieces are ordered already and every home must place them: they go
+                // first into the next batch (the orderer hears nothing of them until then).
+                let seq = me.sequencer.as_ref().expect("a sequencer logs batches");
+                seq.pending.borrow_mut().splice(0..0, pieces);
                 let empty =
                     log.append(&Record::batch(epoch, me.w.addr.node, &[])).expect("an empty batch fits in a record");
                 (empty, Vec::new())
@@ -152,7 +230,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Entry {
-        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None }
+        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None, piece: None }
     }
 
     fn epochs(batches: &[(u64, Vec<Entry>)]) -> Vec<(u64, usize)> {

@@ -1,0 +1,56 @@
+//! SLOG (Ren, Li, Abadi; VLDB 2019), on Calvin's deterministic engine (`protocols::calvin`):
+//! every key has a home region (its partition's leading copy's region); a transaction whose
+//! keys are all homed in one region is sequenced by that region's log alone (its sequencers'
+//! batches round-robin), and every region runs every region's log on its own copy of the data.
+//! A multi-home transaction goes to the global orderer ([`calvin::orderer`]), which orders it
+//! among the others and sends each of its home regions a lock-only piece that the region's log
+//! places in the global order; a scheduler runs it once every piece it holds keys of has its
+//! locks. A key's lock requests all come from its home's log, so every region orders them
+//! alike, and logs interleave at each scheduler as their batches arrive: a single-home
+//! transaction waits for no other region.
+//!
+//! What this SLOG does not have yet (the detock issue): remastering (a key's home is fixed by
+//! its partition for the whole run), the orderer's thread count (the paper's "SLOG (slow)"),
+//! and a checkpoint of a scheduler's data (as Calvin).
+//!
+//! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
+//! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
+//! that. `--placement per-region` keeps a full copy in every region, as the paper does.
+
+use crate::protocols::calvin::{Calvin, LogOrder};
+use crate::protocols::{OptionKind, OptionSpec, Options};
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "batch_us",
+        kind: OptionKind::U64 { min: 100, max: 1_000_000 },
+        default: "5000",
+        help:
+            "every region's sequencers and the orderer close a batch this often (the Detock thesis runs SLOG at 5 ms)",
+    },
+    OptionSpec {
+        name: "max_pending",
+        kind: OptionKind::U64 { min: 1, max: 1_000_000 },
+        default: "100000",
+        help: "submissions a sequencer or the orderer holds before it refuses more (sequencer-full, orderer-full)",
+    },
+];
+
+pub const ABORTS: &[(&str, &str)] = &[
+    ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
+    ("orderer-full", "the orderer's queue of multi-home transactions was at max_pending; the client retries"),
+    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
+    ("undecodable-request", "a participant could not decode the request"),
+];
+
+pub fn new(o: &Options) -> Calvin {
+    Calvin {
+        batch_us: o.u64("batch_us"),
+        max_pending: o.u64("max_pending") as usize,
+        one_sequencer: false,
+        order: LogOrder::HomeRegions,
+    }
+}
+
+#[cfg(test)]
+mod tests;
