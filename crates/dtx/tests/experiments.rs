@@ -21,6 +21,9 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
             // Loading the paper's warehouses is most of such a run in a debug build.
             set.push("warehouses=4".into());
         }
+        if e.bench.contains_key("hot-keys") {
+            set.push("hot-keys=100".into()); // Below the tiny key count.
+        }
         if let Some(faults) = e.bench.get("fault-at") {
             // A fault at the paper's moment lies past a tiny run's end: the same faults, early.
             let early: Vec<String> =

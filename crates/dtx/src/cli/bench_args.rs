@@ -175,6 +175,11 @@ pub struct BenchArgs {
     /// YCSB: operations per transaction on hot keys, with --hot-keys.
     #[arg(long, default_value_t = 2)]
     hot_ops: u32,
+    /// YCSB by home regions (the Detock thesis's microbenchmark): this fraction of transactions
+    /// touches two home regions, its client's and one chosen by closeness (--latency-matrix);
+    /// --multi-partition then counts transactions over several partitions of a region.
+    #[arg(long, allow_negative_numbers = true)]
+    multi_home: Option<f64>,
     /// YCSB writes are blind instead of read-modify-write (--blind-write-ratio 1).
     #[arg(long, conflicts_with = "blind_write_ratio")]
     blind_writes: bool,
@@ -619,6 +624,7 @@ impl BenchArgs {
                 distributed: self.distributed,
                 hot_keys: self.hot_keys,
                 hot_ops: self.hot_ops,
+                multi_home: self.multi_home,
                 value_bytes: self.value_bytes,
                 warehouses: self.warehouses,
                 mix: self.mix.clone(),

@@ -155,6 +155,10 @@ pub struct Topology {
     /// Partitions each data node owns.
     pub partitions_per_node: u32,
     pub node_region: Vec<u16>,
+    /// One-way delays between regions (µs; `--latency-matrix`), empty when none was given:
+    /// what a workload that picks regions by closeness ranks them by.
+    #[serde(default)]
+    pub region_delay_us: Vec<Vec<u64>>,
     /// What each node does (see [`Role`]); set through [`Topology::with_roles`].
     node_roles: Vec<Roles>,
     /// The nodes with the `data` role, in order: partitions are dealt to them alone.
@@ -172,6 +176,7 @@ impl Topology {
             workers_per_node,
             partitions_per_node,
             node_region: vec![0; nodes as usize],
+            region_delay_us: Vec::new(),
             node_roles: vec![Roles::DEFAULT; nodes as usize],
             data_nodes: (0..nodes).collect(),
             placement: Placement::Single,
@@ -196,6 +201,19 @@ impl Topology {
     /// The region of `node` (0 unless regions are given).
     pub fn region_of(&self, node: NodeId) -> u16 {
         self.node_region.get(node as usize).copied().unwrap_or(0)
+    }
+
+    /// The home region of partition `p`: its leading copy's region.
+    pub fn home_region(&self, p: PartitionId) -> u16 {
+        self.region_of(self.node_of(p))
+    }
+
+    /// The regions that hold data, in order.
+    pub fn data_regions(&self) -> Vec<u16> {
+        let mut regions: Vec<u16> = self.data_nodes.iter().map(|n| self.region_of(*n)).collect();
+        regions.sort_unstable();
+        regions.dedup();
+        regions
     }
 
     /// Partition `p`'s copies, leader first (one, the leader, with the single placement).

@@ -170,6 +170,7 @@ impl BenchSpec {
         if !regions.is_empty() {
             t.node_region = regions.clone();
         }
+        t.region_delay_us = self.latency.region_delay_us.clone();
         let roles = if self.node_roles.is_empty() { &layout.roles } else { &self.node_roles };
         if !roles.is_empty() {
             t = t.with_roles(roles.clone())?;

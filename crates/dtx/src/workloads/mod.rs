@@ -104,6 +104,12 @@ pub struct WorkloadParams {
     /// YCSB: operations per transaction on hot keys, when `hot_keys` is set.
     #[serde(default = "two")]
     pub hot_ops: u32,
+    /// YCSB by home regions (the Detock thesis's microbenchmark): this fraction of transactions
+    /// touches exactly two home regions, its client's and another chosen by closeness; the
+    /// others stay in their client's; `distributed` is then the fraction that touches several
+    /// partitions of a region. `None`: partitions as `distributed` alone says.
+    #[serde(default)]
+    pub multi_home: Option<f64>,
     pub value_bytes: u32,
     /// TPC-C: warehouses in total, spread over all partitions (warehouse w in partition
     /// (w-1) % partitions).
@@ -145,6 +151,7 @@ impl Default for WorkloadParams {
             distributed: 0.1,
             hot_keys: 0,
             hot_ops: 2,
+            multi_home: None,
             value_bytes: 100,
             warehouses: 1,
             mix: "standard".into(),

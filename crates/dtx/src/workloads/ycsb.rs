@@ -5,6 +5,13 @@
 //! is on another node. With `hot_keys` (the Detock thesis's microbenchmark) each partition's
 //! first `hot_keys` keys are hot: a transaction's first `hot_ops` operations draw one of them and
 //! the others a cold key, uniformly, so that contention is set by the hot set's size.
+//!
+//! With `multi_home` (the thesis's regions) a partition's home region is its leading copy's: a
+//! fraction `multi_home` of transactions touches exactly two home regions, alternating
+//! operations between its client's region (whose first is the hot one) and a second region
+//! drawn by closeness (the nearest twice as likely as the next, and so on: the thesis's Zipfian
+//! weighting, ranked by `--latency-matrix`, else by region number); `distributed` is then the
+//! fraction whose operations spread over the partitions of their region (multi-partition).
 
 use super::{remote_partition, Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
@@ -20,7 +27,18 @@ pub struct Ycsb {
     p: WorkloadParams,
     topo: Topology,
     zipf: super::zipf::Zipf,
+    /// With `multi_home`: each data region's partitions, and the other regions nearest first.
+    regions: Vec<HomeRegion>,
 }
+
+struct HomeRegion {
+    region: u16,
+    partitions: Vec<PartitionId>,
+    nearest: Vec<u16>,
+}
+
+const CLASSES: &[&str] = &["single-node", "distributed"];
+const HOME_CLASSES: &[&str] = &["single-home", "multi-home"];
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct YcsbArgs {
@@ -78,7 +96,56 @@ impl Ycsb {
             }
         }
         let zipf = super::zipf::Zipf::new(p.keys, p.theta)?;
-        Ok(Ycsb { p: p.clone(), topo: topo.clone(), zipf })
+        let regions = match p.multi_home {
+            None => Vec::new(),
+            Some(f) => home_regions(f, topo)?,
+        };
+        Ok(Ycsb { p: p.clone(), topo: topo.clone(), zipf, regions })
+    }
+
+    fn region(&self, r: u16) -> &HomeRegion {
+        self.regions.iter().find(|h| h.region == r).expect("a home region holds data")
+    }
+
+    /// A region other than `r`, the nearer the likelier (weights 1, 1/2, 1/3... by rank).
+    fn near_region(&self, rng: &mut Rng, r: u16) -> u16 {
+        let nearest = &self.region(r).nearest;
+        let total: f64 = (1..=nearest.len()).map(|k| 1.0 / k as f64).sum();
+        let mut x = rng.gen_range(0.0..total);
+        for (k, other) in nearest.iter().enumerate() {
+            x -= 1.0 / (k + 1) as f64;
+            if x < 0.0 {
+                return *other;
+            }
+        }
+        *nearest.last().expect("two regions or more")
+    }
+
+    /// The partitions of a transaction's operations by home region (`multi_home`): its
+    /// client's region's `home`, and with probability `multi_home` a second region's partition
+    /// on every other operation; spread over each region's partitions with probability
+    /// `distributed`.
+    fn regional_partitions(&self, rng: &mut Rng, home: PartitionId, multi_home: f64) -> Vec<PartitionId> {
+        let first = self.topo.home_region(home);
+        let second = rng.gen_bool(multi_home).then(|| self.near_region(rng, first));
+        let spread = rng.gen_bool(self.p.distributed);
+        let second_home = second.map(|r| {
+            let parts = &self.region(r).partitions;
+            parts[rng.gen_range(0..parts.len())]
+        });
+        (0..self.p.ops as usize)
+            .map(|i| {
+                let (region, base) = match second_home {
+                    Some(p) if i % 2 == 1 => (self.topo.home_region(p), p),
+                    _ => (first, home),
+                };
+                let parts = &self.region(region).partitions;
+                match spread && i >= 2 {
+                    true => parts[rng.gen_range(0..parts.len())],
+                    false => base,
+                }
+            })
+            .collect()
     }
 
     /// A key of partition `part` for operation `op` of a transaction.
@@ -159,11 +226,22 @@ impl Workload for Ycsb {
     }
 
     fn txn_classes(&self) -> &'static [&'static str] {
-        &["single-node", "distributed"]
+        match self.p.multi_home {
+            Some(_) => HOME_CLASSES,
+            None => CLASSES,
+        }
     }
 
-    /// Distributed when an operation's partition lives on another node than the home's.
+    /// Distributed when an operation's partition lives on another node than the home's; with
+    /// `multi_home`, multi-home when an operation's partition is homed in another region.
     fn txn_class(&self, req: &TxnRequest) -> u8 {
+        if self.p.multi_home.is_some() {
+            let region = self.topo.home_region(req.home);
+            let elsewhere = |ops: &YcsbArgs| {
+                ops.ops.iter().any(|(k, _)| self.topo.home_region((k / self.p.keys) as PartitionId) != region)
+            };
+            return u8::from(req.args.downcast_ref::<YcsbArgs>().is_some_and(elsewhere));
+        }
         let home = self.topo.node_of(req.home);
         let remote =
             |ops: &YcsbArgs| ops.ops.iter().any(|(k, _)| self.topo.node_of((k / self.p.keys) as PartitionId) != home);
@@ -171,6 +249,7 @@ impl Workload for Ycsb {
     }
 
     fn next(&self, rng: &mut Rng, home: PartitionId) -> TxnRequest {
+        let regional = self.p.multi_home.map(|f| self.regional_partitions(rng, home, f));
         let distributed = self.topo.nodes > 1 && rng.gen_bool(self.p.distributed);
         let n = self.p.ops as usize;
         let mut ops: Vec<(u64, YcsbOp)> = Vec::with_capacity(n);
@@ -178,7 +257,9 @@ impl Workload for Ycsb {
         // No draw without read-only transactions, so that a seed's transactions stay what they were.
         let read_only = self.p.read_only_txns > 0.0 && rng.gen_bool(self.p.read_only_txns);
         for i in 0..n {
-            let part = if !distributed {
+            let part = if let Some(parts) = &regional {
+                parts[i]
+            } else if !distributed {
                 home
             } else if i == forced_remote {
                 remote_partition(rng, &self.topo, home)
@@ -204,6 +285,40 @@ impl Workload for Ycsb {
         }
         TxnRequest::new("ycsb", home, YcsbArgs { ops })
     }
+}
+
+/// Each data region's partitions and the other regions nearest first, for `multi_home`.
+fn home_regions(multi_home: f64, topo: &Topology) -> anyhow::Result<Vec<HomeRegion>> {
+    if !(0.0..=1.0).contains(&multi_home) {
+        bail!("--multi-home {multi_home} must be within 0..1");
+    }
+    let regions = topo.data_regions();
+    if multi_home > 0.0 && regions.len() < 2 {
+        bail!("--multi-home {multi_home} needs data nodes in two regions or more: give --regions");
+    }
+    let delay = |a: u16, b: u16| {
+        let row = topo.region_delay_us.get(a as usize);
+        row.and_then(|r| r.get(b as usize)).copied().unwrap_or((a as i64 - b as i64).unsigned_abs())
+    };
+    let homed: Vec<HomeRegion> = regions
+        .iter()
+        .map(|&r| {
+            let mut nearest: Vec<u16> = regions.iter().copied().filter(|o| *o != r).collect();
+            nearest.sort_by_key(|o| (delay(r, *o), *o));
+            let partitions = (0..topo.partitions()).filter(|p| topo.home_region(*p) == r).collect();
+            HomeRegion { region: r, partitions, nearest }
+        })
+        .collect();
+    if let Some(empty) = homed.iter().find(|h| h.partitions.is_empty()) {
+        bail!(
+            "--multi-home: region {} is home to no partition ({} partitions over {} regions): give more \
+             partitions (--nodes) or fewer regions",
+            empty.region,
+            topo.partitions(),
+            regions.len()
+        );
+    }
+    Ok(homed)
 }
 
 /// The read-modify-write: increment the counter in the value's first 8 bytes (one copy, into
@@ -319,5 +434,34 @@ mod tests {
         ] {
             assert!(Ycsb::new(&p, &topo).is_err(), "{p:?} accepted");
         }
+    }
+
+    /// The thesis's regions: two of four regions, nearest likeliest, every other operation in
+    /// the second, and the class says which.
+    #[test]
+    fn multi_home_transactions_touch_two_regions_the_nearest_likeliest() {
+        let mut topo = Topology::new(4, 1, 2);
+        topo.node_region = vec![0, 1, 2, 3];
+        topo.region_delay_us = vec![vec![0, 10, 20, 30], vec![10, 0, 5, 40], vec![20, 5, 0, 50], vec![30, 40, 50, 0]];
+        let p = WorkloadParams { keys: 1000, multi_home: Some(0.5), distributed: 0.0, ..Default::default() };
+        let wl = Ycsb::new(&p, &topo).expect("builds");
+        let mut rng = crate::util::rng_from_seed(1);
+        let (mut multi, mut second) = (0, [0u32; 4]);
+        for _ in 0..4000 {
+            let req = wl.next(&mut rng, 0);
+            let regions: std::collections::BTreeSet<u16> =
+                req.args::<YcsbArgs>().ops.iter().map(|(k, _)| topo.home_region((k / 1000) as u32)).collect();
+            assert!(regions.contains(&0) && regions.len() <= 2, "{regions:?}");
+            assert_eq!(wl.txn_class(&req), u8::from(regions.len() == 2));
+            if let Some(r) = regions.iter().find(|r| **r != 0) {
+                multi += 1;
+                second[*r as usize] += 1;
+            }
+        }
+        assert!((1800..2200).contains(&multi), "{multi} of 4000 multi-home");
+        assert!(second[1] > second[2] && second[2] > second[3], "nearest likeliest: {second:?}");
+        let one = WorkloadParams { multi_home: Some(0.1), ..p };
+        let err = Ycsb::new(&one, &Topology::new(2, 1, 1)).err().expect("one region refuses").to_string();
+        assert!(err.contains("needs data nodes in two regions"), "{err}");
     }
 }
