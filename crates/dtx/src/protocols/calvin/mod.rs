@@ -130,6 +130,14 @@ impl Calvin {
         }
     }
 
+    /// The protocol's name, for messages.
+    fn name(&self) -> &'static str {
+        match self.order {
+            LogOrder::Global => "calvin",
+            LogOrder::HomeRegions => "slog",
+        }
+    }
+
     /// The nodes that sequence.
     pub fn sequencers(&self, topo: &Topology) -> Vec<NodeId> {
         if self.one_sequencer {
@@ -238,15 +246,17 @@ impl Protocol for Calvin {
             clients.into_iter().find(|&c| topo.placement() == Placement::PerRegion && !has_data(topo.region_of(c)))
         {
             anyhow::bail!(
-                "calvin with a copy per region answers a client from its own region's copy, but client node {c}'s \
+                "{} with a copy per region answers a client from its own region's copy, but client node {c}'s \
                  region {} has no data node",
+                self.name(),
                 topo.region_of(c)
             );
         }
         if topo.workers_per_node < 2 {
             anyhow::bail!(
-                "calvin runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \
+                "{} runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \
                  workers or more (it has {})",
+                self.name(),
                 topo.workers_per_node
             );
         }
