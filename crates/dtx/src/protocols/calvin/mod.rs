@@ -454,6 +454,25 @@ impl CalvinWorker {
         });
     }
 
+    /// Queue a client's submission on a sequencer's or the orderer's `pending`, or refuse it
+    /// with `reason` when `max` are queued (the client retries later), counting `refusals`.
+    fn queue_or_refuse(
+        &self,
+        pending: &RefCell<Vec<Entry>>,
+        max: usize,
+        entry: Entry,
+        reason: Reason,
+        refusals: &'static str,
+    ) {
+        let mut queued = pending.borrow_mut();
+        if queued.len() < max {
+            return queued.push(entry);
+        }
+        drop(queued);
+        self.w.count(refusals, 1);
+        self.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(reason)) });
+    }
+
     /// Take a message; says when to acknowledge it.
     fn handle(&self, from: Addr, msg: Msg) -> Ack {
         let (here, log) = (self.w.addr.node, self.node.env.log.as_deref());

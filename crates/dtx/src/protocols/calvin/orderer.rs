@@ -49,13 +49,7 @@ impl Orderer {
 
     /// Queue a multi-home submission, or refuse it at the bound (the client retries later).
     pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
-        let mut pending = self.pending.borrow_mut();
-        if pending.len() >= self.max_pending {
-            drop(pending);
-            wk.w.count("orderer-refusals", 1);
-            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(ORDERER_FULL)) });
-        }
-        pending.push(entry);
+        wk.queue_or_refuse(&self.pending, self.max_pending, entry, ORDERER_FULL, "orderer-refusals");
     }
 
     /// Close the next batch, if anything is queued.

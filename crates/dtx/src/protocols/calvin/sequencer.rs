@@ -81,13 +81,7 @@ impl Sequencer {
 
     /// Queue a submission, or refuse it at the bound (the client retries later).
     pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
-        let mut pending = self.pending.borrow_mut();
-        if pending.len() >= self.max_pending {
-            drop(pending);
-            wk.w.count("sequencer-refusals", 1);
-            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(SEQUENCER_FULL)) });
-        }
-        pending.push(entry);
+        wk.queue_or_refuse(&self.pending, self.max_pending, entry, SEQUENCER_FULL, "sequencer-refusals");
     }
 
     /// Take the orderer's batch `region_batch` of pieces (SLOG), answering `reply` once a
