@@ -24,6 +24,12 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         if e.bench.contains_key("hot-keys") {
             set.push("hot-keys=100".into()); // Below the tiny key count.
         }
+        // Thousands of clients in flight (slog-mh-sweep's 1,000 per worker) make a tiny run cost
+        // minutes in a debug build; a few dozen exercise the same paths.
+        let inflight = e.quick.get("inflight").or(e.bench.get("inflight")).and_then(|n| n.parse::<u32>().ok());
+        if inflight.is_some_and(|n| n > 16) && e.sweep.as_ref().is_none_or(|s| s.param != "inflight") {
+            set.push("inflight=16".into());
+        }
         if let Some(faults) = e.bench.get("fault-at") {
             // A fault at the paper's moment lies past a tiny run's end: the same faults, early.
             let early: Vec<String> =
