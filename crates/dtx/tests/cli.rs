@@ -18,7 +18,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--nodes", "0"], "--nodes 0"),
         (&["bench", "--delay", "fast"], "--delay"),
         (&["bench", "--protocol", "nope"], "unknown protocol `nope`"),
-        (&["bench", "--protocol", "detock"], "planned"),
+        (&["bench", "--protocol", "aria"], "planned"),
         (&["bench", "--theta", "-1"], "theta"),
         (&["bench", "--read-ratio", "2"], "--read-ratio"),
         (&["bench", "--distributed", "1.5"], "--distributed"),

@@ -8,6 +8,8 @@
 //! transactions (2PL's deadlock detector; later Detock's and Janus's SCCs), in [`graph`].
 
 pub mod calvin;
+pub mod depgraph;
+pub mod detock;
 pub mod graph;
 pub mod maat;
 #[cfg(any(test, feature = "test-protocols"))]

@@ -14,8 +14,8 @@
 use super::messages::{Entry, ReadSet};
 use super::scheduler::Slot;
 use super::SCAN_UNDECLARED;
-use crate::net::NodeId;
 use crate::net::{decode, encode};
+use crate::net::{Addr, NodeId};
 use crate::protocols::MachineEnv;
 use crate::rt::log::LogMachine;
 use crate::rt::log_warn;
@@ -32,6 +32,11 @@ pub enum Record {
     Reads { slot: Slot, from: NodeId, values: ReadSet },
     /// SLOG's orderer's batch of multi-home transactions (on the orderer's node).
     Ordered { epoch: u64, entries: Vec<Entry> },
+    /// Detock: a multi-home transaction this node's sequencer coordinates, logged before any
+    /// home hears of it (a restarted coordinator sends its pieces again until [`Record::Placed`]).
+    Coordinated { entry: Entry },
+    /// Detock: every home holds the coordinated transaction's piece durably.
+    Placed { client: Addr, id: u64 },
 }
 
 impl Record {
@@ -46,6 +51,14 @@ impl Record {
     pub fn ordered(epoch: u64, entries: &[Entry]) -> Vec<u8> {
         encode(&RecordRef::Ordered { epoch, entries })
     }
+
+    pub fn coordinated(entry: &Entry) -> Vec<u8> {
+        encode(&RecordRef::Coordinated { entry })
+    }
+
+    pub fn placed(client: Addr, id: u64) -> Vec<u8> {
+        encode(&RecordRef::Placed { client, id })
+    }
 }
 
 /// [`Record`] by reference, to encode without copying (the same wire form).
@@ -54,6 +67,8 @@ enum RecordRef<'a> {
     Batch { epoch: u64, sequencer: NodeId, entries: &'a [Entry] },
     Reads { slot: Slot, from: NodeId, values: &'a ReadSet },
     Ordered { epoch: u64, entries: &'a [Entry] },
+    Coordinated { entry: &'a Entry },
+    Placed { client: Addr, id: u64 },
 }
 
 /// What a node's log held at start.
@@ -67,6 +82,9 @@ pub struct Recovered {
     pub reads: Vec<(Slot, NodeId, ReadSet)>,
     /// SLOG: every batch its orderer closed, in order.
     pub ordered: Vec<(u64, Vec<Entry>)>,
+    /// Detock: the multi-home transactions its sequencer coordinated whose pieces some home
+    /// may not hold yet, in order.
+    pub coordinated: Vec<Entry>,
     /// The log's checkpoint does not decode: the inputs behind it are gone.
     pub lost_inputs: bool,
 }
@@ -90,6 +108,8 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
             }
             Ok(Record::Reads { slot, from, values }) => r.reads.push((slot, from, values)),
             Ok(Record::Ordered { epoch, entries }) => r.ordered.push((epoch, entries)),
+            Ok(Record::Coordinated { entry }) => r.coordinated.push(entry),
+            Ok(Record::Placed { client, id }) => r.coordinated.retain(|e| (e.client, e.id) != (client, id)),
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
             }

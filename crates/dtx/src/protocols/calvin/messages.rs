@@ -33,6 +33,20 @@ pub struct Entry {
     /// SLOG: this entry is a lock-only piece of a multi-home transaction, placed in the log of
     /// one of its home regions; `None`: a whole transaction.
     pub piece: Option<Piece>,
+    /// Detock: this entry is a multi-home transaction's piece (a GraphPlacementTxn), to be
+    /// placed in a home's log no earlier than its timestamp; `None`: a whole transaction, or
+    /// one its coordinator has not split yet.
+    pub placed: Option<Placed>,
+}
+
+/// A Detock piece's timestamp (opportunistic ordering, thesis §4.2.4): every home places the
+/// transaction's piece once its own clock reaches it, so pieces sent early enough land at about
+/// the same moment everywhere and rarely cross.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placed {
+    /// The coordinator's clock when it sent the pieces, plus the farthest home's estimated
+    /// one-way delay, plus the overshoot; 0 without opportunistic ordering.
+    pub not_before_us: u64,
 }
 
 /// Where a multi-home transaction's piece comes from (SLOG).
@@ -51,6 +65,12 @@ pub enum Msg {
     Submit(Entry),
     /// Client -> SLOG's orderer: a multi-home transaction.
     Order(Entry),
+    /// Detock's coordinator (the client's region's sequencer) -> a sequencer of each home
+    /// region: the transaction's piece for that home, sent until acknowledged.
+    Place(Entry),
+    /// A sequencer -> another region's first sequencer: its clock, answered with the receiver's
+    /// clock minus it (the one-way delay plus the clocks' offset, as an `i64`).
+    Probe { sent_us: u64 },
     /// SLOG's orderer -> the first sequencer of one home region: the region's next batch of
     /// pieces (`region_batch` numbers them, from 1), in the global order.
     Ordered { region_batch: u64, entries: Vec<Entry> },

@@ -109,6 +109,12 @@ pub enum LogOrder {
     /// round-robin), every region's log run everywhere, and multi-home transactions ordered by
     /// the orderer and placed as lock-only pieces in each home's log (see `protocols::slog`).
     HomeRegions,
+    /// Detock: SLOG's logs per region, no orderer: a multi-home transaction's coordinator (its
+    /// client's region's sequencer) sends each home a piece to place in its log at a common
+    /// timestamp, and every scheduler orders what it runs by the dependency graph
+    /// (`protocols::depgraph`), resolving the cycles crossed pieces make (see
+    /// `protocols::detock`).
+    Graph,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -118,6 +124,11 @@ pub struct Calvin {
     /// Node 0 alone sequences (`sequencers=one`), not every data node.
     pub one_sequencer: bool,
     pub order: LogOrder,
+    /// Detock: how often deadlocks are resolved, µs.
+    pub ddr_us: u64,
+    /// Detock's opportunistic ordering: the margin added to a multi-home transaction's
+    /// timestamp, µs; `None`: pieces are placed as they arrive.
+    pub overshoot_us: Option<u64>,
 }
 
 impl Calvin {
@@ -127,6 +138,8 @@ impl Calvin {
             max_pending: o.u64("max_pending") as usize,
             one_sequencer: o.choice("sequencers") == "one",
             order: LogOrder::Global,
+            ddr_us: 0,
+            overshoot_us: None,
         }
     }
 
@@ -135,6 +148,7 @@ impl Calvin {
         match self.order {
             LogOrder::Global => "calvin",
             LogOrder::HomeRegions => "slog",
+            LogOrder::Graph => "detock",
         }
     }
 
@@ -152,7 +166,7 @@ impl Calvin {
         let sequencers = self.sequencers(topo);
         match self.order {
             LogOrder::Global => vec![sequencers],
-            LogOrder::HomeRegions => {
+            LogOrder::HomeRegions | LogOrder::Graph => {
                 let mut regions: Vec<u16> = sequencers.iter().map(|s| topo.region_of(*s)).collect();
                 regions.sort_unstable();
                 regions.dedup();
@@ -166,7 +180,7 @@ impl Calvin {
     /// node 0; Calvin has none.
     pub fn orderer(&self, topo: &Topology) -> Option<NodeId> {
         match self.order {
-            LogOrder::Global => None,
+            LogOrder::Global | LogOrder::Graph => None,
             LogOrder::HomeRegions => {
                 Some((0..topo.nodes).find(|n| topo.roles_of(*n).contains(Role::Orderer)).unwrap_or(0))
             }
@@ -231,7 +245,7 @@ impl Protocol for Calvin {
     /// multi-home transactions.
     fn default_layout(&self, nodes: u16) -> crate::protocols::Layout {
         match (self.order, nodes) {
-            (LogOrder::HomeRegions, 2..) => {
+            (LogOrder::HomeRegions | LogOrder::Graph, 2..) => {
                 crate::protocols::Layout { roles: Vec::new(), regions: (0..nodes).map(|n| n % 2).collect() }
             }
             _ => crate::protocols::Layout::default(),
@@ -366,7 +380,8 @@ impl NodeProtocol for CalvinNode {
                 let recovered = self.0.recovered.lock();
                 let own = recovered.batches.iter().filter(|b| b.1 == w.addr.node);
                 let own = own.map(|(epoch, _, entries)| (*epoch, entries.clone())).collect();
-                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own)
+                let coordinated = recovered.coordinated.clone();
+                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated)
             }),
             orderer: roles.contains(Role::Orderer).then(|| {
                 let recovered = self.0.recovered.lock();
@@ -489,6 +504,8 @@ impl CalvinWorker {
                 )),
             },
             Msg::Ordered { .. } => unreachable!("the orderer's batches are answered once durable"),
+            Msg::Probe { .. } => unreachable!("a probe is answered where it arrives"),
+            Msg::Place(_) => unreachable!("a piece is answered once durable"),
             Msg::Batch { epoch, sequencer, entries } => {
                 // A sequencer keeps pace with the others of its log.
                 let same_log = self.node.streams.iter().any(|s| s.contains(&sequencer) && s.contains(&here));
@@ -563,17 +580,24 @@ impl CalvinWorker {
         }
     }
 
-    /// Where a client submits a transaction over `keys`: Calvin's to its sequencer; SLOG's
-    /// single-home one to a sequencer of its home region's log, and a multi-home one to the
-    /// orderer (then `true`).
+    /// Where a client submits a transaction over `keys`: Calvin's to its sequencer; SLOG's and
+    /// Detock's single-home one to a sequencer of its home region's log; SLOG's multi-home one
+    /// to the orderer (then `true`), Detock's to its own region's sequencer, which coordinates
+    /// it (sends each home its piece).
     fn destination(&self, keys: &KeySet) -> (Addr, bool) {
         let here = self.w.addr.node;
-        let Some(orderer) = self.node.orderer else { return (self.node.sequencer_for(here), false) };
-        match self.node.homes(keys)[..] {
-            [home] => (self.node.sequencer_in(home, here), false),
-            _ => {
+        if self.node.cfg.order == LogOrder::Global {
+            return (self.node.sequencer_for(here), false);
+        }
+        match (&self.node.homes(keys)[..], self.node.orderer) {
+            ([home], _) => (self.node.sequencer_in(*home, here), false),
+            (_, Some(orderer)) => {
                 self.w.count("multi-home-txns", 1);
                 (Addr::new(orderer, 0), true)
+            }
+            (_, None) => {
+                self.w.count("multi-home-txns", 1);
+                (self.node.sequencer_for(here), false)
             }
         }
     }
@@ -591,7 +615,7 @@ impl CalvinWorker {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         self.waiting.borrow_mut().insert(id, Waiting::default());
-        let entry = Entry { client: self.w.addr, id, req: procs.encode_request(req), keys, piece: None };
+        let entry = Entry { client: self.w.addr, id, req: procs.encode_request(req), keys, piece: None, placed: None };
         self.deliver(to, if ordered { Msg::Order(entry) } else { Msg::Submit(entry) });
         let mut timeout = self.w.sleep_us(self.w.rpc.timeout_us);
         let outcome = std::future::poll_fn(|cx| {
@@ -650,12 +674,18 @@ impl WorkerProtocol for CalvinWorker {
         let Some(me) = self.me.upgrade() else { return };
         if self.sequencer.is_some() {
             sequencer::spawn_batcher(&me);
+            if self.node.cfg.overshoot_us.is_some() {
+                sequencer::spawn_prober(&me);
+            }
         }
         if self.orderer.is_some() {
             orderer::spawn_orderer(&me);
         }
         if self.scheduler.is_some() {
             scheduler::spawn_admitter(&me);
+            if self.node.cfg.order == LogOrder::Graph {
+                scheduler::spawn_resolver(&me);
+            }
         }
     }
 }
@@ -664,6 +694,16 @@ impl Handler for CalvinWorker {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         match decode::<Msg>(body) {
             Ok(Msg::Peek(peek)) => self.w.reply(from, rpc_id, &encode(&self.serve_peek(peek))),
+            Ok(Msg::Probe { sent_us }) => {
+                let offset_us = self.w.wall_us() as i64 - sent_us as i64;
+                self.w.reply(from, rpc_id, &encode(&offset_us));
+            }
+            Ok(Msg::Place(entry)) => match &self.sequencer {
+                Some(seq) => {
+                    seq.place(self, entry, Some((from, rpc_id)));
+                }
+                None => log_warn(&format!("detock: {} got a piece from {from} but is no sequencer", self.w.addr)),
+            },
             Ok(Msg::Ordered { region_batch, entries }) => match &self.sequencer {
                 Some(seq) => seq.ordered(self, region_batch, entries, Some((from, rpc_id))),
                 None => log_warn(&format!("slog: {} got the orderer's batch but is no sequencer", self.w.addr)),

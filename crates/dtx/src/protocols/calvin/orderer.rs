@@ -86,7 +86,7 @@ impl Orderer {
 /// The home regions of a submitted multi-home transaction: its reconnaissance's keys or its
 /// workload's declaration (its client found it multi-home the same way). An entry that does
 /// not decode has none (its client hears so).
-fn homes_of(wk: &CalvinWorker, entry: &Entry) -> Vec<u16> {
+pub(super) fn homes_of(wk: &CalvinWorker, entry: &Entry) -> Vec<u16> {
     if let Some(keys) = &entry.keys {
         return wk.node.homes(keys);
     }

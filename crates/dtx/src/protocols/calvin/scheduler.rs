@@ -20,9 +20,11 @@
 use super::input_log::{Record, Recovered};
 use super::locks::{KeyRange, Mode, OrderedLocks};
 use super::messages::{Entry, Msg, ReadSet};
-use super::{CalvinWorker, SCAN_UNDECLARED, UNDECODABLE};
+use super::{CalvinWorker, LogOrder, SCAN_UNDECLARED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
+use crate::protocols::depgraph::{DependencyGraph, Use};
 use crate::rt::log::NodeLog;
+use crate::storage::TableId;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Access, Ctx, KeySet, Procedures, Scan, Step, TxnOutput, TxnRequest, TxnResult};
 use crate::wal::Lsn;
@@ -51,6 +53,15 @@ const FINISHED_MULTI_KEPT: usize = 1 << 16;
 /// A batch's place in the global order: (epoch, its sequencer).
 type BatchId = (u64, NodeId);
 
+/// What Detock's dependency graph orders by: a key, or a partition of a table as a whole
+/// (what a scan of it conflicts with: every write in the partition takes it shared, a scan
+/// exclusive; coarser than the range, and one partition has one home).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum GraphKey {
+    Row(RowKey),
+    Partition(TableId, crate::cluster::PartitionId),
+}
+
 /// An admitted transaction waiting for its locks.
 struct Admitted {
     entry: Entry,
@@ -72,6 +83,12 @@ pub struct Scheduler {
     /// Multi-home transactions finished here, the last [`FINISHED_MULTI_KEPT`] of them.
     finished_multi: RefCell<(rustc_hash::FxHashSet<Slot>, std::collections::VecDeque<Slot>)>,
     locks: RefCell<OrderedLocks<Slot>>,
+    /// Detock: what is admitted goes through the dependency graph before it requests locks.
+    graph: RefCell<DependencyGraph<Slot, GraphKey>>,
+    /// Detock: transactions in the graph, with what running them here needs (`None` where
+    /// this node holds none of their keys: the graph still orders them, for the cycles they
+    /// close).
+    in_graph: RefCell<FxHashMap<Slot, Option<Admitted>>>,
     /// Admitted transactions that do not hold all their locks yet.
     waiting: RefCell<FxHashMap<Slot, Admitted>>,
     /// Other participants' reads, by transaction and by the node that sent them (a resent copy
@@ -109,6 +126,8 @@ impl Scheduler {
             finished_multi: RefCell::default(),
             batches: RefCell::new(batches),
             locks: RefCell::default(),
+            graph: RefCell::default(),
+            in_graph: RefCell::default(),
             waiting: RefCell::default(),
             reads: RefCell::new(reads),
             read_wakers: RefCell::default(),
@@ -150,7 +169,11 @@ impl Scheduler {
     /// Take another participant's reads, logged first and acknowledged once durable.
     pub fn reads(&self, log: Option<&NodeLog>, slot: Slot, from: NodeId, values: ReadSet) -> Ack {
         let finished = match self.stream_of(slot.1) {
-            Some(stream) => (slot.0, slot.1) < self.next.borrow()[stream] && !self.locks.borrow().contains(&slot),
+            Some(stream) => {
+                (slot.0, slot.1) < self.next.borrow()[stream]
+                    && !self.locks.borrow().contains(&slot)
+                    && !self.in_graph.borrow().contains_key(&slot)
+            }
             None => self.finished_multi.borrow().0.contains(&slot),
         };
         if finished {
@@ -196,7 +219,7 @@ impl Scheduler {
     /// log (its home's), so how logs interleave changes no outcome.
     async fn next_batch(&self) -> (usize, Vec<Entry>) {
         std::future::poll_fn(|cx| {
-            if self.locks.borrow().len() < MAX_ACTIVE {
+            if self.locks.borrow().len() + self.graph.borrow().len() < MAX_ACTIVE {
                 let mut batches = self.batches.borrow_mut();
                 let next = self.next.borrow();
                 if let Some((stream, entries)) =
@@ -295,6 +318,10 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
     // This node's copy of the data: its region's, or the only one.
     let copy = node.copy_of(here);
     let participants = node.participants(&keys, copy);
+    if node.cfg.order == LogOrder::Graph {
+        let admitted = Admitted { entry, req, keys, reconnoitred, participants };
+        return admit_to_graph(me, at, admitted);
+    }
     if !participants.contains(&here) {
         return;
     }
@@ -334,6 +361,93 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
         }
         s.waiting.borrow_mut().insert(slot, admitted);
     }
+}
+
+/// Detock: add a transaction, or one of a multi-home transaction's pieces (its keys homed in
+/// the region of the log it came in), to the dependency graph, at every node whether it holds
+/// its keys or not (every node orders alike only if it sees every conflict), and request the
+/// locks of what the graph emits.
+fn admit_to_graph(me: &Rc<CalvinWorker>, at: Slot, admitted: Admitted) {
+    let (node, here) = (&me.node, me.w.addr.node);
+    let s = me.scheduler.as_ref().expect("a scheduler admits");
+    let (txn, home, pieces) = match admitted.entry.placed {
+        None => (at, None, 1),
+        Some(_) => {
+            let client = admitted.entry.client;
+            let txn = (admitted.entry.id, GLOBAL_ORDER, (client.node as u32) << 16 | client.worker as u32);
+            (txn, Some(node.env.topo.region_of(at.1)), node.homes(&admitted.keys).len() as u32)
+        }
+    };
+    let keys = graph_keys(node, &admitted.keys, home);
+    let runs_here = admitted.participants.contains(&here);
+    s.in_graph.borrow_mut().entry(txn).or_insert_with(|| runs_here.then_some(admitted));
+    let mut emitted = Vec::new();
+    s.graph.borrow_mut().add_piece(txn, pieces, keys, &mut emitted);
+    lock_emitted(me, emitted);
+}
+
+/// What a transaction (or its piece homed in `home`) uses in the dependency graph.
+fn graph_keys(node: &super::NodeState, keys: &KeySet, home: Option<u16>) -> Vec<(GraphKey, Use)> {
+    let ours = |k: &RowKey| home.is_none_or(|h| node.home_of(*k) == h);
+    let partition = |k: RowKey| GraphKey::Partition(k.table, node.env.workload.partition_of(k));
+    let mut out = Vec::with_capacity(keys.reads.len() + 2 * keys.writes.len() + keys.scans.len());
+    out.extend(keys.reads.iter().filter(|k| ours(k)).map(|k| (GraphKey::Row(*k), Use::Read)));
+    for k in keys.writes.iter().filter(|k| ours(k)) {
+        out.push((GraphKey::Row(*k), Use::Write));
+        out.push((partition(*k), Use::Read));
+    }
+    let scans = keys.scans.iter().filter(|s| home.is_none_or(|h| node.scan_home(s) == h));
+    out.extend(scans.map(|s| (partition(RowKey::new(s.table, s.lo)), Use::Write)));
+    out
+}
+
+/// Request the local locks of what the dependency graph emitted, in its order (so two
+/// conflicting transactions take their locks in the same order at every node), and run what
+/// holds them.
+fn lock_emitted(me: &Rc<CalvinWorker>, emitted: Vec<Slot>) {
+    let (node, here) = (&me.node, me.w.addr.node);
+    let s = me.scheduler.as_ref().expect("a scheduler locks");
+    let copy = node.copy_of(here);
+    for txn in emitted {
+        let Some(Some(admitted)) = s.in_graph.borrow_mut().remove(&txn) else { continue };
+        let keys = &admitted.keys;
+        let mine = |k: &&RowKey| node.holder(**k, copy) == here;
+        let wanted = (keys.reads.iter().filter(mine).map(|k| (*k, Mode::Shared)))
+            .chain(keys.writes.iter().filter(mine).map(|k| (*k, Mode::Exclusive)));
+        let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
+        let ranges = scans.map(|s| KeyRange { table: s.table, lo: s.lo, hi: s.hi });
+        if s.locks.borrow_mut().request(txn, wanted, ranges) {
+            spawn_run(me, txn, admitted);
+        } else {
+            me.w.count("calvin-lock-waits", 1);
+            s.waiting.borrow_mut().insert(txn, admitted);
+        }
+    }
+}
+
+/// Detock's deadlock resolver: every `ddr_us`, resolve the stable cycles of the dependency
+/// graph (thesis §4.2.2) and lock what that emits. It runs in the scheduler's worker on the
+/// graph itself, not on a copy in a thread of its own as the thesis's does: a simulated node's
+/// worker is one core, and the pass is short next to a 40 ms interval.
+pub fn spawn_resolver(me: &Rc<CalvinWorker>) {
+    let (weak, w, ddr_us) = (Rc::downgrade(me), me.w.clone(), me.node.cfg.ddr_us);
+    w.clone().spawn(async move {
+        loop {
+            w.sleep_us(ddr_us).await;
+            let Some(me) = weak.upgrade() else { return };
+            let s = me.scheduler.as_ref().expect("the resolver runs on a scheduler");
+            let mut emitted = Vec::new();
+            let before = s.graph.borrow().resolved();
+            let found = s.graph.borrow_mut().resolve(&mut emitted);
+            if found > 0 {
+                let after = s.graph.borrow().resolved();
+                me.w.count("detock-deadlocks", found);
+                me.w.count("detock-deadlocked-txns", after.transactions - before.transactions);
+            }
+            me.w.charge_ops(s.graph.borrow().len().max(1));
+            lock_emitted(&me, emitted);
+        }
+    });
 }
 
 /// The home regions of the keys and scans of `keys` that node `here` holds in `copy` (SLOG: the

@@ -8,15 +8,46 @@
 //! the others' transactions wait for it at most one batch.
 
 use super::input_log::Record;
-use super::messages::{Entry, Msg};
-use super::{CalvinWorker, SEQUENCER_FULL};
+use super::messages::{Entry, Msg, Placed};
+use super::{orderer, CalvinWorker, LogOrder, SEQUENCER_FULL};
 use crate::cluster::Role;
-use crate::net::Addr;
+use crate::net::{decode, encode, Addr};
 use crate::rt::log_warn;
 use crate::txn::Abort;
+use rustc_hash::FxHashSet;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
+
+/// Detock: how often a sequencer probes each other region's delay, µs (the repository's
+/// `fs_latency_interval`, 200 ms).
+const PROBE_US: u64 = 200_000;
+/// Detock: the probes a delay estimate averages (the repository's `avg_latency_window_size`).
+const PROBE_WINDOW: usize = 10;
+/// Detock: pieces a sequencer remembers placing, to drop a copy its coordinator sent again.
+const PLACED_KEPT: usize = 1 << 16;
+
+/// Detock's side of a sequencer: the pieces it holds until their timestamps, the ones it has
+/// placed (a coordinator sends a piece until it hears it arrived, so copies come), and, as a
+/// coordinator, its estimates of the one-way delay to each other region.
+#[derive(Default)]
+struct Placement {
+    held: Vec<Entry>,
+    placed: FxHashSet<(Addr, u64)>,
+    placed_order: VecDeque<(Addr, u64)>,
+    /// Pieces taken and not yet in a durable batch, and the coordinators owed an answer
+    /// when they are (a piece is acknowledged only once durable, so a crash loses none its
+    /// coordinator stops sending).
+    unlogged: FxHashSet<(Addr, u64)>,
+    replies: Vec<((Addr, u64), Reply)>,
+    /// As a coordinator with a log: per transaction, the homes (its own included) that do
+    /// not hold its piece durably yet; at none, the log notes it placed.
+    coordinating: rustc_hash::FxHashMap<(Addr, u64), usize>,
+    /// Coordinated transactions the log held at start whose pieces some home may lack.
+    recoordinate: Vec<Entry>,
+    /// Per region, the last [`PROBE_WINDOW`] probes' offsets (delay plus clock offset), µs.
+    oneway_us: BTreeMap<u16, VecDeque<i64>>,
+}
 
 /// SLOG's orderer batches held ahead of the next one a region's sequencer takes.
 const MAX_EARLY_ORDERED: usize = 1 << 12;
@@ -40,6 +71,21 @@ struct FromOrderer {
     replies: Vec<(u64, Reply)>,
 }
 
+impl Placement {
+    /// Note a piece as placed; false if it was already.
+    fn remember(&mut self, piece: (Addr, u64)) -> bool {
+        if !self.placed.insert(piece) {
+            return false;
+        }
+        self.placed_order.push_back(piece);
+        if self.placed_order.len() > PLACED_KEPT {
+            let oldest = self.placed_order.pop_front().expect("kept ones");
+            self.placed.remove(&oldest);
+        }
+        true
+    }
+}
+
 /// Epochs a sequencer fills at once when it catches up; the rest wait for its next batch.
 const MAX_FILL: u64 = 1 << 12;
 
@@ -54,17 +100,28 @@ pub struct Sequencer {
     /// cut their sending short (schedulers drop copies they have).
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
     from_orderer: RefCell<FromOrderer>,
+    placement: RefCell<Placement>,
 }
 
 impl Sequencer {
     /// A sequencer whose last batch was `last_epoch` (0: none; after a restart, the last one
     /// its input log holds, so that epochs never repeat), with the batches its log still holds.
-    pub fn new(max_pending: usize, last_epoch: u64, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
+    pub fn new(
+        max_pending: usize,
+        last_epoch: u64,
+        recovered: Vec<(u64, Vec<Entry>)>,
+        coordinated: Vec<Entry>,
+    ) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
         assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
         let pieces = recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.piece));
         let durable = pieces.map(|p| p.region_batch).max().unwrap_or(0);
+        let mut placement = Placement { recoordinate: coordinated, ..Default::default() };
+        for e in recovered.iter().flat_map(|(_, entries)| entries.iter().filter(|e| e.placed.is_some())) {
+            placement.remember((e.client, e.id));
+        }
         Sequencer {
+            placement: RefCell::new(placement),
             from_orderer: RefCell::new(FromOrderer { next: durable + 1, durable, ..Default::default() }),
             pending: RefCell::new(Vec::new()),
             max_pending,
@@ -79,9 +136,194 @@ impl Sequencer {
         self.heard.set(self.heard.get().max(epoch));
     }
 
-    /// Queue a submission, or refuse it at the bound (the client retries later).
+    /// Queue a submission, or refuse it at the bound (the client retries later). Detock's
+    /// multi-home one is coordinated here instead.
     pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
+        if wk.node.cfg.order == LogOrder::Graph && entry.placed.is_none() {
+            let homes = orderer::homes_of(wk, &entry);
+            if homes.len() > 1 {
+                return self.coordinate(wk, entry, &homes);
+            }
+        }
         wk.queue_or_refuse(&self.pending, self.max_pending, entry, SEQUENCER_FULL, "sequencer-refusals");
+    }
+
+    /// Detock's coordinator (thesis Algorithm 1): log the multi-home transaction (when the run
+    /// is durable), then stamp it with the time its pieces should reach the farthest home
+    /// (opportunistic ordering) and send each home its piece. Refused, as any submission, when
+    /// `max_pending` wait here.
+    fn coordinate(&self, wk: &CalvinWorker, entry: Entry, homes: &[u16]) {
+        let waiting = self.pending.borrow().len() + self.placement.borrow().held.len();
+        if waiting >= self.max_pending {
+            wk.w.count("sequencer-refusals", 1);
+            let outcome = Err(Abort::Protocol(SEQUENCER_FULL));
+            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome });
+        }
+        let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, homes, false) };
+        let lsn = match log.append(&Record::coordinated(&entry)) {
+            Ok(lsn) => lsn,
+            Err(e) => {
+                log_warn(&format!("detock: a multi-home transaction was refused by the log: {e}"));
+                return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+            }
+        };
+        let (me, homes) = (wk.me.upgrade().expect("a live worker coordinates"), homes.to_vec());
+        wk.w.spawn(async move {
+            log.wait(lsn).await;
+            me.sequencer.as_ref().expect("a sequencer coordinates").send_pieces(&me, entry, &homes, true);
+        });
+    }
+
+    /// Stamp a coordinated transaction and send each home its piece (this sequencer's own
+    /// directly), each until the home holds it durably; `tracked`: the log notes when all do.
+    fn send_pieces(&self, wk: &CalvinWorker, mut entry: Entry, homes: &[u16], tracked: bool) {
+        let here = wk.node.env.topo.region_of(wk.w.addr.node);
+        let not_before_us = match (wk.node.cfg.overshoot_us, entry.placed) {
+            (_, Some(placed)) => placed.not_before_us, // Sent again after a restart.
+            (Some(overshoot_us), None) => {
+                let farthest = homes.iter().map(|h| if *h == here { 0 } else { self.oneway_us(*h) }).max();
+                (wk.w.wall_us() as i64 + farthest.unwrap_or(0).max(0)) as u64 + overshoot_us
+            }
+            (None, None) => 0,
+        };
+        entry.placed = Some(Placed { not_before_us });
+        let txn = (entry.client, entry.id);
+        if tracked {
+            self.placement.borrow_mut().coordinating.insert(txn, homes.len());
+        }
+        let me = wk.me.upgrade().expect("a live worker coordinates");
+        for &home in homes {
+            let dst = wk.node.sequencer_in(home, wk.w.addr.node);
+            if dst == wk.w.addr {
+                if self.place(wk, entry.clone(), None) && tracked {
+                    self.home_holds(wk, txn); // Its own log held it before a restart.
+                }
+                continue;
+            }
+            let (me, body) = (me.clone(), encode(&Msg::Place(entry.clone())));
+            wk.w.spawn(async move {
+                while me.w.call(dst, body.clone()).await.is_err() {
+                    me.w.count("resends", 1);
+                }
+                if tracked {
+                    me.sequencer.as_ref().expect("a coordinator").home_holds(&me, txn);
+                }
+            });
+        }
+    }
+
+    /// One more home holds coordinated transaction `txn`'s piece durably; at the last, the log
+    /// notes it (not waited for: a restart without the note sends the pieces again, and homes
+    /// drop the copies).
+    fn home_holds(&self, wk: &CalvinWorker, txn: (Addr, u64)) {
+        let mut p = self.placement.borrow_mut();
+        let Some(left) = p.coordinating.get_mut(&txn) else { return };
+        *left -= 1;
+        if *left == 0 {
+            p.coordinating.remove(&txn);
+            if let Some(log) = &wk.node.env.log {
+                // Refused: the restarted coordinator sends the pieces again, and homes drop them.
+                let _ = log.append(&Record::placed(txn.0, txn.1));
+            }
+        }
+    }
+
+    /// Take a Detock piece, to place in a batch once this node's clock reaches its timestamp,
+    /// and answer `reply` once a durable batch holds it (a copy of one taken before is
+    /// dropped, and answered alike). Pieces are never refused: the other homes place theirs,
+    /// and the transaction runs only once every home has. Returns whether a durable batch
+    /// holds it already.
+    pub fn place(&self, wk: &CalvinWorker, entry: Entry, reply: Option<Reply>) -> bool {
+        let txn = (entry.client, entry.id);
+        let mut p = self.placement.borrow_mut();
+        if !p.remember(txn) {
+            wk.w.count("detock-piece-copies", 1);
+            let durable = !p.unlogged.contains(&txn);
+            match (reply, durable) {
+                (Some(r), false) => p.replies.push((txn, r)),
+                (Some((from, rpc_id)), true) => wk.w.reply(from, rpc_id, &[]),
+                (None, _) => {}
+            }
+            return durable;
+        }
+        let late = entry.placed.is_some_and(|t| t.not_before_us > 0 && t.not_before_us < wk.w.wall_us());
+        if late {
+            wk.w.count("detock-pieces-late", 1);
+        }
+        p.unlogged.insert(txn);
+        p.replies.extend(reply.map(|r| (txn, r)));
+        p.held.push(entry);
+        false
+    }
+
+    /// Detock: `batches` are durable: answer the coordinators of the pieces they hold (and,
+    /// as a coordinator, count this home as holding its own pieces).
+    fn pieces_logged(&self, wk: &CalvinWorker, batches: &[(u64, Vec<Entry>)]) {
+        let pieces: Vec<(Addr, u64)> = (batches.iter().flat_map(|(_, entries)| entries))
+            .filter(|e| e.placed.is_some())
+            .map(|e| (e.client, e.id))
+            .collect();
+        if pieces.is_empty() {
+            return;
+        }
+        let mut p = self.placement.borrow_mut();
+        let mut own = Vec::new();
+        for txn in &pieces {
+            p.unlogged.remove(txn);
+            if p.coordinating.contains_key(txn) {
+                own.push(*txn);
+            }
+        }
+        let unlogged = std::mem::take(&mut p.unlogged);
+        p.replies.retain(|(txn, (from, rpc_id))| {
+            let durable = !unlogged.contains(txn);
+            if durable {
+                wk.w.reply(*from, *rpc_id, &[]);
+            }
+            !durable
+        });
+        p.unlogged = unlogged;
+        drop(p);
+        own.into_iter().for_each(|txn| self.home_holds(wk, txn));
+    }
+
+    /// After a restart: send again the pieces of the coordinated transactions some home may
+    /// not hold (the homes drop copies).
+    fn recoordinate(&self, wk: &CalvinWorker) {
+        let entries = std::mem::take(&mut self.placement.borrow_mut().recoordinate);
+        for entry in entries {
+            let homes = orderer::homes_of(wk, &entry);
+            wk.w.count("detock-recoordinated", 1);
+            self.send_pieces(wk, entry, &homes, true);
+        }
+    }
+
+    /// Move the held pieces whose time has come into the next batch, in timestamp order.
+    fn release_held(&self, now_us: u64) {
+        let mut p = self.placement.borrow_mut();
+        let not_before = |e: &Entry| e.placed.map_or(0, |t| t.not_before_us);
+        let (mut due, held): (Vec<Entry>, Vec<Entry>) =
+            std::mem::take(&mut p.held).into_iter().partition(|e| not_before(e) <= now_us);
+        p.held = held;
+        due.sort_by_key(|e| (not_before(e), e.client, e.id));
+        self.pending.borrow_mut().extend(due);
+    }
+
+    /// The estimated one-way delay to `region`'s sequencer plus its clock's offset, µs (0
+    /// before a probe has come back).
+    fn oneway_us(&self, region: u16) -> i64 {
+        let p = self.placement.borrow();
+        let Some(window) = p.oneway_us.get(&region).filter(|w| !w.is_empty()) else { return 0 };
+        window.iter().sum::<i64>() / window.len() as i64
+    }
+
+    fn probed(&self, region: u16, offset_us: i64) {
+        let mut p = self.placement.borrow_mut();
+        let window = p.oneway_us.entry(region).or_default();
+        if window.len() == PROBE_WINDOW {
+            window.pop_front();
+        }
+        window.push_back(offset_us);
     }
 
     /// Take the orderer's batch `region_batch` of pieces (SLOG), answering `reply` once a
@@ -151,21 +393,48 @@ pub fn spawn_batcher(me: &Rc<CalvinWorker>) {
         if let Some(me) = weak.upgrade() {
             let resend = std::mem::take(&mut *me.sequencer.as_ref().expect("a sequencer").resend.borrow_mut());
             resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, entries));
+            me.sequencer.as_ref().expect("a sequencer").recoordinate(&me);
         }
         loop {
             w.sleep_us(batch_us).await;
             let Some(me) = weak.upgrade() else { return };
             let seq = me.sequencer.as_ref().expect("the batcher runs on the sequencer");
+            seq.release_held(me.w.wall_us());
             let batches = seq.close();
             me.w.count("batches", 1);
             me.w.count("empty-batches-filled", batches.len() as u64 - 1);
             let batches = log_batches(&me, batches).await;
             seq.logged(&me, &batches);
+            seq.pieces_logged(&me, &batches);
             for (epoch, entries) in batches {
                 send(&me, epoch, entries);
             }
         }
     });
+}
+
+/// Detock: probe every other region's first sequencer every [`PROBE_US`], for as long as the
+/// worker lives: a probe carries this clock, the answer the receiver's clock minus it, so the
+/// estimate holds the clocks' offset too and they need not agree (thesis §4.2.4).
+pub fn spawn_prober(me: &Rc<CalvinWorker>) {
+    let here = me.node.env.topo.region_of(me.w.addr.node);
+    let others = me.node.streams.iter().map(|s| s[0]).filter(|s| me.node.env.topo.region_of(*s) != here);
+    for dst in others.collect::<Vec<_>>() {
+        let (weak, w) = (Rc::downgrade(me), me.w.clone());
+        let region = me.node.env.topo.region_of(dst);
+        w.clone().spawn(async move {
+            loop {
+                let body = encode(&Msg::Probe { sent_us: w.wall_us() });
+                let reply = w.call(Addr::new(dst, 0), body).await;
+                let Some(me) = weak.upgrade() else { return };
+                if let Some(offset_us) = reply.ok().and_then(|r| decode::<i64>(&r).ok()) {
+                    me.sequencer.as_ref().expect("a sequencer probes").probed(region, offset_us);
+                }
+                drop(me);
+                w.sleep_us(PROBE_US).await;
+            }
+        });
+    }
 }
 
 fn send(me: &CalvinWorker, epoch: u64, entries: Vec<Entry>) {
@@ -191,11 +460,12 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
                     "calvin: batch {epoch} of {} transactions was refused by the log: {e}",
                     entries.len()
                 ));
-                let (pieces, whole): (Vec<Entry>, Vec<Entry>) = entries.into_iter().partition(|e| e.piece.is_some());
+                let (pieces, whole): (Vec<Entry>, Vec<Entry>) =
+                    entries.into_iter().partition(|e| e.piece.is_some() || e.placed.is_some());
                 for entry in whole {
                     me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
                 }
-                // SLOG's pieces are ordered already and every home must place them: they go
+                // SLOG's and Detock's pieces are sent already and every home must place them: they go
                 // first into the next batch (the orderer hears nothing of them until then).
                 let seq = me.sequencer.as_ref().expect("a sequencer logs batches");
                 seq.pending.borrow_mut().splice(0..0, pieces);
@@ -224,7 +494,7 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Entry {
-        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None, piece: None }
+        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None, piece: None, placed: None }
     }
 
     fn epochs(batches: &[(u64, Vec<Entry>)]) -> Vec<(u64, usize)> {
@@ -233,7 +503,7 @@ mod tests {
 
     #[test]
     fn a_sequencer_sends_a_batch_every_epoch_and_catches_up_on_the_others_with_empty_ones() {
-        let s = Sequencer::new(10, 0, Vec::new());
+        let s = Sequencer::new(10, 0, Vec::new(), Vec::new());
         assert_eq!(epochs(&s.close()), vec![(1, 0)], "an empty epoch is still sent");
         s.pending.borrow_mut().extend([entry(1), entry(2)]);
         assert_eq!(epochs(&s.close()), vec![(2, 2)]);
@@ -247,7 +517,7 @@ mod tests {
 
     #[test]
     fn a_restarted_sequencer_goes_on_after_its_logged_epochs_and_fills_at_most_max_fill() {
-        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())]);
+        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Vec::new());
         assert_eq!(s.resend.borrow().len(), 2, "what its log holds is sent again");
         s.heard(40 + 10 * MAX_FILL);
         let batches = s.close();

@@ -49,6 +49,8 @@ pub fn new(o: &Options) -> Calvin {
         max_pending: o.u64("max_pending") as usize,
         one_sequencer: false,
         order: LogOrder::HomeRegions,
+        ddr_us: 0,
+        overshoot_us: None,
     }
 }
 

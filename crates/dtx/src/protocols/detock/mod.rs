@@ -1,0 +1,87 @@
+//! Detock (Nguyen, Abadi; SIGMOD 2023; thesis chapter 4), on Calvin's deterministic engine
+//! (`protocols::calvin`), beside SLOG: every key has a home region (its partition's leading
+//! copy's region), each region's sequencers feed a log of their own, and every region runs every
+//! region's log on its own copy of the data, taking the logs as their batches arrive. What
+//! differs from SLOG is the multi-home transaction:
+//!
+//! - **No orderer.** The client's region's sequencer coordinates it (Algorithm 1): it stamps it
+//!   with now + the farthest home's estimated one-way delay + `overshoot_us` (opportunistic
+//!   ordering, §4.2.4; the delay from probes, so clocks need not agree) and sends each home its
+//!   piece (a GraphPlacementTxn: the keys homed there), sent until it arrives. Each home's
+//!   sequencer places the piece in its next batch once its clock reaches the stamp
+//!   (Algorithm 2), so pieces sent early enough land at about the same moment everywhere.
+//! - **A dependency graph, not ordered locks in log order.** Every scheduler adds every
+//!   transaction and piece to `protocols::depgraph` (Algorithm 3: an edge per conflict on a
+//!   key, a key's conflicts all in its home's log), and hands the lock manager a transaction
+//!   once all its pieces are in and all it depends on was handed on. Pieces from different
+//!   homes can cross and close a cycle; every `ddr_us` the scheduler resolves the cycles of the
+//!   graph's stable part deterministically (§4.2.2), so every region runs them in one order
+//!   without a message between them. Nothing aborts for a deadlock.
+//!
+//! Where dtx departs from the thesis, and why:
+//! - Every node of a region builds the region's whole graph from the logs it already receives
+//!   (it gets every batch), instead of each partition building its part and broadcasting it:
+//!   the same graph with no graph messages, at the cost of every node adding every key.
+//! - The resolver runs in the scheduler's worker, not a thread of its own with a copy.
+//! - A scan conflicts, in the graph, with every write to its table's partition.
+//! - No home movement yet: a key's home is fixed by its partition for the whole run (the
+//!   Home Directory is the placement), so no transaction aborts for a stale home.
+//!
+//! Without `--regions`, `detock` splits its nodes into two regions (even and odd nodes), as
+//! `slog` does, so that a run has multi-home transactions.
+
+use crate::protocols::calvin::{Calvin, LogOrder};
+use crate::protocols::{OptionKind, OptionSpec, Options};
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "batch_us",
+        kind: OptionKind::U64 { min: 100, max: 1_000_000 },
+        default: "5000",
+        help: "every region's sequencers close a batch this often (the thesis: 5 ms)",
+    },
+    OptionSpec {
+        name: "max_pending",
+        kind: OptionKind::U64 { min: 1, max: 1_000_000 },
+        default: "100000",
+        help: "submissions a sequencer holds before it refuses more (sequencer-full)",
+    },
+    OptionSpec {
+        name: "ddr_us",
+        kind: OptionKind::U64 { min: 100, max: 10_000_000 },
+        default: "40000",
+        help: "how often every scheduler resolves the deadlocks of its dependency graph (the thesis: 40 ms)",
+    },
+    OptionSpec {
+        name: "opportunistic",
+        kind: OptionKind::Choice(&["on", "off"]),
+        default: "on",
+        help: "stamp multi-home transactions so that their pieces land together (on), or place pieces as they arrive",
+    },
+    OptionSpec {
+        name: "overshoot_us",
+        kind: OptionKind::U64 { min: 0, max: 10_000_000 },
+        default: "2000",
+        help: "the margin opportunistic ordering adds to the farthest home's delay (the thesis: 2 ms)",
+    },
+];
+
+pub const ABORTS: &[(&str, &str)] = &[
+    ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
+    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
+    ("undecodable-request", "a participant could not decode the request"),
+];
+
+pub fn new(o: &Options) -> Calvin {
+    Calvin {
+        batch_us: o.u64("batch_us"),
+        max_pending: o.u64("max_pending") as usize,
+        one_sequencer: false,
+        order: LogOrder::Graph,
+        ddr_us: o.u64("ddr_us"),
+        overshoot_us: (o.choice("opportunistic") == "on").then(|| o.u64("overshoot_us")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,102 @@
+//! Detock end to end in the simulator: multi-home transactions split into pieces with no
+//! orderer, crossed pieces resolved without aborts, and histories checked. (The shared sweeps
+//! in `tests/` run it with every other protocol.)
+
+use crate::host::{self, BenchSpec};
+use crate::testkit::{checked_run as checked, contended_append as append};
+use crate::workloads::WorkloadParams;
+
+fn spec(variant: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
+    let mut s = crate::testkit::protocol_spec(variant, workload, seed);
+    s.workers = 2;
+    s
+}
+
+fn counter(out: &host::Outcome, name: &str) -> u64 {
+    out.totals.counters.get(name).copied().unwrap_or(0)
+}
+
+/// Three nodes in two regions ({0, 2} and {1}): a transaction over keys of both regions is
+/// coordinated by its client's region and placed as a piece in each home's log, the others are
+/// sequenced by their home alone, and the history is strictly serializable.
+#[test]
+fn multi_home_transactions_are_placed_in_every_home_and_run_in_one_order() {
+    for seed in 1..=4 {
+        let out = checked(&spec("detock:batch_us=1000:ddr_us=5000", append(), seed));
+        assert!(out.totals.committed > 100, "seed {seed}: {} committed", out.totals.committed);
+        let (multi, all) = (counter(&out, "multi-home-txns"), out.totals.committed);
+        assert!(multi > 0 && multi < all, "seed {seed}: {multi} of {all} multi-home");
+        assert!(out.totals.aborts.is_empty(), "deterministic execution never aborts here: {:?}", out.totals.aborts);
+    }
+}
+
+/// Without opportunistic ordering, pieces placed as they arrive cross under contention: the
+/// graph has cycles, every scheduler resolves them alike, nothing aborts, and the history
+/// checks.
+#[test]
+fn crossed_pieces_are_resolved_deterministically_without_aborts() {
+    let mut deadlocks = 0;
+    for seed in 1..=4 {
+        let mut s = spec("detock:batch_us=1000:ddr_us=2000:opportunistic=off", append(), seed);
+        s.latency.node_region = vec![0, 1, 0];
+        s.latency.region_delay_us = vec![vec![100, 5_000], vec![5_000, 100]];
+        let out = checked(&s);
+        assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
+        assert!(out.totals.aborts.is_empty(), "seed {seed}: {:?}", out.totals.aborts);
+        deadlocks += counter(&out, "detock-deadlocks");
+    }
+    assert!(deadlocks > 0, "contended multi-home transactions placed as they come cross somewhere");
+}
+
+/// Multi-home transactions with a copy per region, reads exchanged within each region: every
+/// region's copy ends alike (the consistency conditions hold), with reconnaissance and scans
+/// (TPC-C's whole mix) on top.
+#[test]
+fn every_region_runs_tpcc_with_multi_home_transactions_to_the_same_state() {
+    for seed in 1..=2 {
+        let wl = WorkloadParams { name: "tpcc".into(), warehouses: 4, ..Default::default() };
+        let mut s = spec("detock:batch_us=1000", wl, seed);
+        s.nodes = 4;
+        s.latency.node_region = vec![0, 1, 0, 1];
+        s.placement = crate::cluster::Placement::PerRegion;
+        s.run_checks = true;
+        s.latency.delay_us = 100;
+        let out = host::run_sim(&s).expect("the simulation runs");
+        let t = &out.totals;
+        for kind in ["new-order", "payment", "order-status", "delivery", "stock-level"] {
+            assert!(t.by_kind.get(kind).copied().unwrap_or(0) > 0, "seed {seed}: no {kind} committed: {:?}", t.by_kind);
+        }
+        assert!(counter(&out, "multi-home-txns") > 0, "seed {seed}: {:?}", t.counters);
+        let failed: Vec<_> = t.findings.iter().filter(|c| !c.1).collect();
+        assert!(!t.findings.is_empty() && failed.is_empty(), "seed {seed}: {failed:#?}");
+    }
+}
+
+/// With 20 ms between two regions, a multi-home transaction costs about one trip to the far
+/// home and back (its pieces go out at once and every region runs it when both logs are in),
+/// not SLOG's trip to the orderer and then the pieces' trips.
+#[test]
+fn a_multi_home_transaction_costs_about_one_round_trip() {
+    let ycsb = WorkloadParams {
+        name: "ycsb".into(),
+        keys: 10_000,
+        ops: 4,
+        distributed: 1.0,
+        multi_home: Some(1.0),
+        ..Default::default()
+    };
+    let run = |variant: &str| {
+        let mut s = spec(variant, ycsb.clone(), 3);
+        s.nodes = 4;
+        s.latency.node_region = vec![0, 1, 0, 1];
+        s.latency.delay_us = 100;
+        s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
+        s.placement = crate::cluster::Placement::PerRegion;
+        s.duration_us = 1_000_000;
+        host::run_sim(&s).expect("the simulation runs")
+    };
+    let detock = run("detock:batch_us=1000");
+    let p50 = |o: &host::Outcome| o.totals.histogram().value_at_quantile(0.5);
+    assert!(counter(&detock, "multi-home-txns") > 0);
+    assert!((40_000..70_000).contains(&p50(&detock)), "detock's multi-home p50 {} µs", p50(&detock));
+}
