@@ -729,4 +729,4 @@ impl Handler for CalvinWorker {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

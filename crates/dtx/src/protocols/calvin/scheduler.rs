@@ -337,15 +337,7 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
             ((piece.txn.0, GLOBAL_ORDER, piece.txn.1), Some(home), here_homes.len() as u32)
         }
     };
-    let mine = |k: &RowKey| node.holder(*k, copy) == here && home.is_none_or(|h| node.home_of(*k) == h);
-    let wanted = (keys.reads.iter().filter(|k| mine(k)).map(|k| (*k, Mode::Shared)))
-        .chain(keys.writes.iter().filter(|k| mine(k)).map(|k| (*k, Mode::Exclusive)));
-    let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
-    let ranges = (scans.filter(|s| home.is_none_or(|h| node.scan_home(s) == h))).map(|s| KeyRange {
-        table: s.table,
-        lo: s.lo,
-        hi: s.hi,
-    });
+    let (wanted, ranges) = local_requests(node, &keys, copy, here, home);
     let s = me.scheduler.as_ref().expect("a scheduler admits");
     let first = !s.locks.borrow().contains(&slot);
     let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
@@ -410,12 +402,7 @@ fn lock_emitted(me: &Rc<CalvinWorker>, emitted: Vec<Slot>) {
     let copy = node.copy_of(here);
     for txn in emitted {
         let Some(Some(admitted)) = s.in_graph.borrow_mut().remove(&txn) else { continue };
-        let keys = &admitted.keys;
-        let mine = |k: &&RowKey| node.holder(**k, copy) == here;
-        let wanted = (keys.reads.iter().filter(mine).map(|k| (*k, Mode::Shared)))
-            .chain(keys.writes.iter().filter(mine).map(|k| (*k, Mode::Exclusive)));
-        let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
-        let ranges = scans.map(|s| KeyRange { table: s.table, lo: s.lo, hi: s.hi });
+        let (wanted, ranges) = local_requests(node, &admitted.keys, copy, here, None);
         if s.locks.borrow_mut().request(txn, wanted, ranges) {
             spawn_run(me, txn, admitted);
         } else {
@@ -448,6 +435,27 @@ pub fn spawn_resolver(me: &Rc<CalvinWorker>) {
             lock_emitted(&me, emitted);
         }
     });
+}
+
+/// The lock requests node `here` makes for a transaction over `keys` in `copy`: its keys and
+/// scan ranges there, only those homed in `home` for a SLOG piece.
+fn local_requests<'a>(
+    node: &'a super::NodeState,
+    keys: &'a KeySet,
+    copy: u16,
+    here: NodeId,
+    home: Option<u16>,
+) -> (impl Iterator<Item = (RowKey, Mode)> + 'a, impl Iterator<Item = KeyRange> + 'a) {
+    let mine = move |k: &&RowKey| node.holder(**k, copy) == here && home.is_none_or(|h| node.home_of(**k) == h);
+    let wanted = (keys.reads.iter().filter(mine).map(|k| (*k, Mode::Shared)))
+        .chain(keys.writes.iter().filter(mine).map(|k| (*k, Mode::Exclusive)));
+    let scans = keys.scans.iter().filter(move |s| node.scan_holder(s, copy) == here);
+    let ranges = (scans.filter(move |s| home.is_none_or(|h| node.scan_home(s) == h))).map(|s| KeyRange {
+        table: s.table,
+        lo: s.lo,
+        hi: s.hi,
+    });
+    (wanted, ranges)
 }
 
 /// The home regions of the keys and scans of `keys` that node `here` holds in `copy` (SLOG: the

@@ -274,15 +274,14 @@ impl Sequencer {
                 own.push(*txn);
             }
         }
-        let unlogged = std::mem::take(&mut p.unlogged);
-        p.replies.retain(|(txn, (from, rpc_id))| {
+        let Placement { unlogged, replies, .. } = &mut *p;
+        replies.retain(|(txn, (from, rpc_id))| {
             let durable = !unlogged.contains(txn);
             if durable {
                 wk.w.reply(*from, *rpc_id, &[]);
             }
             !durable
         });
-        p.unlogged = unlogged;
         drop(p);
         own.into_iter().for_each(|txn| self.home_holds(wk, txn));
     }

@@ -53,23 +53,7 @@ fn crossed_pieces_are_resolved_deterministically_without_aborts() {
 /// (TPC-C's whole mix) on top.
 #[test]
 fn every_region_runs_tpcc_with_multi_home_transactions_to_the_same_state() {
-    for seed in 1..=2 {
-        let wl = WorkloadParams { name: "tpcc".into(), warehouses: 4, ..Default::default() };
-        let mut s = spec("detock:batch_us=1000", wl, seed);
-        s.nodes = 4;
-        s.latency.node_region = vec![0, 1, 0, 1];
-        s.placement = crate::cluster::Placement::PerRegion;
-        s.run_checks = true;
-        s.latency.delay_us = 100;
-        let out = host::run_sim(&s).expect("the simulation runs");
-        let t = &out.totals;
-        for kind in ["new-order", "payment", "order-status", "delivery", "stock-level"] {
-            assert!(t.by_kind.get(kind).copied().unwrap_or(0) > 0, "seed {seed}: no {kind} committed: {:?}", t.by_kind);
-        }
-        assert!(counter(&out, "multi-home-txns") > 0, "seed {seed}: {:?}", t.counters);
-        let failed: Vec<_> = t.findings.iter().filter(|c| !c.1).collect();
-        assert!(!t.findings.is_empty() && failed.is_empty(), "seed {seed}: {failed:#?}");
-    }
+    crate::protocols::calvin::tests::every_region_runs_tpcc_to_the_same_state("detock:batch_us=1000");
 }
 
 /// With 20 ms between two regions, a multi-home transaction costs about one trip to the far
