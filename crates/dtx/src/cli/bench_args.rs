@@ -38,6 +38,15 @@ pub struct BenchArgs {
     /// TPC-C: keep ITEM in one partition instead of a copy in every partition.
     #[arg(long)]
     no_item_replication: bool,
+    /// TPC-C: where a remote warehouse lies: `any` other warehouse (the spec), or in another
+    /// `region` than the home warehouse (a remote transaction is then multi-home, as in the
+    /// Detock thesis's TPC-C).
+    #[arg(long, default_value = "any")]
+    remote_scope: String,
+    /// TPC-C: fraction of Payments and Order-Statuses that find their customer by last name
+    /// (the spec's 0.6; 0: by id only, as the Detock thesis runs it).
+    #[arg(long, default_value_t = 0.6, allow_negative_numbers = true)]
+    by_last_name: f64,
     /// Bank: accounts in total (default 1000 per partition).
     #[arg(long, default_value_t = 0)]
     accounts: u64,
@@ -82,6 +91,11 @@ pub struct BenchArgs {
     /// Region latency matrix file (one row per region, one-way delays).
     #[arg(long)]
     latency_matrix: Option<PathBuf>,
+    /// With --latency-matrix: the share of each region pair's round trip taken by the way
+    /// from the lower-numbered region to the higher (0.5: as the matrix says; 0.9: 90% out,
+    /// 10% back).
+    #[arg(long, default_value_t = 0.5)]
+    asymmetry: f64,
     /// Region of each node, comma-separated: where --placement per-region puts copies and a
     /// replicated log's voters are chosen; with --latency-matrix, the delays between nodes
     /// (default there: round-robin over its regions).
@@ -521,6 +535,9 @@ impl BenchArgs {
         }
         if let Some(m) = &self.latency_matrix {
             latency.region_delay_us = LatencyModel::load_matrix(m)?;
+            if self.asymmetry != 0.5 {
+                LatencyModel::make_asymmetric(&mut latency.region_delay_us, self.asymmetry)?;
+            }
             let regions = latency.region_delay_us.len() as u16;
             if latency.node_region.is_empty() {
                 latency.node_region = (0..self.nodes).map(|n| n % regions).collect();
@@ -528,6 +545,9 @@ impl BenchArgs {
             if let Some(r) = latency.node_region.iter().find(|r| **r >= regions) {
                 anyhow::bail!("--regions uses region {r} but the latency matrix has {regions} regions");
             }
+        }
+        if self.asymmetry != 0.5 && self.latency_matrix.is_none() {
+            anyhow::bail!("--asymmetry {} needs --latency-matrix: it reshapes the matrix's paths", self.asymmetry);
         }
         let mut faults = FaultPlan {
             fault_interval_us: parse_duration_us(&self.fault_every).context("--fault-every")?,
@@ -631,6 +651,12 @@ impl BenchArgs {
                 neworder_remote: self.neworder_remote,
                 payment_remote: self.payment_remote,
                 item_replicated: !self.no_item_replication,
+                remote_in_other_region: match self.remote_scope.as_str() {
+                    "any" => false,
+                    "region" => true,
+                    other => anyhow::bail!("--remote-scope `{other}`: give any (another warehouse) or region (a warehouse homed in another region)"),
+                },
+                by_last_name: self.by_last_name,
                 accounts: self.accounts,
                 audit_ratio: self.audit_ratio,
                 process: 0,

@@ -76,6 +76,25 @@ impl LatencyModel {
         }
         Ok(rows)
     }
+
+    /// Make every pair of regions' paths asymmetric while keeping its round trip: the lower
+    /// region of a pair reaches the higher one in `share` of the round trip, the way back takes
+    /// the rest (0.5 leaves the matrix as it is). The Detock thesis sweeps this share from 50%
+    /// to 90% (Fig. 4.9) to show that an estimate of one-way delays, not of round trips,
+    /// places pieces in time.
+    pub fn make_asymmetric(matrix: &mut [Vec<u64>], share: f64) -> anyhow::Result<()> {
+        if !(0.5..1.0).contains(&share) {
+            bail!("--asymmetry {share}: give the share of a round trip taken by the way out, from 0.5 (symmetric) to below 1");
+        }
+        for i in 0..matrix.len() {
+            for j in i + 1..matrix.len() {
+                let round_trip_us = (matrix[i][j] + matrix[j][i]) as f64;
+                matrix[i][j] = (round_trip_us * share).round() as u64;
+                matrix[j][i] = (round_trip_us * (1.0 - share)).round() as u64;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Faults the simulator injects, all decided by the seed.
@@ -240,6 +259,18 @@ mod tests {
             assert!((100_000..=110_000).contains(&d));
         }
         assert_eq!(m.sample_ns(1, 1, &mut rng), 0);
+    }
+
+    #[test]
+    fn asymmetry_keeps_each_round_trip() {
+        let mut m = vec![vec![0, 50_000, 10_000], vec![50_000, 0, 30_000], vec![10_000, 30_000, 0]];
+        LatencyModel::make_asymmetric(&mut m, 0.8).unwrap();
+        assert_eq!(m, vec![vec![0, 80_000, 16_000], vec![20_000, 0, 48_000], vec![4_000, 12_000, 0]]);
+        let mut same = m.clone();
+        LatencyModel::make_asymmetric(&mut same, 0.5).unwrap();
+        assert_eq!(same[0][1], 50_000);
+        assert!(LatencyModel::make_asymmetric(&mut same, 1.0).is_err());
+        assert!(LatencyModel::make_asymmetric(&mut same, 0.3).is_err());
     }
 
     #[test]

@@ -123,6 +123,15 @@ pub struct WorkloadParams {
     pub payment_remote: f64,
     /// TPC-C: a copy of ITEM in every partition (else each item lives in one partition).
     pub item_replicated: bool,
+    /// TPC-C: where a remote warehouse is chosen from: any other warehouse (`false`, the
+    /// spec), or only warehouses whose home region is not the home warehouse's (`true`, the
+    /// Detock thesis's TPC-C: a remote transaction is multi-home).
+    #[serde(default)]
+    pub remote_in_other_region: bool,
+    /// TPC-C: fraction of Payments and Order-Statuses that find their customer by last name
+    /// (the spec's 60%); the Detock thesis selects by id only (0), having no dependent reads.
+    #[serde(default = "spec_by_last_name")]
+    pub by_last_name: f64,
     /// Bank: accounts in total (0 = 1000 per partition).
     pub accounts: u64,
     /// Bank: fraction of transactions that are read-only audits of the total balance.
@@ -136,6 +145,10 @@ pub struct WorkloadParams {
 
 fn two() -> u32 {
     2
+}
+
+fn spec_by_last_name() -> f64 {
+    0.6
 }
 
 impl Default for WorkloadParams {
@@ -158,6 +171,8 @@ impl Default for WorkloadParams {
             neworder_remote: 0.1,
             payment_remote: 0.15,
             item_replicated: true,
+            remote_in_other_region: false,
+            by_last_name: 0.6,
             accounts: 0,
             audit_ratio: 0.05,
             process: 0,

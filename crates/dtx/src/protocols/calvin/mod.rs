@@ -266,6 +266,18 @@ impl Protocol for Calvin {
                 topo.region_of(c)
             );
         }
+        // Without --roles SLOG's orderer is node 0; once roles are laid out, it must be one of them.
+        let roles_given = (0..topo.nodes).any(|n| topo.roles_of(n) != Roles::DEFAULT);
+        if self.order == LogOrder::HomeRegions
+            && roles_given
+            && !(0..topo.nodes).any(|n| topo.roles_of(n).contains(Role::Orderer))
+        {
+            anyhow::bail!(
+                "{} orders multi-home transactions on the node with the `orderer` role, and --roles gives it to \
+                 none: add +orderer to one node's roles (the thesis puts it in the first region)",
+                self.name()
+            );
+        }
         if topo.workers_per_node < 2 {
             anyhow::bail!(
                 "{} runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \

@@ -69,3 +69,18 @@ fn a_full_orderer_refuses_and_its_clients_retry() {
     assert!(out.totals.aborts.get("orderer-full").copied().unwrap_or(0) > 0, "{:?}", out.totals.aborts);
     assert!(out.totals.committed > 0);
 }
+
+/// Roles laid out without an orderer: SLOG says so before the run instead of picking one.
+#[test]
+fn roles_without_an_orderer_are_refused_naming_the_role() {
+    use crate::cluster::{Role, Roles, Topology};
+    let slog = crate::protocols::registry::Variant::parse("slog").unwrap().make();
+    let sequencing = Roles::DEFAULT.with(Role::Sequencer);
+    let topo = Topology::new(2, 2, 1).with_roles(vec![sequencing, sequencing]).unwrap();
+    let err = slog.check_topology(&topo).unwrap_err().to_string();
+    assert!(err.contains("`orderer` role") && err.contains("+orderer"), "{err}");
+    let ordered = Topology::new(2, 2, 1).with_roles(vec![sequencing.with(Role::Orderer), sequencing]).unwrap();
+    assert!(slog.check_topology(&ordered).is_ok());
+    // Without --roles the orderer is node 0.
+    assert!(slog.check_topology(&Topology::new(2, 2, 1)).is_ok());
+}

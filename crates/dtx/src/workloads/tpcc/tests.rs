@@ -161,6 +161,51 @@ fn generated_mix_and_remote_ratios() {
 }
 
 #[test]
+fn remote_scope_region_draws_remote_warehouses_from_other_regions_and_by_id_only_selects_no_name() {
+    // Four nodes in two regions: partitions 0 and 1 are homed in region 0, 2 and 3 in region 1.
+    let mut topo = Topology::new(4, 1, 1);
+    topo.node_region = vec![0, 0, 1, 1];
+    let p = WorkloadParams {
+        name: "tpcc".into(),
+        warehouses: 8,
+        mix: "neworder-payment".into(),
+        neworder_remote: 0.5,
+        payment_remote: 0.5,
+        remote_in_other_region: true,
+        by_last_name: 0.0,
+        ..Default::default()
+    };
+    let wl = Tpcc::new(&p, &topo).unwrap();
+    let region = |w: u32| topo.home_region((w - 1) % 4);
+    let mut rng = crate::util::rng_from_seed(3);
+    let (mut remote, mut seen) = (0, std::collections::BTreeSet::new());
+    for i in 0..4000u32 {
+        let req = wl.next(&mut rng, i % 4);
+        let (w, others): (u32, Vec<u32>) = match req.proc {
+            NEW_ORDER_PROC => {
+                let a = req.args::<NewOrderArgs>();
+                (a.w, a.lines[..a.n].iter().map(|l| l.supply_w).filter(|&s| s != a.w).collect())
+            }
+            _ => {
+                let a = req.args::<PaymentArgs>();
+                assert!(matches!(a.cust, CustomerSel::Id(_)), "by id only");
+                (a.w, if a.c_w != a.w { vec![a.c_w] } else { vec![] })
+            }
+        };
+        for o in others {
+            assert_ne!(region(o), region(w), "warehouse {w}'s remote {o} lies in its own region");
+            remote += 1;
+            seen.insert(o);
+        }
+    }
+    assert!(remote > 1000, "{remote} remote accesses");
+    assert_eq!(seen.len(), 8, "every warehouse is some other region's remote: {seen:?}");
+    // One region of data: nothing is homed elsewhere.
+    let err = Tpcc::new(&p, &Topology::new(2, 1, 1)).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("--remote-scope region") && err.contains("another region"), "{err}");
+}
+
+#[test]
 fn bad_parameters_are_rejected_with_the_flag_named() {
     let topo = Topology::new(1, 1, 1);
     let cases = [
@@ -170,6 +215,7 @@ fn bad_parameters_are_rejected_with_the_flag_named() {
         (WorkloadParams { neworder_remote: 1.5, ..Default::default() }, "--neworder-remote 1.5"),
         (WorkloadParams { payment_remote: -0.1, ..Default::default() }, "--payment-remote -0.1"),
         (WorkloadParams { payment_remote: f64::NAN, ..Default::default() }, "--payment-remote NaN"),
+        (WorkloadParams { by_last_name: 1.5, ..Default::default() }, "--by-last-name 1.5"),
     ];
     for (p, want) in cases {
         let err = Tpcc::new(&p, &topo).err().map(|e| e.to_string()).unwrap_or_default();
