@@ -81,7 +81,8 @@ pub struct BenchArgs {
     /// Injected one-way delay between nodes (e.g. 100us, 50ms).
     #[arg(long, default_value = "0")]
     delay: String,
-    /// Uniform jitter added to each message.
+    /// Uniform jitter added to each message (with --latency-matrix, to each message between
+    /// regions only).
     #[arg(long, default_value = "0")]
     jitter: String,
     /// Skew between the nodes' wall clocks (e.g. 1ms): node n of N runs n/(N-1) of it ahead

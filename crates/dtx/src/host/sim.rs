@@ -34,17 +34,20 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let after_node = spec.topology().first_client_node();
     if spec.record_history {
         let done = || shared.final_read.lock().is_some();
-        run_after(&mut world, &protos, after_node, 120_000_000_000, &done, &|w, p, wl| {
+        run_after(&mut world, &protos, spec, after_node, 120_000_000_000, &done, &|w, p, wl| {
             driver::final_read(w, p, wl, shared.clone())
         });
         final_read = shared.final_read.lock().take();
     }
     if spec.run_checks {
         let done = || shared.checks.lock().is_some();
-        run_after(&mut world, &protos, after_node, 600_000_000_000, &done, &|w, p, wl| {
+        run_after(&mut world, &protos, spec, after_node, 600_000_000_000, &done, &|w, p, wl| {
             driver::final_checks(w, p, wl, shared.clone())
         });
         totals.findings = finish_checks(&shared, &*workload);
+    }
+    if spec.record_history || spec.run_checks {
+        totals.findings.extend(copies_agree(&mut world, &protos, spec.workers));
     }
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = busy_in_window_ns / 1000;
@@ -199,6 +202,7 @@ type AfterRunJob<'a> = dyn Fn(&Rc<Worker>, Rc<dyn WorkerProtocol>, Arc<dyn Workl
 fn run_after(
     world: &mut SimWorld,
     protos: &Protos,
+    spec: &BenchSpec,
     node: NodeId,
     limit_ns: u64,
     done: &dyn Fn() -> bool,
@@ -209,13 +213,69 @@ fn run_after(
     while !done() && world.now_ns() < limit {
         let w0 = world.worker(Addr::new(node, 0)).clone();
         if !running_on.as_ref().is_some_and(|w| Rc::ptr_eq(w, &w0)) {
-            let (p, wl) = protos.borrow()[node as usize].clone();
+            let (p, wl) = protos.borrow()[node as usize * spec.workers as usize].clone();
             job(&w0, p, wl);
             running_on = Some(w0);
         }
         let step = (world.now_ns() + 10_000_000).min(limit);
         world.run_until(step, done);
     }
+}
+
+/// With copies of a partition in several places (`--placement per-region`), whether every copy
+/// ends holding the same rows: a finding, or none when no partition has two copies. The copies
+/// are compared once they agree or, at the latest, 10 s (virtual) after the final read, so that
+/// the last transactions' logs have reached every region, checking every 200 ms.
+fn copies_agree(world: &mut SimWorld, protos: &Protos, workers: u16) -> Option<(String, bool, String)> {
+    let what = "every copy of a partition ends holding the same rows".to_string();
+    let limit = world.now_ns() + 10_000_000_000;
+    loop {
+        let digests: Vec<(NodeId, _)> = protos
+            .borrow()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (p, _))| p.copy_digests().map(|d| ((i / workers as usize) as NodeId, d)))
+            .collect();
+        let (compared, difference) = compare_copies(&digests);
+        if compared == 0 {
+            return None;
+        }
+        match difference {
+            None => return Some((what, true, format!("{compared} copies compared with their partition's first"))),
+            Some(d) if world.now_ns() >= limit => return Some((what, false, d)),
+            Some(_) => {
+                let step = world.now_ns() + 200_000_000;
+                world.run_until(step, || false);
+            }
+        }
+    }
+}
+
+/// How many copies were compared with their partition's first copy, and the first that differs.
+fn compare_copies(
+    digests: &[(NodeId, std::collections::BTreeMap<crate::cluster::PartitionId, crate::storage::RowsDigest>)],
+) -> (usize, Option<String>) {
+    let mut first = std::collections::BTreeMap::new();
+    let (mut compared, mut difference) = (0, None);
+    for (node, by_partition) in digests {
+        for (p, d) in by_partition {
+            match first.get(p) {
+                None => {
+                    first.insert(*p, (*node, *d));
+                }
+                Some((other, seen)) => {
+                    compared += 1;
+                    if seen != d && difference.is_none() {
+                        difference = Some(format!(
+                            "partition {p}: node {other} holds {} rows (digest {:016x}), node {node} {} rows ({:016x})",
+                            seen.rows, seen.sum, d.rows, d.sum
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    (compared, difference)
 }
 
 /// Failover of replicated nodes in the simulator (see `rt::sim::Failover`): the hosts' replica

@@ -10,7 +10,8 @@ use rand::Rng;
 pub struct LatencyModel {
     /// One-way delay between any two distinct nodes, microseconds.
     pub delay_us: u64,
-    /// Uniform jitter added to each message, 0..=jitter_us microseconds.
+    /// Uniform jitter added to each message, 0..=jitter_us microseconds; with a region matrix,
+    /// to each message between regions only (the WAN's jitter, as the Detock thesis adds it).
     pub jitter_us: u64,
     /// Region of each node (index = node id); empty = everyone in region 0.
     pub node_region: Vec<u16>,
@@ -39,7 +40,8 @@ impl LatencyModel {
             Some(&d) => d.max(self.delay_us),
             None => self.delay_us,
         };
-        let jitter = if self.jitter_us > 0 { rng.gen_range(0..=self.jitter_us * 1000) } else { 0 };
+        let across_wan = rs != rd || self.region_delay_us.is_empty();
+        let jitter = if self.jitter_us > 0 && across_wan { rng.gen_range(0..=self.jitter_us * 1000) } else { 0 };
         base_us * 1000 + jitter
     }
 
@@ -282,5 +284,20 @@ mod tests {
         };
         let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
         assert_eq!(m.sample_ns(0, 1, &mut rng), 50_000_000);
+    }
+
+    #[test]
+    fn with_a_region_matrix_jitter_is_the_wan_s() {
+        let m = LatencyModel {
+            delay_us: 100,
+            jitter_us: 1_000,
+            node_region: vec![0, 0, 1],
+            region_delay_us: vec![vec![0, 50_000], vec![50_000, 0]],
+        };
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+        let across: Vec<u64> = (0..100).map(|_| m.sample_ns(0, 2, &mut rng)).collect();
+        assert!(across.iter().all(|d| (50_000_000..=51_000_000).contains(d)));
+        assert!(across.iter().any(|d| *d > 50_000_000), "jitter between regions");
+        assert!((0..100).all(|_| m.sample_ns(0, 1, &mut rng) == 100_000), "none within a region");
     }
 }

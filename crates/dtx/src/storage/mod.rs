@@ -715,37 +715,46 @@ impl<M: Default + Send> Table<M> {
 
     /// Records that hold a value.
     pub fn len(&self) -> usize {
-        let present = |r: &RecPtr<M>| {
-            // SAFETY: as in `get`.
-            unsafe { r.0.as_ref() }.lock().value.is_some() as usize
+        let mut n = 0;
+        self.for_each_present(|_, _| n += 1);
+        n
+    }
+
+    /// Visit every record that holds a value, with its key, in no particular order.
+    pub fn for_each_present(&self, mut f: impl FnMut(u64, &Value)) {
+        let mut visit = |key: u64, rec: &Record<M>| {
+            if let Some(v) = &rec.lock().value {
+                f(key, v);
+            }
         };
-        let dense: usize = self
-            .dense
-            .iter()
-            .map(|(_, recs)| recs.iter().map(|r| r.lock().value.is_some() as usize).sum::<usize>())
-            .sum();
-        let indexed: usize = match &self.index {
-            Index::Hash(shards) => shards.iter().map(|s| s.read().map.values().map(present).sum::<usize>()).sum(),
-            Index::Ordered(ord) => ord.read().map.values().map(present).sum(),
-            Index::Chunked(ch) => ch
-                .shards
-                .iter()
-                .map(|shard| {
-                    shard
-                        .read()
-                        .values()
-                        .flat_map(|c| (0..CHUNK_KEYS as usize).filter(|&s| c.created(s)).map(move |s| &c.recs[s]))
-                        .map(|r| r.lock().value.is_some() as usize)
-                        .sum::<usize>()
-                })
-                .sum(),
-            Index::Grouped(gr) => gr
-                .shards
-                .iter()
-                .map(|shard| shard.read().groups.values().flat_map(|g| g.iter().map(|e| present(&e.1))).sum::<usize>())
-                .sum(),
-        };
-        dense + indexed
+        for (start, recs) in &self.dense {
+            recs.iter().enumerate().for_each(|(i, r)| visit(start + i as u64, r));
+        }
+        // SAFETY (every `as_ref` below): as in `get`.
+        match &self.index {
+            Index::Hash(shards) => {
+                for shard in shards.iter() {
+                    shard.read().map.iter().for_each(|(k, r)| visit(*k, unsafe { r.0.as_ref() }));
+                }
+            }
+            Index::Ordered(ord) => ord.read().map.iter().for_each(|(k, r)| visit(*k, unsafe { r.0.as_ref() })),
+            Index::Chunked(ch) => {
+                for shard in ch.shards.iter() {
+                    for (no, c) in shard.read().iter() {
+                        (0..CHUNK_KEYS).filter(|&s| c.created(s as usize)).for_each(|s| {
+                            visit(no * CHUNK_KEYS + s, &c.recs[s as usize]);
+                        });
+                    }
+                }
+            }
+            Index::Grouped(gr) => {
+                for shard in gr.shards.iter() {
+                    for g in shard.read().groups.values() {
+                        g.iter().for_each(|(k, r)| visit(*k, unsafe { r.0.as_ref() }));
+                    }
+                }
+            }
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -784,6 +793,34 @@ impl<M: Default + Send> Storage<M> {
     pub fn load(&self, k: RowKey, v: Value) {
         self.table(k.table).load(k.key, v)
     }
+
+    /// A digest of the committed rows of each group `group_of` puts them in (a partition): two
+    /// copies that hold the same rows, in whatever order they were written, have the same
+    /// digest. For checks at the end of a run, not for the hot path: it locks every record.
+    pub fn digests_by(&self, group_of: impl Fn(RowKey) -> u32) -> std::collections::BTreeMap<u32, RowsDigest> {
+        use std::hash::{Hash, Hasher};
+        let mut out = std::collections::BTreeMap::<u32, RowsDigest>::new();
+        for (t, table) in self.tables.iter().enumerate() {
+            table.for_each_present(|key, value| {
+                let row = RowKey { table: t as TableId, key };
+                // SipHash with fixed keys: the same row hashes alike in every process.
+                let mut h = std::hash::DefaultHasher::new();
+                (t, key, &value[..]).hash(&mut h);
+                let d = out.entry(group_of(row)).or_default();
+                d.rows += 1;
+                d.sum = d.sum.wrapping_add(h.finish());
+            });
+        }
+        out
+    }
+}
+
+/// What [`Storage::digests_by`] gives a group: its row count and a sum of its rows' hashes
+/// (order-independent, so hash maps may be visited in any order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowsDigest {
+    pub rows: u64,
+    pub sum: u64,
 }
 
 #[cfg(test)]

@@ -296,10 +296,12 @@ fn home_regions(multi_home: f64, topo: &Topology) -> anyhow::Result<Vec<HomeRegi
     if multi_home > 0.0 && regions.len() < 2 {
         bail!("--multi-home {multi_home} needs data nodes in two regions or more: give --regions");
     }
-    let delay = |a: u16, b: u16| {
+    let one_way = |a: u16, b: u16| {
         let row = topo.region_delay_us.get(a as usize);
         row.and_then(|r| r.get(b as usize)).copied().unwrap_or((a as i64 - b as i64).unsigned_abs())
     };
+    // Closeness is by round trip: with asymmetric paths the nearest by one way may be far back.
+    let delay = |a: u16, b: u16| one_way(a, b) + one_way(b, a);
     let homed: Vec<HomeRegion> = regions
         .iter()
         .map(|&r| {

@@ -682,6 +682,12 @@ impl WorkerProtocol for CalvinWorker {
         Box::pin(self.run(req))
     }
 
+    /// The scheduler's worker answers for its node's store (it is the only one that writes it).
+    fn copy_digests(&self) -> Option<std::collections::BTreeMap<u32, crate::storage::RowsDigest>> {
+        let procs = &self.node.env.workload;
+        self.scheduler.as_ref().map(|_| self.node.store.digests_by(|row| procs.partition_of(row)))
+    }
+
     fn start(&self) {
         let Some(me) = self.me.upgrade() else { return };
         if self.sequencer.is_some() {
