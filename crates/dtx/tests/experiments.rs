@@ -16,12 +16,17 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         let repeat: u32 = if i == 0 { 2 } else { 1 };
         let sweeps_runtime = e.sweep.as_ref().is_some_and(|s| s.param == "runtime");
         let folder = out.path().join(&e.name);
-        let mut set = ["duration=0.1", "warmup=0.02", "keys=2000"].map(String::from).to_vec();
+        let sweeps_hot_keys = e.sweep.as_ref().is_some_and(|s| s.param == "hot-keys");
+        let mut set = ["duration=0.1", "warmup=0.02"].map(String::from).to_vec();
+        if !sweeps_hot_keys {
+            // A sweep over the hot keys needs the keys its points name.
+            set.push("keys=2000".into());
+        }
         if e.bench.get("workload").map(String::as_str) == Some("tpcc") {
             // Loading the paper's warehouses is most of such a run in a debug build.
             set.push("warehouses=4".into());
         }
-        if e.bench.contains_key("hot-keys") {
+        if e.bench.contains_key("hot-keys") && !sweeps_hot_keys {
             set.push("hot-keys=100".into()); // Below the tiny key count.
         }
         // Thousands of clients in flight (slog-mh-sweep's 1,000 per worker) make a tiny run cost

@@ -96,3 +96,38 @@ fn the_same_seed_replays_the_same_run() {
     let c = host::run_sim(&append_spec("occ", 43)).unwrap();
     assert_ne!(ops(&a), ops(&c), "different seeds should give different runs");
 }
+
+/// The protocols that keep a full copy of the data per region (`--placement per-region`:
+/// Calvin, SLOG, Detock), over seeds with loss, partitions, skewed and drifting clocks, and a
+/// whole region's nodes crashing together (with a WAL: their memory is lost and replayed):
+/// histories serializable, and every region's copy of every partition the same at the end
+/// (the finding `run_and_check` fails on).
+#[test]
+fn every_region_ends_with_the_same_copy_under_faults() {
+    use dtx::cluster::Placement;
+    use dtx::net::{FaultTarget, TargetedFault, TargetedKind};
+    let per_region = |p: &&dtx::protocols::ProtocolInfo| (p.make)(&Default::default()).keeps_copies(Placement::PerRegion);
+    for p in ready().filter(|p| common::chosen(p.name)).filter(per_region) {
+        for seed in 1..=seeds().div_ceil(4) {
+            let mut s = append_spec(p.name, 3000 + seed).with_faults(false, true, 0.02);
+            s.nodes = 4;
+            s.latency.node_region = vec![0, 1, 0, 1];
+            s.placement = Placement::PerRegion;
+            (s.clock_skew_us, s.clock_drift_ppm) = (5_000, 1_000);
+            s.durability.mode = dtx::replication::Durability::Wal;
+            s.durability.cluster_id = 3000 + seed;
+            // Region 1 (nodes 1 and 3) crashes at once, a third of the way in.
+            let crash = |node| TargetedFault {
+                kind: TargetedKind::Crash,
+                target: FaultTarget::Node(node),
+                at_us: 100_000,
+                for_us: Some(30_000),
+            };
+            s.faults.targeted = vec![crash(1), crash(3)];
+            let out = common::run_and_check(&s, "regions");
+            let copies = out.totals.findings.iter().find(|f| f.0.starts_with("every copy"));
+            assert!(copies.is_some_and(|f| f.1), "{} seed {}: {copies:?}", p.name, 3000 + seed);
+            assert!(out.restarts >= 2, "{} seed {}: the region's crash lost no memory", p.name, 3000 + seed);
+        }
+    }
+}

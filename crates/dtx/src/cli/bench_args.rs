@@ -89,6 +89,11 @@ pub struct BenchArgs {
     /// of node 0. Only protocols that order transactions by wall-clock time feel it (mvcc).
     #[arg(long, default_value = "0")]
     clock_skew: String,
+    /// Drift between the nodes' wall clocks, in millionths (ppm): node n of N runs n/(N-1) of
+    /// it faster than node 0, from the run's start (e.g. 200: the last node gains 200 µs a
+    /// second). Only protocols that read wall-clock time feel it (mvcc, detock).
+    #[arg(long, default_value_t = 0)]
+    clock_drift: u64,
     /// Region latency matrix file (one row per region, one-way delays).
     #[arg(long)]
     latency_matrix: Option<PathBuf>,
@@ -703,6 +708,7 @@ impl BenchArgs {
             },
             node_roles,
             clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
+            clock_drift_ppm: self.clock_drift,
             placement: crate::cluster::Placement::parse(&self.placement).context("--placement")?,
         };
         spec.validate()?;

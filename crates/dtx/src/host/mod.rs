@@ -107,6 +107,10 @@ pub struct BenchSpec {
     /// The skew injected into the nodes' wall clocks (`--clock-skew-us`, see [`ClockSkew`]).
     #[serde(default)]
     pub clock_skew_us: u64,
+    /// How much faster the last node's wall clock runs than node 0's, in millionths
+    /// (`--clock-drift`, see [`ClockSkew`]).
+    #[serde(default)]
+    pub clock_drift_ppm: u64,
     /// Where partitions' copies live (`--placement`; the protocol must keep them).
     #[serde(default)]
     pub placement: crate::cluster::Placement,
@@ -140,6 +144,7 @@ impl BenchSpec {
             node_roles: Vec::new(),
             placement: crate::cluster::Placement::Single,
             clock_skew_us: 0,
+            clock_drift_ppm: 0,
         }
     }
 
@@ -204,6 +209,9 @@ impl BenchSpec {
         if self.duration_us == 0 {
             bail!("--duration must be positive");
         }
+        if self.clock_drift_ppm > 100_000 {
+            bail!("--clock-drift {} ppm is more than 10%: give at most 100000", self.clock_drift_ppm);
+        }
         if self.clock_skew_us > 60_000_000 {
             bail!("--clock-skew {} µs is more than a minute: give at most 60s", self.clock_skew_us);
         }
@@ -249,7 +257,7 @@ impl BenchSpec {
     }
 
     pub(crate) fn worker_config(&self) -> WorkerConfig {
-        let clocks = ClockSkew { skew_us: self.clock_skew_us, nodes: self.nodes };
+        let clocks = ClockSkew { skew_us: self.clock_skew_us, drift_ppm: self.clock_drift_ppm, nodes: self.nodes };
         WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc, clocks }
     }
 

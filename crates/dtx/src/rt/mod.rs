@@ -154,23 +154,29 @@ pub struct WorkerConfig {
     pub clocks: ClockSkew,
 }
 
-/// Skew injected into the nodes' wall clocks (`--clock-skew-us`): node `n` of `nodes` runs
-/// `n * skew_us / (nodes - 1)` ahead of node 0, so the two farthest apart differ by `skew_us`.
-/// Only a protocol that orders transactions by wall-clock time (static-timestamp MVCC) feels
-/// it; timers and the run's measurements use the runtime's own clock.
+/// Skew and drift injected into the nodes' wall clocks (`--clock-skew`, `--clock-drift`): node
+/// `n` of `nodes` starts `n * skew_us / (nodes - 1)` ahead of node 0 and runs faster by
+/// `n * drift_ppm / (nodes - 1)` millionths, so the two farthest apart differ by `skew_us` at
+/// the start and drift apart by `drift_ppm` µs a second. Only a protocol that reads wall-clock
+/// time feels it (static-timestamp MVCC's timestamps, Detock's stamps and probes); timers and
+/// the run's measurements use the runtime's own clock.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClockSkew {
     pub skew_us: u64,
+    #[serde(default)]
+    pub drift_ppm: u64,
     pub nodes: u16,
 }
 
 impl ClockSkew {
-    /// How far node `node`'s wall clock runs ahead of node 0's.
-    pub fn offset_us(&self, node: u16) -> u64 {
+    /// How far node `node`'s wall clock runs ahead of node 0's, `elapsed_us` into the run.
+    pub fn offset_us(&self, node: u16, elapsed_us: u64) -> u64 {
         if self.nodes <= 1 {
             return 0;
         }
-        self.skew_us * u64::from(node.min(self.nodes - 1)) / u64::from(self.nodes - 1)
+        let (n, last) = (u64::from(node.min(self.nodes - 1)), u64::from(self.nodes - 1));
+        let drifted_us = (u128::from(elapsed_us) * u128::from(self.drift_ppm) / 1_000_000) as u64;
+        (self.skew_us + drifted_us) * n / last
     }
 }
 
@@ -352,11 +358,11 @@ impl Worker {
     /// this node ([`ClockSkew`]). It may stand still or step back: it is for protocols that
     /// order transactions by real time, never for timers.
     pub fn wall_us(&self) -> u64 {
-        let base = match &self.clock {
-            Clock::Virtual(_) => self.now_us(),
-            Clock::Real(_) => system_us(),
+        let (base, elapsed_us) = match &self.clock {
+            Clock::Virtual(_) => (self.now_us(), self.now_us()),
+            Clock::Real(epoch) => (system_us(), epoch.elapsed().as_micros() as u64),
         };
-        base + self.clocks.offset_us(self.addr.node)
+        base + self.clocks.offset_us(self.addr.node, elapsed_us)
     }
 
     /// Now, as histories record it, µs: in the simulator the virtual time of the step being
@@ -373,9 +379,14 @@ impl Worker {
         }
     }
 
-    /// The most two nodes' wall clocks differ by, as far as the run knows: the injected skew.
+    /// The most two nodes' wall clocks differ by now, as far as the run knows: the injected
+    /// skew and what the injected drift has added to it.
     pub fn clock_skew_us(&self) -> u64 {
-        self.clocks.skew_us
+        let elapsed_us = match &self.clock {
+            Clock::Virtual(_) => self.now_us(),
+            Clock::Real(epoch) => epoch.elapsed().as_micros() as u64,
+        };
+        self.clocks.offset_us(self.clocks.nodes.saturating_sub(1), elapsed_us)
     }
 
     /// Charge simulated CPU time for work just done.
