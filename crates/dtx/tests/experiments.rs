@@ -16,12 +16,15 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
         let repeat: u32 = if i == 0 { 2 } else { 1 };
         let sweeps_runtime = e.sweep.as_ref().is_some_and(|s| s.param == "runtime");
         let folder = out.path().join(&e.name);
-        let sweeps_hot_keys = e.sweep.as_ref().is_some_and(|s| s.param == "hot-keys");
+        // A sweep over the hot keys needs as many keys as its points name, and no more.
+        let hot_keys_swept = e
+            .sweep
+            .as_ref()
+            .filter(|s| s.param == "hot-keys")
+            .map(|s| s.values.iter().filter_map(|v| v.as_u64()).max().unwrap_or(0));
         let mut set = ["duration=0.1", "warmup=0.02"].map(String::from).to_vec();
-        if !sweeps_hot_keys {
-            // A sweep over the hot keys needs the keys its points name.
-            set.push("keys=2000".into());
-        }
+        set.push(format!("keys={}", hot_keys_swept.map_or(2000, |most| most.max(2000))));
+        let sweeps_hot_keys = hot_keys_swept.is_some();
         if e.bench.get("workload").map(String::as_str) == Some("tpcc") {
             // Loading the paper's warehouses is most of such a run in a debug build.
             set.push("warehouses=4".into());

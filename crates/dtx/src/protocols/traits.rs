@@ -201,7 +201,9 @@ pub trait WorkerProtocol: Handler {
     /// A digest of the rows of each partition its node holds a copy of, from one worker per
     /// node, for the simulator's check at the end of a run that every copy of a partition holds
     /// the same rows; `None` from a worker that does not answer for its node's store.
-    fn copy_digests(&self) -> Option<std::collections::BTreeMap<crate::cluster::PartitionId, crate::storage::RowsDigest>> {
+    fn copy_digests(
+        &self,
+    ) -> Option<std::collections::BTreeMap<crate::cluster::PartitionId, crate::storage::RowsDigest>> {
         None
     }
 }
