@@ -23,7 +23,7 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
             .filter(|s| s.param == "hot-keys")
             .map(|s| s.values.iter().filter_map(|v| v.as_u64()).max().unwrap_or(0));
         let mut set = ["duration=0.1", "warmup=0.02"].map(String::from).to_vec();
-        set.push(format!("keys={}", hot_keys_swept.map_or(2000, |most| most.max(2000))));
+        set.push(format!("keys={}", hot_keys_swept.map_or(2000, |most| (2 * most).max(2000))));
         let sweeps_hot_keys = hot_keys_swept.is_some();
         if e.bench.get("workload").map(String::as_str) == Some("tpcc") {
             // Loading the paper's warehouses is most of such a run in a debug build.

@@ -88,12 +88,11 @@ impl LatencyModel {
         if !(0.5..1.0).contains(&share) {
             bail!("--asymmetry {share}: give the share of a round trip taken by the way out, from 0.5 (symmetric) to below 1");
         }
-        for i in 0..matrix.len() {
-            for j in i + 1..matrix.len() {
-                let round_trip_us = (matrix[i][j] + matrix[j][i]) as f64;
-                matrix[i][j] = (round_trip_us * share).round() as u64;
-                matrix[j][i] = (round_trip_us * (1.0 - share)).round() as u64;
-            }
+        let regions = matrix.len();
+        for (i, j) in (0..regions).flat_map(|i| (i + 1..regions).map(move |j| (i, j))) {
+            let round_trip_us = (matrix[i][j] + matrix[j][i]) as f64;
+            matrix[i][j] = (round_trip_us * share).round() as u64;
+            matrix[j][i] = (round_trip_us * (1.0 - share)).round() as u64;
         }
         Ok(())
     }
