@@ -27,6 +27,14 @@
 //! - No home movement yet: a key's home is fixed by its partition for the whole run (the
 //!   Home Directory is the placement), so no transaction aborts for a stale home.
 //!
+//! Counters: `detock-deadlocks` and `detock-deadlocked-txns` (cycles resolved, and the
+//! transactions in them, counted by every scheduler that resolves them), `detock-pieces-late`
+//! (pieces that reached their home after their stamp), `detock-piece-copies`,
+//! `detock-recoordinated`, and `detock-resolutions` with `detock-graph-vertices` (the graph's
+//! size at each resolution, summed: their ratio is its mean size). The graph holds only
+//! transactions not yet handed to the lock manager, so the clients' transactions in flight
+//! bound it.
+//!
 //! Without `--regions`, `detock` splits its nodes into two regions (even and odd nodes), as
 //! `slog` does, so that a run has multi-home transactions.
 
