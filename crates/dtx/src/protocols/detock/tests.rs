@@ -105,7 +105,7 @@ fn skewed_and_drifting_clocks_still_place_pieces_together() {
         s.latency.delay_us = 100;
         s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
         s.placement = crate::cluster::Placement::PerRegion;
-        s.duration_us = 2_000_000;
+        s.duration_us = 1_000_000;
         (s.clock_skew_us, s.clock_drift_ppm) = (skew_us, drift_ppm);
         host::run_sim(&s).expect("the simulation runs")
     };
