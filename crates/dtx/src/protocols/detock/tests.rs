@@ -56,11 +56,9 @@ fn every_region_runs_tpcc_with_multi_home_transactions_to_the_same_state() {
     crate::protocols::calvin::tests::every_region_runs_tpcc_to_the_same_state("detock:batch_us=1000");
 }
 
-/// With 20 ms between two regions, a multi-home transaction costs about one trip to the far
-/// home and back (its pieces go out at once and every region runs it when both logs are in),
-/// not SLOG's trip to the orderer and then the pieces' trips.
-#[test]
-fn a_multi_home_transaction_costs_about_one_round_trip() {
+/// Every transaction multi-home over two regions 20 ms apart (two nodes each, a copy per
+/// region), for 1 s.
+fn two_regions_20ms_apart(variant: &str, seed: u64) -> BenchSpec {
     let ycsb = WorkloadParams {
         name: "ycsb".into(),
         keys: 10_000,
@@ -69,17 +67,22 @@ fn a_multi_home_transaction_costs_about_one_round_trip() {
         multi_home: Some(1.0),
         ..Default::default()
     };
-    let run = |variant: &str| {
-        let mut s = spec(variant, ycsb.clone(), 3);
-        s.nodes = 4;
-        s.latency.node_region = vec![0, 1, 0, 1];
-        s.latency.delay_us = 100;
-        s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
-        s.placement = crate::cluster::Placement::PerRegion;
-        s.duration_us = 1_000_000;
-        host::run_sim(&s).expect("the simulation runs")
-    };
-    let detock = run("detock:batch_us=1000");
+    let mut s = spec(variant, ycsb, seed);
+    s.nodes = 4;
+    s.latency.node_region = vec![0, 1, 0, 1];
+    s.latency.delay_us = 100;
+    s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
+    s.placement = crate::cluster::Placement::PerRegion;
+    s.duration_us = 1_000_000;
+    s
+}
+
+/// With 20 ms between two regions, a multi-home transaction costs about one trip to the far
+/// home and back (its pieces go out at once and every region runs it when both logs are in),
+/// not SLOG's trip to the orderer and then the pieces' trips.
+#[test]
+fn a_multi_home_transaction_costs_about_one_round_trip() {
+    let detock = host::run_sim(&two_regions_20ms_apart("detock:batch_us=1000", 3)).expect("the simulation runs");
     let p50 = |o: &host::Outcome| o.totals.histogram().value_at_quantile(0.5);
     assert!(counter(&detock, "multi-home-txns") > 0);
     assert!((40_000..70_000).contains(&p50(&detock)), "detock's multi-home p50 {} µs", p50(&detock));
@@ -90,22 +93,8 @@ fn a_multi_home_transaction_costs_about_one_round_trip() {
 /// pieces are rarely late, 50 ms of skew and 2 ms a second of drift notwithstanding.
 #[test]
 fn skewed_and_drifting_clocks_still_place_pieces_together() {
-    let ycsb = WorkloadParams {
-        name: "ycsb".into(),
-        keys: 10_000,
-        ops: 4,
-        distributed: 1.0,
-        multi_home: Some(1.0),
-        ..Default::default()
-    };
     let run = |skew_us: u64, drift_ppm: u64| {
-        let mut s = spec("detock:batch_us=1000", ycsb.clone(), 5);
-        s.nodes = 4;
-        s.latency.node_region = vec![0, 1, 0, 1];
-        s.latency.delay_us = 100;
-        s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
-        s.placement = crate::cluster::Placement::PerRegion;
-        s.duration_us = 1_000_000;
+        let mut s = two_regions_20ms_apart("detock:batch_us=1000", 5);
         (s.clock_skew_us, s.clock_drift_ppm) = (skew_us, drift_ppm);
         host::run_sim(&s).expect("the simulation runs")
     };
