@@ -216,12 +216,29 @@ fn ping(port: u16) -> bool {
 }
 
 fn describe(o: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr);
     format!(
-        "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+        "exit {}\n--- what failed\n{}\n--- stdout\n{}\n--- stderr\n{stderr}",
         o.status,
+        failure_lines(&stderr),
         String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The lines of a bench's stderr that say what failed (a failed check with the anomalies
+/// after it, a run that could not end, a panic), first: a long log shown cut in the middle
+/// must not hide them.
+fn failure_lines(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let failing = |l: &str| ["CHECK FAILED", "the run failed", " FAIL ", "panicked"].iter().any(|m| l.contains(m));
+    let mut picked = Vec::new();
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| failing(l)) {
+        picked.push(*l);
+        if l.contains("CHECK FAILED") {
+            picked.extend(lines[i + 1..].iter().take(10).take_while(|a| a.starts_with("  ")));
+        }
+    }
+    picked.join("\n")
 }
 
 /// The last line of a history file (the final read-all transaction): its status and key -> list.

@@ -85,6 +85,10 @@ pub struct Recovered {
     /// Detock: the multi-home transactions its sequencer coordinated whose pieces some home
     /// may not hold yet, in order.
     pub coordinated: Vec<Entry>,
+    /// Every submission the node's sequencer or orderer took that its log holds (its own
+    /// batches' entries, its coordinated and ordered transactions): copies still on their way
+    /// from clients are dropped.
+    pub submitted: Vec<(Addr, u64)>,
     /// The log's checkpoint does not decode: the inputs behind it are gone.
     pub lost_inputs: bool,
 }
@@ -103,12 +107,19 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
             Ok(Record::Batch { epoch, sequencer, entries }) => {
                 if sequencer == node {
                     r.last_epoch = r.last_epoch.max(epoch);
+                    r.submitted.extend(entries.iter().map(|e| (e.client, e.id)));
                 }
                 r.batches.push((epoch, sequencer, entries));
             }
             Ok(Record::Reads { slot, from, values }) => r.reads.push((slot, from, values)),
-            Ok(Record::Ordered { epoch, entries }) => r.ordered.push((epoch, entries)),
-            Ok(Record::Coordinated { entry }) => r.coordinated.push(entry),
+            Ok(Record::Ordered { epoch, entries }) => {
+                r.submitted.extend(entries.iter().map(|e| (e.client, e.id)));
+                r.ordered.push((epoch, entries));
+            }
+            Ok(Record::Coordinated { entry }) => {
+                r.submitted.push((entry.client, entry.id));
+                r.coordinated.push(entry);
+            }
             Ok(Record::Placed { client, id }) => r.coordinated.retain(|e| (e.client, e.id) != (client, id)),
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))

@@ -21,7 +21,10 @@
 //! memory (a crash with a WAL, or a failover to a replica of its Raft logs, sequencer included)
 //! runs them all again from the first, in the same order, to the same state, and its sequencer
 //! sends its logged batches again. With one sequencer (`sequencers=one`) the replicas of its log
-//! also execute the batches on a full copy of the data.
+//! also execute the batches on a full copy of the data. A restarted (or failed-over) sequencer,
+//! and SLOG's orderer, also drop copies of submissions its log already holds that clients'
+//! resends still bring ([`resubmits`]): the RPC layer's own de-duplication died with the old
+//! incarnation.
 //!
 //! Dependent keys and scans (OLLP, Calvin §3.2.1): a procedure whose keys the workload cannot
 //! declare, or that scans, is first run by its client against the committed state without
@@ -39,6 +42,7 @@ pub mod input_log;
 pub mod locks;
 pub mod messages;
 pub mod orderer;
+pub mod resubmits;
 pub mod scheduler;
 pub mod sequencer;
 
@@ -54,6 +58,7 @@ use crate::storage::{RowKey, Storage};
 use crate::txn::recon::{self, SnapshotReader};
 use crate::txn::{Abort, KeySet, Reason, Scan, TxnOutput, TxnRequest, TxnResult};
 use messages::{Entry, Msg, Peek, Peeked};
+use resubmits::RecentSubmissions;
 use rustc_hash::FxHashMap;
 use scheduler::Ack;
 use std::cell::{Cell, RefCell};
@@ -381,6 +386,12 @@ impl NodeState {
 
 struct CalvinNode(Arc<NodeState>);
 
+/// How long a copy of a client's submission can still arrive: the RPC layer's own horizon
+/// for dropping copies (twice its timeout; the client stops resending at the timeout).
+fn resubmit_horizon_us(w: &Worker) -> u64 {
+    2 * w.rpc.timeout_us
+}
+
 impl NodeProtocol for CalvinNode {
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
         let roles = self.worker_roles(&self.0.env.topo, w.addr);
@@ -393,11 +404,14 @@ impl NodeProtocol for CalvinNode {
                 let own = recovered.batches.iter().filter(|b| b.1 == w.addr.node);
                 let own = own.map(|(epoch, _, entries)| (*epoch, entries.clone())).collect();
                 let coordinated = recovered.coordinated.clone();
-                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated)
+                let recent =
+                    RecentSubmissions::new(resubmit_horizon_us(&w), w.now_us(), recovered.submitted.iter().copied());
+                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated, recent)
             }),
             orderer: roles.contains(Role::Orderer).then(|| {
                 let recovered = self.0.recovered.lock();
-                orderer::Orderer::new(self.0.cfg.max_pending, recovered.ordered.clone())
+                let horizon_us = resubmit_horizon_us(&w);
+                orderer::Orderer::new(self.0.cfg.max_pending, recovered.ordered.clone(), horizon_us, w.now_us())
             }),
             scheduler: roles.contains(Role::Scheduler).then(|| {
                 let recovered = std::mem::take(&mut *self.0.recovered.lock());

@@ -16,6 +16,7 @@
 
 use super::input_log::Record;
 use super::messages::{Entry, Msg, Piece};
+use super::resubmits::RecentSubmissions;
 use super::{CalvinWorker, ORDERER_FULL};
 use crate::rt::log_warn;
 use crate::txn::{Abort, KeySet};
@@ -32,11 +33,16 @@ pub struct Orderer {
     region_batches: RefCell<BTreeMap<u16, u64>>,
     /// The batches its log held when the node started, sent again first.
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
+    /// Submissions taken lately, its log's included after a restart: a copy is dropped.
+    recent: RefCell<RecentSubmissions>,
 }
 
 impl Orderer {
-    /// An orderer whose log held `recovered` (its batches, in order).
-    pub fn new(max_pending: usize, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
+    /// An orderer whose log held `recovered` (its batches, in order), remembering the
+    /// submissions in them for `horizon_us` from `now_us`.
+    pub fn new(max_pending: usize, recovered: Vec<(u64, Vec<Entry>)>, horizon_us: u64, now_us: u64) -> Self {
+        let logged = recovered.iter().flat_map(|(_, entries)| entries.iter().map(|e| (e.client, e.id)));
+        let recent = RecentSubmissions::new(horizon_us, now_us, logged);
         assert!(recovered.windows(2).all(|w| w[0].0 < w[1].0), "the orderer's log runs forward");
         Orderer {
             pending: RefCell::default(),
@@ -44,11 +50,15 @@ impl Orderer {
             epoch: Cell::new(recovered.last().map_or(0, |b| b.0)),
             region_batches: RefCell::default(),
             resend: RefCell::new(recovered),
+            recent: RefCell::new(recent),
         }
     }
 
     /// Queue a multi-home submission, or refuse it at the bound (the client retries later).
     pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
+        if !self.recent.borrow_mut().first(wk.w.now_us(), (entry.client, entry.id)) {
+            return wk.w.count("resubmissions-dropped", 1);
+        }
         wk.queue_or_refuse(&self.pending, self.max_pending, entry, ORDERER_FULL, "orderer-refusals");
     }
 

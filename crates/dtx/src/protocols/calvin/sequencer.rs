@@ -9,6 +9,7 @@
 
 use super::input_log::Record;
 use super::messages::{Entry, Msg, Placed};
+use super::resubmits::RecentSubmissions;
 use super::{orderer, CalvinWorker, LogOrder, SEQUENCER_FULL};
 use crate::cluster::Role;
 use crate::net::{decode, encode, Addr};
@@ -101,6 +102,8 @@ pub struct Sequencer {
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
     from_orderer: RefCell<FromOrderer>,
     placement: RefCell<Placement>,
+    /// Submissions taken lately, its log's included after a restart: a copy is dropped.
+    recent: RefCell<RecentSubmissions>,
 }
 
 impl Sequencer {
@@ -111,6 +114,7 @@ impl Sequencer {
         last_epoch: u64,
         recovered: Vec<(u64, Vec<Entry>)>,
         coordinated: Vec<Entry>,
+        recent: RecentSubmissions,
     ) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
         assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
@@ -128,6 +132,7 @@ impl Sequencer {
             epoch: Cell::new(last_epoch),
             heard: Cell::new(0),
             resend: RefCell::new(recovered),
+            recent: RefCell::new(recent),
         }
     }
 
@@ -139,6 +144,9 @@ impl Sequencer {
     /// Queue a submission, or refuse it at the bound (the client retries later). Detock's
     /// multi-home one is coordinated here instead.
     pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
+        if !self.recent.borrow_mut().first(wk.w.now_us(), (entry.client, entry.id)) {
+            return wk.w.count("resubmissions-dropped", 1);
+        }
         if wk.node.cfg.order == LogOrder::Graph && entry.placed.is_none() {
             let homes = orderer::homes_of(wk, &entry);
             if homes.len() > 1 {
@@ -496,13 +504,17 @@ mod tests {
         Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None, piece: None, placed: None }
     }
 
+    fn none_recent() -> RecentSubmissions {
+        RecentSubmissions::new(1_000, 0, [])
+    }
+
     fn epochs(batches: &[(u64, Vec<Entry>)]) -> Vec<(u64, usize)> {
         batches.iter().map(|(e, b)| (*e, b.len())).collect()
     }
 
     #[test]
     fn a_sequencer_sends_a_batch_every_epoch_and_catches_up_on_the_others_with_empty_ones() {
-        let s = Sequencer::new(10, 0, Vec::new(), Vec::new());
+        let s = Sequencer::new(10, 0, Vec::new(), Vec::new(), none_recent());
         assert_eq!(epochs(&s.close()), vec![(1, 0)], "an empty epoch is still sent");
         s.pending.borrow_mut().extend([entry(1), entry(2)]);
         assert_eq!(epochs(&s.close()), vec![(2, 2)]);
@@ -516,7 +528,7 @@ mod tests {
 
     #[test]
     fn a_restarted_sequencer_goes_on_after_its_logged_epochs_and_fills_at_most_max_fill() {
-        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Vec::new());
+        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Vec::new(), none_recent());
         assert_eq!(s.resend.borrow().len(), 2, "what its log holds is sent again");
         s.heard(40 + 10 * MAX_FILL);
         let batches = s.close();
