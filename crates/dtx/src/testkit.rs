@@ -291,6 +291,24 @@ pub fn protocol_spec(variant: &str, workload: crate::workloads::WorkloadParams, 
     s
 }
 
+/// The shared sweeps' replicated-failover run (`tests/sim_durability.rs`), as `dtx bench
+/// --runtime sim --workload append --keys 24 --ops 4 --read-ratio 0.5 --nodes 3 --inflight 6
+/// --max-unacked 6 --duration 400ms --warmup 0 --delay 150us --jitter 100us --durability
+/// replicated --replicas 3 --faults crash,partition,loss --loss 0.02 --fault-every 100ms` runs
+/// it: a seed that fails there is a regression test here.
+pub fn replicated_failover_spec(variant: &str, seed: u64) -> BenchSpec {
+    let mut s = BenchSpec::new(variant, contended_append(), crate::host::Runtime::Sim);
+    (s.nodes, s.inflight, s.max_unacked) = (3, 6, 6);
+    s.workers = 2 + crate::host::service_workers(variant); // `--workers 2` beside its service workers
+    (s.duration_us, s.warmup_us, s.seed) = (400_000, 0, seed);
+    (s.latency.delay_us, s.latency.jitter_us) = (150, 100);
+    s.durability.mode = crate::replication::Durability::Replicated;
+    s.durability.replicas = 3;
+    let mut s = s.with_faults(true, true, 0.02);
+    (s.faults.fault_interval_us, s.faults.fault_duration_us) = (100_000, 100_000);
+    s
+}
+
 /// A contended list-append workload: 24 keys, up to 4 operations, half of them reads.
 pub fn contended_append() -> crate::workloads::WorkloadParams {
     crate::workloads::WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }

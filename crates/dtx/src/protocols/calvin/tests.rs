@@ -251,15 +251,7 @@ fn a_failed_over_node_runs_its_replicated_inputs_again() {
 #[test]
 fn a_submission_resent_to_a_failed_over_sequencer_runs_once() {
     for (variant, seed) in [("slog", 18), ("slog", 29), ("detock", 267)] {
-        let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
-        let mut s = BenchSpec::new(variant, wl, crate::host::Runtime::Sim);
-        (s.nodes, s.workers, s.inflight, s.max_unacked) = (3, 3, 6, 6);
-        (s.duration_us, s.warmup_us, s.seed) = (400_000, 0, seed);
-        (s.latency.delay_us, s.latency.jitter_us) = (150, 100);
-        s.durability.mode = crate::replication::Durability::Replicated;
-        s.durability.replicas = 3;
-        let mut s = s.with_faults(true, true, 0.02);
-        (s.faults.fault_interval_us, s.faults.fault_duration_us) = (100_000, 100_000);
+        let s = crate::testkit::replicated_failover_spec(variant, seed);
         let out = checked(&s);
         assert!(out.totals.failovers > 0, "{variant} seed {seed}: no node was taken over");
     }

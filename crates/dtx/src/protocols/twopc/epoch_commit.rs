@@ -28,8 +28,11 @@
 //!   ([`super::durable::EpochReplay`]). An epoch the node sealed without learning its fate is
 //!   replayed as committed, with its undo kept, until the coordinator's next message settles
 //!   it; the restarted node votes down the epoch it crashed in. The coordinator logs every
-//!   decision before announcing it, so a coordinator that fails over resumes past every epoch
-//!   it may have opened and knows the last it committed.
+//!   decision before announcing it, and closes the next epoch (whose `Close` names the last
+//!   committed one) only after that too, so a coordinator that fails over resumes past every
+//!   epoch it may have opened and knows the last it committed. A fresh node serves nothing
+//!   until its log holds its first epoch durably: a later incarnation that finds no epoch in
+//!   its log is then truly fresh, not one that lost what it wrote in its first epoch.
 //!
 //! The gate is one mutex per node, taken when a transaction joins and leaves an epoch, around
 //! each record that carries writes, and around each install a decision makes at a participant:
@@ -109,6 +112,10 @@ const DRAIN_POLL_US: u64 = 50;
 /// Where a node stands in its current epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// A fresh node, until its log holds durably that its first epoch is open: a node that
+    /// served in an epoch must find that epoch in its log after a crash or a failover, or its
+    /// next incarnation would take itself for fresh and vote for the writes it lost.
+    Opening,
     /// Transactions join it; requests made in it are served.
     Open,
     /// Closing: no transaction joins; those in flight finish, requests made in it are served.
@@ -170,6 +177,11 @@ struct GateState {
     restarting: bool,
     /// Node 0: the epoch being drained, which nodes have drained it, and whether seal was sent.
     drained: (u64, Vec<bool>, bool),
+    /// Node 0: where its latest decision lies in its log. The next epoch's `Close` names the
+    /// last committed epoch, so it is not sent before that decision is durable.
+    decision_lsn: Option<u64>,
+    /// A fresh node: where the record that opens its first epoch lies in its log.
+    first_epoch_lsn: Option<u64>,
 }
 
 /// The values an epoch's writes replaced, oldest first.
@@ -216,14 +228,14 @@ impl EpochGate {
         let cfg = EpochConfig { epoch_us, timeout_us, resend_us: epoch_us };
         let fresh = recovered.last_epoch == 0 && recovered.limbo.is_none();
         let (participant, epoch, stage, undo) = if fresh {
-            (EpochParticipant::new(COORDINATOR, 1), 1, Stage::Open, Vec::new())
+            (EpochParticipant::new(COORDINATOR, 1), 1, Stage::Opening, Vec::new())
         } else {
             let (limbo, undo) = recovered.limbo.map_or((None, Vec::new()), |(e, u)| (Some(e), u));
             let stage = if limbo.is_some() { Stage::Sealed } else { Stage::Recovering };
             (EpochParticipant::recovering_after(COORDINATOR, limbo), limbo.unwrap_or(0), stage, undo)
         };
         let first_epoch = if fresh { 1 } else { recovered.last_epoch.max(epoch) + 2 };
-        let gate = EpochGate {
+        EpochGate {
             node,
             nodes,
             cfg,
@@ -240,12 +252,10 @@ impl EpochGate {
                 undo,
                 restarting: !fresh,
                 drained: (0, vec![false; nodes as usize], false),
+                decision_lsn: None,
+                first_epoch_lsn: None,
             }),
-        };
-        if fresh {
-            gate.opened.release_through(1);
         }
-        gate
     }
 
     /// Where commits wait for their epoch.
@@ -258,11 +268,13 @@ impl EpochGate {
         self.epoch_now.load(Ordering::Acquire)
     }
 
-    /// A fresh node logs that its first epoch is open (before any transaction runs in it).
+    /// A fresh node logs that its first epoch is open; it opens once that is durable
+    /// ([`EpochGate::start`]).
     pub fn log_first_epoch(&self, log: &TxnLog) {
-        let st = self.state.lock();
-        if st.stage == Stage::Open {
-            let _ = log.append_epoch_opened(st.epoch);
+        let mut st = self.state.lock();
+        if st.stage == Stage::Opening {
+            // Refused: the node never opens, and its next incarnation starts afresh.
+            st.first_epoch_lsn = log.append_epoch_opened(st.epoch).unwrap_or(Some(u64::MAX));
         }
     }
 
@@ -370,10 +382,31 @@ impl EpochGate {
         self.state.lock().restarting
     }
 
-    /// Node 0's worker 0 starts the coordinator and its timer.
+    /// Worker 0 of a fresh node opens its first epoch once that is logged; node 0's starts the
+    /// coordinator and its timer.
     pub fn start<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
         let w = host.worker().clone();
-        if w.addr.worker != 0 || self.node != COORDINATOR {
+        if w.addr.worker != 0 {
+            return;
+        }
+        let opening = self.state.lock().stage == Stage::Opening;
+        if opening {
+            let (gate, host) = (self.clone(), host.clone());
+            w.spawn(async move {
+                let lsn = gate.state.lock().first_epoch_lsn;
+                host.gate_log().durable(lsn).await;
+                {
+                    let mut st = gate.state.lock();
+                    if st.stage != Stage::Opening {
+                        return; // Its first epoch was decided meanwhile: it has moved on.
+                    }
+                    st.stage = Stage::Open;
+                }
+                gate.opened.release_through(1);
+                gate.reconcile(&host);
+            });
+        }
+        if self.node != COORDINATOR {
             return;
         }
         let participants: Vec<NodeId> = (0..self.nodes).collect();
@@ -386,6 +419,12 @@ impl EpochGate {
             loop {
                 let deadline_us = gate.state.lock().coordinator.as_ref().map_or(u64::MAX, |c| c.next_deadline_us());
                 w.sleep_until_ns(deadline_us.saturating_mul(1000)).await;
+                // The coordinator counts an epoch committed as it decides it, and every `Close`
+                // after says so: were one sent before the decision is durable, a participant
+                // could release the epoch's commits that a failed-over coordinator, not finding
+                // the decision in its log, then aborts.
+                let decision_lsn = gate.state.lock().decision_lsn;
+                host.gate_log().durable(decision_lsn).await;
                 let out = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
                 gate.coordinator_says(&host, out);
             }
@@ -476,7 +515,13 @@ impl EpochGate {
             _ => None,
         });
         let Some((epoch, committed)) = decision else { return self.dispatch(host, out) };
-        let lsn = host.gate_log().append_epoch_decided(epoch, committed).unwrap_or(None);
+        let Ok(lsn) = host.gate_log().append_epoch_decided(epoch, committed) else {
+            // The log refuses records (this incarnation no longer leads it): announce nothing
+            // and close no epoch more; the node's next incarnation resumes from its log.
+            self.state.lock().decision_lsn = Some(u64::MAX);
+            return;
+        };
+        self.state.lock().decision_lsn = lsn;
         let (gate, host) = (self.clone(), host.clone());
         host.worker().clone().spawn(async move {
             host.gate_log().durable(lsn).await;
@@ -654,4 +699,22 @@ async fn first_of<A: Future<Output = ()>, B: Future<Output = ()>>(a: A, b: B) {
         Poll::Pending
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::{checked_run, replicated_failover_spec};
+
+    /// Seeds of the replicated failover sweep that lost acknowledged commits under `coco`:
+    /// 1106 and 1018, where node 0's next `Close` told the others an epoch committed before
+    /// that decision was durable, and a failed-over coordinator, not finding it in its log,
+    /// aborted the epoch; 1012, where a node taken over during its first epoch, its log empty,
+    /// took itself for fresh and voted for the epoch whose writes it had lost.
+    #[test]
+    fn decisions_are_durable_before_any_close_names_them_and_a_first_epoch_is_logged_before_it_serves() {
+        for seed in [1012, 1018, 1106] {
+            let out = checked_run(&replicated_failover_spec("coco", seed));
+            assert!(out.totals.failovers > 0, "seed {seed}: no node was taken over");
+        }
+    }
 }
