@@ -811,6 +811,14 @@ impl TxnLog {
         }
     }
 
+    /// Is this boot's record durable? A node under group commit serves no request before it
+    /// is: a later incarnation that finds no boot record in the log then knows that no earlier
+    /// one installed anything that a group commit might have acknowledged, and may start
+    /// afresh (a node taken over before its first record was replicated).
+    pub fn is_booted(&self) -> bool {
+        self.log.as_ref().is_none_or(|l| l.durable_lsn() >= self.boot_lsn)
+    }
+
     /// Wait until this boot's record is durable (a no-op after the first time).
     pub async fn booted(&self) {
         if let Some(l) = &self.log {

@@ -917,7 +917,7 @@ impl<C: Cc> Handler for CcWorker<C> {
                     (None, Some(wm)) => wm.serves(epoch),
                     (None, None) => false,
                 };
-                if !serves {
+                if !serves || !self.node.log.is_booted() {
                     return self.w.reply(from, rpc_id, REFUSED_FOR_EPOCH);
                 }
                 decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r))

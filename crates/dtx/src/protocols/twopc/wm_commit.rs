@@ -788,6 +788,17 @@ mod tests {
         WatermarkGate::new(0, 2, 1_000, floor, WmRecovered::default(), false)
     }
 
+    /// Seed 1012 of the replicated failover sweep lost acknowledged commits under `primo`:
+    /// node 1 was taken over before its first record was replicated, so its next incarnation
+    /// found an empty log, took itself for fresh and joined no recovery agreement, while the
+    /// installs its first incarnation had served were gone. A node now serves no request of a
+    /// group commit before its boot record is durable.
+    #[test]
+    fn a_node_serves_nothing_before_its_boot_record_is_durable() {
+        let out = crate::testkit::checked_run(&crate::testkit::replicated_failover_spec("primo", 1012));
+        assert!(out.totals.failovers > 0, "no node was taken over");
+    }
+
     /// RULE 1 and R2: W_p is the smallest bound or timestamp of the active transactions, new
     /// ones start past it, and an idle node moves past everything it logged.
     #[test]
