@@ -141,6 +141,13 @@ impl Participant for Occ {
                 wk.w.charge_ops(rows.len() + 1);
                 Reply::Rows(rows)
             }
+            Request::Lock { txn, .. } | Request::LockValidate { txn, .. } if wk.parts.contains(txn) => {
+                // A copy of a request this node prepared (a resend that reached the node's next
+                // incarnation, whose RPC layer never saw the first): its vote stands, and its
+                // prepared record, replayed, is durable. Run again, a failed validation would
+                // release the locks of a transaction still in doubt.
+                Reply::Vote(true)
+            }
             Request::Lock { txn, writes } => {
                 wk.w.charge_ops(writes.len());
                 if !lock_writes(store, txn, &writes) {

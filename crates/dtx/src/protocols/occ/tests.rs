@@ -78,3 +78,15 @@ fn contention_aborts_by_read_validation_and_write_locks_and_stays_serializable()
     }
     assert!(validation > 0 && locked > 0, "read-validation {validation}, write-locked {locked}");
 }
+
+/// Seed 2046 of the replicated failover sweep: node 0 prepared a transaction, was taken over,
+/// and the next incarnation, holding it in doubt, got a resend of its `LockValidate` (the RPC
+/// layer's de-duplication died with the first incarnation). Run again, the validation failed
+/// and released the in-doubt locks, another transaction prepared over them, and the next
+/// recovery found both in doubt over one record (an assertion failed). A copy of a request
+/// for a transaction prepared here is now answered with its vote.
+#[test]
+fn a_resent_lock_request_for_a_transaction_in_doubt_keeps_its_locks() {
+    let out = crate::testkit::checked_run(&crate::testkit::replicated_failover_spec("occ", 2046));
+    assert!(out.totals.failovers > 0, "no node was taken over");
+}
