@@ -88,7 +88,10 @@ fn group_commits_a_crash_interrupts_are_rolled_back_everywhere_and_lose_nothing_
 fn primo_installs_that_reach_a_failed_epoch_release_instead() {
     use dtx::net::TargetedKind;
     let mut refused = 0;
-    for seed in 1..=6 {
+    // Seeds 3107-3112: since a fresh node opens its first epoch only once it is logged, and the
+    // coordinator closes an epoch only once the last decision is durable (session 33), seeds
+    // 3101-3106 no longer meet the refusal; 3108 and 3110 do.
+    for seed in 7..=12 {
         let mut spec = durable_spec("primo:commit=epoch:epoch_us=1000", 3100 + seed, dtx::host::Runtime::Sim);
         spec.duration_us = 500_000;
         spec.latency.jitter_us = 0;
