@@ -309,6 +309,17 @@ pub fn replicated_failover_spec(variant: &str, seed: u64) -> BenchSpec {
     s
 }
 
+/// Four nodes in two regions 20 ms apart ({0, 2} and {1, 3}), a copy of the data per region,
+/// for 1 s: the region-homed protocols' (slog, detock) latency tests.
+pub fn in_two_regions_20ms_apart(s: &mut BenchSpec) {
+    s.nodes = 4;
+    s.latency.node_region = vec![0, 1, 0, 1];
+    s.latency.delay_us = 100;
+    s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
+    s.placement = crate::cluster::Placement::PerRegion;
+    s.duration_us = 1_000_000;
+}
+
 /// A contended list-append workload: 24 keys, up to 4 operations, half of them reads.
 pub fn contended_append() -> crate::workloads::WorkloadParams {
     crate::workloads::WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() }

@@ -68,12 +68,7 @@ fn two_regions_20ms_apart(variant: &str, seed: u64) -> BenchSpec {
         ..Default::default()
     };
     let mut s = spec(variant, ycsb, seed);
-    s.nodes = 4;
-    s.latency.node_region = vec![0, 1, 0, 1];
-    s.latency.delay_us = 100;
-    s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
-    s.placement = crate::cluster::Placement::PerRegion;
-    s.duration_us = 1_000_000;
+    crate::testkit::in_two_regions_20ms_apart(&mut s);
     s
 }
 

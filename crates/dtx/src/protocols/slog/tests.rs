@@ -39,12 +39,7 @@ fn a_single_home_transaction_waits_for_no_other_region() {
     let ycsb = WorkloadParams { name: "ycsb".into(), keys: 10_000, ops: 4, distributed: 0.0, ..Default::default() };
     let run = |variant: &str| {
         let mut s = spec(variant, ycsb.clone(), 3);
-        s.nodes = 4;
-        s.latency.node_region = vec![0, 1, 0, 1];
-        s.latency.delay_us = 100;
-        s.latency.region_delay_us = vec![vec![100, 20_000], vec![20_000, 100]];
-        s.placement = crate::cluster::Placement::PerRegion;
-        s.duration_us = 1_000_000;
+        crate::testkit::in_two_regions_20ms_apart(&mut s);
         // YCSB has no history to check: the latencies are the point here.
         host::run_sim(&s).expect("the simulation runs")
     };
