@@ -209,7 +209,7 @@ fn a_short_sim_bench_writes_json_and_a_plot() {
     let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), dtx::protocols::ready().count());
+    assert_eq!(runs.len(), dtx::protocols::ready_with(dtx::replication::Durability::None, 3).count());
     for r in runs {
         for field in [
             "protocol",

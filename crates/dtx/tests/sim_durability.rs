@@ -7,7 +7,7 @@
 //! `DTX_SEEDS=100 cargo test --release --test sim_durability` runs the deep sweep.
 
 use dtx::host::{self, BenchSpec};
-use dtx::protocols::ready;
+use dtx::protocols::ProtocolInfo;
 use dtx::replication::Durability;
 use dtx::txn::HistOp;
 use std::collections::BTreeMap;
@@ -16,6 +16,17 @@ mod common;
 
 fn seeds() -> u64 {
     common::seeds(12)
+}
+
+/// The ready protocols that keep local logs: every one but `rolis`, which replicates its logs
+/// (the replicated sweeps below run it).
+fn ready() -> impl Iterator<Item = &'static ProtocolInfo> {
+    dtx::protocols::ready_with(Durability::Wal, 3)
+}
+
+/// The ready protocols that replicate their logs: every one but `silo`, which is unreplicated.
+fn ready_replicated() -> impl Iterator<Item = &'static ProtocolInfo> {
+    dtx::protocols::ready_with(Durability::Replicated, 3)
 }
 
 fn durable_spec(protocol: &str, seed: u64, runtime: dtx::host::Runtime) -> BenchSpec {
@@ -420,7 +431,10 @@ fn log_files(cluster: &std::path::Path) -> (usize, usize, usize) {
 /// holding replicas only; acknowledged by its logs, or by epoch group commit), which exist to
 /// prove what the engine offers protocols to come.
 fn replicated_sweep_protocols() -> impl Iterator<Item = &'static str> {
-    ready().map(|p| p.name).chain(dtx::protocols::ENGINE_TEST_VARIANTS.iter().copied()).filter(|n| common::chosen(n))
+    ready_replicated()
+        .map(|p| p.name)
+        .chain(dtx::protocols::ENGINE_TEST_VARIANTS.iter().copied())
+        .filter(|n| common::chosen(n))
 }
 
 fn replicated_spec(protocol: &str, seed: u64) -> BenchSpec {
@@ -532,7 +546,7 @@ fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
 /// is compacted, and a host that comes back behind installs the snapshot.
 #[test]
 fn logs_are_snapshotted_by_size_and_restarted_hosts_install_the_snapshots() {
-    let p = ready().next().expect("a ready protocol");
+    let p = ready_replicated().next().expect("a ready protocol");
     let (mut taken, mut installed) = (0, 0);
     for seed in 1..=2 {
         let mut spec = replicated_spec(p.name, 6300 + seed).with_faults(true, true, 0.01);
@@ -584,7 +598,7 @@ fn a_failover_run_replays_exactly_from_its_seed() {
 
 #[test]
 fn replicated_logs_lose_no_acknowledged_commit_under_partitions_and_loss() {
-    for p in ready().filter(|p| common::chosen(p.name)) {
+    for p in ready_replicated().filter(|p| common::chosen(p.name)) {
         for seed in 1..=seeds().div_ceil(2) {
             let spec = replicated_spec(p.name, 4000 + seed).with_faults(false, true, 0.02);
             let (_, log_waits) = check(&spec, "replicated");

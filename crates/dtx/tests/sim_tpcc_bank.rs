@@ -23,7 +23,7 @@ fn spec(protocol: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
     s.latency.jitter_us = 50;
     s.seed = seed;
     s.run_checks = true;
-    s.with_faults(false, false, 0.01)
+    s.with_faults(false, false, 0.01).with_durability_its_protocol_takes()
 }
 
 fn assert_checks(spec: &BenchSpec) {

@@ -555,7 +555,9 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
     let what = format!("the {durability} nemesis run");
     let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(600), &what);
     let runs = report["runs"].as_array().unwrap().clone();
-    assert_eq!(runs.len(), dtx::protocols::ready().count(), "a run per ready protocol");
+    let mode: dtx::replication::Durability = durability.parse().expect("a durability");
+    let expected = dtx::protocols::ready_with(mode, 3).count();
+    assert_eq!(runs.len(), expected, "a run per ready protocol that runs with --durability {durability}");
     let mut kinds = std::collections::BTreeSet::new();
     for r in &runs {
         let protocol = r["protocol"].as_str().unwrap();

@@ -281,18 +281,29 @@ pub struct BenchArgs {
 /// (`protocols::resolve` reads `a,b:k=v` or `all`). An unknown protocol or option is a one-line
 /// error of the flag's.
 #[derive(Clone, Debug)]
-pub struct ProtocolList(Vec<Variant>);
+pub struct ProtocolList(Vec<Variant>, bool);
 
 impl std::str::FromStr for ProtocolList {
     type Err = String;
     fn from_str(list: &str) -> Result<Self, String> {
-        crate::protocols::resolve(list).map(ProtocolList).map_err(|e| format!("{e:#}"))
+        let all = list.trim() == "all";
+        crate::protocols::resolve(list).map(|v| ProtocolList(v, all)).map_err(|e| format!("{e:#}"))
     }
 }
 
 impl ProtocolList {
     pub fn variants(&self) -> &[Variant] {
         &self.0
+    }
+
+    /// `all` keeps the protocols that run with the run's durability (`rolis` needs replicated
+    /// logs, `silo` refuses them); a list the user wrote is kept whole, so that a protocol that
+    /// refuses says why.
+    fn runnable_with(mut self, durability: &str, replicas: u16) -> Self {
+        if let (true, Ok(mode)) = (self.1, durability.parse::<crate::replication::Durability>()) {
+            self.0.retain(|v| v.make().check_durability(mode, replicas).is_ok());
+        }
+        self
     }
 
     /// More than one run: the files of each (its history) carry its protocol's name.
@@ -720,7 +731,7 @@ impl From<BenchArgs> for super::BenchRequest {
     fn from(a: BenchArgs) -> Self {
         let a2 = a.clone();
         super::BenchRequest {
-            protocols: a.protocol.clone(),
+            protocols: a.protocol.clone().runnable_with(&a.durability, a.replicas),
             make_spec: Box::new(move |p| a2.spec(p)),
             runtime: a.runtime,
             json: a.json,

@@ -222,6 +222,7 @@ impl BenchSpec {
         let variant = protocols::Variant::parse(&self.protocol)?;
         let protocol = variant.make();
         protocol.check_topology(&topo)?;
+        protocol.check_durability(self.durability.mode, self.durability.replicas)?;
         if !protocol.keeps_copies(self.placement) {
             bail!(
                 "protocol `{}` keeps one copy of each partition: it cannot run --placement {} (the other copies \
@@ -270,6 +271,20 @@ impl BenchSpec {
             window,
             abandonable: self.runtime == Runtime::Local,
         }
+    }
+}
+
+impl BenchSpec {
+    /// This spec with a durability its protocol runs with, for a sweep that runs every
+    /// protocol: a protocol that refuses the spec's (`rolis` without replicated logs) gets
+    /// replicated logs, 3 replicas or one per node.
+    pub fn with_durability_its_protocol_takes(mut self) -> Self {
+        let Ok(v) = protocols::Variant::parse_including_planned(&self.protocol) else { return self };
+        if v.make().check_durability(self.durability.mode, self.durability.replicas).is_err() {
+            self.durability.mode = Durability::Replicated;
+            self.durability.replicas = self.nodes.min(3);
+        }
+        self
     }
 }
 

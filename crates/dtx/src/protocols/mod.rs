@@ -19,6 +19,8 @@ pub mod occ;
 pub mod options;
 pub mod primo;
 pub mod registry;
+pub mod rolis;
+pub mod silo;
 pub mod slog;
 pub mod sundial;
 pub mod tictoc;

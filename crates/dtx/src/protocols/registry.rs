@@ -1,7 +1,7 @@
 //! Every protocol dtx knows, and how a user names one with its options (`NAME[:KEY=VALUE]...`).
 
 use super::options::{self, OptionSpec, Options};
-use super::{calvin, detock, maat, mvcc, occ, primo, slog, sundial, tictoc, twopc, twopl, Protocol};
+use super::{calvin, detock, maat, mvcc, occ, primo, rolis, silo, slog, sundial, tictoc, twopc, twopl, Protocol};
 use std::sync::Arc;
 
 pub struct ProtocolInfo {
@@ -180,6 +180,24 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         aborts: primo::ABORTS,
         make: |o| two_pc(primo::Primo::new(o), o),
     },
+    ProtocolInfo {
+        name: "silo",
+        status: "ready",
+        guarantee: Guarantee::StrictSerializable,
+        description: "Silo: one multi-core node, OCC with TID words chosen without a shared counter; unreplicated (with --durability wal, a log per worker, released once every log is durable past it)",
+        options: silo::OPTIONS,
+        aborts: &[],
+        make: |o| Arc::new(silo::Silo(silo::SiloConfig::from_options(o, false))),
+    },
+    ProtocolInfo {
+        name: "rolis",
+        status: "ready",
+        guarantee: Guarantee::StrictSerializable,
+        description: "Rolis: Silo on one leader, each worker's log replicated on its own Raft group, released below the watermark over the streams, replayed by replicas (--durability replicated)",
+        options: rolis::OPTIONS,
+        aborts: &[],
+        make: rolis::new,
+    },
 ];
 
 /// The concurrency controls that take `commit=epoch`, as variants, beside `coco` (which is
@@ -253,8 +271,6 @@ where
 /// Protocols named in the interface contract that later issues implement.
 pub const PLANNED: &[(&str, &str)] = &[
     ("aria", "deterministic batches, reservation-based (Aria)"),
-    ("silo", "single-node Silo OCC with epochs"),
-    ("rolis", "replicated multi-core Silo, per-thread Paxos streams (Rolis)"),
     ("hackwrench", "batched commit with fine-grained repair and caching (Hackwrench)"),
     ("sunstorm", "multi-writer shared storage across regions (SunStorm)"),
     ("janus", "dependency-tracking consensus + CC (Janus)"),
@@ -341,6 +357,13 @@ impl Variant {
 /// The protocols that are ready: what `--protocol all` runs and every test sweep checks.
 pub fn ready() -> impl Iterator<Item = &'static ProtocolInfo> {
     REGISTRY.iter().filter(|p| p.status == "ready")
+}
+
+/// The ready protocols that run with `mode` (and `replicas` copies of each log): what
+/// `--protocol all` runs then, and what a sweep at that durability checks. Every one runs with
+/// every durability but `silo` (unreplicated) and `rolis` (replicated only).
+pub fn ready_with(mode: crate::replication::Durability, replicas: u16) -> impl Iterator<Item = &'static ProtocolInfo> {
+    ready().filter(move |p| Variant::parse(p.name).is_ok_and(|v| v.make().check_durability(mode, replicas).is_ok()))
 }
 
 /// What the protocol of variant `NAME[:K=V...]` promises (serializable if it is unknown).

@@ -122,6 +122,11 @@ pub trait Protocol: Send + Sync + 'static {
     fn check_topology(&self, _topo: &Topology) -> anyhow::Result<()> {
         Ok(())
     }
+    /// Refuse a durability the protocol cannot run with, with a one-line reason: every one will
+    /// do for a protocol that does not say otherwise (Silo is unreplicated; Rolis replicates).
+    fn check_durability(&self, _mode: crate::replication::Durability, _replicas: u16) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// The state machine of log `env.log` of node `env.node` ([`crate::rt::log::LogMachine`]),
     /// fresh or from a checkpoint's bytes: the checkpointer, replicated logs and failover drive
     /// it, knowing nothing of the protocol's records. It may execute what it applies (an input

@@ -415,7 +415,7 @@ mod tests {
                 spec.latency.jitter_us = 50;
                 spec.seed = seed;
                 spec.proto.one_shot = one_shot;
-                let run = testkit::run(&spec);
+                let run = testkit::run(&spec.with_durability_its_protocol_takes());
                 let what = format!("{} one_shot={one_shot}", p.name);
                 run.assert_checks_pass(&what);
                 assert!(run.committed.get(TRANSFER_PROC).copied().unwrap_or(0) > 100, "{what}: {run:?}");

@@ -448,7 +448,7 @@ fn sim_spec(protocol: &str, mix: &str, seed: u64) -> crate::host::BenchSpec {
 
 fn consistent_in_simulation(one_shot: bool, seed: u64) {
     for p in crate::protocols::ready() {
-        let mut spec = sim_spec(p.name, "standard", seed);
+        let mut spec = sim_spec(p.name, "standard", seed).with_durability_its_protocol_takes();
         spec.proto.one_shot = one_shot;
         let run = crate::testkit::run(&spec);
         let what = format!("{} one_shot={one_shot}", p.name);

@@ -1,0 +1,30 @@
+//! Rolis (execute, replicate, replay): Silo on one multi-core leader whose workers each
+//! replicate their own log on a Raft group of its own (Rolis's per-thread Paxos streams), with
+//! results released below the watermark over the streams, replicas replaying each stream below
+//! it, and a failover that closes the old epoch at its final watermark. It is the engine in
+//! `protocols/silo` with `replicated` set: what differs from `silo` is only where the logs live
+//! (`--durability replicated`, which `rolis` requires, with 2 replicas or more).
+//!
+//! Where this Rolis departs from the paper (each is in the README's protocol table):
+//! - Raft (tikv's raft-rs) stands for the authors' MultiPaxos; an entry is durable once a
+//!   majority holds it, and a stream commits in order, as theirs.
+//! - A TID follows the worker's clock and passes every TID its transaction saw (Silo's rule) in
+//!   place of `rdtscp`; the epoch is the node's incarnation, in the TID's top bits.
+//! - A batch is also appended every `flush_us` however full (the paper cuts by count alone and
+//!   moves idle streams by heartbeats, which dtx sends on the same tick).
+//! - A replica replays a stream up to the watermark the leader carried in that stream's latest
+//!   entry, not one it computes itself over its own streams, and each stream keeps the rows it
+//!   replayed; a failover merges them, last writer wins.
+//! - A new leader is elected per log by Raft (a node's logs fail over together to one host),
+//!   not by one election module; the old epoch is closed by the new incarnation's `Closed`
+//!   entry in every stream, which carries its final watermark.
+
+use crate::protocols::silo::{Silo, SiloConfig};
+use crate::protocols::{Options, Protocol};
+use std::sync::Arc;
+
+pub use crate::protocols::silo::OPTIONS;
+
+pub fn new(o: &Options) -> Arc<dyn Protocol> {
+    Arc::new(Silo(SiloConfig::from_options(o, true)))
+}

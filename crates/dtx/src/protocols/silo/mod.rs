@@ -1,0 +1,332 @@
+//! Silo (Tu et al., SOSP 2013) on one multi-core node, and Rolis (execute, replicate, replay)
+//! on top of it: one engine, two registry entries that differ in where the workers' logs live.
+//!
+//! - `silo`: OCC with Silo's TID words and commit protocol (lock the write set, validate the
+//!   read set, pick a TID without a shared counter, install, unlock). Without a log a commit
+//!   is acknowledged at once: the unreplicated upper bound Rolis is measured against. With
+//!   `--durability wal` each worker logs to a WAL of its own and a commit is acknowledged once
+//!   every worker's log is durable past it (SiloR's logging, at the granularity of a TID rather
+//!   than a 40 ms epoch).
+//! - `rolis` (`protocols/rolis`): the same with each worker's log a Raft group of its own
+//!   (`--durability replicated`): the leader executes speculatively, each worker replicates its
+//!   batches on its own stream, and results are released below the watermark (the minimum over
+//!   the streams of their latest durable TID). Replicas replay each stream below the
+//!   watermark ([`log::StreamMachine`]); a failover or a restart closes the old epoch at its
+//!   final watermark and drops what lies above it ([`log::recover`]).
+//!
+//! Roles: [`meta`] the TID word and TID choice; [`txn`] an attempt's execution and commit;
+//! [`stream`] batching, heartbeats, the watermark and release; [`log`] the entries, replay and
+//! recovery. All data and clients are on node 0; the other nodes only hold replicas of its
+//! logs (its default layout).
+
+pub mod log;
+pub mod meta;
+pub mod stream;
+pub mod txn;
+
+#[cfg(test)]
+mod tests;
+
+use crate::cluster::{Role, Roles, Topology};
+use crate::protocols::{Attempt, Layout, MachineEnv, NodeEnv, OptionKind, OptionSpec, Options, WorkerProtocol};
+use crate::replication::Durability;
+use crate::rt::log::{LogMachine, NodeLog};
+use crate::rt::release::Release as Outcome;
+use crate::rt::Worker;
+use crate::storage::Storage;
+use crate::txn::{Abort, Ctx, TxnOutput, TxnRequest, TxnResult};
+use meta::{epoch_start, SiloMeta, Stamper};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use stream::{Release, Streams, WorkerStream};
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "batch",
+        kind: OptionKind::U64 { min: 1, max: 1_000_000 },
+        default: "1000",
+        help: "transactions per log entry of a worker's stream (Rolis: 1,000 for TPC-C, 10,000 for YCSB++)",
+    },
+    OptionSpec {
+        name: "flush_us",
+        kind: OptionKind::U64 { min: 10, max: 1_000_000 },
+        default: "1000",
+        help: "a worker appends its batch this often however full, or a heartbeat when it has nothing",
+    },
+    OptionSpec {
+        name: "watermark_us",
+        kind: OptionKind::U64 { min: 10, max: 1_000_000 },
+        default: "500",
+        help: "how often the watermark over the streams is taken and commits below it released (Rolis: 0.5 ms)",
+    },
+    OptionSpec {
+        name: "streams",
+        kind: OptionKind::Choice(&["per-worker", "shared"]),
+        default: "per-worker",
+        help: "per-worker: a log per worker, released by watermark; shared: one log for all, each commit released once durable (Rolis's strawman)",
+    },
+];
+
+/// How the engine runs: its options, and which system it is.
+#[derive(Debug, Clone, Copy)]
+pub struct SiloConfig {
+    /// `rolis`: the workers' logs must be replicated.
+    pub replicated: bool,
+    pub shared_stream: bool,
+    pub batch: usize,
+    pub flush_us: u64,
+    pub watermark_us: u64,
+}
+
+impl SiloConfig {
+    pub fn from_options(o: &Options, replicated: bool) -> Self {
+        SiloConfig {
+            replicated,
+            shared_stream: o.choice("streams") == "shared",
+            batch: o.u64("batch") as usize,
+            flush_us: o.u64("flush_us"),
+            watermark_us: o.u64("watermark_us"),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        if self.replicated {
+            "rolis"
+        } else {
+            "silo"
+        }
+    }
+}
+
+pub struct Silo(pub SiloConfig);
+
+impl crate::protocols::Protocol for Silo {
+    fn build_node(&self, env: NodeEnv) -> Arc<dyn crate::protocols::NodeProtocol> {
+        let cfg = self.0;
+        let store: Storage<SiloMeta> = crate::protocols::load_storage(&env);
+        let logs: Vec<Arc<NodeLog>> =
+            env.log.iter().cloned().chain(env.more_logs.iter().map(|l| l.log.clone())).collect();
+        let recovered = log::recover(machines_of(&env, cfg.shared_stream));
+        for (k, (tid, value)) in recovered.rows {
+            let rec = store.get_or_create(k);
+            let mut row = rec.lock();
+            row.value = value;
+            row.meta.tid = tid;
+        }
+        for (epoch, last) in &recovered.closes {
+            let entry = crate::net::encode(&log::Entry::Closed { epoch: *epoch, last: *last });
+            for l in &logs {
+                // Appended before anything of the new epoch: a replica replays the old epoch
+                // up to its final watermark before it sees the new one's entries.
+                l.append(&entry).expect("a closing entry within the record limit");
+            }
+        }
+        if env.checkpoint_every > 0 {
+            for (l, m) in logs.iter().zip(machines_of(&env, cfg.shared_stream)) {
+                l.set_checkpointer(Box::new(m), env.checkpoint_every);
+            }
+        }
+        let epoch = recovered.epoch;
+        let streams = (!logs.is_empty()).then(|| Arc::new(Streams::new(logs, cfg, epoch)));
+        Arc::new(SiloNode(Arc::new(NodeState { store, workload: env.workload.clone(), epoch, streams })))
+    }
+
+    fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
+        let data: Vec<u16> = (0..topo.nodes).filter(|&n| topo.roles_of(n).contains(Role::Data)).collect();
+        let clients: Vec<u16> = (0..topo.nodes).filter(|&n| topo.roles_of(n).contains(Role::Client)).collect();
+        if data != [0] || clients != [0] {
+            anyhow::bail!(
+                "{} is one multi-core node: its data and clients must be on node 0 alone (data nodes here: {data:?}, \
+                 client nodes: {clients:?}); the others only hold replicas of its logs",
+                self.0.name()
+            );
+        }
+        Ok(())
+    }
+
+    fn check_durability(&self, mode: Durability, replicas: u16) -> anyhow::Result<()> {
+        match (self.0.replicated, mode) {
+            (false, Durability::Replicated) => {
+                anyhow::bail!(
+                    "silo is unreplicated: rolis is silo with each worker's log replicated (--protocol rolis)"
+                )
+            }
+            (true, Durability::None | Durability::Wal) => anyhow::bail!(
+                "rolis replicates each worker's log: add --durability replicated --replicas 3 (silo keeps them in \
+                 local WALs)"
+            ),
+            (true, Durability::Replicated) if replicas < 2 => {
+                anyhow::bail!("rolis needs at least 2 replicas of each log (--replicas {replicas}): give --replicas 3")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn logs(&self, topo: &Topology) -> u16 {
+        match self.0.shared_stream {
+            true => 1,
+            false => topo.workers_per_node,
+        }
+    }
+
+    fn log_machine(&self, _env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
+        Ok(Box::new(log::StreamMachine::from_checkpoint(self.0.shared_stream, checkpoint)?))
+    }
+
+    fn default_layout(&self, nodes: u16) -> Layout {
+        let replica_host = Roles::of(&[Role::Replicator]);
+        let roles = (0..nodes).map(|n| if n == 0 { Roles::DEFAULT } else { replica_host }).collect();
+        Layout { roles, regions: Vec::new() }
+    }
+}
+
+/// Each of the node's logs as a stream machine fed what it held.
+fn machines_of(env: &NodeEnv, ordered: bool) -> Vec<log::StreamMachine> {
+    let first = env.log.as_ref().map(|_| (env.checkpoint.as_deref(), &env.recovered));
+    let rest = env.more_logs.iter().map(|l| (l.checkpoint.as_deref(), &l.records));
+    first
+        .into_iter()
+        .chain(rest)
+        .map(|(checkpoint, records)| {
+            // The log opened with this checkpoint: the engine checked it with our log machine.
+            let mut m = log::StreamMachine::from_checkpoint(ordered, checkpoint).expect("a silo stream checkpoint");
+            records.iter().for_each(|r| m.apply(r));
+            m
+        })
+        .collect()
+}
+
+struct NodeState {
+    store: Storage<SiloMeta>,
+    workload: Arc<dyn crate::txn::Procedures>,
+    /// This incarnation's epoch.
+    epoch: u64,
+    /// The workers' logs (none without durability).
+    streams: Option<Arc<Streams>>,
+}
+
+struct SiloNode(Arc<NodeState>);
+
+impl crate::protocols::NodeProtocol for SiloNode {
+    fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
+        let stamper = Stamper::new(self.0.epoch, w.addr.worker);
+        let log = Rc::new(WorkerLog { stamper: Cell::new(stamper), stream: RefCell::new(WorkerStream::default()) });
+        Rc::new(SiloWorker { w, s: self.0.clone(), attempts: Cell::new(0), log })
+    }
+}
+
+struct SiloWorker {
+    w: Rc<Worker>,
+    s: Arc<NodeState>,
+    /// Attempts this worker started: with its index, an attempt's lock owner id.
+    attempts: Cell<u64>,
+    log: Rc<WorkerLog>,
+}
+
+/// A worker's TIDs and its stream, shared with its flush loop.
+struct WorkerLog {
+    stamper: Cell<Stamper>,
+    stream: RefCell<WorkerStream>,
+}
+
+impl WorkerLog {
+    fn stamp(&self, w: &Worker, floor: u64) -> u64 {
+        let mut s = self.stamper.get();
+        let tid = s.next(w.now_us(), floor);
+        self.stamper.set(s);
+        tid
+    }
+}
+
+impl SiloWorker {
+    fn next_txn_id(&self) -> u64 {
+        let n = self.attempts.get() + 1;
+        self.attempts.set(n);
+        ((self.w.addr.worker as u64 + 1) << 48) | n
+    }
+
+    /// Commit an executed attempt: returns where its release waits.
+    fn commit(&self, t: txn::SiloTxn<'_>) -> TxnResult<Release> {
+        let locked = t.lock_and_validate()?;
+        let Some(streams) = &self.s.streams else {
+            let tid = self.log.stamp(&self.w, locked.floor);
+            locked.install(tid);
+            return Ok(Release::Now);
+        };
+        if locked.is_read_only() {
+            let floor = locked.floor;
+            locked.release();
+            return Ok(streams.read_only(floor, epoch_start(self.s.epoch)));
+        }
+        if !stream::fits(stream::logged_bytes(&locked.writes)) {
+            locked.release();
+            return Err(Abort::LogRefused);
+        }
+        let tid = self.log.stamp(&self.w, locked.floor);
+        self.w.charge_ops(locked.writes.len());
+        let release = WorkerStream::log(&self.log.stream, &self.w, streams, tid, locked.writes.clone());
+        locked.install(tid);
+        Ok(release)
+    }
+}
+
+/// Silo's workers exchange no messages: clients are in-process and replication is the logs'.
+impl crate::rt::Handler for SiloWorker {
+    fn on_request(&self, _from: crate::net::Addr, _rpc_id: u64, _body: &[u8]) {}
+    fn on_oneway(&self, _from: crate::net::Addr, _body: &[u8]) {}
+}
+
+impl WorkerProtocol for SiloWorker {
+    fn execute<'a>(
+        &'a self,
+        req: &'a TxnRequest,
+        attempt: Attempt,
+    ) -> crate::rt::LocalBoxFuture<'a, TxnResult<TxnOutput>> {
+        Box::pin(async move {
+            self.w.charge(self.w.cost.txn_ns);
+            let mut t = txn::SiloTxn::new(&self.s.store, &self.w, self.next_txn_id());
+            let mut out = self.s.workload.run(req, &mut Ctx::new(&mut t)).await?;
+            let point = match self.commit(t)? {
+                Release::Now => return Ok(out),
+                Release::At(point) => point,
+            };
+            if attempt.defer_ack {
+                out.ack_after = Some(point);
+                return Ok(out);
+            }
+            let source = self.ack_source().expect("a node with streams has an acknowledgement source");
+            source.decided(point).await;
+            match source.outcome(point) {
+                Outcome::Released => Ok(out),
+                _ => Err(Abort::RolledBack),
+            }
+        })
+    }
+
+    fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
+        self.s.streams.as_ref().map(|s| s.ack_source())
+    }
+
+    fn start(&self) {
+        let Some(streams) = &self.s.streams else { return };
+        if streams.cfg.shared_stream {
+            return;
+        }
+        self.w.spawn(flush_loop(self.w.clone(), self.log.clone(), streams.clone()));
+        if self.w.addr.worker == 0 {
+            self.w.spawn(streams.clone().release_loop(self.w.clone()));
+        }
+    }
+}
+
+/// Every `flush_us`: append the worker's batch, or a heartbeat when it has none.
+async fn flush_loop(w: Rc<Worker>, log: Rc<WorkerLog>, streams: Arc<Streams>) {
+    loop {
+        w.sleep_us(streams.cfg.flush_us).await;
+        if !WorkerStream::flush(&log.stream, &w, &streams) {
+            let tid = log.stamp(&w, 0);
+            WorkerStream::heartbeat(&w, &streams, tid);
+        }
+    }
+}

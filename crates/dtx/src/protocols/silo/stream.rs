@@ -1,0 +1,159 @@
+//! How committed transactions reach their streams and how results are released: Rolis's
+//! replicate step (§3.2-§3.4), and with a local log SiloR's logging.
+//!
+//! - `streams=per-worker`: each worker batches its transactions' write sets and appends a batch
+//!   to a log of its own once it holds `batch` transactions or every `flush_us`, and a
+//!   heartbeat when it has nothing to log. When an entry is durable, the worker reports its
+//!   TID as its stream's tip; every `watermark_us` worker 0 takes the minimum over the streams
+//!   (the watermark) and releases every commit at or below it.
+//! - `streams=shared`: every worker appends each transaction to one log under its locks, and a
+//!   commit is released once its record is durable (Rolis's strawman, §2.2).
+
+use super::log::{Entry, Logged};
+use super::SiloConfig;
+use crate::replication::watermark::StreamWatermark;
+use crate::rt::log::NodeLog;
+use crate::rt::release::{AckSource, ReleasePoints};
+use crate::rt::Worker;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// A batch is cut at this many bytes of writes, whatever its count: a log entry stays far
+/// below the WAL's record limit and Raft's frames.
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// A node's streams.
+pub struct Streams {
+    pub logs: Vec<Arc<NodeLog>>,
+    pub cfg: SiloConfig,
+    /// Per-worker streams: each one's latest durable TID, in this incarnation's epoch.
+    watermark: Mutex<StreamWatermark>,
+    points: Arc<ReleasePoints>,
+}
+
+/// Where a commit waits before its client hears of it.
+pub enum Release {
+    /// Nothing to wait for.
+    Now,
+    /// A point of the node's [`Streams::ack_source`].
+    At(u64),
+}
+
+impl Streams {
+    pub fn new(logs: Vec<Arc<NodeLog>>, cfg: SiloConfig, epoch: u64) -> Self {
+        let watermark = Mutex::new(StreamWatermark::new(logs.len(), epoch));
+        Streams { logs, cfg, watermark, points: ReleasePoints::new() }
+    }
+
+    pub fn ack_source(&self) -> Arc<dyn AckSource> {
+        match self.cfg.shared_stream {
+            true => self.logs[0].clone(),
+            false => self.points.clone(),
+        }
+    }
+
+    /// A read-only transaction that read TIDs up to `floor`: released once every write it
+    /// read is (it logs nothing). `first` is this epoch's first TID: what lies below it was
+    /// recovered, and is safe.
+    pub fn read_only(&self, floor: u64, first: u64) -> Release {
+        match self.cfg.shared_stream {
+            true => self.logs[0].read_fence().map_or(Release::Now, Release::At),
+            false if floor < first => Release::Now,
+            false => Release::At(floor),
+        }
+    }
+
+    /// Append `entry` to stream `stream`; with `tip`, report it once durable.
+    fn append(&self, w: &Rc<Worker>, s: &Arc<Self>, stream: usize, entry: &Entry, tip: Option<u64>) -> u64 {
+        let log = &self.logs[stream];
+        // A batch is cut far below the record limit, and a transaction that would not fit
+        // alone was refused before it installed (`fits`).
+        let lsn = log.append(&crate::net::encode(entry)).expect("a stream entry within the log's record limit");
+        if let Some(tid) = tip {
+            let (s, log) = (s.clone(), log.clone());
+            w.spawn(async move {
+                log.wait(lsn).await;
+                s.watermark.lock().report(stream, tid);
+            });
+        }
+        lsn
+    }
+
+    /// Every `watermark_us`: release every commit at or below the watermark (an entry at a
+    /// stream's tip is durable, so the watermark's own is too). Runs on worker 0.
+    pub async fn release_loop(self: Arc<Self>, w: Rc<Worker>) {
+        loop {
+            w.sleep_us(self.cfg.watermark_us).await;
+            let watermark = self.watermark.lock().watermark();
+            if watermark > 0 {
+                self.points.release_through(watermark);
+            }
+        }
+    }
+}
+
+/// What a worker holds for its stream.
+#[derive(Default)]
+pub struct WorkerStream {
+    batch: Vec<Logged>,
+    bytes: usize,
+}
+
+/// The bytes a transaction's writes take in a batch, about.
+pub fn logged_bytes(writes: &[(crate::storage::RowKey, Option<crate::storage::Value>)]) -> usize {
+    16 + writes.iter().map(|(_, v)| 16 + v.as_ref().map_or(0, |v| v.len())).sum::<usize>()
+}
+
+/// Whether a transaction with these writes fits one log entry.
+pub fn fits(bytes: usize) -> bool {
+    bytes <= BATCH_BYTES
+}
+
+impl WorkerStream {
+    /// Log transaction `tid` (its locks still held): into the worker's batch, cut when full;
+    /// into the shared stream at once. Returns where its release waits.
+    pub fn log(
+        me: &RefCell<WorkerStream>,
+        w: &Rc<Worker>,
+        s: &Arc<Streams>,
+        tid: u64,
+        writes: crate::protocols::twopc::durable::Writes,
+    ) -> Release {
+        if s.cfg.shared_stream {
+            let entry = Entry::Batch { released: 0, txns: vec![(tid, writes)] };
+            return Release::At(s.append(w, s, 0, &entry, None));
+        }
+        let full = {
+            let mut st = me.borrow_mut();
+            st.bytes += logged_bytes(&writes);
+            st.batch.push((tid, writes));
+            st.batch.len() >= s.cfg.batch || st.bytes >= BATCH_BYTES
+        };
+        if full {
+            Self::flush(me, w, s);
+        }
+        Release::At(tid)
+    }
+
+    /// Append the batch to the worker's stream, if it holds anything. Returns whether it did.
+    pub fn flush(me: &RefCell<WorkerStream>, w: &Rc<Worker>, s: &Arc<Streams>) -> bool {
+        let txns = {
+            let mut st = me.borrow_mut();
+            st.bytes = 0;
+            std::mem::take(&mut st.batch)
+        };
+        let Some(&(last, _)) = txns.last() else { return false };
+        w.count("batches", 1);
+        let entry = Entry::Batch { released: s.points.released_through(), txns };
+        s.append(w, s, w.addr.worker as usize, &entry, Some(last));
+        true
+    }
+
+    /// An idle stream's heartbeat at `tid`, a TID the worker took after everything it logged.
+    pub fn heartbeat(w: &Rc<Worker>, s: &Arc<Streams>, tid: u64) {
+        let entry = Entry::Heartbeat { released: s.points.released_through(), tid };
+        s.append(w, s, w.addr.worker as usize, &entry, Some(tid));
+    }
+}
