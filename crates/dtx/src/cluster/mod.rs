@@ -272,6 +272,11 @@ impl Topology {
         self.node_roles.get(node as usize).copied().unwrap_or(Roles::DEFAULT)
     }
 
+    /// The nodes with the `data` role, in order.
+    pub fn data_nodes(&self) -> &[NodeId] {
+        &self.data_nodes
+    }
+
     pub fn partitions(&self) -> u32 {
         self.data_nodes.len() as u32 * self.partitions_per_node
     }

@@ -192,10 +192,11 @@ pub fn build(params: &WorkloadParams, topo: &Topology) -> anyhow::Result<Arc<dyn
     }
 }
 
-/// Pick a partition on another node than `home`'s (or `home` when there is only one node).
+/// Pick a partition on another node than `home`'s (or `home` when every partition is on its
+/// node: one node, or one data node among replica-only hosts, as Silo's and Rolis's).
 pub fn remote_partition(rng: &mut Rng, topo: &Topology, home: PartitionId) -> PartitionId {
     use rand::Rng as _;
-    if topo.nodes <= 1 {
+    if topo.data_nodes().len() <= 1 {
         return home;
     }
     let home_node = topo.node_of(home);
