@@ -20,9 +20,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// A batch is cut at this many bytes of writes, whatever its count: a log entry stays far
-/// below the WAL's record limit and Raft's frames.
-pub const BATCH_BYTES: usize = 1 << 20;
+/// A batch is cut once it holds this many bytes of writes, whatever its count, and a
+/// transaction is refused (`log-refused`) above [`TXN_BYTES`]: a log entry then stays below
+/// 768 KiB, within a replicated log's entry limit (1 MiB, `RaftConfig::max_size_per_msg`) and
+/// far within the WAL's record limit. (The sizes are estimates above the encoded ones.)
+pub const BATCH_BYTES: usize = 256 << 10;
+pub const TXN_BYTES: usize = 512 << 10;
 
 /// A node's streams.
 pub struct Streams {
@@ -108,7 +111,7 @@ pub fn logged_bytes(writes: &[(crate::storage::RowKey, Option<crate::storage::Va
 
 /// Whether a transaction with these writes fits one log entry.
 pub fn fits(bytes: usize) -> bool {
-    bytes <= BATCH_BYTES
+    bytes <= TXN_BYTES
 }
 
 impl WorkerStream {
