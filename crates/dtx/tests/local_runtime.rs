@@ -5,7 +5,7 @@ use dtx::host::{self, BenchSpec, Outcome};
 use dtx::protocols::REGISTRY;
 use dtx::workloads::WorkloadParams;
 
-#[allow(dead_code)] // The sweeps' shared helpers; this file uses `runnable` alone.
+#[allow(dead_code)] // The sweeps' shared helpers; this file uses `runnable` and `paced`.
 mod common;
 
 #[test]
@@ -23,7 +23,7 @@ fn every_protocol_commits_and_verifies_on_threads() {
         s.warmup_us = 0;
         s.latency.delay_us = 50;
         s.latency.jitter_us = 20;
-        let mut s = common::runnable(s);
+        let mut s = common::paced(common::runnable(s));
         let out = run_until_commits(&mut s, 20);
         let dir = tempfile::tempdir().unwrap();
         let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), p.guarantee).unwrap();

@@ -114,14 +114,6 @@ impl crate::protocols::Protocol for Silo {
             row.value = value;
             row.meta.tid = tid;
         }
-        for (epoch, last) in &recovered.closes {
-            let entry = crate::net::encode(&log::Entry::Closed { epoch: *epoch, last: *last });
-            for l in &logs {
-                // Appended before anything of the new epoch: a replica replays the old epoch
-                // up to its final watermark before it sees the new one's entries.
-                l.append(&entry).expect("a closing entry within the record limit");
-            }
-        }
         if env.checkpoint_every > 0 {
             for (l, m) in logs.iter().zip(machines_of(&env, cfg.shared_stream)) {
                 l.set_checkpointer(Box::new(m), env.checkpoint_every);
@@ -129,7 +121,8 @@ impl crate::protocols::Protocol for Silo {
         }
         let epoch = recovered.epoch;
         let streams = (!logs.is_empty()).then(|| Arc::new(Streams::new(logs, cfg, epoch)));
-        Arc::new(SiloNode(Arc::new(NodeState { store, workload: env.workload.clone(), epoch, streams })))
+        let closes = recovered.closes;
+        Arc::new(SiloNode(Arc::new(NodeState { store, workload: env.workload.clone(), epoch, streams, closes })))
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
@@ -204,6 +197,9 @@ struct NodeState {
     epoch: u64,
     /// The workers' logs (none without durability).
     streams: Option<Arc<Streams>>,
+    /// Epochs this incarnation closed, with their final watermarks: each worker logs them in
+    /// its stream before anything of its own.
+    closes: Vec<(u64, u64)>,
 }
 
 struct SiloNode(Arc<NodeState>);
@@ -211,7 +207,8 @@ struct SiloNode(Arc<NodeState>);
 impl crate::protocols::NodeProtocol for SiloNode {
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
         let stamper = Stamper::new(self.0.epoch, w.addr.worker);
-        let log = Rc::new(WorkerLog { stamper: Cell::new(stamper), stream: RefCell::new(WorkerStream::default()) });
+        let stream = RefCell::new(WorkerStream::new(self.0.closes.clone()));
+        let log = Rc::new(WorkerLog { stamper: Cell::new(stamper), stream });
         Rc::new(SiloWorker { w, s: self.0.clone(), attempts: Cell::new(0), log })
     }
 }
@@ -326,7 +323,7 @@ async fn flush_loop(w: Rc<Worker>, log: Rc<WorkerLog>, streams: Arc<Streams>) {
         w.sleep_us(streams.cfg.flush_us).await;
         if !WorkerStream::flush(&log.stream, &w, &streams) {
             let tid = log.stamp(&w, 0);
-            WorkerStream::heartbeat(&w, &streams, tid);
+            WorkerStream::heartbeat(&log.stream, &w, &streams, tid);
         }
     }
 }

@@ -20,12 +20,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// A batch is cut once it holds this many bytes of writes, whatever its count, and a
-/// transaction is refused (`log-refused`) above [`TXN_BYTES`]: a log entry then stays below
-/// 768 KiB, within a replicated log's entry limit (1 MiB, `RaftConfig::max_size_per_msg`) and
-/// far within the WAL's record limit. (The sizes are estimates above the encoded ones.)
-pub const BATCH_BYTES: usize = 256 << 10;
-pub const TXN_BYTES: usize = 512 << 10;
+/// A log entry holds at most this many bytes of writes: a batch that a transaction would take
+/// past it is appended first, and a transaction larger alone is refused (`log-refused`). An
+/// entry then fits a replicated log's entry limit (1 MiB, `RaftConfig::max_size_per_msg`) and
+/// the WAL's record limit. (The sizes are estimates above the encoded ones.)
+pub const ENTRY_BYTES: usize = 900 << 10;
 
 /// A node's streams.
 pub struct Streams {
@@ -98,23 +97,29 @@ impl Streams {
 }
 
 /// What a worker holds for its stream.
-#[derive(Default)]
 pub struct WorkerStream {
     batch: Vec<Logged>,
     bytes: usize,
+    /// Epochs closed at this incarnation's start, not logged in this stream yet.
+    closes: Vec<(u64, u64)>,
 }
 
-/// The bytes a transaction's writes take in a batch, about.
+/// The bytes a transaction's writes take in a batch, at most (postcard: a TID, and per write a
+/// key of at most 13 bytes, an option tag and a length of at most 5).
 pub fn logged_bytes(writes: &[(crate::storage::RowKey, Option<crate::storage::Value>)]) -> usize {
-    16 + writes.iter().map(|(_, v)| 16 + v.as_ref().map_or(0, |v| v.len())).sum::<usize>()
+    16 + writes.iter().map(|(_, v)| 24 + v.as_ref().map_or(0, |v| v.len())).sum::<usize>()
 }
 
 /// Whether a transaction with these writes fits one log entry.
 pub fn fits(bytes: usize) -> bool {
-    bytes <= TXN_BYTES
+    bytes <= ENTRY_BYTES
 }
 
 impl WorkerStream {
+    pub fn new(closes: Vec<(u64, u64)>) -> Self {
+        WorkerStream { batch: Vec::new(), bytes: 0, closes }
+    }
+
     /// Log transaction `tid` (its locks still held): into the worker's batch, cut when full;
     /// into the shared stream at once. Returns where its release waits.
     pub fn log(
@@ -128,11 +133,15 @@ impl WorkerStream {
             let entry = Entry::Batch { released: 0, txns: vec![(tid, writes)] };
             return Release::At(s.append(w, s, 0, &entry, None));
         }
+        let bytes = logged_bytes(&writes);
+        if me.borrow().bytes + bytes > ENTRY_BYTES {
+            Self::flush(me, w, s);
+        }
         let full = {
             let mut st = me.borrow_mut();
-            st.bytes += logged_bytes(&writes);
+            st.bytes += bytes;
             st.batch.push((tid, writes));
-            st.batch.len() >= s.cfg.batch || st.bytes >= BATCH_BYTES
+            st.batch.len() >= s.cfg.batch
         };
         if full {
             Self::flush(me, w, s);
@@ -142,6 +151,7 @@ impl WorkerStream {
 
     /// Append the batch to the worker's stream, if it holds anything. Returns whether it did.
     pub fn flush(me: &RefCell<WorkerStream>, w: &Rc<Worker>, s: &Arc<Streams>) -> bool {
+        Self::close_old_epochs(me, w, s);
         let txns = {
             let mut st = me.borrow_mut();
             st.bytes = 0;
@@ -154,8 +164,19 @@ impl WorkerStream {
         true
     }
 
+    /// Log the epochs this incarnation closed, with their final watermarks, unless done: a
+    /// stream's first entries in an incarnation, so that a replica replays the old epochs up
+    /// to their watermarks before it sees anything of the new one.
+    fn close_old_epochs(me: &RefCell<WorkerStream>, w: &Rc<Worker>, s: &Arc<Streams>) {
+        let closes = std::mem::take(&mut me.borrow_mut().closes);
+        for (epoch, last) in closes {
+            s.append(w, s, w.addr.worker as usize, &Entry::Closed { epoch, last }, None);
+        }
+    }
+
     /// An idle stream's heartbeat at `tid`, a TID the worker took after everything it logged.
-    pub fn heartbeat(w: &Rc<Worker>, s: &Arc<Streams>, tid: u64) {
+    pub fn heartbeat(me: &RefCell<WorkerStream>, w: &Rc<Worker>, s: &Arc<Streams>, tid: u64) {
+        Self::close_old_epochs(me, w, s);
         let entry = Entry::Heartbeat { released: s.points.released_through(), tid };
         s.append(w, s, w.addr.worker as usize, &entry, Some(tid));
     }
