@@ -120,7 +120,9 @@ impl crate::protocols::Protocol for Silo {
             }
         }
         let epoch = recovered.epoch;
-        let streams = (!logs.is_empty()).then(|| Arc::new(Streams::new(logs, cfg, epoch)));
+        // A replica-only host's node runs no transaction: it keeps its logs empty.
+        let runs_transactions = env.topo.roles_of(env.node).contains(Role::Data);
+        let streams = (runs_transactions && !logs.is_empty()).then(|| Arc::new(Streams::new(logs, cfg, epoch)));
         let closes = recovered.closes;
         Arc::new(SiloNode(Arc::new(NodeState { store, workload: env.workload.clone(), epoch, streams, closes })))
     }
