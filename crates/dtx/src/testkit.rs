@@ -97,6 +97,7 @@ fn client(
 }
 
 pub fn run(spec: &BenchSpec) -> SimRun {
+    assert_eq!(spec.durability.mode, crate::replication::Durability::None, "testkit::run keeps no log");
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     let cfg = spec.worker_config();
     let end_ns = (spec.warmup_us + spec.duration_us) * 1000;
@@ -118,8 +119,13 @@ pub fn run(spec: &BenchSpec) -> SimRun {
             world.add_worker(w.clone());
             let proto = node.worker(w.clone());
             proto.start();
-            // Clients homed at the node's partitions, rotated by worker (as `host::homes`).
+            // Clients homed at the node's partitions, rotated by worker (as `host::homes`); a
+            // node that holds no data runs none here (Silo's replica-only hosts).
             let mut homes = topo.partitions_of(n);
+            if homes.is_empty() || !topo.roles_of(n).contains(crate::cluster::Role::Client) {
+                protos.push(proto);
+                continue;
+            }
             let r = wi as usize % homes.len();
             homes.rotate_left(r);
             for i in 0..spec.inflight as usize {
