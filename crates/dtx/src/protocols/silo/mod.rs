@@ -250,7 +250,7 @@ impl SiloWorker {
         let locked = t.lock_and_validate()?;
         let Some(streams) = &self.s.streams else {
             let tid = self.log.stamp(&self.w, locked.floor);
-            locked.install(tid);
+            let _ = locked.install(tid);
             return Ok(Release::Now);
         };
         if locked.is_read_only() {
@@ -264,9 +264,17 @@ impl SiloWorker {
         }
         let tid = self.log.stamp(&self.w, locked.floor);
         self.w.charge_ops(locked.writes.len());
-        let release = WorkerStream::log(&self.log.stream, &self.w, streams, tid, locked.writes.clone());
-        locked.install(tid);
-        Ok(release)
+        if streams.cfg.shared_stream {
+            // One log for every worker: the record goes in before the locks are let go, so
+            // that the log's order is the order of dependent transactions.
+            let release = WorkerStream::log(&self.log.stream, &self.w, streams, tid, locked.writes.clone());
+            let _ = locked.install(tid);
+            return Ok(release);
+        }
+        // A worker's own stream is in its TID order whatever the other workers do: the
+        // watermark, not the log's order, keeps dependents behind what they depend on.
+        let writes = locked.install(tid);
+        Ok(WorkerStream::log(&self.log.stream, &self.w, streams, tid, writes))
     }
 }
 

@@ -94,18 +94,20 @@ impl<'a> SiloTxn<'a> {
 }
 
 impl<'a> Locked<'a> {
-    /// Install every write at TID `tid` and unlock (Silo's phase 3).
-    pub fn install(self, tid: u64) {
+    /// Install every write at TID `tid` and unlock (Silo's phase 3); returns the writes (for
+    /// the log).
+    pub fn install(self, tid: u64) -> Writes {
         assert!(tid > self.floor, "TID {tid} at or below one its transaction saw ({})", self.floor);
-        for (rec, (_, value)) in self.recs.into_iter().zip(self.writes) {
+        for (rec, (_, value)) in self.recs.into_iter().zip(&self.writes) {
             let mut row = rec.lock();
             assert_eq!(row.meta.locked_by, self.id, "installing a record without holding its lock");
-            let old = std::mem::replace(&mut row.value, value);
+            let old = std::mem::replace(&mut row.value, value.clone());
             row.meta.tid = tid;
             row.meta.locked_by = 0;
             drop(row);
             Value::recycle(old);
         }
+        self.writes
     }
 
     /// Let the locks go without installing.
