@@ -49,7 +49,7 @@ fn apply_write(rows: &mut FxHashMap<RowKey, Replayed>, tid: u64, key: RowKey, va
 
 /// One stream's state machine on a replica (and in the checkpointer): the rows its replayed
 /// transactions wrote, its transactions not yet known safe, and what it knows of epochs.
-#[derive(Default, serde::Serialize, serde::Deserialize)]
+#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StreamMachine {
     /// Every worker logs into one stream in commit order (`streams=shared`): everything
     /// durable is safe, and replays at once.

@@ -107,17 +107,19 @@ impl crate::protocols::Protocol for Silo {
         let store: Storage<SiloMeta> = crate::protocols::load_storage(&env);
         let logs: Vec<Arc<NodeLog>> =
             env.log.iter().cloned().chain(env.more_logs.iter().map(|l| l.log.clone())).collect();
-        let recovered = log::recover(machines_of(&env, cfg.shared_stream));
+        let machines = machines_of(&env, cfg.shared_stream);
+        if env.checkpoint_every > 0 {
+            // Each log's checkpointer goes on from what the log held (one replay serves both).
+            for (l, m) in logs.iter().zip(&machines) {
+                l.set_checkpointer(Box::new(m.clone()), env.checkpoint_every);
+            }
+        }
+        let recovered = log::recover(machines);
         for (k, (tid, value)) in recovered.rows {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
             row.value = value;
             row.meta.tid = tid;
-        }
-        if env.checkpoint_every > 0 {
-            for (l, m) in logs.iter().zip(machines_of(&env, cfg.shared_stream)) {
-                l.set_checkpointer(Box::new(m), env.checkpoint_every);
-            }
         }
         let epoch = recovered.epoch;
         // A replica-only host's node runs no transaction: it keeps its logs empty.
