@@ -69,8 +69,8 @@ enum Cmd {
 ///   replicated log's entries are large (Rolis's batch of TPC-C write sets is ~500 KB) and each is
 ///   copied a few times on its way through Raft; with glibc's defaults each copy mapped, faulted in
 ///   and zeroed new pages and unmapped them again. Rolis on three nodes' TPC-C in `local`:
-///   40k to 64-66k committed/s; one-node silo and OCC unchanged within noise (three alternating
-///   pairs each).
+///   46k to 90-91k committed/s (two alternating pairs); one-node silo and OCC unchanged within
+///   noise (three pairs each).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MALLOC_TUNABLES: &str = "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=4194304:glibc.malloc.tcache_count=256:\
      glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864";

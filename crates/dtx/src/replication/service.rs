@@ -279,7 +279,11 @@ impl ReplicaState {
     pub fn new(setup: ReplicaSetup, journal: Option<Journal>) -> Result<Self, RaftLogError> {
         let mut state = ReplicaState::empty(setup, journal);
         for (owner, voters) in state.voted_groups() {
-            let group = state.open_group(owner, &voters, ReplicaStore::new(owner, &voters), 0)?;
+            let store = match state.journal {
+                Some(_) => ReplicaStore::new(owner, &voters),
+                None => ReplicaStore::new(owner, &voters).unjournaled(),
+            };
+            let group = state.open_group(owner, &voters, store, 0)?;
             state.groups.add(group)?;
         }
         // The membership is fixed by the configuration, not journaled; the first sync makes
