@@ -101,6 +101,9 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         extra.insert("log_wait_us_mean".to_string(), t.log_wait_ns as f64 / t.log_waits as f64 / 1000.0);
         extra.insert("log_waits_per_txn".to_string(), per(t.log_waits));
     }
+    if let Some(us) = t.replay_lag_us {
+        extra.insert("replay_lag_ms".to_string(), us as f64 / 1000.0);
+    }
     if t.failovers > 0 {
         extra.insert("failovers".to_string(), t.failovers as f64);
     }

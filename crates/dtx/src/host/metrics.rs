@@ -167,6 +167,10 @@ pub struct Totals {
     /// The protocol's own counters, summed over workers.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// How far the slowest replica's applied watermark trailed the furthest one's as the window
+    /// closed (µs; replicas that replay below a leader's watermark: Rolis's).
+    #[serde(default)]
+    pub replay_lag_us: Option<u64>,
     /// History lines not recorded because a worker's history was full.
     #[serde(default)]
     pub history_dropped: u64,

@@ -25,6 +25,8 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
     }
     let busy_in_window_ns = run_window(&mut world, spec, window);
+    // Taken as the window closes: once the clients stop, the drain lets every replica catch up.
+    let replay_lag_us = failover.as_ref().and_then(|f| f.replay_lag_us());
     let notes = drain(&mut world, spec, &shared, window, failover.is_some());
     let mut totals = Totals::default();
     let mut history = Vec::new();
@@ -70,6 +72,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
             totals.counters.insert(name.to_string(), n);
         }
         totals.findings.push(f.replicas_agree());
+        totals.replay_lag_us = replay_lag_us;
     }
     Ok(Outcome {
         totals,
@@ -329,6 +332,13 @@ impl SimFailover {
             *sums.entry(name).or_default() += n;
         }
         sums.into_iter().collect()
+    }
+
+    /// How far the slowest replica's applied watermark trails the furthest one's, over every
+    /// host's replicas of every log (None: no machine keeps one).
+    fn replay_lag_us(&self) -> Option<u64> {
+        let points: Vec<u64> = self.0.borrow().states.iter().flat_map(|s| s.borrow().applied_watermarks_us()).collect();
+        Some(points.iter().max()? - points.iter().min()?)
     }
 
     /// Whether every replica of every log holds the same committed entries, byte for byte,

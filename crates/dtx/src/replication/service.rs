@@ -452,6 +452,12 @@ impl ReplicaState {
 }
 
 impl ReplicaState {
+    /// Each of this host's machines' applied watermark, where its machine keeps one
+    /// ([`LogMachine::applied_watermark_us`]).
+    pub fn applied_watermarks_us(&self) -> Vec<u64> {
+        self.applied.values().filter_map(|m| m.applied_watermark_us()).collect()
+    }
+
     /// What the state machines of this host's replicas count, summed over its logs by name.
     pub fn machine_counters(&self) -> Vec<(&'static str, u64)> {
         let mut sums: std::collections::BTreeMap<&'static str, u64> = Default::default();

@@ -213,6 +213,13 @@ pub trait LogMachine: Send {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
     }
+    /// For a machine that replays its log only below a watermark the leader carries in it
+    /// (Rolis's replicas): the point, in microseconds of the protocol's clock, up to which it
+    /// has applied everything. The report's replay lag is how far the slowest replica's point
+    /// trails the furthest one's at the end of the run.
+    fn applied_watermark_us(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The log machine of a protocol that logs nothing it recovers from.

@@ -10,7 +10,7 @@
 //! Replay is per stream and order-free: a write is applied only over an older TID, so the
 //! streams' replays, in any interleaving and any number of times, end in the leader's state.
 
-use super::meta::{epoch_of, epoch_start};
+use super::meta::{clock_us_of, epoch_of, epoch_start};
 use crate::protocols::twopc::durable::Writes;
 use crate::storage::{RowKey, Value};
 use rustc_hash::FxHashMap;
@@ -143,6 +143,17 @@ impl crate::rt::log::LogMachine for StreamMachine {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         vec![("replayed", self.replayed), ("replay-dropped", self.dropped)]
     }
+
+    /// Per-worker streams replay everything up to the watermark the leader carried (each stream
+    /// logs in TID order, so nothing of it at or below that point is still to come); the shared
+    /// stream replays everything it holds, up to its newest TID.
+    fn applied_watermark_us(&self) -> Option<u64> {
+        let tid = match self.ordered {
+            true => self.tips.values().copied().max().unwrap_or(0),
+            false => self.released,
+        };
+        Some(clock_us_of(tid))
+    }
 }
 
 /// What a new incarnation of the node starts from.
@@ -238,6 +249,19 @@ mod tests {
         batch(&mut again, at(1, 9), &[(at(1, 9), 1)]);
         batch(&mut again, at(1, 9), &[(at(1, 5), 1)]);
         assert_eq!(again.rows[&key(1)].0, at(1, 9), "an older write replayed later changes nothing");
+    }
+
+    /// The replay lag is taken from this: a per-worker stream has applied everything up to the
+    /// watermark it was told, the shared stream everything it holds.
+    #[test]
+    fn a_replica_reports_the_clock_it_has_applied_up_to() {
+        let clock = |us: u64| at(2, us << 8);
+        let mut m = StreamMachine::new(false);
+        batch(&mut m, clock(700), &[(clock(650), 1), (clock(900), 2)]);
+        assert_eq!(m.applied_watermark_us(), Some(700), "the watermark carried, not the newest entry");
+        let mut shared = StreamMachine::new(true);
+        batch(&mut shared, 0, &[(clock(650), 1), (clock(900), 2)]);
+        assert_eq!(shared.applied_watermark_us(), Some(900));
     }
 
     #[test]

@@ -40,6 +40,12 @@ pub fn epoch_of(tid: u64) -> u64 {
     tid >> STAMP_BITS
 }
 
+/// The clock reading (µs) a TID was stamped at or above: the timestamp without its worker bits.
+#[inline]
+pub fn clock_us_of(tid: u64) -> u64 {
+    (tid & ((1 << STAMP_BITS) - 1)) >> WORKER_BITS
+}
+
 /// The smallest TID of `epoch`: every TID of an earlier epoch lies below it.
 #[inline]
 pub fn epoch_start(epoch: u64) -> u64 {
