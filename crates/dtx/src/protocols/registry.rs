@@ -187,7 +187,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "Silo: one multi-core node, OCC with TID words chosen without a shared counter; unreplicated (with --durability wal, a log per worker, released once every log is durable past it)",
         options: silo::OPTIONS,
         aborts: &[],
-        make: |o| Arc::new(silo::Silo(silo::SiloConfig::from_options(o, false))),
+        make: |o| Arc::new(silo::Silo::new(silo::SiloConfig::from_options(o, false))),
     },
     ProtocolInfo {
         name: "rolis",

@@ -12,9 +12,9 @@
 //!   place of `rdtscp`; the epoch is the node's incarnation, in the TID's top bits.
 //! - A batch is also appended every `flush_us` however full (the paper cuts by count alone and
 //!   moves idle streams by heartbeats, which dtx sends on the same tick).
-//! - A replica replays a stream up to the watermark the leader carried in that stream's latest
-//!   entry, not one it computes itself over its own streams, and each stream keeps the rows it
-//!   replayed; a failover merges them, last writer wins.
+//! - A replica's streams share one state ([`crate::protocols::silo::log::NodeReplica`]), as the
+//!   paper's replica does; a stream's snapshot (Raft's log compaction, where the paper's
+//!   followers keep their whole log) carries the rows whose latest write is its own.
 //! - A new leader is elected per log by Raft (a node's logs fail over together to one host),
 //!   not by one election module; the old epoch is closed by the new incarnation's `Closed`
 //!   entry in every stream, which carries its final watermark.
@@ -26,5 +26,5 @@ use std::sync::Arc;
 pub use crate::protocols::silo::OPTIONS;
 
 pub fn new(o: &Options) -> Arc<dyn Protocol> {
-    Arc::new(Silo(SiloConfig::from_options(o, true)))
+    Arc::new(Silo::new(SiloConfig::from_options(o, true)))
 }

@@ -10,8 +10,8 @@
 //! - `rolis` (`protocols/rolis`): the same with each worker's log a Raft group of its own
 //!   (`--durability replicated`): the leader executes speculatively, each worker replicates its
 //!   batches on its own stream, and results are released below the watermark (the minimum over
-//!   the streams of their latest durable TID). Replicas replay each stream below the
-//!   watermark ([`log::StreamMachine`]); a failover or a restart closes the old epoch at its
+//!   the streams of their latest durable TID). A replica replays every stream into one state
+//!   below its own watermark ([`log::NodeReplica`]); a failover or a restart closes the old epoch at its
 //!   final watermark and drops what lies above it ([`log::recover`]).
 //!
 //! Roles: [`meta`] the TID word and TID choice; [`txn`] an attempt's execution and commit;
@@ -36,9 +36,10 @@ use crate::rt::Worker;
 use crate::storage::Storage;
 use crate::txn::{Abort, Ctx, TxnOutput, TxnRequest, TxnResult};
 use meta::{epoch_start, SiloMeta, Stamper};
+use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use stream::{Release, Streams, WorkerStream};
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -99,22 +100,45 @@ impl SiloConfig {
     }
 }
 
-pub struct Silo(pub SiloConfig);
+pub struct Silo {
+    cfg: SiloConfig,
+    /// Per node, the replica its streams' machines on this host share (the engine makes a
+    /// host's machines through one protocol instance, and a new one for each incarnation of
+    /// the host, so a crashed host's replica is not reused).
+    replicas: parking_lot::Mutex<rustc_hash::FxHashMap<crate::net::NodeId, Weak<Mutex<log::NodeReplica>>>>,
+}
+
+impl Silo {
+    pub fn new(cfg: SiloConfig) -> Self {
+        Silo { cfg, replicas: Default::default() }
+    }
+
+    /// The replica of `node` this host's machines share (made on first use).
+    fn replica_of(&self, node: crate::net::NodeId, streams: usize) -> Arc<Mutex<log::NodeReplica>> {
+        let mut replicas = self.replicas.lock();
+        if let Some(r) = replicas.get(&node).and_then(Weak::upgrade) {
+            return r;
+        }
+        let r = Arc::new(Mutex::new(log::NodeReplica::new(self.cfg.shared_stream, streams)));
+        replicas.insert(node, Arc::downgrade(&r));
+        r
+    }
+}
 
 impl crate::protocols::Protocol for Silo {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn crate::protocols::NodeProtocol> {
-        let cfg = self.0;
+        let cfg = self.cfg;
         let store: Storage<SiloMeta> = crate::protocols::load_storage(&env);
         let logs: Vec<Arc<NodeLog>> =
             env.log.iter().cloned().chain(env.more_logs.iter().map(|l| l.log.clone())).collect();
-        let machines = machines_of(&env, cfg.shared_stream);
+        let machines = machines_of(&env, cfg.shared_stream, logs.len());
         if env.checkpoint_every > 0 {
             // Each log's checkpointer goes on from what the log held (one replay serves both).
-            for (l, m) in logs.iter().zip(&machines) {
-                l.set_checkpointer(Box::new(m.clone()), env.checkpoint_every);
+            for (l, m) in logs.iter().zip(log::StreamMachine::deep_copy(&machines)) {
+                l.set_checkpointer(Box::new(m), env.checkpoint_every);
             }
         }
-        let recovered = log::recover(machines);
+        let recovered = log::recover(&machines);
         for (k, (tid, value)) in recovered.rows {
             let rec = store.get_or_create(k);
             let mut row = rec.lock();
@@ -136,14 +160,14 @@ impl crate::protocols::Protocol for Silo {
             anyhow::bail!(
                 "{} is one multi-core node: its data and clients must be on node 0 alone (data nodes here: {data:?}, \
                  client nodes: {clients:?}); the others only hold replicas of its logs",
-                self.0.name()
+                self.cfg.name()
             );
         }
         Ok(())
     }
 
     fn check_durability(&self, mode: Durability, replicas: u16) -> anyhow::Result<()> {
-        match (self.0.replicated, mode) {
+        match (self.cfg.replicated, mode) {
             (false, Durability::Replicated) => {
                 anyhow::bail!(
                     "silo is unreplicated: rolis is silo with each worker's log replicated (--protocol rolis)"
@@ -161,14 +185,15 @@ impl crate::protocols::Protocol for Silo {
     }
 
     fn logs(&self, topo: &Topology) -> u16 {
-        match self.0.shared_stream {
+        match self.cfg.shared_stream {
             true => 1,
             false => topo.workers_per_node,
         }
     }
 
-    fn log_machine(&self, _env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
-        Ok(Box::new(log::StreamMachine::from_checkpoint(self.0.shared_stream, checkpoint)?))
+    fn log_machine(&self, env: &MachineEnv, checkpoint: Option<&[u8]>) -> anyhow::Result<Box<dyn LogMachine>> {
+        let replica = self.replica_of(env.node, self.logs(&env.topo) as usize);
+        Ok(Box::new(log::StreamMachine::joining(&replica, env.log, checkpoint)?))
     }
 
     fn default_layout(&self, nodes: u16) -> Layout {
@@ -178,16 +203,19 @@ impl crate::protocols::Protocol for Silo {
     }
 }
 
-/// Each of the node's logs as a stream machine fed what it held.
-fn machines_of(env: &NodeEnv, ordered: bool) -> Vec<log::StreamMachine> {
+/// The node's logs as one replica's stream machines, each fed what its log held.
+fn machines_of(env: &NodeEnv, ordered: bool, streams: usize) -> Vec<log::StreamMachine> {
     let first = env.log.as_ref().map(|_| (env.checkpoint.as_deref(), &env.recovered));
     let rest = env.more_logs.iter().map(|l| (l.checkpoint.as_deref(), &l.records));
+    let replica = Arc::new(Mutex::new(log::NodeReplica::new(ordered, streams.max(1))));
     first
         .into_iter()
         .chain(rest)
-        .map(|(checkpoint, records)| {
+        .enumerate()
+        .map(|(stream, (checkpoint, records))| {
             // The log opened with this checkpoint: the engine checked it with our log machine.
-            let mut m = log::StreamMachine::from_checkpoint(ordered, checkpoint).expect("a silo stream checkpoint");
+            let mut m =
+                log::StreamMachine::joining(&replica, stream as u16, checkpoint).expect("a silo stream checkpoint");
             records.iter().for_each(|r| m.apply(r));
             m
         })
