@@ -334,10 +334,13 @@ impl SimFailover {
         sums.into_iter().collect()
     }
 
-    /// How far the slowest replica's applied watermark trails the furthest one's, over every
-    /// host's replicas of every log (None: no machine keeps one).
+    /// How far the slowest replica's applied watermark trails the furthest one's, over the
+    /// replicas of every host that is up (a host down at the end trails by its downtime, which
+    /// says nothing of replay; None: no machine keeps one).
     fn replay_lag_us(&self) -> Option<u64> {
-        let points: Vec<u64> = self.0.borrow().states.iter().flat_map(|s| s.borrow().applied_watermarks_us()).collect();
+        let me = self.0.borrow();
+        let up = me.states.iter().zip(&me.replicators).filter(|(_, r)| r.is_some());
+        let points: Vec<u64> = up.flat_map(|(s, _)| s.borrow().applied_watermarks_us()).collect();
         Some(points.iter().max()? - points.iter().min()?)
     }
 

@@ -270,8 +270,11 @@ impl crate::rt::log::LogMachine for StreamMachine {
         vec![("replayed", part.replayed), ("replay-dropped", part.dropped)]
     }
 
+    /// None for a replica of a node that logged nothing (a replica-only host's own logs).
     fn applied_watermark_us(&self) -> Option<u64> {
-        Some(clock_us_of(self.node.lock().applied_up_to()))
+        let r = self.node.lock();
+        let logged = r.streams.iter().any(|p| !p.tips.is_empty());
+        logged.then(|| clock_us_of(r.applied_up_to()))
     }
 }
 
@@ -379,6 +382,7 @@ mod tests {
     fn a_replica_reports_the_clock_it_has_applied_up_to() {
         let clock = |us: u64| at(2, us << 8);
         let mut m = StreamMachine::fresh(false, 2);
+        assert_eq!(m[0].applied_watermark_us(), None, "a node that logged nothing has no lag to report");
         batch(&mut m[0], &[(clock(650), 1), (clock(900), 2)]);
         batch(&mut m[1], &[(clock(700), 3)]);
         assert_eq!(m[0].applied_watermark_us(), Some(700), "the smaller tip, not the newest entry");
