@@ -28,6 +28,7 @@ pub mod txn;
 mod tests;
 
 use crate::cluster::{Role, Roles, Topology};
+use crate::net::NodeId;
 use crate::protocols::{Attempt, Layout, MachineEnv, NodeEnv, OptionKind, OptionSpec, Options, WorkerProtocol};
 use crate::replication::Durability;
 use crate::rt::log::{LogMachine, NodeLog};
@@ -37,6 +38,7 @@ use crate::storage::Storage;
 use crate::txn::{Abort, Ctx, TxnOutput, TxnRequest, TxnResult};
 use meta::{epoch_start, SiloMeta, Stamper};
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::{Arc, Weak};
@@ -105,7 +107,7 @@ pub struct Silo {
     /// Per node, the replica its streams' machines on this host share (the engine makes a
     /// host's machines through one protocol instance, and a new one for each incarnation of
     /// the host, so a crashed host's replica is not reused).
-    replicas: parking_lot::Mutex<rustc_hash::FxHashMap<crate::net::NodeId, Weak<Mutex<log::NodeReplica>>>>,
+    replicas: Mutex<FxHashMap<NodeId, Weak<Mutex<log::NodeReplica>>>>,
 }
 
 impl Silo {
@@ -114,7 +116,7 @@ impl Silo {
     }
 
     /// The replica of `node` this host's machines share (made on first use).
-    fn replica_of(&self, node: crate::net::NodeId, streams: usize) -> Arc<Mutex<log::NodeReplica>> {
+    fn replica_of(&self, node: NodeId, streams: usize) -> Arc<Mutex<log::NodeReplica>> {
         let mut replicas = self.replicas.lock();
         if let Some(r) = replicas.get(&node).and_then(Weak::upgrade) {
             return r;
