@@ -84,9 +84,6 @@ pub struct NodeReplica {
     rows: FxHashMap<RowKey, Owned>,
     /// Epochs closed, with their final watermark.
     closed: BTreeMap<u64, u64>,
-    /// The newest epoch any stream named, and the replica's watermark in it.
-    epoch: u64,
-    watermark: u64,
 }
 
 impl NodeReplica {
@@ -97,9 +94,13 @@ impl NodeReplica {
             streams: vec![StreamPart::default(); streams],
             rows: FxHashMap::default(),
             closed: BTreeMap::new(),
-            epoch: 0,
-            watermark: 0,
         }
+    }
+
+    /// The newest epoch any stream logged in, and the replica's watermark in it.
+    fn newest(&self) -> (u64, u64) {
+        let epoch = self.streams.iter().filter_map(|p| p.tips.keys().next_back()).copied().max().unwrap_or(0);
+        (epoch, self.watermark_in(epoch))
     }
 
     /// The replica's watermark in `epoch`: the smallest of the streams' tips in it (a stream
@@ -113,47 +114,41 @@ impl NodeReplica {
         let note_tip = |part: &mut StreamPart, tid: u64| {
             let tip = part.tips.entry(epoch_of(tid)).or_default();
             *tip = (*tip).max(tid);
-            epoch_of(tid)
         };
-        let epoch = match entry {
+        match entry {
             Entry::Batch { txns, .. } => {
-                let mut epoch = 0;
                 for (tid, writes) in txns {
-                    epoch = note_tip(part, tid);
+                    note_tip(part, tid);
                     part.pending.push_back((tid, writes));
                 }
-                epoch
             }
             Entry::Heartbeat { tid, .. } => note_tip(part, tid),
             Entry::Closed { epoch, last } => {
                 self.closed.insert(epoch, last);
-                0
             }
-        };
-        if epoch >= self.epoch {
-            self.epoch = epoch;
-            self.watermark = self.watermark_in(epoch);
         }
         self.replay();
     }
 
-    /// Whether transaction `tid` is known safe (kept), known dropped, or not known yet.
-    fn fate(&self, tid: u64) -> Option<bool> {
+    /// Whether transaction `tid` is known safe (kept), known dropped, or not known yet, given
+    /// the newest epoch and the watermark in it ([`Self::newest`]).
+    fn fate(&self, tid: u64, (newest, watermark): (u64, u64)) -> Option<bool> {
         let epoch = epoch_of(tid);
         match self.closed.get(&epoch) {
             _ if self.ordered => Some(true),
             Some(&last) => Some(tid <= last),
-            None if epoch < self.epoch => (tid <= self.watermark_in(epoch)).then_some(true),
-            None => (tid <= self.watermark).then_some(true),
+            None if epoch < newest => (tid <= self.watermark_in(epoch)).then_some(true),
+            None => (tid <= watermark).then_some(true),
         }
     }
 
     /// Replay every stream's pending transactions known safe, in stream order; drop those a
     /// closed epoch left out. Each stream stops at its first one not known yet.
     fn replay(&mut self) {
+        let newest = self.newest();
         for s in 0..self.streams.len() {
             while let Some(&(tid, _)) = self.streams[s].pending.front() {
-                let Some(keep) = self.fate(tid) else { break };
+                let Some(keep) = self.fate(tid, newest) else { break };
                 let part = &mut self.streams[s];
                 let (tid, writes) = part.pending.pop_front().expect("a front entry");
                 if keep {
@@ -171,7 +166,7 @@ impl NodeReplica {
     fn applied_up_to(&self) -> u64 {
         match self.ordered {
             true => self.streams[0].tips.values().copied().max().unwrap_or(0),
-            false => self.watermark,
+            false => self.newest().1,
         }
     }
 }
@@ -222,11 +217,6 @@ impl StreamMachine {
             r.closed.extend(snap.closed);
             for (k, tid, v) in snap.rows {
                 apply_write(&mut r.rows, tid, stream, k, v);
-            }
-            let epoch = r.streams.iter().flat_map(|p| p.tips.keys()).copied().max().unwrap_or(0);
-            if epoch >= r.epoch {
-                r.epoch = epoch;
-                r.watermark = r.watermark_in(epoch);
             }
             r.replay();
         }
