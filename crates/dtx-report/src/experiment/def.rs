@@ -27,6 +27,7 @@
 //! metric = "throughput"                    # or latency.class.new-order.p50, counter.a / counter.b
 //! of = "2pl-waitdie"
 //! over = "occ"                             # optional: the denominator
+//! over_metric = "throughput"               # optional: what is read of `over` (default: metric)
 //! at = 0.99                                # the point (ratio), or two points (between)
 //! paper = 1.27                             # the paper's value, if it gives one
 //! band = [1.1, 1.5]                        # what counts as reproduced
@@ -176,6 +177,8 @@ pub struct Claim {
     pub metric: Metric,
     pub of: String,
     pub over: Option<String>,
+    /// What is read of `over`, when not `metric` (a replay rate over an execution rate).
+    pub over_metric: Option<Metric>,
     pub at: Vec<PointValue>,
     pub paper: Option<f64>,
     #[serde(with = "band_serde")]
@@ -368,6 +371,7 @@ struct RawClaim {
     metric: String,
     of: String,
     over: Option<String>,
+    over_metric: Option<String>,
     at: Option<toml::Value>,
     paper: Option<f64>,
     band: [f64; 2],
@@ -655,12 +659,17 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
         Some(v) => vec![point_value(v).context("at")?],
     };
     let baseline = c.baseline.or(c.over.as_ref().map(|_| 1.0));
+    if c.over_metric.is_some() && c.over.is_none() {
+        bail!("over_metric: it is what is read of `over`; give `over` too");
+    }
+    let over_metric = c.over_metric.as_deref().map(Metric::parse).transpose().context("over_metric")?;
     Ok(Claim {
         text: c.text,
         kind,
         metric: Metric::parse(&c.metric).context("metric")?,
         of: c.of,
         over: c.over,
+        over_metric,
         at,
         paper: c.paper,
         band: c.band,

@@ -132,19 +132,16 @@ struct Series<'a> {
 }
 
 impl Series<'_> {
-    fn metric_of(&self, protocol: &str, point: Option<&PointValue>) -> Option<f64> {
-        self.obs
-            .iter()
-            .find(|o| o.is(protocol, point, self.repeat))
-            .and_then(|o| metric_value(&self.claim.metric, o.run))
+    fn metric_of(&self, metric: &Metric, protocol: &str, point: Option<&PointValue>) -> Option<f64> {
+        self.obs.iter().find(|o| o.is(protocol, point, self.repeat)).and_then(|o| metric_value(metric, o.run))
     }
 
     fn at(&self, point: Option<&PointValue>) -> Option<f64> {
-        let of = self.metric_of(&self.claim.of, point)?;
+        let of = self.metric_of(&self.claim.metric, &self.claim.of, point)?;
         match &self.claim.over {
             None => Some(of),
             Some(over) => {
-                let d = self.metric_of(over, point)?;
+                let d = self.metric_of(self.claim.over_metric.as_ref().unwrap_or(&self.claim.metric), over, point)?;
                 (d != 0.0).then_some(of / d)
             }
         }
@@ -252,7 +249,11 @@ fn evaluate_claim(c: &Claim, points: &[Option<PointValue>], obs: &[Observation],
         measured,
         verdict,
         kind: format!("{:?}", c.kind).to_lowercase(),
-        metric: c.metric.key() + &c.over.as_ref().map(|o| format!(" {} / {o}", c.of)).unwrap_or(format!(" {}", c.of)),
+        metric: match (&c.over, &c.over_metric) {
+            (Some(o), Some(m)) => format!("{} {} / {} {o}", c.metric.key(), c.of, m.key()),
+            (Some(o), None) => format!("{} {} / {o}", c.metric.key(), c.of),
+            (None, _) => format!("{} {}", c.metric.key(), c.of),
+        },
         band: c.band,
         min: stats.map(|s| s.1),
         max: stats.map(|s| s.2),

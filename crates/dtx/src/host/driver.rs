@@ -51,6 +51,9 @@ pub struct RunShared {
     /// with [`DriverConfig::abandonable`] stop waiting, report what they hold as of unknown
     /// outcome, and their worker reports its metrics.
     pub abandon: std::sync::atomic::AtomicBool,
+    /// Each worker's replay-only run after the window ([`replay_only`]), `None` from a
+    /// protocol that measures none.
+    pub replays: Mutex<Vec<Option<crate::protocols::ReplayRun>>>,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is
@@ -533,6 +536,19 @@ pub fn after_run_command(job: AfterRun, wl: Arc<dyn Workload>, shared: Arc<RunSh
             }
         });
     })
+}
+
+/// Run this worker's replay-only measurement (Rolis's Fig. 15), if its protocol has one, and
+/// report it (or that it has none) into `shared.replays`.
+pub fn replay_only(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, _wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
+    let Some(run) = proto.replay_only() else {
+        shared.replays.lock().push(None);
+        return;
+    };
+    w.spawn(async move {
+        let r = run.await;
+        shared.replays.lock().push(Some(r));
+    });
 }
 
 /// Poll (every 5 ms) until `done` holds or `limit` passes; the real-time runtimes' orchestrators

@@ -148,6 +148,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
         findings = finish_checks(&shared, &*workload);
     }
+    let replay = if notes.is_empty() { replay_only(&net, after.node, spec.workers, &workload, &shared) } else { None };
     net.stop();
     for t in threads {
         let _ = t.join();
@@ -163,7 +164,27 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         _ => 0,
     };
     totals.findings = findings;
+    totals.findings.extend(replay_finding(replay.as_ref()));
+    totals.replay = replay;
     Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
+}
+
+/// Run every worker of `node` through its protocol's replay-only measurement at once, and
+/// merge what they report (None when the protocol measures none).
+fn replay_only(
+    net: &local::LocalNet,
+    node: NodeId,
+    workers: u16,
+    workload: &Arc<dyn Workload>,
+    shared: &Arc<RunShared>,
+) -> Option<crate::protocols::ReplayRun> {
+    for wi in 0..workers {
+        let cmd = driver::after_run_command(driver::replay_only, workload.clone(), shared.clone());
+        net.inbox(Addr::new(node, wi)).push_command(cmd);
+    }
+    driver::wait_until(Duration::from_secs(600), || shared.replays.lock().len() >= workers as usize);
+    let runs = std::mem::take(&mut *shared.replays.lock());
+    crate::protocols::ReplayRun::merge(runs.into_iter().flatten())
 }
 
 /// A worker and the protocol instance running on it.

@@ -171,6 +171,10 @@ pub struct Totals {
     /// closed (µs; replicas that replay below a leader's watermark: Rolis's).
     #[serde(default)]
     pub replay_lag_us: Option<u64>,
+    /// The workers' replay-only run after the window, merged (a protocol that measures one:
+    /// `silo:replay_only=true`).
+    #[serde(default)]
+    pub replay: Option<crate::protocols::ReplayRun>,
     /// History lines not recorded because a worker's history was full.
     #[serde(default)]
     pub history_dropped: u64,
@@ -244,6 +248,7 @@ impl Totals {
             *self.counters.entry(k.clone()).or_default() += c;
         }
         self.history_dropped += o.history_dropped;
+        self.replay = crate::protocols::ReplayRun::merge(self.replay.into_iter().chain(o.replay));
         self.findings.extend_from_slice(&o.findings);
         for (k, v) in &o.class_latency {
             self.class_latency.entry(k.clone()).or_default().extend_from_slice(v);

@@ -601,6 +601,18 @@ pub struct Outcome {
     pub failed: Option<String>,
 }
 
+/// What a replay-only run found: whether the copy it replayed into ends holding the rows the
+/// run executed (none when no worker compared them).
+fn replay_finding(replay: Option<&crate::protocols::ReplayRun>) -> Option<(String, bool, String)> {
+    let r = replay?;
+    let matches = r.rows_match?;
+    let detail = match matches {
+        true => format!("{} transactions replayed into a copy of the loaded tables", r.txns),
+        false => format!("after {} transactions replayed, the copy's rows differ from the executed ones", r.txns),
+    };
+    Some(("a replay of every worker's log ends in the executed rows".to_string(), matches, detail))
+}
+
 fn collect(shared: &RunShared, totals: &mut Totals, history: &mut Vec<HistLine>) {
     for m in shared.reports.lock().drain(..) {
         totals.add_metrics(&m);

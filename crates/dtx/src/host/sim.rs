@@ -51,6 +51,8 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     if spec.record_history || spec.run_checks {
         totals.findings.extend(copies_agree(&mut world, &protos, spec.workers));
     }
+    totals.replay = replay_only(&mut world, &protos, spec, after_node, &shared);
+    totals.findings.extend(replay_finding(totals.replay.as_ref()));
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = busy_in_window_ns / 1000;
     totals.failovers = world.failovers;
@@ -223,6 +225,28 @@ fn run_after(
         let step = (world.now_ns() + 10_000_000).min(limit);
         world.run_until(step, done);
     }
+}
+
+/// Run every worker of `node` through its protocol's replay-only measurement at once (Rolis's
+/// Fig. 15), and merge what they report: None when the protocol measures none, or when node
+/// `node` is not served by its first incarnation's workers any more (a failover).
+fn replay_only(
+    world: &mut SimWorld,
+    protos: &Protos,
+    spec: &BenchSpec,
+    node: NodeId,
+    shared: &Arc<RunShared>,
+) -> Option<crate::protocols::ReplayRun> {
+    let workers = spec.workers as usize;
+    for wi in 0..spec.workers {
+        let w = world.worker(Addr::new(node, wi)).clone();
+        let (p, wl) = protos.borrow()[node as usize * workers + wi as usize].clone();
+        driver::replay_only(&w, p, wl, shared.clone());
+    }
+    let limit = world.now_ns() + 600_000_000_000;
+    world.run_until(limit, || shared.replays.lock().len() >= workers);
+    let runs = std::mem::take(&mut *shared.replays.lock());
+    crate::protocols::ReplayRun::merge(runs.into_iter().flatten())
 }
 
 /// With copies of a partition in several places (`--placement per-region`), whether every copy

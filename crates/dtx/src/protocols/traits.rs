@@ -211,4 +211,41 @@ pub trait WorkerProtocol: Handler {
     ) -> Option<std::collections::BTreeMap<crate::cluster::PartitionId, crate::storage::RowsDigest>> {
         None
     }
+    /// After the run, replay what this worker logged with nothing else running (Rolis's
+    /// replay-only measurement, Fig. 15); `None` from a protocol that measures no replay.
+    fn replay_only(&self) -> Option<crate::rt::LocalBoxFuture<'static, ReplayRun>> {
+        None
+    }
+}
+
+/// What one worker's replay-only run did: transactions replayed, from when to when (the
+/// worker's clock, ns), and, from the last worker to finish, whether the replayed rows are the
+/// executed ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayRun {
+    pub txns: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub rows_match: Option<bool>,
+}
+
+impl ReplayRun {
+    /// The workers' runs as one: every transaction, from the first start to the last end.
+    pub fn merge(runs: impl IntoIterator<Item = ReplayRun>) -> Option<ReplayRun> {
+        runs.into_iter().reduce(|a, b| ReplayRun {
+            txns: a.txns + b.txns,
+            start_ns: a.start_ns.min(b.start_ns),
+            end_ns: a.end_ns.max(b.end_ns),
+            rows_match: match (a.rows_match, b.rows_match) {
+                (Some(x), Some(y)) => Some(x && y),
+                (x, y) => x.or(y),
+            },
+        })
+    }
+
+    /// Transactions replayed per second (None for a run that took no time).
+    pub fn per_s(&self) -> Option<f64> {
+        let ns = self.end_ns.saturating_sub(self.start_ns);
+        (ns > 0).then(|| self.txns as f64 * 1e9 / ns as f64)
+    }
 }

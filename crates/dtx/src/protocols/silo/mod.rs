@@ -16,11 +16,12 @@
 //!
 //! Roles: [`meta`] the TID word and TID choice; [`txn`] an attempt's execution and commit;
 //! [`stream`] batching, heartbeats, the watermark and release; [`log`] the entries, replay and
-//! recovery. All data and clients are on node 0; the other nodes only hold replicas of its
+//! recovery; [`replay`] the replay-only measurement (`replay_only`). All data and clients are on node 0; the other nodes only hold replicas of its
 //! logs (its default layout).
 
 pub mod log;
 pub mod meta;
+pub mod replay;
 pub mod stream;
 pub mod txn;
 
@@ -69,6 +70,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "per-worker",
         help: "per-worker: a log per worker, released by watermark; shared: one log for all, each commit released once durable (Rolis's strawman)",
     },
+    OptionSpec {
+        name: "replay_only",
+        kind: OptionKind::Bool,
+        default: "false",
+        help: "silo keeps each worker's batches in memory and, after the run, replays them on every worker into a copy of the tables, without Raft or watermark (Rolis's Fig. 15): the report gives replay_per_s",
+    },
 ];
 
 /// How the engine runs: its options, and which system it is.
@@ -80,6 +87,7 @@ pub struct SiloConfig {
     pub batch: usize,
     pub flush_us: u64,
     pub watermark_us: u64,
+    pub replay_only: bool,
 }
 
 impl SiloConfig {
@@ -90,6 +98,7 @@ impl SiloConfig {
             batch: o.u64("batch") as usize,
             flush_us: o.u64("flush_us"),
             watermark_us: o.u64("watermark_us"),
+            replay_only: o.bool("replay_only"),
         }
     }
 
@@ -152,7 +161,17 @@ impl crate::protocols::Protocol for Silo {
         let runs_transactions = env.topo.roles_of(env.node).contains(Role::Data);
         let streams = (runs_transactions && !logs.is_empty()).then(|| Arc::new(Streams::new(logs, cfg, epoch)));
         let closes = recovered.closes;
-        Arc::new(SiloNode(Arc::new(NodeState { store, workload: env.workload.clone(), epoch, streams, closes })))
+        let replay_store = (cfg.replay_only && runs_transactions).then(|| {
+            Arc::new(replay::ReplayTarget {
+                store: crate::protocols::load_storage(&env),
+                workers: env.topo.workers_per_node as usize,
+                finished: Default::default(),
+                incomplete: Default::default(),
+            })
+        });
+        let batch = cfg.batch;
+        let state = NodeState { store, workload: env.workload.clone(), epoch, streams, closes, replay_store, batch };
+        Arc::new(SiloNode(Arc::new(state)))
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
@@ -169,6 +188,12 @@ impl crate::protocols::Protocol for Silo {
     }
 
     fn check_durability(&self, mode: Durability, replicas: u16) -> anyhow::Result<()> {
+        if self.cfg.replay_only && (self.cfg.replicated || mode != Durability::None) {
+            anyhow::bail!(
+                "replay_only measures replay alone, of logs silo keeps in memory (Rolis's Fig. 15): run silo with \
+                 --durability none"
+            );
+        }
         match (self.cfg.replicated, mode) {
             (false, Durability::Replicated) => {
                 anyhow::bail!(
@@ -234,6 +259,10 @@ struct NodeState {
     /// Epochs this incarnation closed, with their final watermarks: each worker logs them in
     /// its stream before anything of its own.
     closes: Vec<(u64, u64)>,
+    /// With `replay_only`: the copy of the loaded tables the workers replay into after the run.
+    replay_store: Option<Arc<replay::ReplayTarget>>,
+    /// Transactions per entry (the `batch` option).
+    batch: usize,
 }
 
 struct SiloNode(Arc<NodeState>);
@@ -243,7 +272,8 @@ impl crate::protocols::NodeProtocol for SiloNode {
         let stamper = Stamper::new(self.0.epoch, w.addr.worker);
         let stream = RefCell::new(WorkerStream::new(self.0.closes.clone()));
         let log = Rc::new(WorkerLog { stamper: Cell::new(stamper), stream });
-        Rc::new(SiloWorker { w, s: self.0.clone(), attempts: Cell::new(0), log })
+        let kept = self.0.replay_store.as_ref().map(|_| RefCell::new(replay::KeptLog::new(self.0.batch)));
+        Rc::new(SiloWorker { w, s: self.0.clone(), attempts: Cell::new(0), log, kept })
     }
 }
 
@@ -253,6 +283,8 @@ struct SiloWorker {
     /// Attempts this worker started: with its index, an attempt's lock owner id.
     attempts: Cell<u64>,
     log: Rc<WorkerLog>,
+    /// With `replay_only`: what this worker's stream would have logged.
+    kept: Option<RefCell<replay::KeptLog>>,
 }
 
 /// A worker's TIDs and its stream, shared with its flush loop.
@@ -282,7 +314,10 @@ impl SiloWorker {
         let locked = t.lock_and_validate()?;
         let Some(streams) = &self.s.streams else {
             let tid = self.log.stamp(&self.w, locked.floor);
-            let _ = locked.install(tid);
+            let writes = locked.install(tid);
+            if let Some(kept) = self.kept.as_ref().filter(|_| !writes.is_empty()) {
+                kept.borrow_mut().keep(&self.w, (tid, writes));
+            }
             return Ok(Release::Now);
         };
         if locked.is_read_only() {
@@ -345,6 +380,15 @@ impl WorkerProtocol for SiloWorker {
 
     fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
         self.s.streams.as_ref().map(|s| s.ack_source())
+    }
+
+    fn replay_only(&self) -> Option<crate::rt::LocalBoxFuture<'static, crate::protocols::ReplayRun>> {
+        let (kept, target) = (self.kept.as_ref()?, self.s.replay_store.clone()?);
+        if kept.borrow().is_full() {
+            target.incomplete.store(true, std::sync::atomic::Ordering::Release);
+        }
+        let entries = kept.borrow_mut().take();
+        Some(Box::pin(replay::replay(self.w.clone(), target, self.s.clone(), entries)))
     }
 
     fn start(&self) {

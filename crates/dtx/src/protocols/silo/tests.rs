@@ -13,6 +13,21 @@ fn silo_commits_and_verifies_without_a_log() {
     assert!(out.totals.committed > 100, "{} committed", out.totals.committed);
 }
 
+/// Rolis's replay-only measurement: every worker's kept batches, replayed after the run in
+/// any interleaving, end in exactly the rows the run executed (`checked_run` fails on a
+/// finding that says otherwise), and the report gives the rate.
+#[test]
+fn a_replay_of_silos_kept_batches_ends_in_the_executed_rows() {
+    let mut s = protocol_spec("silo:replay_only=true:batch=7", contended_append(), 5);
+    (s.nodes, s.workers, s.duration_us) = (1, 3, 5_000);
+    let out = checked_run(&s);
+    let replay = out.totals.replay.expect("a replay-only run reports its replay");
+    assert_eq!(replay.rows_match, Some(true));
+    // Read-only transactions log nothing.
+    assert!(replay.txns > out.totals.committed / 4, "{} replayed, {} committed", replay.txns, out.totals.committed);
+    assert!(replay.per_s().is_some_and(|r| r > 0.0));
+}
+
 /// The leader's host crashes, links are cut and lose packets: every failover closes the old
 /// epoch at its final watermark, and nothing acknowledged is lost (`checked_run` verifies).
 #[test]
@@ -40,4 +55,5 @@ fn each_refuses_the_durability_of_the_other() {
     assert!(refusal("rolis", Durability::None, 3).contains("--durability replicated"));
     assert!(refusal("rolis", Durability::Wal, 3).contains("--durability replicated"));
     assert!(refusal("rolis", Durability::Replicated, 1).contains("2 replicas"));
+    assert!(refusal("silo:replay_only=true", Durability::Wal, 1).contains("--durability none"));
 }
