@@ -546,8 +546,9 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
         fragment_bytes: crate::replication::raft_log::FRAGMENT_BYTES,
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.
-    let started = service::ReplicaState::new(setup, None)
-        .and_then(|state| service::start(w, Rc::new(std::cell::RefCell::new(state)), logs.clone(), None));
+    let started = service::ReplicaState::new(setup, None).and_then(|state| {
+        service::start(std::slice::from_ref(w), Rc::new(std::cell::RefCell::new(state)), logs.clone(), None)
+    });
     if let Err(e) = started {
         crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
     }

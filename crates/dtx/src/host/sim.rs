@@ -19,7 +19,8 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     let failover = (spec.durability.mode == Durability::Replicated).then(|| SimFailover::new(rebuild.clone()));
     if let Some(f) = &failover {
-        world.set_failover(Box::new(f.clone()), spec.worker_config());
+        // A lane, a virtual core of its own, per log of a node (Rolis's Paxos thread per stream).
+        world.set_failover(Box::new(f.clone()), spec.worker_config(), logs_per_node(spec)?.max(1));
     }
     for n in 0..spec.nodes {
         build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
@@ -102,7 +103,7 @@ fn fault_event(e: &crate::rt::sim::SimFaultEvent) -> dtx_report::FaultEvent {
 }
 
 /// Build node `n` with its log, start its workers and their clients, and (with failover) its
-/// host's replicator on the host's replication worker.
+/// host's replicator on the host's replication workers (its lanes).
 fn build_sim_node(
     world: &mut SimWorld,
     spec: &BenchSpec,
@@ -139,9 +140,8 @@ fn build_sim_node(
         rebuild.protos.borrow_mut().push((proto, node.workload.clone()));
     }
     if let Some(f) = failover {
-        let addr = world.replication_addr(n);
-        let w = add_worker(world, addr);
-        f.start_host(n, &w, own_logs)?;
+        let lanes: Vec<Rc<Worker>> = world.replication_addrs(n).into_iter().map(|a| add_worker(world, a)).collect();
+        f.start_host(n, &lanes, own_logs)?;
     }
     Ok(())
 }
@@ -408,8 +408,8 @@ impl SimFailover {
         }
     }
 
-    /// Create host `n`'s replicas and start its replicator on `w`, serving its own node.
-    fn start_host(&self, n: NodeId, w: &Rc<Worker>, own_logs: Vec<Arc<NodeLog>>) -> anyhow::Result<()> {
+    /// Create host `n`'s replicas and start its replicator on `lanes`, serving its own node.
+    fn start_host(&self, n: NodeId, lanes: &[Rc<Worker>], own_logs: Vec<Arc<NodeLog>>) -> anyhow::Result<()> {
         use crate::replication::{journal, service};
         let mut me = self.0.borrow_mut();
         let setup = me.replica_setup(n)?;
@@ -420,7 +420,7 @@ impl SimFailover {
         me.states.push(state.clone());
         me.disks.push(disk);
         me.restarts.push(0);
-        let r = service::start(w, state, own_logs, Some(me.requests.clone()))?;
+        let r = service::start(lanes, state, own_logs, Some(me.requests.clone()))?;
         me.replicators.push(Some(r));
         Ok(())
     }
@@ -434,7 +434,7 @@ impl crate::rt::sim::Failover for SimFailover {
     }
 
     /// The host's replicas lost their memory: they reopen from the journal on its disk.
-    fn host_restarted(&mut self, host: u16, w: &Rc<Worker>) {
+    fn host_restarted(&mut self, host: u16, lanes: &[Rc<Worker>]) {
         let mut me = self.0.borrow_mut();
         let state = match me.reopen_host(host) {
             Ok(state) => state,
@@ -443,7 +443,7 @@ impl crate::rt::sim::Failover for SimFailover {
         let lost = me.states[host as usize].borrow().stats;
         me.stats_of_lost.add(&lost);
         me.states[host as usize] = state.clone();
-        match crate::replication::service::start(w, state, Vec::new(), Some(me.requests.clone())) {
+        match crate::replication::service::start(lanes, state, Vec::new(), Some(me.requests.clone())) {
             Ok(r) => me.replicators[host as usize] = Some(r),
             Err(e) => crate::rt::log_warn(&format!("host {host}: the log replicator did not restart: {e}")),
         }

@@ -401,7 +401,8 @@ impl Hosting {
             let (adopt, deposed) = (AdoptRequests::default(), Deposed::default());
             let rejoin = own_logs.is_empty();
             let started = open_replicas(&spec, host, seed, &journal, rejoin, &workload).and_then(|state| {
-                Ok(service::start(&w, Rc::new(std::cell::RefCell::new(state)), own_logs, Some(adopt.clone()))?)
+                let lanes = std::slice::from_ref(&w);
+                Ok(service::start(lanes, Rc::new(std::cell::RefCell::new(state)), own_logs, Some(adopt.clone()))?)
             });
             let _ = started_tx.send(started.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
             match started {

@@ -1052,7 +1052,12 @@ impl<S: LogStore> RaftGroups<S> {
 
     /// Polls every group and appends the non-empty outputs, in group-id order.
     pub fn poll_all(&mut self, outputs: &mut Vec<(u32, Output)>) {
-        for (&group_id, group) in self.groups.iter_mut() {
+        self.poll_where(outputs, |_| true);
+    }
+
+    /// Polls the groups `of` selects and appends the non-empty outputs, in group-id order.
+    pub fn poll_where(&mut self, outputs: &mut Vec<(u32, Output)>, of: impl Fn(u32) -> bool) {
+        for (&group_id, group) in self.groups.iter_mut().filter(|(&id, _)| of(id)) {
             let out = group.poll();
             if !out.is_empty() {
                 outputs.push((group_id, out));
@@ -1707,5 +1712,67 @@ mod tests {
         net.propose_at_leader("b".to_string()).expect("the leader carries on");
         let others_commit = |n: &Net| n.replicas.iter().filter(|r| r.applied.len() == 6).count() == 2;
         net.run_until(20, others_commit).expect("the other two commit");
+    }
+}
+
+/// What a Raft entry costs the replicas of its group on this machine, to calibrate the
+/// simulator's charge for it (`replication::service::RaftCost`): three in-memory
+/// replicas, `per_round` entries of `bytes` each proposed, then every frame delivered until
+/// the leader has them committed. Run with `cargo test --release -p dtx --lib raft_entry_cost
+/// -- --ignored --nocapture`.
+#[cfg(test)]
+mod calibration {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn cost(per_round: usize, bytes: usize, rounds: usize) -> (f64, f64) {
+        let peers = [1, 2, 3];
+        let cfg = RaftConfig::default();
+        let mut g: Vec<RaftGroup> =
+            peers.iter().map(|&id| RaftGroup::new(9, id, &peers, &cfg, 7).expect("a group")).collect();
+        g[0].campaign().expect("a campaign");
+        let (mut leader_t, mut follower_t) = (Duration::ZERO, Duration::ZERO);
+        let mut committed = 0;
+        let mut wire: Vec<(ReplicaId, ReplicaId, Vec<u8>)> = Vec::new();
+        for round in 0..rounds + 50 {
+            let measured = round >= 50;
+            for (i, group) in g.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                if i == 0 && group.is_leader() && measured {
+                    for _ in 0..per_round {
+                        let _ = group.propose(vec![7u8; bytes]);
+                    }
+                }
+                let mine: Vec<_> = wire.iter().filter(|(_, to, _)| *to == i as ReplicaId + 1).cloned().collect();
+                for (from, _, frame) in &mine {
+                    group.step_checked(frame, Some(*from)).expect("a frame");
+                }
+                let mut out = group.poll();
+                if i == 0 && measured {
+                    committed += out.committed.len();
+                }
+                let sent = out.take_all_messages();
+                let elapsed = t0.elapsed();
+                if measured {
+                    match i {
+                        0 => leader_t += elapsed,
+                        _ => follower_t += elapsed / 2,
+                    }
+                }
+                wire.retain(|(_, to, _)| *to != i as ReplicaId + 1);
+                wire.extend(sent.into_iter().map(|(to, f)| (i as ReplicaId + 1, to, f)));
+            }
+        }
+        let per = |t: Duration| t.as_nanos() as f64 / committed.max(1) as f64;
+        (per(leader_t), per(follower_t))
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a test: run it to calibrate the simulator"]
+    fn raft_entry_cost() {
+        for (per_round, bytes) in [(1, 500), (10, 500), (100, 500), (1, 50_000)] {
+            let (leader_ns, follower_ns) = cost(per_round, bytes, 20_000 / per_round.max(1));
+            println!("{per_round} entries of {bytes} B per round: leader {leader_ns:.0} ns, each follower {follower_ns:.0} ns per entry");
+        }
     }
 }

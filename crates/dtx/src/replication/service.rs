@@ -5,9 +5,11 @@
 //! majority of the group holds it; the protocol's commit waits for exactly that, as it waits for
 //! an fsync with `--durability wal`.
 //!
-//! A host's replicator runs on one of its workers, over `Kind::Service` messages and the
-//! worker's timers, so the simulator drives it in virtual time and replays it from the seed. It
-//! runs in one of two modes:
+//! A host's replicator runs on one or more of its workers (its lanes: lane `l` replicates the
+//! logs whose index is `l` modulo their number), over `Kind::Service` messages and the
+//! workers' timers, so the simulator drives it in virtual time and replays it from the seed.
+//! The simulator gives each of a node's logs a lane, a virtual core of its own, as Rolis gives
+//! each Paxos stream a thread; the real runtimes run one lane. It runs in one of two modes:
 //! - [`Mode::OwnerLeads`] (the `local` runtime, where nothing can crash): only a log's owner
 //!   ticks and leads its group; the followers hold the log. Nothing fails over.
 //! - [`Mode::Failover`] (the simulator and `tcp`): every replica ticks every group it holds and applies
@@ -87,6 +89,27 @@ pub type RouteHandler = Rc<dyn Fn(&[u8])>;
 
 /// How often the replicator ticks (heartbeats every 2 ticks, elections after 10 to 20).
 pub const TICK_US: u64 = 10_000;
+
+/// What a Raft entry costs its replicas' CPU beyond the messages that carry it (which the
+/// runtime charges as any message), charged to the lane that replicates its log; only the
+/// simulator turns charges into time. Measured on this project's machine by
+/// `raft_log::calibration` (three in-memory replicas; 500-byte entries ten to a round: the
+/// leader 3.3 µs and each follower 1.6 µs per entry; 50 KB entries one to a round: 0.4 ns and
+/// 2.1 ns more per byte, the follower decoding and storing what the leader only encodes).
+mod raft_cost {
+    pub const LEADER_ENTRY_NS: u64 = 3_300;
+    pub const FOLLOWER_ENTRY_NS: u64 = 1_600;
+    pub const LEADER_NS_PER_KIB: u64 = 400;
+    pub const FOLLOWER_NS_PER_KIB: u64 = 2_100;
+
+    pub fn leader_ns(bytes: usize) -> u64 {
+        LEADER_ENTRY_NS + bytes as u64 * LEADER_NS_PER_KIB / 1024
+    }
+
+    pub fn follower_ns(bytes: usize) -> u64 {
+        FOLLOWER_ENTRY_NS + bytes as u64 * FOLLOWER_NS_PER_KIB / 1024
+    }
+}
 
 /// Committed entries a group keeps before it compacts its log in owner-led mode, where
 /// followers apply nothing and a snapshot carries no state.
@@ -406,14 +429,14 @@ impl ReplicaState {
         journal.sync()
     }
 
-    /// Snapshot and compact every group that applied `snapshot_every` entries since its last
-    /// compaction (failover: with the applied state; owner-led: the log alone).
-    fn compact(&mut self) {
+    /// Snapshot and compact every group `of` selects that applied `snapshot_every` entries
+    /// since its last compaction (failover: with the applied state; owner-led: the log alone).
+    fn compact(&mut self, of: impl Fn(u32) -> bool) {
         let every = match self.mode {
             Mode::Failover => self.setup.snapshot_every.max(1),
             Mode::OwnerLeads => OWNER_LED_COMPACT_EVERY,
         };
-        let ids: Vec<u32> = self.groups.group_ids().collect();
+        let ids: Vec<u32> = self.groups.group_ids().filter(|&g| of(g)).collect();
         for id in ids {
             let g = self.groups.get(id).expect("a listed group");
             let applied = g.applied_index();
@@ -554,7 +577,9 @@ impl Served {
 /// A host's replicator: the volatile side (what it proposes for whom); its Raft state lives in
 /// a [`ReplicaState`] that outlives it.
 pub struct Replicator {
-    w: Rc<Worker>,
+    /// The workers its lanes run on (lane `l` replicates the logs whose index is `l` modulo
+    /// their number; [`Replicator::lane_of`]).
+    lanes: Vec<Rc<Worker>>,
     state: Rc<RefCell<ReplicaState>>,
     /// Per group: the logs of the nodes this host serves (every log of a node, or none).
     served: FxHashMap<u32, Served>,
@@ -566,19 +591,19 @@ pub struct Replicator {
     deposed: Option<Deposed>,
     /// False once the host crashed: the replicator does nothing more.
     alive: bool,
-    /// The replicator loop's waker, to pick up a log served from now on.
-    loop_waker: Option<Waker>,
-    /// What polls produced while the journal could not be synced (a full disk): held, in
-    /// order, until a sync succeeds; nothing of it leaves the process before.
-    held: Vec<(u32, super::raft_log::Output)>,
+    /// Per lane, its loop's waker, to pick up a log served from now on.
+    loop_wakers: Vec<Option<Waker>>,
+    /// Per lane, what its polls produced and its next sync has not released yet (a full disk
+    /// holds it, in order, until a sync succeeds; nothing of it leaves the process before).
+    held: Vec<Vec<(u32, super::raft_log::Output)>>,
     /// When the journal first refused a sync for a full disk (None: it is not refusing).
     held_since_ns: Option<u64>,
     /// Per group, the log index its state machine has applied up to (raft's no-ops included):
     /// the group's applied index as of the last pump that processed every output.
     machine_index: FxHashMap<u32, u64>,
-    /// Frames were stepped since the last pump: the loop pumps once for all of them (one
-    /// journal sync per batch of frames, not per frame).
-    stepped: bool,
+    /// Per lane, frames were stepped since its last pump: the lane pumps once for all of them
+    /// (one journal sync per batch of frames, not per frame).
+    stepped: Vec<bool>,
     /// Senders whose frames were refused (reported once each).
     refused_from: FxHashSet<Addr>,
     on_route: Option<RouteHandler>,
@@ -586,15 +611,17 @@ pub struct Replicator {
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
 
-/// Start a replicator on worker `w` over `state`; `own_logs` are the logs of the node this
-/// host starts out serving (its own; every one of them, or none); `adopt` receives failover
-/// requests (failover mode).
+/// Start a replicator over `state` with a lane on each of `lanes` (every host of a cluster
+/// gives it the same number: a lane's frames go to the same lane's worker elsewhere);
+/// `own_logs` are the logs of the node this host starts out serving (its own; every one of
+/// them, or none); `adopt` receives failover requests (failover mode).
 pub fn start(
-    w: &Rc<Worker>,
+    lanes: &[Rc<Worker>],
     state: Rc<RefCell<ReplicaState>>,
     own_logs: Vec<Arc<NodeLog>>,
     adopt: Option<AdoptRequests>,
 ) -> Result<ReplicatorHandle, RaftLogError> {
+    assert!(!lanes.is_empty(), "a replicator runs on one lane at least");
     let host = state.borrow().host;
     let mut served = FxHashMap::default();
     for (l, log) in own_logs.into_iter().enumerate() {
@@ -611,7 +638,7 @@ pub fn start(
         }
     }
     let r = Rc::new(RefCell::new(Replicator {
-        w: w.clone(),
+        lanes: lanes.to_vec(),
         state,
         served,
         requested: Default::default(),
@@ -619,16 +646,25 @@ pub fn start(
         adopt,
         deposed: None,
         alive: true,
-        loop_waker: None,
-        held: Vec::new(),
+        loop_wakers: vec![None; lanes.len()],
+        held: (0..lanes.len()).map(|_| Vec::new()).collect(),
         held_since_ns: None,
         machine_index: Default::default(),
-        stepped: false,
+        stepped: vec![false; lanes.len()],
         refused_from: Default::default(),
         on_route: None,
     }));
     r.borrow_mut().pump();
-    let handler_r = Rc::downgrade(&r);
+    for (lane, w) in lanes.iter().enumerate() {
+        set_frame_handler(w, &r);
+        w.spawn(run(r.clone(), lane));
+    }
+    Ok(r)
+}
+
+/// Frames that reach `w` are stepped into the replicas, and wake the lane of their log.
+fn set_frame_handler(w: &Rc<Worker>, r: &ReplicatorHandle) {
+    let handler_r = Rc::downgrade(r);
     w.set_service_handler(Rc::new(move |from: Addr, tag: u64, frame: &[u8]| {
         let Some(r) = handler_r.upgrade() else { return };
         let mut me = r.borrow_mut();
@@ -653,19 +689,15 @@ pub fn start(
             }
             return;
         }
-        me.stepped = true;
-        if let Some(w) = me.loop_waker.take() {
-            w.wake();
-        }
+        let lane = super::raft_log::frame_group_id(frame).map_or(0, |g| me.lane_of(g));
+        me.wake_lane(lane);
     }));
-    w.spawn(run(r.clone()));
-    Ok(r)
 }
 
 /// The replicator's loop: propose what the served logs appended, tick on time, send what Raft
 /// says.
-async fn run(r: ReplicatorHandle) {
-    let w = r.borrow().w.clone();
+async fn run(r: ReplicatorHandle, lane: usize) {
+    let w = r.borrow().lanes[lane].clone();
     let mut next_tick_ns = w.now_ns() + TICK_US * 1000;
     loop {
         // A deadline, not a duration: rounding a duration down could wake the loop just before
@@ -676,8 +708,8 @@ async fn run(r: ReplicatorHandle) {
             if !me.alive {
                 return Poll::Ready(false);
             }
-            me.loop_waker = Some(cx.waker().clone());
-            if me.take_appended(cx.waker()) || std::mem::take(&mut me.stepped) {
+            me.loop_wakers[lane] = Some(cx.waker().clone());
+            if me.take_appended(lane, cx.waker()) || std::mem::take(&mut me.stepped[lane]) {
                 return Poll::Ready(true);
             }
             drop(me);
@@ -690,22 +722,35 @@ async fn run(r: ReplicatorHandle) {
         let sent_early = {
             let mut me = r.borrow_mut();
             if w.now_ns() >= next_tick_ns {
-                me.tick();
+                me.tick(lane);
                 next_tick_ns = w.now_ns() + TICK_US * 1000;
             }
-            me.propose_backlogs();
-            me.pump_begin()
+            me.propose_backlogs(lane);
+            me.pump_begin(lane)
         };
         if sent_early {
             // The frames go out at the end of this step of the worker; the sync waits for the
             // next (a timer due at once fires after the step's sends).
             w.sleep_until_ns(w.now_ns() + 1).await;
         }
-        r.borrow_mut().pump_finish();
+        r.borrow_mut().pump_finish(lane);
     }
 }
 
 impl Replicator {
+    /// The lane that replicates `group`'s log.
+    fn lane_of(&self, group: u32) -> usize {
+        LogId::of_group(group).log as usize % self.lanes.len()
+    }
+
+    /// Have lane `lane` pump at its next turn.
+    fn wake_lane(&mut self, lane: usize) {
+        self.stepped[lane] = true;
+        if let Some(w) = self.loop_wakers[lane].take() {
+            w.wake();
+        }
+    }
+
     /// The host crashed: this replicator does nothing more (its state stays for the next).
     pub fn stop(&mut self) {
         self.alive = false;
@@ -746,7 +791,7 @@ impl Replicator {
             served.led_term = Some(term);
             self.served.insert(group, served);
         }
-        if let Some(w) = self.loop_waker.take() {
+        for w in self.loop_wakers.iter_mut().filter_map(Option::take) {
             w.wake();
         }
         true
@@ -768,7 +813,7 @@ impl Replicator {
             (st.host, st.cluster_id)
         };
         for h in (0..hosts).filter(|&h| h != me) {
-            self.w.send_service(Addr::new(h, self.w.addr.worker), cluster_id, &frame);
+            self.lanes[0].send_service(Addr::new(h, self.lanes[0].addr.worker), cluster_id, &frame);
         }
     }
 
@@ -843,10 +888,13 @@ impl Replicator {
         Some(adoption)
     }
 
-    /// Take what the served logs appended since the last look; `waker` hears of the next.
-    fn take_appended(&mut self, waker: &Waker) -> bool {
+    /// Take what lane `lane`'s served logs appended since the last look; `waker` hears of the
+    /// next.
+    fn take_appended(&mut self, lane: usize, waker: &Waker) -> bool {
         let mut any = false;
-        for s in self.served.values_mut() {
+        let lanes = self.lanes.len();
+        let in_lane = |g: u32| LogId::of_group(g).log as usize % lanes == lane;
+        for (_, s) in self.served.iter_mut().filter(|(g, _)| in_lane(**g)) {
             let taken = s.log.take_for_replication(waker);
             if !taken.is_empty() {
                 s.taken += taken.len() as Lsn;
@@ -857,31 +905,34 @@ impl Replicator {
         any
     }
 
-    fn tick(&mut self) {
+    /// Tick lane `lane`'s groups (owner-led: only those of this host's own node).
+    fn tick(&mut self, lane: usize) {
         let mut st = self.state.borrow_mut();
-        match st.mode {
-            Mode::Failover => st.groups.tick_all(),
-            Mode::OwnerLeads => {
-                let own: Vec<u32> = st.groups_of(st.host).collect();
-                for group in own {
-                    if let Some(g) = st.groups.get_mut(group) {
-                        g.tick();
-                    }
-                }
+        let ticked: Vec<u32> = match st.mode {
+            Mode::Failover => st.groups.group_ids().collect(),
+            Mode::OwnerLeads => st.groups_of(st.host).collect(),
+        };
+        for group in ticked.into_iter().filter(|&g| self.lane_of(g) == lane) {
+            if let Some(g) = st.groups.get_mut(group) {
+                g.tick();
             }
         }
     }
 
-    /// Hand each backlog to its group, in order, until the group refuses one.
-    fn propose_backlogs(&mut self) {
+    /// Hand each of lane `lane`'s backlogs to its group, in order, until the group refuses one.
+    fn propose_backlogs(&mut self, lane: usize) {
         let mut st = self.state.borrow_mut();
-        for (&group, s) in self.served.iter_mut() {
+        let w = &self.lanes[lane];
+        let lanes = self.lanes.len();
+        for (&group, s) in self.served.iter_mut().filter(|(g, _)| LogId::of_group(**g).log as usize % lanes == lane) {
             let Some(g) = st.groups.get_mut(group) else { continue };
             let mut lsn = s.taken - s.backlog.len() as Lsn;
             while let Some(rec) = s.backlog.front() {
                 let tag = if rec.is_empty() { TAG_FENCE } else { TAG_RECORD };
+                let bytes = rec.len();
                 match g.propose(frame(tag, rec)) {
                     Ok(()) => {
+                        w.charge(raft_cost::leader_ns(bytes));
                         lsn += 1;
                         s.inflight.push_back((g.last_index(), g.term(), lsn));
                         s.backlog.pop_front();
@@ -899,8 +950,10 @@ impl Replicator {
     /// Make what Raft did durable, then send what every group has to send, apply and report
     /// what committed, follow leadership, and compact.
     fn pump(&mut self) {
-        self.pump_begin();
-        self.pump_finish();
+        for lane in 0..self.lanes.len() {
+            self.pump_begin(lane);
+            self.pump_finish(lane);
+        }
     }
 
     /// The first half of a pump: poll every group and send the frames that may go before the
@@ -909,31 +962,32 @@ impl Replicator {
     /// leader does).
     /// What the poll produced waits in `held` until the sync: until then the state machines lag
     /// the groups' applied index, and no node may be rebuilt from them (`adoptable_state`).
-    fn pump_begin(&mut self) -> bool {
+    fn pump_begin(&mut self, lane: usize) -> bool {
         let mut outputs = Vec::new();
-        self.state.borrow_mut().groups.poll_all(&mut outputs);
+        let lanes = self.lanes.len();
+        self.state.borrow_mut().groups.poll_where(&mut outputs, |g| LogId::of_group(g).log as usize % lanes == lane);
         // Behind a full disk even a leader's appends wait: they carry a commit index that counts
         // entries this replica has not made durable.
-        let behind = !self.held.is_empty();
+        let behind = !self.held[lane].is_empty();
         let mut sent_early = false;
         for (_, out) in outputs.iter_mut().filter(|_| !behind) {
             sent_early |= !out.early_messages.is_empty();
-            self.send_frames(std::mem::take(&mut out.early_messages));
+            self.send_frames(lane, std::mem::take(&mut out.early_messages));
         }
-        self.held.extend(outputs);
+        self.held[lane].extend(outputs);
         sent_early
     }
 
-    /// The second half: sync the journal, then act on what the polls produced.
-    fn pump_finish(&mut self) {
+    /// The second half: sync the journal, then act on what lane `lane`'s polls produced.
+    fn pump_finish(&mut self, lane: usize) {
         if !self.alive {
             return;
         }
         let persisted = self.state.borrow_mut().persist();
         match persisted {
-            Err(e) if e.disk_full && self.held.len() <= MAX_HELD_OUTPUTS => {
+            Err(e) if e.disk_full && self.held[lane].len() <= MAX_HELD_OUTPUTS => {
                 if self.held_since_ns.is_none() {
-                    self.held_since_ns = Some(self.w.now_ns());
+                    self.held_since_ns = Some(self.lanes[lane].now_ns());
                     log_warn(&format!("replication: host {}: {e}", self.state.borrow().host));
                 }
                 return;
@@ -950,32 +1004,42 @@ impl Replicator {
                 self.state.borrow().host
             ));
         }
-        for (group, mut out) in std::mem::take(&mut self.held) {
-            self.send_frames(out.take_all_messages());
+        for (group, mut out) in std::mem::take(&mut self.held[lane]) {
+            self.send_frames(lane, out.take_all_messages());
             if let Some(index) = out.snapshot_index {
                 self.install_snapshot(group, index, &out.snapshot_data);
             }
             self.committed(group, &out.committed, out.snapshot_index.unwrap_or(0));
         }
         {
-            // Every output is processed: each machine has applied what its group handed out.
+            // Every output of this lane is processed: each of its machines has applied what its
+            // group handed out (another lane's may still hold outputs of its own).
             let st = self.state.borrow();
-            for id in st.groups.group_ids() {
+            let ids: Vec<u32> = st.groups.group_ids().filter(|&g| self.lane_of(g) == lane).collect();
+            for id in ids {
                 let applied = st.groups.get(id).map_or(0, |g| g.applied_index());
                 self.machine_index.insert(id, applied);
             }
         }
         if self.state.borrow().mode == Mode::Failover {
-            self.follow_leadership();
+            for touched in self.follow_leadership() {
+                let other = self.lane_of(touched);
+                if other != lane {
+                    self.wake_lane(other);
+                }
+            }
         }
-        self.state.borrow_mut().compact();
+        let lanes = self.lanes.len();
+        self.state.borrow_mut().compact(|g| LogId::of_group(g).log as usize % lanes == lane);
     }
 
-    /// Sends Raft frames to the replicas they are addressed to.
-    fn send_frames(&self, frames: Vec<(ReplicaId, Vec<u8>)>) {
+    /// Sends Raft frames to the replicas they are addressed to, from lane `lane` to the same
+    /// lane of their hosts.
+    fn send_frames(&self, lane: usize, frames: Vec<(ReplicaId, Vec<u8>)>) {
         let cluster_id = self.state.borrow().cluster_id;
+        let w = &self.lanes[lane];
         for (to, frame) in frames {
-            self.w.send_service(Addr::new(node_of_replica(to), self.w.addr.worker), cluster_id, &frame);
+            w.send_service(Addr::new(node_of_replica(to), w.addr.worker), cluster_id, &frame);
         }
     }
 
@@ -1052,7 +1116,13 @@ impl Replicator {
                 }
             }
             st.compacted.entry(group).or_default().log_bytes += bytes;
-            self.w.charge_ops(entries.len());
+            let w = &self.lanes[self.lane_of(group)];
+            w.charge_ops(entries.len());
+            if !self.served.contains_key(&group) {
+                // A follower's share of the entries (a leader was charged as it proposed them).
+                let fresh = entries.iter().filter(|e| e.index > snapshot_index);
+                w.charge(fresh.map(|e| raft_cost::follower_ns(e.data.len())).sum());
+            }
         } else {
             let bytes: u64 = entries.iter().filter(|e| e.index > snapshot_index).map(|e| e.data.len() as u64).sum();
             st.compacted.entry(group).or_default().log_bytes += bytes;
@@ -1094,7 +1164,9 @@ impl Replicator {
     /// is settled. A node is rebuilt once one host has settled every one of its logs: a leader
     /// of a node's log k > 0 hands it to the leader of the node's log 0, so that the logs of a
     /// node come to be led from one host after a failover.
-    fn follow_leadership(&mut self) {
+    /// Returns the groups it proposed to or asked to transfer: their lanes must poll them.
+    fn follow_leadership(&mut self) -> Vec<u32> {
+        let mut touched = Vec::new();
         let mut st = self.state.borrow_mut();
         let host = st.host;
         let me = replica_id(host);
@@ -1128,6 +1200,7 @@ impl Replicator {
             if let Some(l0) = leader_of_log_0.filter(|&l| id.log > 0 && l != me) {
                 // Ignored by Raft while a transfer is under way; asked again at the next pump.
                 let _ = g.transfer_leadership(l0);
+                touched.push(group);
                 *all_settled = false;
                 continue;
             }
@@ -1135,6 +1208,7 @@ impl Replicator {
                 let marker = frame(TAG_TAKEOVER, &host.to_le_bytes());
                 if g.propose(marker).is_ok() {
                     self.takeover_term.insert(group, g.term());
+                    touched.push(group);
                 }
                 *all_settled = false;
             } else if !g.leads_with_settled_log() {
@@ -1159,6 +1233,7 @@ impl Replicator {
                 q.borrow_mut().push((node, host));
             }
         }
+        touched
     }
 
     /// The term this host's replica leads `node`'s log in, if it is alive and believes it

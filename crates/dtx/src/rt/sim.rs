@@ -66,8 +66,8 @@ pub type Restart = Box<dyn FnMut(u16, Vec<SimImage>, &[Rc<Worker>]) -> Vec<Arc<N
 pub trait Failover {
     /// Host `host` crashed: its replicator stops (its Raft state is kept, as on disk).
     fn host_crashed(&mut self, host: u16);
-    /// Host `host` is back: start its replicator on `w`, its fresh replication worker.
-    fn host_restarted(&mut self, host: u16, w: &Rc<Worker>);
+    /// Host `host` is back: start its replicator on `lanes`, its fresh replication workers.
+    fn host_restarted(&mut self, host: u16, lanes: &[Rc<Worker>]);
     /// Adoptions the replicators asked for since the last call: `(node, host)`.
     fn take_requests(&mut self) -> Vec<(u16, u16)>;
     /// Rebuild `node` on fresh `workers`, served by `host`; false (and nothing started) if
@@ -245,18 +245,20 @@ impl SimWorld {
         a.node as usize * self.slots_per_node as usize + a.worker as usize
     }
 
-    /// Fail replicated nodes over (see [`Failover`]): every node gets a replication worker
-    /// `(n, workers)`, created with [`SimWorld::add_worker`] after its protocol workers.
-    pub fn set_failover(&mut self, failover: Box<dyn Failover>, cfg: super::WorkerConfig) {
+    /// Fail replicated nodes over (see [`Failover`]): every node gets `lanes` replication
+    /// workers `(n, workers + l)`, created with [`SimWorld::add_worker`] after its protocol
+    /// workers: each a virtual core of the host.
+    pub fn set_failover(&mut self, failover: Box<dyn Failover>, cfg: super::WorkerConfig, lanes: u16) {
         assert!(self.slots.is_empty(), "set failover before adding workers");
+        assert!(lanes >= 1, "a host replicates on one lane at least");
         self.worker_cfg = cfg;
-        self.slots_per_node = self.workers_per_node + 1;
+        self.slots_per_node = self.workers_per_node + lanes;
         self.failover = Some(failover);
     }
 
-    /// The address of host `h`'s replication worker (with failover).
-    pub fn replication_addr(&self, h: u16) -> Addr {
-        Addr::new(h, self.workers_per_node)
+    /// The addresses of host `h`'s replication workers (with failover), lane 0 first.
+    pub fn replication_addrs(&self, h: u16) -> Vec<Addr> {
+        (self.workers_per_node..self.slots_per_node).map(|w| Addr::new(h, w)).collect()
     }
 
     /// The machine an address runs on: a replication worker on its own host, a node's worker
@@ -675,8 +677,10 @@ impl SimWorld {
             self.lose_memory(h);
             return;
         }
-        let i = self.index(self.replication_addr(h as u16));
-        self.slots[i].inbox.clear();
+        for a in self.replication_addrs(h as u16) {
+            let i = self.index(a);
+            self.slots[i].inbox.clear();
+        }
         if let Some(f) = self.failover.as_mut() {
             f.host_crashed(h as u16);
         }
@@ -797,9 +801,9 @@ impl SimWorld {
     fn restart_node(&mut self, n: u16) {
         self.host_down[n as usize] = false;
         if self.failover.is_some() {
-            let workers = self.fresh_workers(std::iter::once(self.replication_addr(n)));
+            let workers = self.fresh_workers(self.replication_addrs(n).into_iter());
             if let Some(f) = self.failover.as_mut() {
-                f.host_restarted(n, &workers[0]);
+                f.host_restarted(n, &workers);
             }
             self.install_workers(workers);
             return;
