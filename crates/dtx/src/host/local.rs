@@ -50,6 +50,8 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
                         let _ = tx.send(());
                         local::run_worker(&net, &w);
                         THREAD_WORKER.with(|t| t.borrow_mut().take());
+                        // Free the run's tasks (a process runs many: `dtx bench`, experiments).
+                        w.shutdown();
                     })
                     .context("cannot start a worker thread")?,
             );

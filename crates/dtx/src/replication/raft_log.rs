@@ -825,6 +825,11 @@ impl<S: LogStore> RaftGroup<S> {
         self.node.raft.state == StateRole::Leader
     }
 
+    /// The replica this leader is handing its leadership to, while a transfer is under way.
+    pub fn transferring_to(&self) -> Option<ReplicaId> {
+        self.node.raft.lead_transferee
+    }
+
     /// The leader this replica knows of, if any.
     pub fn leader(&self) -> Option<ReplicaId> {
         Some(self.node.raft.leader_id).filter(|&id| id != raft::INVALID_ID)

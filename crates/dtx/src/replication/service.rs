@@ -1199,8 +1199,14 @@ impl Replicator {
             }
             if let Some(l0) = leader_of_log_0.filter(|&l| id.log > 0 && l != me) {
                 // Ignored by Raft while a transfer is under way; asked again at the next pump.
+                // Only a transfer newly under way needs its lane to poll at once: waking it for
+                // every ask made two lanes wake each other without end in one virtual instant
+                // while log 0's leader was a host that had crashed.
+                let asked_before = g.transferring_to() == Some(l0);
                 let _ = g.transfer_leadership(l0);
-                touched.push(group);
+                if !asked_before && g.transferring_to() == Some(l0) {
+                    touched.push(group);
+                }
                 *all_settled = false;
                 continue;
             }

@@ -42,14 +42,50 @@ pub const MAX_READY_TASKS: usize = 1 << 22;
 /// A single-threaded executor. Tasks are `!Send` and always run on the thread that spawned them;
 /// wakers may be called from other threads (a lock released by another worker of the same node),
 /// which is why the ready queue is behind a mutex and waking calls `unpark`.
+///
+/// The executor keeps a handle on every task it spawned (pruned of finished ones as they pile
+/// up), so that [`Executor::shutdown`] can drop the futures still pending. Without it a run's
+/// tasks would outlive it: a pending task is owned by the wakers it left in the worker's timers,
+/// lock queues and logs, and its future owns those in turn (a cycle of `Rc`s), so every
+/// simulated world of an experiment stayed in memory until the process ended.
 pub struct Executor {
     ready: Arc<Mutex<VecDeque<Runnable>>>,
     unpark: Unpark,
+    tasks: RefCell<Vec<async_task::Task<()>>>,
+    /// Prune the finished tasks' handles once this many are kept (twice the live ones after
+    /// the last prune): amortized, a spawn costs one push.
+    prune_at: Cell<usize>,
 }
+
+/// Fewest task handles an executor keeps before it prunes the finished ones.
+const PRUNE_TASKS_AT_LEAST: usize = 1024;
 
 impl Executor {
     pub fn new(unpark: Unpark) -> Self {
-        Executor { ready: Arc::new(Mutex::new(VecDeque::new())), unpark }
+        Executor {
+            ready: Arc::new(Mutex::new(VecDeque::new())),
+            unpark,
+            tasks: RefCell::new(Vec::new()),
+            prune_at: Cell::new(PRUNE_TASKS_AT_LEAST),
+        }
+    }
+
+    /// Cancel every task this executor spawned and drop their futures: the runtime never runs
+    /// this worker again (its run or its incarnation ended). A future dropped here may wake
+    /// other tasks of this executor; they are cancelled too, so draining the ready queue until
+    /// it stays empty drops them all.
+    pub fn shutdown(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+        // Dropping a pending task's handle cancels it and schedules it once, so that its
+        // future is dropped where its runnable is.
+        drop(tasks);
+        loop {
+            let next = self.ready.lock().pop_front();
+            match next {
+                Some(r) => drop(r),
+                None => break,
+            }
+        }
     }
 
     pub fn spawn(&self, fut: impl Future<Output = ()> + 'static) {
@@ -72,8 +108,18 @@ impl Executor {
             }
         };
         let (runnable, task) = async_task::spawn_local(fut, schedule);
-        task.detach();
+        self.keep(task);
         runnable.schedule();
+    }
+
+    fn keep(&self, task: async_task::Task<()>) {
+        let mut tasks = self.tasks.borrow_mut();
+        tasks.push(task);
+        if tasks.len() >= self.prune_at.get() {
+            // A finished task's handle only holds its (empty) output: dropping it is free.
+            tasks.retain(|t| !t.is_finished());
+            self.prune_at.set((2 * tasks.len()).max(PRUNE_TASKS_AT_LEAST));
+        }
     }
 
     /// Run ready tasks until none is left or `budget` tasks ran; returns how many ran.
@@ -315,6 +361,19 @@ impl Worker {
     /// must outlive the worker (the driver's metrics and history) is handed over there.
     pub fn on_crash(&self, f: Box<dyn FnOnce()>) {
         self.crash_hooks.borrow_mut().push(f);
+    }
+
+    /// The runtime is done with this worker: drop its tasks' futures and whatever else holds
+    /// them (timers, RPC slots, handlers), so that the worker and what its tasks held are freed.
+    pub fn shutdown(&self) {
+        self.exec.shutdown();
+        self.timer_wakers.borrow_mut().clear();
+        self.timers.borrow_mut().clear();
+        self.rpcs.borrow_mut().clear();
+        self.outbox.borrow_mut().clear();
+        self.crash_hooks.borrow_mut().clear();
+        *self.service.borrow_mut() = None;
+        *self.handler.borrow_mut() = None;
     }
 
     /// The node crashed: run the crash hooks. The worker is never run again.
@@ -792,5 +851,60 @@ pub fn log_warn(msg: &str) {
     let n = COUNT.fetch_add(1, Ordering::Relaxed);
     if n < 100 || n.is_power_of_two() {
         eprintln!("dtx: warning: {msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> Rc<Worker> {
+        let exec = Executor::new(Arc::new(|| {}));
+        let clock = Clock::Virtual(Rc::new(Cell::new(0)));
+        Rc::new(Worker::new(Addr::new(0, 0), 1, clock, exec, &WorkerConfig::default()))
+    }
+
+    /// A task asleep on its worker's timer holds the worker, and the worker holds the task's
+    /// waker: only a shutdown frees them.
+    #[test]
+    fn a_shutdown_frees_the_tasks_that_hold_their_own_worker() {
+        let w = worker();
+        let held = Rc::new(());
+        let (w2, held2) = (w.clone(), held.clone());
+        w.spawn(async move {
+            w2.sleep_us(1_000_000).await;
+            drop(held2);
+        });
+        w.executor().run_ready(STEP_TASKS);
+        let (weak_w, weak_held) = (Rc::downgrade(&w), Rc::downgrade(&held));
+        drop(held);
+        assert!(weak_held.upgrade().is_some(), "the sleeping task holds its capture");
+        w.shutdown();
+        drop(w);
+        assert!(weak_held.upgrade().is_none(), "the task's future was dropped");
+        assert!(weak_w.upgrade().is_none(), "nothing holds the worker any more");
+    }
+
+    /// Finished tasks' handles are pruned, so a long run keeps only the live ones.
+    #[test]
+    fn finished_tasks_are_pruned_and_live_ones_kept() {
+        let w = worker();
+        let live = Rc::new(());
+        for i in 0..10 * PRUNE_TASKS_AT_LEAST {
+            let (w2, live2) = (w.clone(), live.clone());
+            w.spawn(async move {
+                if i % 100 == 0 {
+                    w2.sleep_us(1_000_000).await;
+                }
+                drop(live2);
+            });
+            w.executor().run_ready(STEP_TASKS);
+        }
+        let kept = w.executor().tasks.borrow().len();
+        assert!(kept < 3 * PRUNE_TASKS_AT_LEAST, "finished tasks' handles pile up: {kept}");
+        let sleepers = (0..10 * PRUNE_TASKS_AT_LEAST).filter(|i| i % 100 == 0).count();
+        assert_eq!(Rc::strong_count(&live), 1 + sleepers, "the sleepers are still pending");
+        w.shutdown();
+        assert_eq!(Rc::strong_count(&live), 1);
     }
 }

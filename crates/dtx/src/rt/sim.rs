@@ -172,6 +172,18 @@ pub struct SimWorld {
     targeted_on: Vec<Option<usize>>,
     /// Every fault injected on one node, in order.
     pub fault_events: Vec<SimFaultEvent>,
+    /// Workers of ended incarnations, never run again: shut down with the world (dropping their
+    /// tasks earlier would run destructors the crashed node never ran).
+    retired: Vec<Rc<Worker>>,
+}
+
+impl Drop for SimWorld {
+    /// Free every incarnation's tasks and what they hold (see [`Executor::shutdown`]).
+    fn drop(&mut self) {
+        for w in self.slots.iter().map(|s| &s.w).chain(self.retired.iter()) {
+            w.shutdown();
+        }
+    }
 }
 
 impl SimWorld {
@@ -216,6 +228,7 @@ impl SimWorld {
             send_delay: vec![(0, None, false); nodes as usize],
             targeted_off: false,
             targeted_on: vec![None; targeted_faults],
+            retired: Vec::new(),
             fault_events: Vec::new(),
         };
         if w.faults.partitions || w.faults.crashes {
@@ -727,7 +740,8 @@ impl SimWorld {
         let now = self.now.get();
         for w in workers {
             let i = self.index(w.addr);
-            self.slots[i].w = w;
+            let old = std::mem::replace(&mut self.slots[i].w, w);
+            self.retired.push(old);
             self.slots[i].inbox.clear();
             self.slots[i].busy_until = now;
             self.wake(i, now);
