@@ -12,6 +12,7 @@
 //! (the rows the log changed), so a replica's log compacts behind it.
 
 use super::messages::{Entry, ReadSet};
+use super::piece_seqs::{CoordinatorSeqs, HomeSeqs};
 use super::scheduler::Slot;
 use super::SCAN_UNDECLARED;
 use crate::net::{decode, encode};
@@ -34,7 +35,8 @@ pub enum Record {
     Ordered { epoch: u64, entries: Vec<Entry> },
     /// Detock: a multi-home transaction this node's sequencer coordinates, logged before any
     /// home hears of it (a restarted coordinator sends its pieces again until [`Record::Placed`]).
-    Coordinated { entry: Entry },
+    /// With its pieces' numbers, one per home.
+    Coordinated { entry: Entry, seqs: HomeSeqs },
     /// Detock: every home holds the coordinated transaction's piece durably.
     Placed { client: Addr, id: u64 },
 }
@@ -52,8 +54,8 @@ impl Record {
         encode(&RecordRef::Ordered { epoch, entries })
     }
 
-    pub fn coordinated(entry: &Entry) -> Vec<u8> {
-        encode(&RecordRef::Coordinated { entry })
+    pub fn coordinated(entry: &Entry, seqs: &HomeSeqs) -> Vec<u8> {
+        encode(&RecordRef::Coordinated { entry, seqs })
     }
 
     pub fn placed(client: Addr, id: u64) -> Vec<u8> {
@@ -67,7 +69,7 @@ enum RecordRef<'a> {
     Batch { epoch: u64, sequencer: NodeId, entries: &'a [Entry] },
     Reads { slot: Slot, from: NodeId, values: &'a ReadSet },
     Ordered { epoch: u64, entries: &'a [Entry] },
-    Coordinated { entry: &'a Entry },
+    Coordinated { entry: &'a Entry, seqs: &'a HomeSeqs },
     Placed { client: Addr, id: u64 },
 }
 
@@ -83,8 +85,10 @@ pub struct Recovered {
     /// SLOG: every batch its orderer closed, in order.
     pub ordered: Vec<(u64, Vec<Entry>)>,
     /// Detock: the multi-home transactions its sequencer coordinated whose pieces some home
-    /// may not hold yet, in order.
-    pub coordinated: Vec<Entry>,
+    /// may not hold yet, in order, with their pieces' numbers.
+    pub coordinated: Vec<(Entry, HomeSeqs)>,
+    /// Detock: its sequencer's pieces numbered so far, per home (numbering goes on after them).
+    pub coordinator_seqs: CoordinatorSeqs,
     /// Every submission the node's sequencer or orderer took that its log holds (its own
     /// batches' entries, its coordinated and ordered transactions): copies still on their way
     /// from clients are dropped.
@@ -116,11 +120,12 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
                 r.submitted.extend(entries.iter().map(|e| (e.client, e.id)));
                 r.ordered.push((epoch, entries));
             }
-            Ok(Record::Coordinated { entry }) => {
+            Ok(Record::Coordinated { entry, seqs }) => {
                 r.submitted.push((entry.client, entry.id));
-                r.coordinated.push(entry);
+                r.coordinator_seqs.note(&seqs);
+                r.coordinated.push((entry, seqs));
             }
-            Ok(Record::Placed { client, id }) => r.coordinated.retain(|e| (e.client, e.id) != (client, id)),
+            Ok(Record::Placed { client, id }) => r.coordinated.retain(|(e, _)| (e.client, e.id) != (client, id)),
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
             }

@@ -47,6 +47,10 @@ pub struct Placed {
     /// The coordinator's clock when it sent the pieces, plus the farthest home's estimated
     /// one-way delay, plus the overshoot; 0 without opportunistic ordering.
     pub not_before_us: u64,
+    /// The coordinator (its node) and its number for this piece among those it sends this
+    /// home, from 1: how the home tells a copy (`piece_seqs`).
+    pub coordinator: NodeId,
+    pub seq: u64,
 }
 
 /// Where a multi-home transaction's piece comes from (SLOG).

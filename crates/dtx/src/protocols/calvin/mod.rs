@@ -42,6 +42,7 @@ pub mod input_log;
 pub mod locks;
 pub mod messages;
 pub mod orderer;
+pub mod piece_seqs;
 pub mod resubmits;
 pub mod scheduler;
 pub mod sequencer;
@@ -403,7 +404,7 @@ impl NodeProtocol for CalvinNode {
                 let recovered = self.0.recovered.lock();
                 let own = recovered.batches.iter().filter(|b| b.1 == w.addr.node);
                 let own = own.map(|(epoch, _, entries)| (*epoch, entries.clone())).collect();
-                let coordinated = recovered.coordinated.clone();
+                let coordinated = (recovered.coordinated.clone(), recovered.coordinator_seqs.clone());
                 let recent =
                     RecentSubmissions::new(resubmit_horizon_us(&w), w.now_us(), recovered.submitted.iter().copied());
                 sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated, recent)

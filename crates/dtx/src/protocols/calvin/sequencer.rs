@@ -9,6 +9,7 @@
 
 use super::input_log::Record;
 use super::messages::{Entry, Msg, Placed};
+use super::piece_seqs::{CoordinatorSeqs, HomeSeqs, PlacedSeqs};
 use super::resubmits::RecentSubmissions;
 use super::{orderer, CalvinWorker, LogOrder, SEQUENCER_FULL};
 use crate::cluster::Role;
@@ -25,8 +26,6 @@ use std::rc::Rc;
 const PROBE_US: u64 = 200_000;
 /// Detock: the probes a delay estimate averages (the repository's `avg_latency_window_size`).
 const PROBE_WINDOW: usize = 10;
-/// Detock: pieces a sequencer remembers placing, to drop a copy its coordinator sent again.
-const PLACED_KEPT: usize = 1 << 16;
 
 /// Detock's side of a sequencer: the pieces it holds until their timestamps, the ones it has
 /// placed (a coordinator sends a piece until it hears it arrived, so copies come), and, as a
@@ -34,8 +33,10 @@ const PLACED_KEPT: usize = 1 << 16;
 #[derive(Default)]
 struct Placement {
     held: Vec<Entry>,
-    placed: FxHashSet<(Addr, u64)>,
-    placed_order: VecDeque<(Addr, u64)>,
+    /// As a home: the pieces placed, by their coordinators' numbers (a copy is dropped).
+    placed: PlacedSeqs,
+    /// As a coordinator: the last number given each home's pieces.
+    seqs: CoordinatorSeqs,
     /// Pieces taken and not yet in a durable batch, and the coordinators owed an answer
     /// when they are (a piece is acknowledged only once durable, so a crash loses none its
     /// coordinator stops sending).
@@ -45,7 +46,7 @@ struct Placement {
     /// not hold its piece durably yet; at none, the log notes it placed.
     coordinating: rustc_hash::FxHashMap<(Addr, u64), usize>,
     /// Coordinated transactions the log held at start whose pieces some home may lack.
-    recoordinate: Vec<Entry>,
+    recoordinate: Vec<(Entry, HomeSeqs)>,
     /// Per region, the last [`PROBE_WINDOW`] probes' offsets (delay plus clock offset), µs.
     oneway_us: BTreeMap<u16, VecDeque<i64>>,
 }
@@ -74,16 +75,8 @@ struct FromOrderer {
 
 impl Placement {
     /// Note a piece as placed; false if it was already.
-    fn remember(&mut self, piece: (Addr, u64)) -> bool {
-        if !self.placed.insert(piece) {
-            return false;
-        }
-        self.placed_order.push_back(piece);
-        if self.placed_order.len() > PLACED_KEPT {
-            let oldest = self.placed_order.pop_front().expect("kept ones");
-            self.placed.remove(&oldest);
-        }
-        true
+    fn remember(&mut self, placed: &Placed) -> bool {
+        self.placed.first(placed.coordinator, placed.seq)
     }
 }
 
@@ -113,16 +106,19 @@ impl Sequencer {
         max_pending: usize,
         last_epoch: u64,
         recovered: Vec<(u64, Vec<Entry>)>,
-        coordinated: Vec<Entry>,
+        coordinated: (Vec<(Entry, HomeSeqs)>, CoordinatorSeqs),
         recent: RecentSubmissions,
     ) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
         assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
         let pieces = recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.piece));
         let durable = pieces.map(|p| p.region_batch).max().unwrap_or(0);
-        let mut placement = Placement { recoordinate: coordinated, ..Default::default() };
-        for e in recovered.iter().flat_map(|(_, entries)| entries.iter().filter(|e| e.placed.is_some())) {
-            placement.remember((e.client, e.id));
+        let (recoordinate, seqs) = coordinated;
+        let mut placement = Placement { recoordinate, seqs, ..Default::default() };
+        // The log holds every batch this sequencer made (no checkpoint cuts it yet): the
+        // pieces in them are exactly the ones placed.
+        for placed in recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.placed)) {
+            placement.remember(&placed);
         }
         Sequencer {
             placement: RefCell::new(placement),
@@ -167,40 +163,42 @@ impl Sequencer {
             let outcome = Err(Abort::Protocol(SEQUENCER_FULL));
             return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome });
         }
-        let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, homes, false) };
-        let lsn = match log.append(&Record::coordinated(&entry)) {
+        let seqs = self.placement.borrow_mut().seqs.take(homes);
+        let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, &seqs, false) };
+        let lsn = match log.append(&Record::coordinated(&entry, &seqs)) {
             Ok(lsn) => lsn,
             Err(e) => {
+                self.placement.borrow_mut().seqs.give_back(&seqs);
                 log_warn(&format!("detock: a multi-home transaction was refused by the log: {e}"));
                 return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
             }
         };
-        let (me, homes) = (wk.me.upgrade().expect("a live worker coordinates"), homes.to_vec());
+        let me = wk.me.upgrade().expect("a live worker coordinates");
         wk.w.spawn(async move {
             log.wait(lsn).await;
-            me.sequencer.as_ref().expect("a sequencer coordinates").send_pieces(&me, entry, &homes, true);
+            me.sequencer.as_ref().expect("a sequencer coordinates").send_pieces(&me, entry, &seqs, true);
         });
     }
 
-    /// Stamp a coordinated transaction and send each home its piece (this sequencer's own
-    /// directly), each until the home holds it durably; `tracked`: the log notes when all do.
-    fn send_pieces(&self, wk: &CalvinWorker, mut entry: Entry, homes: &[u16], tracked: bool) {
+    /// Stamp a coordinated transaction and send each home its piece, numbered as `seqs` says
+    /// (this sequencer's own directly), each until the home holds it durably; `tracked`: the
+    /// log notes when all do.
+    fn send_pieces(&self, wk: &CalvinWorker, mut entry: Entry, seqs: &HomeSeqs, tracked: bool) {
         let here = wk.node.env.topo.region_of(wk.w.addr.node);
-        let not_before_us = match (wk.node.cfg.overshoot_us, entry.placed) {
-            (_, Some(placed)) => placed.not_before_us, // Sent again after a restart.
-            (Some(overshoot_us), None) => {
-                let farthest = homes.iter().map(|h| if *h == here { 0 } else { self.oneway_us(*h) }).max();
+        let not_before_us = match wk.node.cfg.overshoot_us {
+            Some(overshoot_us) => {
+                let farthest = seqs.iter().map(|&(h, _)| if h == here { 0 } else { self.oneway_us(h) }).max();
                 (wk.w.wall_us() as i64 + farthest.unwrap_or(0).max(0)) as u64 + overshoot_us
             }
-            (None, None) => 0,
+            None => 0,
         };
-        entry.placed = Some(Placed { not_before_us });
         let txn = (entry.client, entry.id);
         if tracked {
-            self.placement.borrow_mut().coordinating.insert(txn, homes.len());
+            self.placement.borrow_mut().coordinating.insert(txn, seqs.len());
         }
         let me = wk.me.upgrade().expect("a live worker coordinates");
-        for &home in homes {
+        for &(home, seq) in seqs {
+            entry.placed = Some(Placed { not_before_us, coordinator: wk.w.addr.node, seq });
             let dst = wk.node.sequencer_in(home, wk.w.addr.node);
             if dst == wk.w.addr {
                 if self.place(wk, entry.clone(), None) && tracked {
@@ -243,8 +241,9 @@ impl Sequencer {
     /// holds it already.
     pub fn place(&self, wk: &CalvinWorker, entry: Entry, reply: Option<Reply>) -> bool {
         let txn = (entry.client, entry.id);
+        let placed = entry.placed.expect("a Detock piece is stamped and numbered");
         let mut p = self.placement.borrow_mut();
-        if !p.remember(txn) {
+        if !p.remember(&placed) {
             wk.w.count("detock-piece-copies", 1);
             let durable = !p.unlogged.contains(&txn);
             match (reply, durable) {
@@ -298,10 +297,9 @@ impl Sequencer {
     /// not hold (the homes drop copies).
     fn recoordinate(&self, wk: &CalvinWorker) {
         let entries = std::mem::take(&mut self.placement.borrow_mut().recoordinate);
-        for entry in entries {
-            let homes = orderer::homes_of(wk, &entry);
+        for (entry, seqs) in entries {
             wk.w.count("detock-recoordinated", 1);
-            self.send_pieces(wk, entry, &homes, true);
+            self.send_pieces(wk, entry, &seqs, true);
         }
     }
 
@@ -514,7 +512,7 @@ mod tests {
 
     #[test]
     fn a_sequencer_sends_a_batch_every_epoch_and_catches_up_on_the_others_with_empty_ones() {
-        let s = Sequencer::new(10, 0, Vec::new(), Vec::new(), none_recent());
+        let s = Sequencer::new(10, 0, Vec::new(), Default::default(), none_recent());
         assert_eq!(epochs(&s.close()), vec![(1, 0)], "an empty epoch is still sent");
         s.pending.borrow_mut().extend([entry(1), entry(2)]);
         assert_eq!(epochs(&s.close()), vec![(2, 2)]);
@@ -528,7 +526,7 @@ mod tests {
 
     #[test]
     fn a_restarted_sequencer_goes_on_after_its_logged_epochs_and_fills_at_most_max_fill() {
-        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Vec::new(), none_recent());
+        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Default::default(), none_recent());
         assert_eq!(s.resend.borrow().len(), 2, "what its log holds is sent again");
         s.heard(40 + 10 * MAX_FILL);
         let batches = s.close();
