@@ -52,6 +52,11 @@ pub struct Executor {
     ready: Arc<Mutex<VecDeque<Runnable>>>,
     unpark: Unpark,
     tasks: RefCell<Vec<async_task::Task<()>>>,
+    /// Whether it keeps those handles (`sim` and `local`, which run many runs in one process).
+    /// A `tcp` server's workers end with their run and the process soon after: their tasks are
+    /// detached, never dropped, so that no future's destructor runs as a worker thread exits
+    /// while the server answers its `stop`.
+    keeps_tasks: bool,
     /// Prune the finished tasks' handles once this many are kept (twice the live ones after
     /// the last prune): amortized, a spawn costs one push.
     prune_at: Cell<usize>,
@@ -66,8 +71,14 @@ impl Executor {
             ready: Arc::new(Mutex::new(VecDeque::new())),
             unpark,
             tasks: RefCell::new(Vec::new()),
+            keeps_tasks: true,
             prune_at: Cell::new(PRUNE_TASKS_AT_LEAST),
         }
+    }
+
+    /// An executor whose tasks are detached: [`Executor::shutdown`] cannot drop them.
+    pub fn detached(unpark: Unpark) -> Self {
+        Executor { keeps_tasks: false, ..Executor::new(unpark) }
     }
 
     /// Cancel every task this executor spawned and drop their futures: the runtime never runs
@@ -113,6 +124,9 @@ impl Executor {
     }
 
     fn keep(&self, task: async_task::Task<()>) {
+        if !self.keeps_tasks {
+            return task.detach();
+        }
         let mut tasks = self.tasks.borrow_mut();
         tasks.push(task);
         if tasks.len() >= self.prune_at.get() {

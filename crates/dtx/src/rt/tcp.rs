@@ -134,7 +134,7 @@ impl TcpNet {
     /// past those of every earlier incarnation of its node ([`rpc_id_base`]).
     pub fn make_worker(&self, epoch: Instant, workers_per_node: u16, cfg: &WorkerConfig) -> Rc<Worker> {
         let waker = self.handle.waker.clone();
-        let exec = Executor::new(Arc::new(move || {
+        let exec = Executor::detached(Arc::new(move || {
             let _ = waker.wake();
         }));
         super::log::enter_lane(self.me.worker);
