@@ -26,16 +26,9 @@ pub struct CoordinatorSeqs {
 }
 
 impl CoordinatorSeqs {
-    /// Numbering that goes on after the numbers the log held (a restart must not reuse one it
-    /// sent: a piece is sent only once its `Coordinated` record is durable, so the log holds
-    /// every number that left).
-    pub fn after<'a>(logged: impl IntoIterator<Item = &'a HomeSeqs>) -> Self {
-        let mut s = CoordinatorSeqs::default();
-        logged.into_iter().for_each(|seqs| s.note(seqs));
-        s
-    }
-
-    /// Numbers a logged transaction took: numbering goes on after them.
+    /// Numbers a logged transaction took: numbering goes on after them (a restart must not
+    /// reuse one it sent: a piece is sent only once its `Coordinated` record is durable, so the
+    /// log holds every number that left).
     pub fn note(&mut self, logged: &HomeSeqs) {
         for &(home, seq) in logged {
             let last = self.last.entry(home).or_default();
@@ -95,16 +88,26 @@ impl PlacedSeqs {
         }
         true
     }
-
-    /// Numbers held above the unbroken runs, over every coordinator (what this costs).
-    pub fn held_above(&self) -> usize {
-        self.by_coordinator.values().map(|w| w.above.len()).sum()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl CoordinatorSeqs {
+        fn after<'a>(logged: impl IntoIterator<Item = &'a HomeSeqs>) -> Self {
+            let mut s = CoordinatorSeqs::default();
+            logged.into_iter().for_each(|seqs| s.note(seqs));
+            s
+        }
+    }
+
+    impl PlacedSeqs {
+        /// Numbers held above the unbroken runs, over every coordinator (what this costs).
+        fn held_above(&self) -> usize {
+            self.by_coordinator.values().map(|w| w.above.len()).sum()
+        }
+    }
 
     #[test]
     fn a_copy_is_known_however_many_pieces_came_after_it() {
