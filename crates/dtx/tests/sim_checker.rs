@@ -58,16 +58,16 @@ fn group_commit_is_serializable_under_every_concurrency_control() {
     }
 }
 
-/// The ablations (`primo:wcf=off`): plain, with faults, and interactive.
+/// The option variants (`primo:wcf=off`, `detock:rehome=0.2`): plain, with faults, and interactive.
 #[test]
-fn ablations_are_serializable_too() {
-    for variant in dtx::protocols::ABLATION_VARIANTS {
+fn option_variants_are_serializable_too() {
+    for variant in dtx::protocols::OPTION_VARIANTS.iter().filter(|n| common::chosen(n)) {
         for seed in 1..=seeds().div_ceil(2) {
-            check(&append_spec(variant, 700 + seed), "ablation");
-            check(&append_spec(variant, 1700 + seed).with_faults(true, true, 0.02), "ablation faults");
+            check(&append_spec(variant, 700 + seed), "variant");
+            check(&append_spec(variant, 1700 + seed).with_faults(true, true, 0.02), "variant faults");
             let mut s = append_spec(variant, 2700 + seed);
             s.proto.one_shot = false;
-            check(&s, "ablation interactive");
+            check(&s, "variant interactive");
         }
     }
 }
@@ -110,10 +110,13 @@ fn every_region_ends_with_the_same_copy_under_faults() {
         dtx::protocols::Variant::parse(p.name).is_ok_and(|v| v.make().keeps_copies(Placement::PerRegion))
     };
     let mut runs = 0;
-    for p in ready().filter(|p| common::chosen(p.name)).filter(per_region) {
+    let names = ready().filter(per_region).map(|p| p.name).chain(dtx::protocols::OPTION_VARIANTS.iter().copied());
+    let per_region_names =
+        names.filter(|n| dtx::protocols::Variant::parse(n).is_ok_and(|v| v.make().keeps_copies(Placement::PerRegion)));
+    for name in per_region_names.filter(|n| common::chosen(n)) {
         for seed in 1..=seeds().div_ceil(4) {
             runs += 1;
-            let mut s = append_spec(p.name, 3000 + seed).with_faults(false, true, 0.02);
+            let mut s = append_spec(name, 3000 + seed).with_faults(false, true, 0.02);
             s.nodes = 4;
             s.latency.node_region = vec![0, 1, 0, 1];
             s.placement = Placement::PerRegion;
@@ -130,8 +133,8 @@ fn every_region_ends_with_the_same_copy_under_faults() {
             s.faults.targeted = vec![crash(1), crash(3)];
             let out = common::run_and_check(&s, "regions");
             let copies = out.totals.findings.iter().find(|f| f.0.starts_with("every copy"));
-            assert!(copies.is_some_and(|f| f.1), "{} seed {}: {copies:?}", p.name, 3000 + seed);
-            assert!(out.restarts >= 2, "{} seed {}: the region's crash lost no memory", p.name, 3000 + seed);
+            assert!(copies.is_some_and(|f| f.1), "{name} seed {}: {copies:?}", 3000 + seed);
+            assert!(out.restarts >= 2, "{name} seed {}: the region's crash lost no memory", 3000 + seed);
         }
     }
     assert!(runs > 0 || common::narrowed(), "no protocol keeps a copy per region");

@@ -49,11 +49,11 @@ fn check(spec: &BenchSpec, tag: &str) -> (u64, u64) {
     (out.restarts, out.totals.log_waits)
 }
 
-/// Every ready protocol, and the ablations (`primo:wcf=off`).
+/// Every ready protocol, and the option variants (`primo:wcf=off`, `detock:rehome=0.2`).
 #[test]
 fn crashes_that_lose_memory_lose_no_acknowledged_commit() {
     for name in
-        ready().map(|p| p.name).chain(dtx::protocols::ABLATION_VARIANTS.iter().copied()).filter(|n| common::chosen(n))
+        ready().map(|p| p.name).chain(dtx::protocols::OPTION_VARIANTS.iter().copied()).filter(|n| common::chosen(n))
     {
         let (mut restarts, mut log_waits) = (0, 0);
         for seed in 1..=seeds() {

@@ -239,7 +239,8 @@ impl BenchSpec {
                 self.protocol
             );
         }
-        workloads::build(&self.workload, &topo)?;
+        let workload = workloads::build(&self.workload, &topo)?;
+        protocol.check_workload(&*workload)?;
         if self.runtime == Runtime::Local && !self.faults.targeted.is_empty() {
             bail!("--fault-at acts in the simulator and on tcp servers: add --runtime sim or tcp");
         }

@@ -214,9 +214,11 @@ pub const EPOCH_VARIANTS: &[&str] = &[
 /// default it is): the sweeps that test watermark group commit run each of them.
 pub const WM_VARIANTS: &[&str] = &["tictoc:commit=wm", "sundial:commit=wm"];
 
-/// Variants that change how a protocol works (ablations), beside its default: the shared sweeps
-/// check them as they do the ready protocols.
-pub const ABLATION_VARIANTS: &[&str] = &["primo:wcf=off", "primo:wcf=off:commit=epoch"];
+/// Variants that change how a protocol works, beside its default: the ablations, and the paths
+/// off by default (homes that move). The shared sweeps check them as they do the ready
+/// protocols.
+pub const OPTION_VARIANTS: &[&str] =
+    &["primo:wcf=off", "primo:wcf=off:commit=epoch", "slog:rehome=0.2", "detock:rehome=0.2"];
 
 /// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
 /// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size

@@ -122,6 +122,10 @@ pub trait Protocol: Send + Sync + 'static {
     fn check_topology(&self, _topo: &Topology) -> anyhow::Result<()> {
         Ok(())
     }
+    /// Refuse a workload the protocol cannot run with its options, with a one-line reason.
+    fn check_workload(&self, _workload: &dyn crate::txn::Procedures) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// Refuse a durability the protocol cannot run with, with a one-line reason: every one will
     /// do for a protocol that does not say otherwise (Silo is unreplicated; Rolis replicates).
     fn check_durability(&self, _mode: crate::replication::Durability, _replicas: u16) -> anyhow::Result<()> {

@@ -488,6 +488,11 @@ pub trait Procedures: Send + Sync + 'static {
     fn load_partition(&self, p: PartitionId, sink: &mut dyn FnMut(RowKey, Value));
     /// Declare the read and write sets; false when some keys depend on what is read (OLLP).
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool;
+    /// Whether some procedure may scan (what a protocol that orders single keys apart, such as a
+    /// home movement's, cannot run beside). A workload that never scans says so.
+    fn scans(&self) -> bool {
+        true
+    }
     /// Run the procedure the request names.
     fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a>;
     /// The arguments of `req` as bytes (postcard, through [`encode_args`]).

@@ -93,6 +93,10 @@ impl Procedures for Append {
         }]
     }
 
+    fn scans(&self) -> bool {
+        false
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &["append-txn", "read-all"]
     }

@@ -156,6 +156,10 @@ impl Procedures for Bank {
         vec![TableDef { name: "accounts", ordered: false, expected_rows: 0, dense, ..Default::default() }]
     }
 
+    fn scans(&self) -> bool {
+        false
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &[TRANSFER_PROC, AUDIT_PROC]
     }

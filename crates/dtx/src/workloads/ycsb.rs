@@ -173,6 +173,10 @@ impl Procedures for Ycsb {
         vec![TableDef { name: "usertable", ordered: false, expected_rows: 0, dense, ..Default::default() }]
     }
 
+    fn scans(&self) -> bool {
+        false
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &["ycsb"]
     }

@@ -22,6 +22,11 @@
 //! not): a range waits for the last exclusive request of every key in it, and a later exclusive
 //! request in the range waits for the range. So a scan sees every insert and delete made before
 //! it in the log and none made after.
+//!
+//! A lock names a key together with the home its requester expects ([`LockKey`]): once homes
+//! move ([`super::homes`]), a key's requests come from two logs (its old home's and its new
+//! one's), which regions interleave differently, so only requests expecting the same home may
+//! queue on one another; the home movement itself holds both and orders the two sides.
 
 use crate::storage::{RowKey, TableId};
 use rustc_hash::FxHashMap;
@@ -35,17 +40,27 @@ pub enum Mode {
     Exclusive,
 }
 
-/// The keys `lo..=hi` of one table, present or not: what a scan locks (shared).
+/// What a lock names: a key, and the home region its requester expects it in (Calvin's one
+/// log: 0). Ordered by key first, so a table's keys lie together whatever their homes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LockKey {
+    pub row: RowKey,
+    pub home: u16,
+}
+
+/// The keys `lo..=hi` of one table, present or not, expected in `home`: what a scan locks
+/// (shared).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRange {
     pub table: TableId,
     pub lo: u64,
     pub hi: u64,
+    pub home: u16,
 }
 
 impl KeyRange {
-    fn contains(&self, key: RowKey) -> bool {
-        key.table == self.table && (self.lo..=self.hi).contains(&key.key)
+    fn contains(&self, key: LockKey) -> bool {
+        key.row.table == self.table && (self.lo..=self.hi).contains(&key.row.key) && key.home == self.home
     }
 }
 
@@ -56,7 +71,7 @@ struct Request<T> {
 
 /// A transaction that requested and has not released.
 struct Txn<T> {
-    keys: Vec<(RowKey, Mode)>,
+    keys: Vec<(LockKey, Mode)>,
     ranges: Vec<KeyRange>,
     /// Earlier transactions it waits for that have not released.
     waits: usize,
@@ -68,9 +83,9 @@ struct Txn<T> {
 
 /// The locks of one node, for transactions named by `T` (their place in the log).
 pub struct OrderedLocks<T> {
-    queues: FxHashMap<RowKey, VecDeque<Request<T>>>,
+    queues: FxHashMap<LockKey, VecDeque<Request<T>>>,
     /// Keys with exclusive requests queued, and how many: what a range waits behind.
-    written: BTreeMap<RowKey, u32>,
+    written: BTreeMap<LockKey, u32>,
     /// Ranges requested and not released, per table.
     ranges: FxHashMap<TableId, Vec<(T, KeyRange)>>,
     txns: FxHashMap<T, Txn<T>>,
@@ -93,7 +108,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
     pub fn request(
         &mut self,
         txn: T,
-        keys: impl IntoIterator<Item = (RowKey, Mode)>,
+        keys: impl IntoIterator<Item = (LockKey, Mode)>,
         ranges: impl IntoIterator<Item = KeyRange>,
     ) -> bool {
         assert!(!self.txns.contains_key(&txn), "{txn:?} requests its locks once");
@@ -107,11 +122,11 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         &mut self,
         txn: T,
         pieces: u32,
-        keys: impl IntoIterator<Item = (RowKey, Mode)>,
+        keys: impl IntoIterator<Item = (LockKey, Mode)>,
         ranges: impl IntoIterator<Item = KeyRange>,
     ) -> bool {
         assert!(pieces > 0, "a transaction makes at least one request");
-        let mut keys: Vec<(RowKey, Mode)> = keys.into_iter().collect();
+        let mut keys: Vec<(LockKey, Mode)> = keys.into_iter().collect();
         keys.sort_unstable_by_key(|(k, m)| (*k, *m == Mode::Shared));
         keys.dedup_by_key(|(k, _)| *k); // Exclusive sorts first, so it is the one kept.
         let ranges: Vec<KeyRange> = ranges.into_iter().collect();
@@ -154,7 +169,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
     }
 
     /// The transactions a new request on `key` in `mode` waits for directly.
-    fn key_waits(&self, key: RowKey, mode: Mode, before: &mut Vec<T>) {
+    fn key_waits(&self, key: LockKey, mode: Mode, before: &mut Vec<T>) {
         if let Some(queue) = self.queues.get(&key) {
             match mode {
                 Mode::Shared => before.extend(queue.iter().rev().find(|r| r.mode == Mode::Exclusive).map(|r| r.txn)),
@@ -172,15 +187,16 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
             }
         }
         if mode == Mode::Exclusive {
-            let ranges = self.ranges.get(&key.table).into_iter().flatten();
+            let ranges = self.ranges.get(&key.row.table).into_iter().flatten();
             before.extend(ranges.filter(|(_, r)| r.contains(key)).map(|(t, _)| *t));
         }
     }
 
     /// The transactions a new shared lock on `range` waits for: each key's last writer.
     fn range_waits(&self, range: &KeyRange, before: &mut Vec<T>) {
-        let keys = RowKey::new(range.table, range.lo)..=RowKey::new(range.table, range.hi);
-        for key in self.written.range(keys).map(|(k, _)| k) {
+        let (lo, hi) = (RowKey::new(range.table, range.lo), RowKey::new(range.table, range.hi));
+        let keys = LockKey { row: lo, home: 0 }..=LockKey { row: hi, home: u16::MAX };
+        for key in self.written.range(keys).map(|(k, _)| k).filter(|k| k.home == range.home) {
             let queue = &self.queues[key];
             before.extend(queue.iter().rev().find(|r| r.mode == Mode::Exclusive).map(|r| r.txn));
         }
@@ -246,8 +262,8 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
 mod tests {
     use super::*;
 
-    fn key(k: u64) -> RowKey {
-        RowKey::new(0, k)
+    fn key(k: u64) -> LockKey {
+        LockKey { row: RowKey::new(0, k), home: 0 }
     }
 
     fn released(l: &mut OrderedLocks<u32>, t: u32) -> Vec<u32> {
@@ -303,7 +319,24 @@ mod tests {
     }
 
     fn range(lo: u64, hi: u64) -> KeyRange {
-        KeyRange { table: 0, lo, hi }
+        KeyRange { table: 0, lo, hi, home: 0 }
+    }
+
+    /// Homes that moved: requests expecting different homes of one key queue apart (each side
+    /// comes from its own home's log), and a request holding both orders them.
+    #[test]
+    fn requests_expecting_other_homes_of_a_key_queue_apart() {
+        let mut l = OrderedLocks::default();
+        let at = |home| LockKey { row: RowKey::new(0, 1), home };
+        assert!(l.request(1, [(at(0), Mode::Exclusive)], []));
+        assert!(l.request(2, [(at(1), Mode::Exclusive)], []), "expects the other home: no wait");
+        assert!(!l.request(3, [(at(0), Mode::Exclusive), (at(1), Mode::Exclusive)], []), "the move waits for both");
+        assert!(!l.request(4, [(at(1), Mode::Shared)], []), "the new home's next waits for the move");
+        assert!(!l.request(5, [], [KeyRange { table: 0, lo: 0, hi: 9, home: 1 }]), "a range waits in its home");
+        assert!(l.request(6, [], [KeyRange { table: 0, lo: 0, hi: 9, home: 2 }]), "and not in another");
+        assert_eq!(released(&mut l, 1), Vec::<u32>::new());
+        assert_eq!(released(&mut l, 2), vec![3]);
+        assert_eq!(released(&mut l, 3), vec![4, 5]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! tells the client the outcome. Requests travel as bytes (`Procedures::encode_request`): they
 //! are data, decoded and re-run at every participant.
 
+use super::homes::{Expected, Movement};
 use crate::net::{Addr, NodeId};
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, KeySet, Scan};
@@ -17,6 +18,9 @@ pub struct ReadSet {
     /// asks, at least its limit plus the transaction's writes in the range when there are that
     /// many (see `Scan::over_writes`).
     pub scans: Vec<(Scan, Vec<(u64, Value)>)>,
+    /// The keys it holds whose stored home is not the one the transaction expected, with the
+    /// stored home ([`super::homes`]): any at any participant aborts the run everywhere.
+    pub moved: Vec<(RowKey, u16)>,
 }
 
 /// One sequenced transaction: who waits for it and what it is.
@@ -37,6 +41,10 @@ pub struct Entry {
     /// placed in a home's log no earlier than its timestamp; `None`: a whole transaction, or
     /// one its coordinator has not split yet.
     pub placed: Option<Placed>,
+    /// The homes its client expects of the keys it knows moved ([`super::homes`]).
+    pub homes: Expected,
+    /// A home movement: the entry moves this key's home and runs no procedure (`req` is empty).
+    pub movement: Option<Movement>,
 }
 
 /// A Detock piece's timestamp (opportunistic ordering, thesis §4.2.4): every home places the
@@ -84,8 +92,9 @@ pub enum Msg {
     /// Participant -> the other participants of the transaction at `slot` (epoch, sequencer,
     /// index in its batch): its local reads.
     Reads { slot: (u64, NodeId, u32), from: NodeId, values: ReadSet },
-    /// One participant -> the client: the outcome, the output as JSON (what the driver records).
-    Done { id: u64, outcome: Result<Vec<u8>, Abort> },
+    /// One participant -> the client: the outcome, the output as JSON (what the driver records),
+    /// and the stored homes of the keys whose home it expected wrongly (a `home-moved` abort).
+    Done { id: u64, outcome: Result<Vec<u8>, Abort>, moved: Vec<(RowKey, u16)> },
     /// A client's reconnaissance -> any worker of the node that holds what it asks: the
     /// committed state, read without locks (answered with a [`Peeked`]).
     Peek(Peek),

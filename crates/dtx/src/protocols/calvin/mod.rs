@@ -38,6 +38,7 @@
 //! scheduler's data (a node runs its whole log again, and its log's snapshots keep every
 //! input, so both grow with the run).
 
+pub mod homes;
 pub mod input_log;
 pub mod locks;
 pub mod messages;
@@ -135,6 +136,9 @@ pub struct Calvin {
     /// Detock's opportunistic ordering: the margin added to a multi-home transaction's
     /// timestamp, µs; `None`: pieces are placed as they arrive.
     pub overshoot_us: Option<u64>,
+    /// SLOG and Detock: how often a multi-home transaction's client first moves one of its keys
+    /// homed elsewhere to its own region ([`homes`]); 0: homes never move.
+    pub rehome: f64,
 }
 
 impl Calvin {
@@ -146,6 +150,7 @@ impl Calvin {
             order: LogOrder::Global,
             ddr_us: 0,
             overshoot_us: None,
+            rehome: 0.0,
         }
     }
 
@@ -225,7 +230,9 @@ impl Protocol for Calvin {
         let (sequencers, streams, orderer) =
             (self.sequencers(&env.topo), self.streams(&env.topo), self.orderer(&env.topo));
         let recovered = parking_lot::Mutex::new(recovered);
-        Arc::new(CalvinNode(Arc::new(NodeState { store, env, cfg: *self, recovered, sequencers, streams, orderer })))
+        let directory = homes::HomeDirectory::default();
+        let state = NodeState { store, env, cfg: *self, recovered, sequencers, streams, orderer, directory };
+        Arc::new(CalvinNode(Arc::new(state)))
     }
 
     /// A replica of a node's input log: with one sequencer it executes the log on a full copy
@@ -256,6 +263,20 @@ impl Protocol for Calvin {
             }
             _ => crate::protocols::Layout::default(),
         }
+    }
+
+    /// Homes move one key at a time, and a scan's range is ordered in its partition's home
+    /// alone: a workload that scans could miss a moved key's write ([`homes`]).
+    fn check_workload(&self, workload: &dyn crate::txn::Procedures) -> anyhow::Result<()> {
+        if self.rehome > 0.0 && workload.scans() {
+            anyhow::bail!(
+                "{}:rehome moves keys' homes, and this workload scans (a scan is ordered in its partition's home \
+                 alone, so it could miss a moved key): use rehome=0, or a workload without scans (ycsb, bank, \
+                 append)",
+                self.name()
+            );
+        }
+        Ok(())
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
@@ -310,6 +331,8 @@ pub struct NodeState {
     pub streams: Vec<Vec<NodeId>>,
     /// SLOG's orderer of multi-home transactions.
     pub orderer: Option<NodeId>,
+    /// The homes this node's clients know moved ([`homes`]).
+    pub directory: homes::HomeDirectory,
 }
 
 impl NodeState {
@@ -331,16 +354,18 @@ impl NodeState {
         Addr::new(if stream.contains(&n) { n } else { stream[0] }, 0)
     }
 
-    /// The home region of `key` (SLOG): the region of its partition's leading copy (with a copy
-    /// per region, partition `p`'s home is region `p` mod regions).
+    /// The home region of `key` (SLOG) until a movement moves it ([`homes`]): the region of its
+    /// partition's leading copy (with a copy per region, partition `p`'s home is region `p` mod
+    /// regions).
     pub fn home_of(&self, key: RowKey) -> u16 {
         let topo = &self.env.topo;
         topo.region_of(topo.node_of(self.env.workload.partition_of(key)))
     }
 
-    /// The home regions of a transaction over `keys`, in order (a scan's is its first key's).
-    pub fn homes(&self, keys: &KeySet) -> Vec<u16> {
-        let keyed = keys.reads.iter().chain(&keys.writes).map(|k| self.home_of(*k));
+    /// The home regions of a transaction over `keys` that expects `expected` of the keys that
+    /// moved, in order (a scan's is its first key's).
+    pub fn homes(&self, keys: &KeySet, expected: &[(RowKey, u16)]) -> Vec<u16> {
+        let keyed = keys.reads.iter().chain(&keys.writes).map(|k| homes::expected_home(self, expected, *k));
         let mut homes: Vec<u16> = keyed.chain(keys.scans.iter().map(|s| self.scan_home(s))).collect();
         homes.sort_unstable();
         homes.dedup();
@@ -512,7 +537,10 @@ impl CalvinWorker {
         }
         drop(queued);
         self.w.count(refusals, 1);
-        self.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(reason)) });
+        self.deliver(
+            entry.client,
+            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(reason)), moved: Vec::new() },
+        );
     }
 
     /// Take a message; says when to acknowledge it.
@@ -548,7 +576,10 @@ impl CalvinWorker {
                 Some(s) => return s.reads(log, slot, node, values),
                 None => log_warn(&format!("calvin: {} got reads but is no scheduler", self.w.addr)),
             },
-            Msg::Done { id, outcome } => self.done(id, outcome),
+            Msg::Done { id, outcome, moved } => {
+                moved.iter().for_each(|(key, home)| self.node.directory.learn(&self.node, *key, *home));
+                self.done(id, outcome)
+            }
             Msg::Peek(_) => unreachable!("a peek is answered where it arrives"),
         }
         Ack::Now
@@ -607,25 +638,30 @@ impl CalvinWorker {
         }
     }
 
-    /// Where a client submits a transaction over `keys`: Calvin's to its sequencer; SLOG's and
-    /// Detock's single-home one to a sequencer of its home region's log; SLOG's multi-home one
-    /// to the orderer (then `true`), Detock's to its own region's sequencer, which coordinates
-    /// it (sends each home its piece).
-    fn destination(&self, keys: &KeySet) -> (Addr, bool) {
+    /// Where a client submits a transaction over `keys` that expects `expected` of the keys
+    /// that moved: Calvin's to its sequencer; SLOG's and Detock's single-home one to a
+    /// sequencer of its home region's log; a multi-home one where [`Self::multi_home_destination`]
+    /// says.
+    fn destination(&self, keys: &KeySet, expected: &[(RowKey, u16)]) -> (Addr, bool) {
         let here = self.w.addr.node;
         if self.node.cfg.order == LogOrder::Global {
             return (self.node.sequencer_for(here), false);
         }
-        match (&self.node.homes(keys)[..], self.node.orderer) {
-            ([home], _) => (self.node.sequencer_in(*home, here), false),
-            (_, Some(orderer)) => {
+        match &self.node.homes(keys, expected)[..] {
+            [home] => (self.node.sequencer_in(*home, here), false),
+            _ => {
                 self.w.count("multi-home-txns", 1);
-                (Addr::new(orderer, 0), true)
+                self.multi_home_destination()
             }
-            (_, None) => {
-                self.w.count("multi-home-txns", 1);
-                (self.node.sequencer_for(here), false)
-            }
+        }
+    }
+
+    /// SLOG's multi-home transaction goes to the orderer (then `true`), Detock's to its own
+    /// region's sequencer, which coordinates it (sends each home its piece).
+    fn multi_home_destination(&self) -> (Addr, bool) {
+        match self.node.orderer {
+            Some(orderer) => (Addr::new(orderer, 0), true),
+            None => (self.node.sequencer_for(self.w.addr.node), false),
         }
     }
 
@@ -637,12 +673,37 @@ impl CalvinWorker {
             // It touches no data: no node would run it, and it needs no place in the order.
             return scheduler::run_untouched(&**procs, req, &keys, reconnoitred).await;
         }
-        let (to, ordered) = self.destination(&keys);
+        if self.node.cfg.rehome > 0.0 {
+            self.maybe_move_home(&keys).await;
+        }
+        let expected = self.node.directory.expected(&keys);
+        let (to, ordered) = self.destination(&keys, &expected);
         let keys = reconnoitred.then_some(keys);
+        let encoded = procs.encode_request(req);
+        let entry = Entry {
+            client: self.w.addr,
+            id: 0,
+            req: encoded,
+            keys,
+            piece: None,
+            placed: None,
+            homes: expected,
+            movement: None,
+        };
+        let outcome = self.submit(to, ordered, entry).await;
+        if matches!(outcome, Err(Abort::Protocol(SCAN_UNDECLARED))) && !self.scanning.borrow().contains(&req.proc) {
+            self.scanning.borrow_mut().push(req.proc);
+        }
+        outcome
+    }
+
+    /// Number `entry`, send it to `to` (the orderer when `ordered`), and wait for its outcome,
+    /// at most the RPC timeout.
+    async fn submit(&self, to: Addr, ordered: bool, mut entry: Entry) -> TxnResult<TxnOutput> {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        entry.id = id;
         self.waiting.borrow_mut().insert(id, Waiting::default());
-        let entry = Entry { client: self.w.addr, id, req: procs.encode_request(req), keys, piece: None, placed: None };
         self.deliver(to, if ordered { Msg::Order(entry) } else { Msg::Submit(entry) });
         let mut timeout = self.w.sleep_us(self.w.rpc.timeout_us);
         let outcome = std::future::poll_fn(|cx| {
@@ -660,10 +721,44 @@ impl CalvinWorker {
         })
         .await;
         self.waiting.borrow_mut().remove(&id);
-        if matches!(outcome, Err(Abort::Protocol(SCAN_UNDECLARED))) && !self.scanning.borrow().contains(&req.proc) {
-            self.scanning.borrow_mut().push(req.proc);
-        }
         outcome
+    }
+
+    /// With probability `rehome`, before a multi-home transaction over `keys`, move the home of
+    /// its first key homed in another region to this client's region, if that region has a log
+    /// ([`homes`]). Its outcome is counted, not the driver's: a movement reads and writes no data.
+    async fn maybe_move_home(&self, keys: &KeySet) {
+        let (node, here) = (&self.node, self.w.addr.node);
+        let region = node.env.topo.region_of(here);
+        if node.homes(keys, &node.directory.expected(keys)).len() < 2
+            || !node.streams.iter().any(|s| node.env.topo.region_of(s[0]) == region)
+            || !rand::Rng::gen_bool(&mut *self.w.rng.borrow_mut(), node.cfg.rehome)
+        {
+            return;
+        }
+        let elsewhere = keys.writes.iter().chain(&keys.reads).find(|k| node.directory.home(node, **k) != region);
+        let Some(&key) = elsewhere else { return };
+        let movement = homes::Movement { key, from: node.directory.home(node, key), to: region };
+        let entry = Entry {
+            client: self.w.addr,
+            id: 0,
+            req: Vec::new(),
+            keys: None,
+            piece: None,
+            placed: None,
+            homes: Vec::new(),
+            movement: Some(movement),
+        };
+        let (to, ordered) = self.multi_home_destination();
+        let counter = match self.submit(to, ordered, entry).await {
+            Ok(_) => {
+                node.directory.learn(node, key, region);
+                "home-moves"
+            }
+            Err(Abort::Protocol(homes::HOME_MOVED)) => "home-moves-stale",
+            Err(_) => "home-moves-failed",
+        };
+        self.w.count(counter, 1);
     }
 }
 

@@ -93,18 +93,29 @@ impl Orderer {
     }
 }
 
-/// The home regions of a submitted multi-home transaction: its reconnaissance's keys or its
-/// workload's declaration (its client found it multi-home the same way). An entry that does
-/// not decode has none (its client hears so).
+/// The home regions of a submitted multi-home transaction: a movement's two, or those its keys
+/// are expected in, by its reconnaissance's keys or its workload's declaration (its client found
+/// it multi-home the same way). An entry that does not decode has none (its client hears so).
 pub(super) fn homes_of(wk: &CalvinWorker, entry: &Entry) -> Vec<u16> {
     if let Some(keys) = &entry.keys {
-        return wk.node.homes(keys);
+        return homes_of_keys(&wk.node, entry, keys);
     }
-    let procs = &wk.node.env.workload;
-    let Ok(req) = procs.decode_request(&entry.req) else { return Vec::new() };
     let mut keys = KeySet::default();
-    procs.declare(&req, &mut keys);
-    wk.node.homes(&keys)
+    if entry.movement.is_none() {
+        let procs = &wk.node.env.workload;
+        let Ok(req) = procs.decode_request(&entry.req) else { return Vec::new() };
+        procs.declare(&req, &mut keys);
+    }
+    homes_of_keys(&wk.node, entry, &keys)
+}
+
+/// The home regions of an entry over `keys`: a movement's two, or those its keys are expected in.
+pub(super) fn homes_of_keys(node: &super::NodeState, entry: &Entry, keys: &KeySet) -> Vec<u16> {
+    match entry.movement {
+        Some(m) if m.from == m.to => vec![m.from],
+        Some(m) => vec![m.from.min(m.to), m.from.max(m.to)],
+        None => node.homes(keys, &entry.homes),
+    }
 }
 
 /// Every `batch_us`, close a batch, log it, and send each home region its pieces.
@@ -133,7 +144,10 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
                         let orderer = me.orderer.as_ref().expect("an orderer");
                         orderer.epoch.set(epoch - 1);
                         for entry in entries {
-                            me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+                            me.deliver(
+                                entry.client,
+                                Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
+                            );
                         }
                         continue;
                     }
@@ -149,7 +163,10 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
 fn send(me: &CalvinWorker, epoch: u64, entries: &[Entry]) {
     let orderer = me.orderer.as_ref().expect("an orderer");
     for entry in entries.iter().filter(|e| homes_of(me, e).is_empty()) {
-        me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(super::UNDECODABLE)) });
+        me.deliver(
+            entry.client,
+            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(super::UNDECODABLE)), moved: Vec::new() },
+        );
     }
     for (home, (region_batch, pieces)) in orderer.pieces(me, epoch, entries) {
         let first = me.node.sequencer_in(home, crate::net::NodeId::MAX);

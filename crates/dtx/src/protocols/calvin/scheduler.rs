@@ -17,8 +17,9 @@
 //! log's earlier transactions made stale) or scans what it did not declare aborts alike at
 //! every participant, and its client tries again.
 
+use super::homes::{self, StoredHomes, HOME_MOVED};
 use super::input_log::{Record, Recovered};
-use super::locks::{KeyRange, Mode, OrderedLocks};
+use super::locks::{KeyRange, LockKey, Mode, OrderedLocks};
 use super::messages::{Entry, Msg, ReadSet};
 use super::{CalvinWorker, LogOrder, SCAN_UNDECLARED, UNDECODABLE};
 use crate::net::{Addr, NodeId};
@@ -53,19 +54,21 @@ const FINISHED_MULTI_KEPT: usize = 1 << 16;
 /// A batch's place in the global order: (epoch, its sequencer).
 type BatchId = (u64, NodeId);
 
-/// What Detock's dependency graph orders by: a key, or a partition of a table as a whole
-/// (what a scan of it conflicts with: every write in the partition takes it shared, a scan
-/// exclusive; coarser than the range, and one partition has one home).
+/// What Detock's dependency graph orders by, each with the home its user expects it in (the
+/// thesis's (key, home) pairs, Def. 4.2.1): a key, or a partition of a table as a whole (what
+/// a scan of it conflicts with: every write in the partition takes it shared, a scan
+/// exclusive; coarser than the range).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum GraphKey {
-    Row(RowKey),
-    Partition(TableId, crate::cluster::PartitionId),
+    Row(LockKey),
+    Partition(TableId, crate::cluster::PartitionId, u16),
 }
 
 /// An admitted transaction waiting for its locks.
 struct Admitted {
     entry: Entry,
-    req: TxnRequest,
+    /// The procedure it runs; `None` for a home movement.
+    req: Option<TxnRequest>,
     keys: KeySet,
     /// The keys came from the client's reconnaissance, not the workload's declaration.
     reconnoitred: bool,
@@ -101,6 +104,8 @@ pub struct Scheduler {
     waker: RefCell<Option<Waker>>,
     /// Transactions running now (holding their locks).
     running: Cell<usize>,
+    /// The homes of the keys this node holds that moved ([`homes`]).
+    stored_homes: RefCell<StoredHomes>,
 }
 
 impl Scheduler {
@@ -133,6 +138,7 @@ impl Scheduler {
             read_wakers: RefCell::default(),
             waker: RefCell::default(),
             running: Cell::new(0),
+            stored_homes: RefCell::default(),
         }
     }
 
@@ -301,18 +307,29 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
     let procs = &node.env.workload;
-    let Ok(req) = procs.decode_request(&entry.req) else {
-        // Every participant fails alike; the lowest data node answers (a piece is never
-        // undecodable: SLOG's orderer decoded it to find its homes).
-        if here == first_data_node(me) && entry.piece.is_none() {
-            me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)) });
-        }
-        return;
+    let req = match entry.movement {
+        Some(_) => None,
+        None => match procs.decode_request(&entry.req) {
+            Ok(req) => Some(req),
+            Err(_) => {
+                // Every participant fails alike; the lowest data node answers (a piece is never
+                // undecodable: SLOG's orderer decoded it to find its homes).
+                if here == first_data_node(me) && entry.piece.is_none() {
+                    let outcome = Err(Abort::Protocol(UNDECODABLE));
+                    me.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved: Vec::new() });
+                }
+                return;
+            }
+        },
     };
     let reconnoitred = entry.keys.is_some();
     let keys = entry.keys.take().unwrap_or_else(|| {
         let mut keys = KeySet::default();
-        procs.declare(&req, &mut keys);
+        match (&req, entry.movement) {
+            (Some(req), _) => _ = procs.declare(req, &mut keys),
+            (None, Some(m)) => keys.write(m.key),
+            (None, None) => unreachable!("an entry without a procedure is a movement"),
+        }
         keys
     });
     // This node's copy of the data: its region's, or the only one.
@@ -329,7 +346,7 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
     let (slot, home, pieces) = match entry.piece {
         None => (at, None, 1),
         Some(piece) => {
-            let here_homes = local_homes(node, &keys, copy, here);
+            let here_homes = local_homes(node, &entry, &keys, copy, here);
             let home = node.env.topo.region_of(at.1);
             if !here_homes.contains(&home) {
                 return; // None of this piece's keys is here.
@@ -337,7 +354,7 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
             ((piece.txn.0, GLOBAL_ORDER, piece.txn.1), Some(home), here_homes.len() as u32)
         }
     };
-    let (wanted, ranges) = local_requests(node, &keys, copy, here, home);
+    let (wanted, ranges) = local_requests(node, &entry, &keys, copy, here, home);
     let s = me.scheduler.as_ref().expect("a scheduler admits");
     let first = !s.locks.borrow().contains(&slot);
     let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
@@ -367,10 +384,11 @@ fn admit_to_graph(me: &Rc<CalvinWorker>, at: Slot, admitted: Admitted) {
         Some(_) => {
             let client = admitted.entry.client;
             let txn = (admitted.entry.id, GLOBAL_ORDER, (client.node as u32) << 16 | client.worker as u32);
-            (txn, Some(node.env.topo.region_of(at.1)), node.homes(&admitted.keys).len() as u32)
+            let homes = super::orderer::homes_of_keys(node, &admitted.entry, &admitted.keys);
+            (txn, Some(node.env.topo.region_of(at.1)), homes.len() as u32)
         }
     };
-    let keys = graph_keys(node, &admitted.keys, home);
+    let keys = graph_keys(node, &admitted.entry, &admitted.keys, home);
     let runs_here = admitted.participants.contains(&here);
     s.in_graph.borrow_mut().entry(txn).or_insert_with(|| runs_here.then_some(admitted));
     let mut emitted = Vec::new();
@@ -379,18 +397,38 @@ fn admit_to_graph(me: &Rc<CalvinWorker>, at: Slot, admitted: Admitted) {
 }
 
 /// What a transaction (or its piece homed in `home`) uses in the dependency graph.
-fn graph_keys(node: &super::NodeState, keys: &KeySet, home: Option<u16>) -> Vec<(GraphKey, Use)> {
-    let ours = |k: &RowKey| home.is_none_or(|h| node.home_of(*k) == h);
-    let partition = |k: RowKey| GraphKey::Partition(k.table, node.env.workload.partition_of(k));
+fn graph_keys(node: &super::NodeState, entry: &Entry, keys: &KeySet, home: Option<u16>) -> Vec<(GraphKey, Use)> {
+    let ours = |h: u16| home.is_none_or(|piece| piece == h);
+    let partition = |k: LockKey| GraphKey::Partition(k.row.table, node.env.workload.partition_of(k.row), k.home);
     let mut out = Vec::with_capacity(keys.reads.len() + 2 * keys.writes.len() + keys.scans.len());
-    out.extend(keys.reads.iter().filter(|k| ours(k)).map(|k| (GraphKey::Row(*k), Use::Read)));
-    for k in keys.writes.iter().filter(|k| ours(k)) {
-        out.push((GraphKey::Row(*k), Use::Write));
-        out.push((partition(*k), Use::Read));
+    for (k, mode) in homed_keys(node, entry, keys).filter(|(k, _)| ours(k.home)) {
+        match mode {
+            Mode::Shared => out.push((GraphKey::Row(k), Use::Read)),
+            Mode::Exclusive => out.extend([(GraphKey::Row(k), Use::Write), (partition(k), Use::Read)]),
+        }
     }
-    let scans = keys.scans.iter().filter(|s| home.is_none_or(|h| node.scan_home(s) == h));
-    out.extend(scans.map(|s| (partition(RowKey::new(s.table, s.lo)), Use::Write)));
+    for s in keys.scans.iter().filter(|s| ours(node.scan_home(s))) {
+        out.push((partition(LockKey { row: RowKey::new(s.table, s.lo), home: node.scan_home(s) }), Use::Write));
+    }
     out
+}
+
+/// Every key a transaction uses with the home it expects it in, and how: a movement writes its
+/// key in both homes, any other transaction reads and writes its keys in the homes its entry
+/// expects (the partitions' homes, but for the keys its client knew moved).
+fn homed_keys<'a>(
+    node: &'a super::NodeState,
+    entry: &'a Entry,
+    keys: &'a KeySet,
+) -> impl Iterator<Item = (LockKey, Mode)> + 'a {
+    let moved = entry
+        .movement
+        .into_iter()
+        .flat_map(|m| [m.from, m.to].map(|home| (LockKey { row: m.key, home }, Mode::Exclusive)));
+    let expected = |k: &RowKey| LockKey { row: *k, home: homes::expected_home(node, &entry.homes, *k) };
+    let used = (keys.reads.iter().map(move |k| (expected(k), Mode::Shared)))
+        .chain(keys.writes.iter().map(move |k| (expected(k), Mode::Exclusive)));
+    moved.chain(used.filter(move |_| entry.movement.is_none()))
 }
 
 /// Request the local locks of what the dependency graph emitted, in its order (so two
@@ -402,7 +440,7 @@ fn lock_emitted(me: &Rc<CalvinWorker>, emitted: Vec<Slot>) {
     let copy = node.copy_of(here);
     for txn in emitted {
         let Some(Some(admitted)) = s.in_graph.borrow_mut().remove(&txn) else { continue };
-        let (wanted, ranges) = local_requests(node, &admitted.keys, copy, here, None);
+        let (wanted, ranges) = local_requests(node, &admitted.entry, &admitted.keys, copy, here, None);
         if s.locks.borrow_mut().request(txn, wanted, ranges) {
             spawn_run(me, txn, admitted);
         } else {
@@ -445,29 +483,30 @@ pub fn spawn_resolver(me: &Rc<CalvinWorker>) {
 /// scan ranges there, only those homed in `home` for a SLOG piece.
 fn local_requests<'a>(
     node: &'a super::NodeState,
+    entry: &'a Entry,
     keys: &'a KeySet,
     copy: u16,
     here: NodeId,
     home: Option<u16>,
-) -> (impl Iterator<Item = (RowKey, Mode)> + 'a, impl Iterator<Item = KeyRange> + 'a) {
-    let mine = move |k: &&RowKey| node.holder(**k, copy) == here && home.is_none_or(|h| node.home_of(**k) == h);
-    let wanted = (keys.reads.iter().filter(mine).map(|k| (*k, Mode::Shared)))
-        .chain(keys.writes.iter().filter(mine).map(|k| (*k, Mode::Exclusive)));
+) -> (impl Iterator<Item = (LockKey, Mode)> + 'a, impl Iterator<Item = KeyRange> + 'a) {
+    let mine = move |(k, _): &(LockKey, Mode)| node.holder(k.row, copy) == here && home.is_none_or(|h| k.home == h);
+    let wanted = homed_keys(node, entry, keys).filter(mine);
     let scans = keys.scans.iter().filter(move |s| node.scan_holder(s, copy) == here);
     let ranges = (scans.filter(move |s| home.is_none_or(|h| node.scan_home(s) == h))).map(|s| KeyRange {
         table: s.table,
         lo: s.lo,
         hi: s.hi,
+        home: node.scan_home(s),
     });
     (wanted, ranges)
 }
 
-/// The home regions of the keys and scans of `keys` that node `here` holds in `copy` (SLOG: the
-/// pieces it locks a multi-home transaction in).
-fn local_homes(node: &super::NodeState, keys: &KeySet, copy: u16, here: NodeId) -> Vec<u16> {
-    let keyed = (keys.reads.iter().chain(&keys.writes)).filter(|k| node.holder(**k, copy) == here);
+/// The home regions of the keys and scans of a transaction that node `here` holds in `copy`
+/// (SLOG: the pieces it locks a multi-home transaction in).
+fn local_homes(node: &super::NodeState, entry: &Entry, keys: &KeySet, copy: u16, here: NodeId) -> Vec<u16> {
+    let keyed = homed_keys(node, entry, keys).filter(|(k, _)| node.holder(k.row, copy) == here);
     let scans = keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here);
-    let mut homes: Vec<u16> = keyed.map(|k| node.home_of(*k)).chain(scans.map(|s| node.scan_home(s))).collect();
+    let mut homes: Vec<u16> = keyed.map(|(k, _)| k.home).chain(scans.map(|s| node.scan_home(s))).collect();
     homes.sort_unstable();
     homes.dedup();
     homes
@@ -489,11 +528,12 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         me.w.count("calvin-overlapped", 1); // Started while another still ran: ordered locking at work.
     }
     s.running.set(s.running.get() + 1);
-    let local = read_local(me, &keys, copy);
+    let local = read_local(me, &entry, &keys, copy);
     let others: Vec<NodeId> = participants.iter().copied().filter(|n| *n != here).collect();
     for &n in &others {
         me.deliver(Addr::new(n, 0), Msg::Reads { slot, from: here, values: local.clone() });
     }
+    let mut moved = local.moved;
     let mut access = Deterministic {
         values: local.values.into_iter().collect(),
         scans: local.scans,
@@ -505,10 +545,22 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         for theirs in s.others_reads(slot, others.len()).await {
             access.values.extend(theirs.values);
             access.scans.extend(theirs.scans);
+            moved.extend(theirs.moved);
         }
     }
-    let procs = &node.env.workload;
-    let result = procs.run(&req, &mut Ctx::with_declared(&mut access, &keys)).await;
+    // Every participant gathered the same homes, so all decide alike.
+    let result = match (&req, entry.movement) {
+        _ if !moved.is_empty() => {
+            me.w.count("calvin-home-moved-aborts", 1);
+            Err(Abort::Protocol(HOME_MOVED))
+        }
+        (Some(req), _) => node.env.workload.run(req, &mut Ctx::with_declared(&mut access, &keys)).await,
+        (None, Some(m)) => {
+            move_home(me, m, copy);
+            Ok(TxnOutput::default())
+        }
+        (None, None) => unreachable!("an entry without a procedure is a movement"),
+    };
     if result.is_ok() {
         for (k, v) in access.writes.into_iter().filter(|(k, _)| node.holder(*k, copy) == here) {
             me.w.charge_ops(1);
@@ -519,16 +571,30 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
     // Every copy runs it; the client hears from its own copy's first participant.
     if here == participants[0] && node.copy_of(entry.client.node) == copy {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
-        me.deliver(entry.client, Msg::Done { id: entry.id, outcome });
+        me.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved });
     }
 }
 
+/// Run a home movement whose stored home was the one it expected: the key's home is its new
+/// one here from now on, and this node's clients know it.
+fn move_home(me: &CalvinWorker, m: homes::Movement, copy: u16) {
+    let (node, here) = (&me.node, me.w.addr.node);
+    if node.holder(m.key, copy) != here {
+        return;
+    }
+    let s = me.scheduler.as_ref().expect("a scheduler runs");
+    s.stored_homes.borrow_mut().set(node, m.key, m.to);
+    node.directory.learn(node, m.key, m.to);
+    me.w.count("calvin-homes-moved", 1);
+    me.w.charge_ops(1);
+}
+
 /// What this participant holds of a transaction's keys and scans, read now that it holds their
-/// locks.
-fn read_local(me: &CalvinWorker, keys: &KeySet, copy: u16) -> ReadSet {
+/// locks, and the keys whose stored home is not the one it expected.
+fn read_local(me: &CalvinWorker, entry: &Entry, keys: &KeySet, copy: u16) -> ReadSet {
     let (node, here) = (&me.node, me.w.addr.node);
     let values: Vec<(RowKey, Option<Value>)> = (keys.reads.iter().chain(&keys.writes))
-        .filter(|k| node.holder(**k, copy) == here)
+        .filter(|k| node.holder(**k, copy) == here && entry.movement.is_none())
         .map(|k| (*k, node.store.get(*k).and_then(|r| r.lock().value.clone())))
         .collect();
     let scans: Vec<_> = (keys.scans.iter().filter(|s| node.scan_holder(s, copy) == here))
@@ -539,7 +605,29 @@ fn read_local(me: &CalvinWorker, keys: &KeySet, copy: u16) -> ReadSet {
         })
         .collect();
     me.w.charge_ops(values.len() + scans.iter().map(|(_, rows)| rows.len()).sum::<usize>());
-    ReadSet { values, scans }
+    ReadSet { values, scans, moved: stale_homes(me, entry, keys, copy) }
+}
+
+/// The keys of a transaction held here whose stored home is not the one it expects (a
+/// movement's: its old home), with their stored homes.
+fn stale_homes(me: &CalvinWorker, entry: &Entry, keys: &KeySet, copy: u16) -> Vec<(RowKey, u16)> {
+    let (node, here) = (&me.node, me.w.addr.node);
+    let stored = me.scheduler.as_ref().expect("a scheduler runs").stored_homes.borrow();
+    if stored.is_empty() && entry.homes.is_empty() && entry.movement.is_none() {
+        return Vec::new(); // Nothing moved, and the entry expects nothing moved.
+    }
+    let expected = |k: RowKey| match entry.movement {
+        Some(m) => m.from,
+        None => homes::expected_home(node, &entry.homes, k),
+    };
+    let mut moved: Vec<(RowKey, u16)> = (keys.reads.iter().chain(&keys.writes))
+        .filter(|k| node.holder(**k, copy) == here)
+        .map(|k| (*k, stored.home(node, *k)))
+        .filter(|(k, home)| *home != expected(*k))
+        .collect();
+    moved.sort_unstable();
+    moved.dedup();
+    moved
 }
 
 /// The first `want` rows of `s`'s range that are present, in the order it asks (the store's

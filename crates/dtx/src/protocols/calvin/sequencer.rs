@@ -161,7 +161,7 @@ impl Sequencer {
         if waiting >= self.max_pending {
             wk.w.count("sequencer-refusals", 1);
             let outcome = Err(Abort::Protocol(SEQUENCER_FULL));
-            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome });
+            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved: Vec::new() });
         }
         let seqs = self.placement.borrow_mut().seqs.take(homes);
         let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, &seqs, false) };
@@ -170,7 +170,10 @@ impl Sequencer {
             Err(e) => {
                 self.placement.borrow_mut().seqs.give_back(&seqs);
                 log_warn(&format!("detock: a multi-home transaction was refused by the log: {e}"));
-                return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+                return wk.deliver(
+                    entry.client,
+                    Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
+                );
             }
         };
         let me = wk.me.upgrade().expect("a live worker coordinates");
@@ -468,7 +471,10 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
                 let (pieces, whole): (Vec<Entry>, Vec<Entry>) =
                     entries.into_iter().partition(|e| e.piece.is_some() || e.placed.is_some());
                 for entry in whole {
-                    me.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused) });
+                    me.deliver(
+                        entry.client,
+                        Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
+                    );
                 }
                 // SLOG's and Detock's pieces are sent already and every home must place them: they go
                 // first into the next batch (the orderer hears nothing of them until then).
@@ -499,7 +505,16 @@ mod tests {
     use super::*;
 
     fn entry(id: u64) -> Entry {
-        Entry { client: Addr::new(1, 1), id, req: Vec::new(), keys: None, piece: None, placed: None }
+        Entry {
+            client: Addr::new(1, 1),
+            id,
+            req: Vec::new(),
+            keys: None,
+            piece: None,
+            placed: None,
+            homes: Vec::new(),
+            movement: None,
+        }
     }
 
     fn none_recent() -> RecentSubmissions {

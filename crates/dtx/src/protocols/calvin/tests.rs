@@ -280,3 +280,29 @@ pub(crate) fn every_region_runs_tpcc_to_the_same_state(variant: &str) {
         assert!(!t.findings.is_empty() && failed.is_empty(), "seed {seed}: {failed:#?}");
     }
 }
+
+/// Homes that move (`rehome`, [`super::homes`]), on a region-homed protocol (`slog`, `detock`)
+/// with a copy per region in two regions: clients move keys' homes to their own region before
+/// multi-home transactions, a transaction routed by a stale home aborts alike everywhere and
+/// runs again where the key now is, histories check, and every region's copy ends alike. A
+/// workload that scans is refused before the run.
+pub(crate) fn homes_move_and_every_region_stays_alike(variant: &str) {
+    for seed in 1..=3 {
+        let mut s = crate::testkit::protocol_spec(&format!("{variant}:rehome=0.3"), append(), 40 + seed);
+        s.workers = 3;
+        s.nodes = 4;
+        s.latency.node_region = vec![0, 1, 0, 1];
+        s.placement = crate::cluster::Placement::PerRegion;
+        let out = checked(&s);
+        let t = &out.totals;
+        let counter = |name: &str| t.counters.get(name).copied().unwrap_or(0);
+        assert!(t.committed > 50, "seed {seed}: {} committed", t.committed);
+        assert!(counter("home-moves") > 0, "seed {seed}: no home moved: {:?}", t.counters);
+        assert!(t.aborts.get("home-moved").is_some_and(|n| *n > 0), "seed {seed}: none routed stale: {:?}", t.aborts);
+        let copies = t.findings.iter().find(|f| f.0.starts_with("every copy"));
+        assert!(copies.is_some_and(|f| f.1), "seed {seed}: {copies:?}");
+    }
+    let tpcc = WorkloadParams { name: "tpcc".into(), warehouses: 2, ..Default::default() };
+    let e = crate::testkit::protocol_spec(&format!("{variant}:rehome=0.1"), tpcc, 1).validate().unwrap_err();
+    assert!(e.to_string().contains("this workload scans"), "{e}");
+}

@@ -24,8 +24,9 @@
 //!   the same graph with no graph messages, at the cost of every node adding every key.
 //! - The resolver runs in the scheduler's worker, not a thread of its own with a copy.
 //! - A scan conflicts, in the graph, with every write to its table's partition.
-//! - No home movement yet: a key's home is fixed by its partition for the whole run (the
-//!   Home Directory is the placement), so no transaction aborts for a stale home.
+//! - Home movement (§4.3) is `calvin::homes`, shared with SLOG: a key's home is its
+//!   partition's until a movement moves it, and `rehome` makes clients move homes. A workload
+//!   that scans cannot move homes (a scan's range is ordered in its partition's home only).
 //!
 //! Counters: `detock-deadlocks` and `detock-deadlocked-txns` (cycles resolved, and the
 //! transactions in them, counted by every scheduler that resolves them), `detock-pieces-late`
@@ -72,12 +73,19 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "2000",
         help: "the margin opportunistic ordering adds to the farthest home's delay (the thesis: 2 ms)",
     },
+    OptionSpec {
+        name: "rehome",
+        kind: OptionKind::F64 { min: 0.0, max: 1.0 },
+        default: "0",
+        help: "how often a multi-home transaction's client first moves one of its keys' homes to its own region (0: never)",
+    },
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
     ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
     ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
     ("undecodable-request", "a participant could not decode the request"),
+    ("home-moved", "a key's home moved since its client looked; the client learns where to and retries"),
 ];
 
 pub fn new(o: &Options) -> Calvin {
@@ -88,6 +96,7 @@ pub fn new(o: &Options) -> Calvin {
         order: LogOrder::Graph,
         ddr_us: o.u64("ddr_us"),
         overshoot_us: (o.choice("opportunistic") == "on").then(|| o.u64("overshoot_us")),
+        rehome: o.f64("rehome"),
     }
 }
 

@@ -104,3 +104,9 @@ fn skewed_and_drifting_clocks_still_place_pieces_together() {
         p50(&agreeing)
     );
 }
+
+/// Homes that move: see the shared test.
+#[test]
+fn homes_move_and_every_region_stays_alike() {
+    crate::protocols::calvin::tests::homes_move_and_every_region_stays_alike("detock:batch_us=1000");
+}

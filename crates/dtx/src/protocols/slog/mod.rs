@@ -9,9 +9,13 @@
 //! alike, and logs interleave at each scheduler as their batches arrive: a single-home
 //! transaction waits for no other region.
 //!
-//! What this SLOG does not have yet (the detock issue): remastering (a key's home is fixed by
-//! its partition for the whole run), the orderer's thread count (the paper's "SLOG (slow)"),
-//! and a checkpoint of a scheduler's data (as Calvin).
+//! Remastering is `calvin::homes`, shared with Detock: a key's home is its partition's until a
+//! movement moves it, and `rehome` makes clients move homes. It departs from SLOG's paper: a
+//! movement is a multi-home transaction through the orderer (the Detock thesis's form), not a
+//! single-home one with a counter in every record.
+//!
+//! What this SLOG does not have yet (the detock issue): the orderer's thread count (the
+//! paper's "SLOG (slow)"), and a checkpoint of a scheduler's data (as Calvin).
 //!
 //! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
@@ -34,6 +38,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "100000",
         help: "submissions a sequencer or the orderer holds before it refuses more (sequencer-full, orderer-full)",
     },
+    OptionSpec {
+        name: "rehome",
+        kind: OptionKind::F64 { min: 0.0, max: 1.0 },
+        default: "0",
+        help: "how often a multi-home transaction's client first moves one of its keys' homes to its own region (0: never)",
+    },
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -41,6 +51,7 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("orderer-full", "the orderer's queue of multi-home transactions was at max_pending; the client retries"),
     ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
     ("undecodable-request", "a participant could not decode the request"),
+    ("home-moved", "a key's home moved since its client looked; the client learns where to and retries"),
 ];
 
 pub fn new(o: &Options) -> Calvin {
@@ -51,6 +62,7 @@ pub fn new(o: &Options) -> Calvin {
         order: LogOrder::HomeRegions,
         ddr_us: 0,
         overshoot_us: None,
+        rehome: o.f64("rehome"),
     }
 }
 

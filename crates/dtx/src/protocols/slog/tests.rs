@@ -79,3 +79,9 @@ fn roles_without_an_orderer_are_refused_naming_the_role() {
     // Without --roles the orderer is node 0.
     assert!(slog.check_topology(&Topology::new(2, 2, 1)).is_ok());
 }
+
+/// Homes that move: see the shared test.
+#[test]
+fn homes_move_and_every_region_stays_alike() {
+    crate::protocols::calvin::tests::homes_move_and_every_region_stays_alike("slog:batch_us=1000");
+}
