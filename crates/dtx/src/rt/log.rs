@@ -167,20 +167,21 @@ impl Lane {
     }
 
     /// Append one lane record to lane `index`'s device, its header made by `head` with the
-    /// sequence number it takes; returns its number in the lane and that sequence number. A
-    /// WAL's lane calls `head` under the lane's lock, so the number is in the same cut as the record.
+    /// sequence number it takes, given the record's number in the lane; returns that number and
+    /// the sequence number. A WAL's lane calls `head` under the lane's lock, so the number is in
+    /// the same cut as the record, and only once the record is sure to go in.
     fn put(
         &self,
         index: usize,
         body: &[u8],
-        head: impl FnOnce() -> (Lsn, [u8; LANE_HEADER_BYTES]),
+        head: impl FnOnce(Lsn) -> (Lsn, [u8; LANE_HEADER_BYTES]),
     ) -> Result<(Lsn, Lsn), String> {
         match &self.device {
             Device::Wal(wal) => {
                 let mut seq = 0;
                 let number = wal
-                    .append_to_lane(index, body, |_| {
-                        let (s, h) = head();
+                    .append_to_lane(index, body, |number| {
+                        let (s, h) = head(number);
                         seq = s;
                         h
                     })
@@ -189,9 +190,10 @@ impl Lane {
             }
             Device::Sim(disk) => {
                 let mut d = disk.lock();
-                let (seq, h) = head();
+                let number = d.durable_lane_lsn() + d.pending.len() as Lsn + 1;
+                let (seq, h) = head(number);
                 d.pending.push([&h[..], body].concat());
-                Ok((d.durable_lane_lsn() + d.pending.len() as Lsn, seq))
+                Ok((number, seq))
             }
             Device::Replicated(_) => unreachable!("a replicated log has no lanes"),
         }
@@ -579,18 +581,21 @@ impl NodeLog {
         self.append_to_lane(lane, kind, body).map(|(_, seq)| seq)
     }
 
-    /// Take the next sequence number and append the lane record under the lane's lock, so that
-    /// no one sees the number taken and not yet queued; returns the lane LSN and the number.
+    /// Take the next sequence number and queue it under the lane's lock, so that no one sees the
+    /// number taken and not yet queued; returns the lane LSN and the number. The lock is taken
+    /// in `put`'s `head`, not around the whole append: a WAL's append may first wait for its
+    /// memory bound, and the WAL's flusher frees that memory only after it has reported the
+    /// group it wrote durable, which takes this lock ([`NodeLog::pop_flushed`]). Held across the
+    /// wait, the lock stopped both for good.
     fn append_to_lane(&self, lane: usize, kind: u8, body: &[u8]) -> Result<(Lsn, Lsn), String> {
         let index = lane;
         let lane = &self.lanes[index];
-        let mut unflushed = lane.unflushed.lock();
-        let (lane_lsn, seq) = lane.put(index, body, || {
+        lane.put(index, body, |lane_lsn| {
+            let mut unflushed = lane.unflushed.lock();
             let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
+            unflushed.push_back((lane_lsn, seq));
             (seq, lanes::header(kind, seq))
-        })?;
-        unflushed.push_back((lane_lsn, seq));
-        Ok((lane_lsn, seq))
+        })
     }
 
     /// What an answer that rests on reads alone (a read-only vote or commit, a coordinator's
@@ -1022,6 +1027,40 @@ mod tests {
         assert_eq!(records, expected, "every record, in sequence order");
         assert_eq!(orphans, 0);
         assert_eq!(log.append(b"next"), Ok(201));
+        log.shutdown();
+    }
+
+    /// An append the WAL holds at its memory bound ([`crate::wal::MAX_UNWRITTEN_BYTES`]) while a
+    /// group is written and synced: the flusher reports that group durable through the lanes'
+    /// queues before it frees the group's memory, so an appender that waited there with its
+    /// lane's queue locked stopped the flusher, and the flusher the appender, for good (a silo
+    /// node under the tcp nemesis: its worker thread never ended, and its server's `stop`
+    /// never answered).
+    #[test]
+    fn an_append_held_at_the_wal_memory_bound_lets_the_flusher_report_durability() {
+        let dir = tempfile::tempdir().unwrap();
+        // fsync on: each group takes long enough for the appender to reach the bound meanwhile.
+        let (wal, _) = Wal::open(crate::wal::WalConfig::new(dir.path(), 9, 0)).expect("opens");
+        let Reopened { log, .. } = NodeLog::over_wal(wal, Vec::new(), None).expect("recovers");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let appender = log.clone();
+        std::thread::spawn(move || {
+            enter_lane(0);
+            // 4 MiB records, 256 MiB in all: the 64 MiB bound many times over.
+            let record = vec![7u8; 4 << 20];
+            let mut last = 0;
+            for _ in 0..64 {
+                last = appender.append(&record).expect("appends");
+            }
+            let _ = done_tx.send(last);
+        });
+        let limit = std::time::Duration::from_secs(60);
+        let last = done_rx.recv_timeout(limit).expect("the appender and the flusher waited for each other");
+        let started = std::time::Instant::now();
+        while log.durable_lsn() < last {
+            assert!(started.elapsed() < limit, "the records never became durable");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         log.shutdown();
     }
 

@@ -32,7 +32,10 @@ impl Wal {
     /// Append one record to lane `lane`, `head` then `body`: `head` is called under the lane's
     /// lock with the record's number in its lane, so that what it decides is in the same cut as
     /// the record. Returns that number. Never waits for I/O (only for the memory bound, as
-    /// [`Wal::append`]).
+    /// [`Wal::append`], before it takes the lane's lock). A caller must not hold, across this
+    /// call, a lock the on-durable callback takes: the flusher frees the memory of a group only
+    /// after the callback has run for it, so an appender waiting for that memory with such a
+    /// lock held would stop the flusher, and the flusher the appender, for good.
     pub fn append_to_lane<const H: usize>(
         &self,
         lane: usize,
