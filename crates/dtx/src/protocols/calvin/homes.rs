@@ -32,6 +32,7 @@
 //! - One key per movement, as the thesis describes (it calls several "straightforward").
 
 use super::NodeState;
+use crate::protocols::{OptionKind, OptionSpec};
 use crate::storage::RowKey;
 use crate::txn::{KeySet, Reason};
 use rustc_hash::FxHashMap;
@@ -41,6 +42,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// A run expected some key's home to be other than the stored one: a home moved since its client
 /// looked. Its client has learned the stored homes; the driver runs it again.
 pub const HOME_MOVED: Reason = Reason::new("home-moved");
+
+/// SLOG's and Detock's option: how often a multi-home transaction's client first moves a key.
+pub const REHOME: OptionSpec = OptionSpec {
+    name: "rehome",
+    kind: OptionKind::F64 { min: 0.0, max: 1.0 },
+    default: "0",
+    help: "how often a multi-home transaction's client first moves one of its keys' homes to its own region (0: never)",
+};
+
+/// [`HOME_MOVED`]'s line in SLOG's and Detock's abort tables.
+pub const HOME_MOVED_ABORT: (&str, &str) =
+    ("home-moved", "a key's home moved since its client looked; the client learns where to and retries");
 
 /// A home movement: `key`'s home goes from `from` to `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,7 +39,7 @@
 //! Without `--regions`, `detock` splits its nodes into two regions (even and odd nodes), as
 //! `slog` does, so that a run has multi-home transactions.
 
-use crate::protocols::calvin::{Calvin, LogOrder};
+use crate::protocols::calvin::{homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -73,19 +73,14 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "2000",
         help: "the margin opportunistic ordering adds to the farthest home's delay (the thesis: 2 ms)",
     },
-    OptionSpec {
-        name: "rehome",
-        kind: OptionKind::F64 { min: 0.0, max: 1.0 },
-        default: "0",
-        help: "how often a multi-home transaction's client first moves one of its keys' homes to its own region (0: never)",
-    },
+    homes::REHOME,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
     ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
     ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
     ("undecodable-request", "a participant could not decode the request"),
-    ("home-moved", "a key's home moved since its client looked; the client learns where to and retries"),
+    homes::HOME_MOVED_ABORT,
 ];
 
 pub fn new(o: &Options) -> Calvin {

@@ -21,7 +21,7 @@
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
 //! that. `--placement per-region` keeps a full copy in every region, as the paper does.
 
-use crate::protocols::calvin::{Calvin, LogOrder};
+use crate::protocols::calvin::{homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -38,12 +38,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "100000",
         help: "submissions a sequencer or the orderer holds before it refuses more (sequencer-full, orderer-full)",
     },
-    OptionSpec {
-        name: "rehome",
-        kind: OptionKind::F64 { min: 0.0, max: 1.0 },
-        default: "0",
-        help: "how often a multi-home transaction's client first moves one of its keys' homes to its own region (0: never)",
-    },
+    homes::REHOME,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -51,7 +46,7 @@ pub const ABORTS: &[(&str, &str)] = &[
     ("orderer-full", "the orderer's queue of multi-home transactions was at max_pending; the client retries"),
     ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
     ("undecodable-request", "a participant could not decode the request"),
-    ("home-moved", "a key's home moved since its client looked; the client learns where to and retries"),
+    homes::HOME_MOVED_ABORT,
 ];
 
 pub fn new(o: &Options) -> Calvin {
