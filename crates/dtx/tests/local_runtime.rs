@@ -5,7 +5,7 @@ use dtx::host::{self, BenchSpec, Outcome};
 use dtx::protocols::REGISTRY;
 use dtx::workloads::WorkloadParams;
 
-#[allow(dead_code)] // The sweeps' shared helpers; this file uses `runnable` and `paced`.
+#[allow(dead_code)] // The sweeps' shared helpers; this file uses `runnable`, `paced` and `workers`.
 mod common;
 
 #[test]
@@ -14,7 +14,7 @@ fn every_protocol_commits_and_verifies_on_threads() {
         let wl = WorkloadParams { name: "append".into(), keys: 32, ops: 4, read_ratio: 0.5, ..Default::default() };
         let mut s = BenchSpec::new(p.name, wl, dtx::host::Runtime::Local);
         s.nodes = 2;
-        s.workers = 2;
+        s.workers = common::workers(p.name, 2);
         s.inflight = 8;
         // Progress, not speed: the suite runs tests in parallel on two cores, so a contended
         // append run can be slowed many times over; a few dozen commits give the checker cycles

@@ -218,7 +218,7 @@ pub const WM_VARIANTS: &[&str] = &["tictoc:commit=wm", "sundial:commit=wm"];
 /// off by default (homes that move). The shared sweeps check them as they do the ready
 /// protocols.
 pub const OPTION_VARIANTS: &[&str] =
-    &["primo:wcf=off", "primo:wcf=off:commit=epoch", "slog:rehome=0.2", "detock:rehome=0.2"];
+    &["primo:wcf=off", "primo:wcf=off:commit=epoch", "slog:rehome=0.2", "slog:orderer_threads=1", "detock:rehome=0.2"];
 
 /// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
 /// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size
@@ -229,13 +229,20 @@ pub fn acknowledges_by_epoch(p: &ProtocolInfo) -> bool {
 }
 
 /// `p` as a test names it when crashes come every `interval_us` or so: a protocol that
-/// acknowledges by epoch gets epochs a tenth of that (at least 1 ms), so that some commit
-/// between crashes; any other keeps its name.
-pub fn with_epochs_within(p: &ProtocolInfo, interval_us: u64) -> String {
-    match acknowledges_by_epoch(p) {
-        true => format!("{}:{}={}", p.name, EPOCH.name, (interval_us / 10).max(1_000)),
-        false => p.name.to_string(),
+/// acknowledges by epoch gets epochs a tenth of that, and one that closes its batches on a timer
+/// (`batch_us`: calvin, slog, detock) batches as often (at least 1 ms each), so that some commit
+/// between crashes and each of its logs' writers appends several records; any other keeps its
+/// name.
+pub fn paced_for_crashes_every(p: &ProtocolInfo, interval_us: u64) -> String {
+    let tenth_us = (interval_us / 10).max(1_000);
+    let mut name = p.name.to_string();
+    if acknowledges_by_epoch(p) {
+        name += &format!(":{}={tenth_us}", EPOCH.name);
     }
+    if p.options.iter().any(|o| o.name == "batch_us") {
+        name += &format!(":batch_us={tenth_us}");
+    }
+    name
 }
 
 /// The skeleton's commit policy options ([`twopc::epoch_commit`]).

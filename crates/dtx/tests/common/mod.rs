@@ -24,13 +24,19 @@ pub fn narrowed() -> bool {
     std::env::var("DTX_PROTOCOLS").is_ok()
 }
 
+/// `n` workers per node, or one client worker beside a protocol's own workers where it has
+/// that many (SLOG's ordering threads).
+pub fn workers(protocol: &str, n: u16) -> u16 {
+    n.max(1 + host::service_workers(protocol))
+}
+
 /// A contended list-append run on 3 nodes x 2 workers, 6 clients each, 150 µs delay with 100 µs
 /// jitter, no warm-up, for `duration_us`.
 pub fn append_spec(protocol: &str, seed: u64, runtime: Runtime, duration_us: u64) -> BenchSpec {
     let wl = WorkloadParams { name: "append".into(), keys: 24, ops: 4, read_ratio: 0.5, ..Default::default() };
     let mut s = BenchSpec::new(protocol, wl, runtime);
     s.nodes = 3;
-    s.workers = 2;
+    s.workers = workers(protocol, 2);
     s.inflight = 6;
     // As many commits may wait for the log as clients run: the deferred path is exercised (a
     // crash finds commits waiting) while the load stays what the sweeps were sized for.

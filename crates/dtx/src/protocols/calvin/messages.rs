@@ -75,8 +75,11 @@ pub struct Piece {
 pub enum Msg {
     /// Client -> sequencer.
     Submit(Entry),
-    /// Client -> SLOG's orderer: a multi-home transaction.
+    /// Client -> one of SLOG's ordering threads: a multi-home transaction.
     Order(Entry),
+    /// An ordering thread -> the one that closes the batches: the submissions it took in one
+    /// step, each with its home regions (`homes[i]` are `entries[i]`'s).
+    Intake { entries: Vec<Entry>, homes: Vec<Vec<u16>> },
     /// Detock's coordinator (the client's region's sequencer) -> a sequencer of each home
     /// region: the transaction's piece for that home, sent until acknowledged.
     Place(Entry),

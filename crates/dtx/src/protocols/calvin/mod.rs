@@ -139,6 +139,9 @@ pub struct Calvin {
     /// SLOG and Detock: how often a multi-home transaction's client first moves one of its keys
     /// homed elsewhere to its own region ([`homes`]); 0: homes never move.
     pub rehome: f64,
+    /// SLOG: the workers of its orderer's node that run the ordering service ([`orderer`]);
+    /// 0 for Calvin and Detock, which have none.
+    pub orderer_threads: u16,
 }
 
 impl Calvin {
@@ -151,6 +154,7 @@ impl Calvin {
             ddr_us: 0,
             overshoot_us: None,
             rehome: 0.0,
+            orderer_threads: 0,
         }
     }
 
@@ -242,9 +246,11 @@ impl Protocol for Calvin {
     }
 
     /// Worker 0 of every data node is its scheduler and sequencer, and runs no clients: a
-    /// deterministic scheduler must not wait behind a client's work.
+    /// deterministic scheduler must not wait behind a client's work. SLOG's ordering threads
+    /// are workers 1 to `orderer_threads` of its orderer's node (every node has them, as every
+    /// node of a run has as many workers: elsewhere they run nothing).
     fn service_workers(&self) -> u16 {
-        1
+        1 + self.orderer_threads
     }
 
     /// One copy, or a full copy in every region: every region's schedulers run the same batches
@@ -305,11 +311,14 @@ impl Protocol for Calvin {
                 self.name()
             );
         }
-        if topo.workers_per_node < 2 {
+        let service = self.service_workers();
+        if topo.workers_per_node <= service {
             anyhow::bail!(
-                "{} runs a scheduler on worker 0 of every node beside the client workers: a node needs 2 \
-                 workers or more (it has {})",
+                "{} runs its own roles on workers 0 to {} of every node (the scheduler; SLOG's ordering threads) \
+                 beside the client workers: a node needs {} workers or more (it has {})",
                 self.name(),
+                service - 1,
+                service + 1,
                 topo.workers_per_node
             );
         }
@@ -434,14 +443,18 @@ impl NodeProtocol for CalvinNode {
                     RecentSubmissions::new(resubmit_horizon_us(&w), w.now_us(), recovered.submitted.iter().copied());
                 sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated, recent)
             }),
-            orderer: roles.contains(Role::Orderer).then(|| {
+            intake: roles.contains(Role::Orderer).then(|| {
                 let recovered = self.0.recovered.lock();
-                let horizon_us = resubmit_horizon_us(&w);
-                orderer::Orderer::new(self.0.cfg.max_pending, recovered.ordered.clone(), horizon_us, w.now_us())
+                orderer::Intake::new(&recovered.ordered, resubmit_horizon_us(&w), w.now_us())
             }),
+            orderer: (roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr)
+                .then(|| orderer::Orderer::new(self.0.cfg.max_pending, self.0.recovered.lock().ordered.clone())),
             scheduler: roles.contains(Role::Scheduler).then(|| {
-                let recovered = std::mem::take(&mut *self.0.recovered.lock());
-                scheduler::Scheduler::new(self.0.streams.clone(), recovered)
+                // SLOG's ordering threads, on other workers, read the orderer's batches after.
+                let mut recovered = self.0.recovered.lock();
+                let ordered = std::mem::take(&mut recovered.ordered);
+                let inputs = std::mem::replace(&mut *recovered, input_log::Recovered { ordered, ..Default::default() });
+                scheduler::Scheduler::new(self.0.streams.clone(), inputs)
             }),
             waiting: RefCell::new(FxHashMap::default()),
             scanning: RefCell::default(),
@@ -457,18 +470,21 @@ impl NodeProtocol for CalvinNode {
 
     fn worker_roles(&self, topo: &Topology, w: Addr) -> Roles {
         let mut roles = topo.roles_of(w.node);
-        if w.worker != 0 {
+        if w.worker >= self.0.cfg.service_workers() {
             return roles.without(Role::Sequencer).without(Role::Scheduler).without(Role::Orderer);
         }
+        if w.worker > 0 {
+            // SLOG's ordering threads on its orderer's node; elsewhere idle.
+            return match self.0.orderer == Some(w.node) {
+                true => Roles::of(&[Role::Orderer]),
+                false => Roles::NONE,
+            };
+        }
         // Worker 0 is the protocol's own (`service_workers`): no clients there.
-        roles = roles.without(Role::Client);
+        roles = roles.without(Role::Client).without(Role::Orderer);
         if self.0.sequencers.contains(&w.node) {
             roles = roles.with(Role::Sequencer);
         }
-        roles = match self.0.orderer == Some(w.node) {
-            true => roles.with(Role::Orderer),
-            false => roles.without(Role::Orderer),
-        };
         if roles.contains(Role::Data) {
             roles = roles.with(Role::Scheduler);
         }
@@ -490,6 +506,9 @@ pub struct CalvinWorker {
     pub node: Arc<NodeState>,
     sequencer: Option<sequencer::Sequencer>,
     scheduler: Option<scheduler::Scheduler>,
+    /// SLOG's ordering thread's intake (workers 1 to `orderer_threads` of its node).
+    intake: Option<orderer::Intake>,
+    /// SLOG's orderer proper, on the first ordering thread: it closes the batches.
     orderer: Option<orderer::Orderer>,
     /// Submitted transactions by id, until their outcome arrives or they time out. Bounded by
     /// the driver's transactions in flight on this worker.
@@ -551,12 +570,17 @@ impl CalvinWorker {
                 Some(s) => s.submit(self, entry),
                 None => log_warn(&format!("calvin: {} got a submission from {from} but is no sequencer", self.w.addr)),
             },
-            Msg::Order(entry) => match &self.orderer {
-                Some(o) => o.submit(self, entry),
+            Msg::Order(entry) => match &self.intake {
+                Some(intake) => intake.submit(self, entry),
                 None => log_warn(&format!(
-                    "slog: {} got a multi-home submission from {from} but is no orderer",
+                    "slog: {} got a multi-home submission from {from} but is no ordering thread",
                     self.w.addr
                 )),
+            },
+            Msg::Intake { entries, homes } => match &self.orderer {
+                Some(o) if entries.len() == homes.len() => o.take(self, orderer::HomedEntries { entries, homes }),
+                Some(_) => log_warn(&format!("slog: {from}'s intake has entries and homes apart: dropped")),
+                None => log_warn(&format!("slog: {} got an ordering thread's intake but closes no batch", self.w.addr)),
             },
             Msg::Ordered { .. } => unreachable!("the orderer's batches are answered once durable"),
             Msg::Probe { .. } => unreachable!("a probe is answered where it arrives"),
@@ -660,7 +684,7 @@ impl CalvinWorker {
     /// region's sequencer, which coordinates it (sends each home its piece).
     fn multi_home_destination(&self) -> (Addr, bool) {
         match self.node.orderer {
-            Some(orderer) => (Addr::new(orderer, 0), true),
+            Some(_) => (self.node.ordering_thread(self.w.addr), true),
             None => (self.node.sequencer_for(self.w.addr.node), false),
         }
     }

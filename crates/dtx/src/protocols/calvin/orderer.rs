@@ -5,6 +5,14 @@
 //! log's next batch, so every home's log holds the multi-home transactions in the orderer's
 //! order, and no two of them wait for each other's pieces in a cycle (SLOG §3.3).
 //!
+//! The service runs on `orderer_threads` workers of its node (workers 1 to N; the Detock
+//! thesis's SLOG uses 8 threads for deserializing and batching, its "SLOG (slow)" 1): each
+//! client sends to one of them ([`NodeState::ordering_thread`]), which takes the submission
+//! ([`Intake`]: drops a copy, decodes the request and finds its homes, answers one that does
+//! not decode) and hands what it took in one step to the first of them, which holds the
+//! [`Orderer`] and closes the batches. Which thread took a submission changes only where in a
+//! batch it lands: any order the closer gives is a global order.
+//!
 //! The orderer numbers the batches it sends a region ([`Piece::region_batch`], from 1, only
 //! those with pieces for the region), so that the region's sequencer can tell a gap from a
 //! batch with nothing for it, and sends each until the sequencer answers, which it does once
@@ -16,16 +24,93 @@
 
 use super::input_log::Record;
 use super::messages::{Entry, Msg, Piece};
-use super::resubmits::RecentSubmissions;
-use super::{CalvinWorker, ORDERER_FULL};
+use super::resubmits::{RecentSubmissions, Submission};
+use super::{CalvinWorker, NodeState, ORDERER_FULL, UNDECODABLE};
+use crate::net::Addr;
 use crate::rt::log_warn;
 use crate::txn::{Abort, KeySet};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
+/// Entries and, for each, its home regions (in order): what an ordering thread hands the
+/// closer, and what a batch holds until it is sent.
+#[derive(Default)]
+pub struct HomedEntries {
+    pub entries: Vec<Entry>,
+    pub homes: Vec<Vec<u16>>,
+}
+
+impl HomedEntries {
+    fn push(&mut self, entry: Entry, homes: Vec<u16>) {
+        self.entries.push(entry);
+        self.homes.push(homes);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Entries as a log holds them, each with its homes found again (after a restart).
+    fn found(wk: &CalvinWorker, entries: Vec<Entry>) -> Self {
+        let homes = entries.iter().map(|e| homes_of(wk, e)).collect();
+        HomedEntries { entries, homes }
+    }
+}
+
+/// One ordering thread's intake: the submissions it took in the step being run, handed to the
+/// closer once the step's messages are all taken (one message for all of them).
+pub struct Intake {
+    /// Submissions taken lately, its node's log's included after a restart: a copy is dropped.
+    /// A client always sends to the same thread, so each thread remembers its own clients'.
+    recent: RefCell<RecentSubmissions>,
+    taken: RefCell<HomedEntries>,
+}
+
+impl Intake {
+    pub fn new(recovered: &[(u64, Vec<Entry>)], horizon_us: u64, now_us: u64) -> Self {
+        let logged = recovered.iter().flat_map(|(_, entries)| entries.iter().map(|e| (e.client, e.id)));
+        Intake { recent: RefCell::new(RecentSubmissions::new(horizon_us, now_us, logged)), taken: RefCell::default() }
+    }
+
+    /// Take a multi-home submission: drop a copy, answer one that does not decode, and queue
+    /// the rest for the closer.
+    pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
+        let submission: Submission = (entry.client, entry.id);
+        if !self.recent.borrow_mut().first(wk.w.now_us(), submission) {
+            return wk.w.count("resubmissions-dropped", 1);
+        }
+        let homes = homes_of(wk, &entry);
+        if homes.is_empty() {
+            let done = Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)), moved: Vec::new() };
+            return wk.deliver(entry.client, done);
+        }
+        let first = self.taken.borrow().len() == 0;
+        self.taken.borrow_mut().push(entry, homes);
+        if first {
+            // Hand over once this step's other messages are taken too.
+            let Some(me) = wk.me.upgrade() else { return };
+            wk.w.spawn(async move {
+                crate::rt::yield_now().await;
+                let intake = me.intake.as_ref().expect("an ordering thread");
+                let taken = std::mem::take(&mut *intake.taken.borrow_mut());
+                let closer = me.node.ordering_closer();
+                match (closer == me.w.addr, &me.orderer) {
+                    (true, Some(orderer)) => orderer.take(&me, taken),
+                    _ => {
+                        me.w.count("orderer-handovers", 1);
+                        me.deliver(closer, Msg::Intake { entries: taken.entries, homes: taken.homes })
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The ordering thread that closes the batches: what the threads took, in the order handed
+/// over, and the batches' numbering.
 pub struct Orderer {
-    pending: RefCell<Vec<Entry>>,
+    pending: RefCell<HomedEntries>,
     max_pending: usize,
     /// The last batch closed (batches are numbered from 1).
     epoch: Cell<u64>,
@@ -33,16 +118,11 @@ pub struct Orderer {
     region_batches: RefCell<BTreeMap<u16, u64>>,
     /// The batches its log held when the node started, sent again first.
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
-    /// Submissions taken lately, its log's included after a restart: a copy is dropped.
-    recent: RefCell<RecentSubmissions>,
 }
 
 impl Orderer {
-    /// An orderer whose log held `recovered` (its batches, in order), remembering the
-    /// submissions in them for `horizon_us` from `now_us`.
-    pub fn new(max_pending: usize, recovered: Vec<(u64, Vec<Entry>)>, horizon_us: u64, now_us: u64) -> Self {
-        let logged = recovered.iter().flat_map(|(_, entries)| entries.iter().map(|e| (e.client, e.id)));
-        let recent = RecentSubmissions::new(horizon_us, now_us, logged);
+    /// An orderer whose log held `recovered` (its batches, in order).
+    pub fn new(max_pending: usize, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
         assert!(recovered.windows(2).all(|w| w[0].0 < w[1].0), "the orderer's log runs forward");
         Orderer {
             pending: RefCell::default(),
@@ -50,36 +130,42 @@ impl Orderer {
             epoch: Cell::new(recovered.last().map_or(0, |b| b.0)),
             region_batches: RefCell::default(),
             resend: RefCell::new(recovered),
-            recent: RefCell::new(recent),
         }
     }
 
-    /// Queue a multi-home submission, or refuse it at the bound (the client retries later).
-    pub fn submit(&self, wk: &CalvinWorker, entry: Entry) {
-        if !self.recent.borrow_mut().first(wk.w.now_us(), (entry.client, entry.id)) {
-            return wk.w.count("resubmissions-dropped", 1);
+    /// Queue what an ordering thread took, refusing what lies past the bound (its clients
+    /// retry later).
+    pub fn take(&self, wk: &CalvinWorker, taken: HomedEntries) {
+        let mut pending = self.pending.borrow_mut();
+        for (entry, homes) in taken.entries.into_iter().zip(taken.homes) {
+            if pending.len() < self.max_pending {
+                pending.push(entry, homes);
+                continue;
+            }
+            wk.w.count("orderer-refusals", 1);
+            let refused = Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(ORDERER_FULL)), moved: Vec::new() };
+            wk.deliver(entry.client, refused);
         }
-        wk.queue_or_refuse(&self.pending, self.max_pending, entry, ORDERER_FULL, "orderer-refusals");
     }
 
     /// Close the next batch, if anything is queued.
-    fn close(&self) -> Option<(u64, Vec<Entry>)> {
-        let entries = std::mem::take(&mut *self.pending.borrow_mut());
-        if entries.is_empty() {
+    fn close(&self) -> Option<(u64, HomedEntries)> {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        if batch.len() == 0 {
             return None;
         }
         self.epoch.set(self.epoch.get() + 1);
-        Some((self.epoch.get(), entries))
+        Some((self.epoch.get(), batch))
     }
 
     /// Split batch `epoch` into each home region's pieces, numbered per region.
-    fn pieces(&self, wk: &CalvinWorker, epoch: u64, entries: &[Entry]) -> BTreeMap<u16, (u64, Vec<Entry>)> {
+    fn pieces(&self, epoch: u64, batch: &HomedEntries) -> BTreeMap<u16, (u64, Vec<Entry>)> {
         let mut by_home: BTreeMap<u16, (u64, Vec<Entry>)> = BTreeMap::new();
-        for (index, entry) in entries.iter().enumerate() {
-            for home in homes_of(wk, entry) {
+        for (index, (entry, homes)) in batch.entries.iter().zip(&batch.homes).enumerate() {
+            for home in homes {
                 let txn = (epoch, index as u32);
                 let piece = Entry { piece: Some(Piece { txn, region_batch: 0 }), ..entry.clone() };
-                by_home.entry(home).or_default().1.push(piece);
+                by_home.entry(*home).or_default().1.push(piece);
             }
         }
         let mut numbers = self.region_batches.borrow_mut();
@@ -90,6 +176,22 @@ impl Orderer {
             pieces.iter_mut().for_each(|p| p.piece.as_mut().expect("a piece").region_batch = *n);
         }
         by_home
+    }
+}
+
+impl NodeState {
+    /// The ordering thread a client at `client` sends its multi-home transactions to: always
+    /// the same one, so that the thread that drops copies of its submissions sees them all.
+    pub fn ordering_thread(&self, client: Addr) -> Addr {
+        let orderer = self.orderer.expect("SLOG has an orderer");
+        let threads = u32::from(self.cfg.orderer_threads.max(1));
+        let spread = (u32::from(client.node) * 31 + u32::from(client.worker)) % threads;
+        Addr::new(orderer, 1 + spread as u16)
+    }
+
+    /// The ordering thread that closes the batches: the first.
+    pub fn ordering_closer(&self) -> Addr {
+        Addr::new(self.orderer.expect("SLOG has an orderer"), 1)
     }
 }
 
@@ -110,7 +212,7 @@ pub(super) fn homes_of(wk: &CalvinWorker, entry: &Entry) -> Vec<u16> {
 }
 
 /// The home regions of an entry over `keys`: a movement's two, or those its keys are expected in.
-pub(super) fn homes_of_keys(node: &super::NodeState, entry: &Entry, keys: &KeySet) -> Vec<u16> {
+pub(super) fn homes_of_keys(node: &NodeState, entry: &Entry, keys: &KeySet) -> Vec<u16> {
     match entry.movement {
         Some(m) if m.from == m.to => vec![m.from],
         Some(m) => vec![m.from.min(m.to), m.from.max(m.to)],
@@ -127,15 +229,15 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
         if let Some(me) = weak.upgrade() {
             let orderer = me.orderer.as_ref().expect("an orderer");
             let resend = std::mem::take(&mut *orderer.resend.borrow_mut());
-            resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, &entries));
+            resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, &HomedEntries::found(&me, entries)));
         }
         loop {
             w.sleep_us(batch_us).await;
             let Some(me) = weak.upgrade() else { return };
-            let Some((epoch, entries)) = me.orderer.as_ref().expect("an orderer").close() else { continue };
+            let Some((epoch, batch)) = me.orderer.as_ref().expect("an orderer").close() else { continue };
             me.w.count("orderer-batches", 1);
             if let Some(log) = &me.node.env.log {
-                match log.append(&Record::ordered(epoch, &entries)) {
+                match log.append(&Record::ordered(epoch, &batch.entries)) {
                     Ok(lsn) => log.wait(lsn).await,
                     Err(e) => {
                         // Nothing of the batch was sent: its clients retry, and the number is
@@ -143,7 +245,7 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
                         log_warn(&format!("slog: the orderer's batch {epoch} was refused by the log: {e}"));
                         let orderer = me.orderer.as_ref().expect("an orderer");
                         orderer.epoch.set(epoch - 1);
-                        for entry in entries {
+                        for entry in batch.entries {
                             me.deliver(
                                 entry.client,
                                 Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
@@ -153,22 +255,23 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
                     }
                 }
             }
-            send(&me, epoch, &entries);
+            send(&me, epoch, &batch);
         }
     });
 }
 
 /// Send batch `epoch`'s pieces to the first sequencer of each home region's log; tell the
-/// clients of entries with no home (they do not decode).
-fn send(me: &CalvinWorker, epoch: u64, entries: &[Entry]) {
+/// clients of entries with no home (a batch logged before a restart may hold one that no
+/// longer decodes).
+fn send(me: &CalvinWorker, epoch: u64, batch: &HomedEntries) {
     let orderer = me.orderer.as_ref().expect("an orderer");
-    for entry in entries.iter().filter(|e| homes_of(me, e).is_empty()) {
+    for (entry, _) in batch.entries.iter().zip(&batch.homes).filter(|(_, homes)| homes.is_empty()) {
         me.deliver(
             entry.client,
-            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(super::UNDECODABLE)), moved: Vec::new() },
+            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)), moved: Vec::new() },
         );
     }
-    for (home, (region_batch, pieces)) in orderer.pieces(me, epoch, entries) {
+    for (home, (region_batch, pieces)) in orderer.pieces(epoch, batch) {
         let first = me.node.sequencer_in(home, crate::net::NodeId::MAX);
         match (first == me.w.addr, &me.sequencer) {
             (true, Some(seq)) => seq.ordered(me, region_batch, pieces, None),

@@ -252,7 +252,7 @@ fn a_failed_over_node_runs_its_replicated_inputs_again() {
 /// each stays serializable.
 #[test]
 fn a_submission_resent_to_a_failed_over_sequencer_runs_once() {
-    for (variant, seed) in [("slog", 90), ("slog", 109), ("detock", 24)] {
+    for (variant, seed) in [("slog", 68), ("slog", 118), ("detock", 24)] {
         let s = crate::testkit::replicated_failover_spec(variant, seed);
         let out = checked(&s);
         assert!(out.totals.failovers > 0, "{variant} seed {seed}: no node was taken over");
@@ -271,7 +271,7 @@ pub(crate) fn every_region_runs_tpcc_to_the_same_state(variant: &str) {
     for seed in 1..=2 {
         let wl = WorkloadParams { name: "tpcc".into(), warehouses: 4, ..Default::default() };
         let mut s = crate::testkit::protocol_spec(variant, wl, seed);
-        s.workers = 2;
+        s.workers = 1 + host::service_workers(variant);
         s.nodes = 4;
         s.latency.node_region = vec![0, 1, 0, 1];
         s.placement = crate::cluster::Placement::PerRegion;
@@ -295,8 +295,9 @@ pub(crate) fn every_region_runs_tpcc_to_the_same_state(variant: &str) {
 /// workload that scans is refused before the run.
 pub(crate) fn homes_move_and_every_region_stays_alike(variant: &str) {
     for seed in 1..=3 {
-        let mut s = crate::testkit::protocol_spec(&format!("{variant}:rehome=0.3"), append(), 40 + seed);
-        s.workers = 3;
+        let variant = format!("{variant}:rehome=0.3");
+        let mut s = crate::testkit::protocol_spec(&variant, append(), 40 + seed);
+        s.workers = 2 + host::service_workers(&variant);
         s.nodes = 4;
         s.latency.node_region = vec![0, 1, 0, 1];
         s.placement = crate::cluster::Placement::PerRegion;

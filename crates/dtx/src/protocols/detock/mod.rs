@@ -92,6 +92,7 @@ pub fn new(o: &Options) -> Calvin {
         ddr_us: o.u64("ddr_us"),
         overshoot_us: (o.choice("opportunistic") == "on").then(|| o.u64("overshoot_us")),
         rehome: o.f64("rehome"),
+        orderer_threads: 0,
     }
 }
 

@@ -14,8 +14,11 @@
 //! movement is a multi-home transaction through the orderer (the Detock thesis's form), not a
 //! single-home one with a counter in every record.
 //!
-//! What this SLOG does not have yet (the detock issue): the orderer's thread count (the
-//! paper's "SLOG (slow)"), and a checkpoint of a scheduler's data (as Calvin).
+//! The ordering service runs on `orderer_threads` workers of the orderer's node
+//! ([`calvin::orderer`]; the thesis's SLOG uses 8, its "SLOG (slow)" 1).
+//!
+//! What this SLOG does not have yet (the detock issue): a checkpoint of a scheduler's data (as
+//! Calvin).
 //!
 //! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
@@ -38,6 +41,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "100000",
         help: "submissions a sequencer or the orderer holds before it refuses more (sequencer-full, orderer-full)",
     },
+    OptionSpec {
+        name: "orderer_threads",
+        kind: OptionKind::U64 { min: 1, max: 64 },
+        default: "8",
+        help: "workers of the orderer's node that take multi-home submissions (decode them, find their homes) and hand them to the first, which closes the batches (the thesis: 8; its \"SLOG (slow)\" 1)",
+    },
     homes::REHOME,
 ];
 
@@ -58,6 +67,7 @@ pub fn new(o: &Options) -> Calvin {
         ddr_us: 0,
         overshoot_us: None,
         rehome: o.f64("rehome"),
+        orderer_threads: o.u64("orderer_threads") as u16,
     }
 }
 

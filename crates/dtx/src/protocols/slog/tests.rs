@@ -8,7 +8,7 @@ use crate::workloads::WorkloadParams;
 
 fn spec(variant: &str, workload: WorkloadParams, seed: u64) -> BenchSpec {
     let mut s = crate::testkit::protocol_spec(variant, workload, seed);
-    s.workers = 2;
+    s.workers = 1 + host::service_workers(variant); // one client worker beside the service's
     s
 }
 
@@ -58,6 +58,21 @@ fn every_region_runs_tpcc_with_multi_home_transactions_to_the_same_state() {
     crate::protocols::calvin::tests::every_region_runs_tpcc_to_the_same_state("slog:batch_us=1000");
 }
 
+/// The ordering service on several threads: each client sends to one of them, the others hand
+/// what they take to the first, which closes the batches; on one thread nothing is handed over.
+#[test]
+fn ordering_threads_hand_their_submissions_to_the_one_that_closes_batches() {
+    for (threads, seed) in [(3, 11), (1, 12)] {
+        let variant = format!("slog:orderer_threads={threads}");
+        let mut s = spec(&variant, append(), seed);
+        s.workers = 2 + host::service_workers(&variant);
+        let out = checked(&s);
+        assert!(counter(&out, "multi-home-txns") > 0 && out.totals.committed > 50, "{:?}", out.totals);
+        let handovers = counter(&out, "orderer-handovers");
+        assert_eq!(handovers > 0, threads > 1, "{threads} threads, {handovers} hand-overs");
+    }
+}
+
 #[test]
 fn a_full_orderer_refuses_and_its_clients_retry() {
     let out = checked(&spec("slog:max_pending=1", append(), 7));
@@ -71,13 +86,14 @@ fn roles_without_an_orderer_are_refused_naming_the_role() {
     use crate::cluster::{Role, Roles, Topology};
     let slog = crate::protocols::registry::Variant::parse("slog").unwrap().make();
     let sequencing = Roles::DEFAULT.with(Role::Sequencer);
-    let topo = Topology::new(2, 2, 1).with_roles(vec![sequencing, sequencing]).unwrap();
+    let workers = 1 + slog.service_workers();
+    let topo = Topology::new(2, workers, 1).with_roles(vec![sequencing, sequencing]).unwrap();
     let err = slog.check_topology(&topo).unwrap_err().to_string();
     assert!(err.contains("`orderer` role") && err.contains("+orderer"), "{err}");
-    let ordered = Topology::new(2, 2, 1).with_roles(vec![sequencing.with(Role::Orderer), sequencing]).unwrap();
+    let ordered = Topology::new(2, workers, 1).with_roles(vec![sequencing.with(Role::Orderer), sequencing]).unwrap();
     assert!(slog.check_topology(&ordered).is_ok());
     // Without --roles the orderer is node 0.
-    assert!(slog.check_topology(&Topology::new(2, 2, 1)).is_ok());
+    assert!(slog.check_topology(&Topology::new(2, workers, 1)).is_ok());
 }
 
 /// Homes that move: see the shared test.
