@@ -54,6 +54,7 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
             set,
             json: None,
             out: Some(folder.clone()),
+            jobs: None,
             dir: DirArg { dir: Some(dir.clone()) },
         };
         let ok = experiment(ExperimentCmd::Run(args), "test").unwrap_or_else(|err| panic!("{}: {err:#}", e.name));
@@ -98,6 +99,36 @@ fn json_elsewhere_from_a_folder_without_results() {
     let results: Vec<_> = std::fs::read_dir(cwd.path().join("results")).unwrap().flatten().map(|e| e.path()).collect();
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].join("experiment.svg").is_file(), "{text}");
+}
+
+/// Simulated runs side by side (`--jobs 2`) measure exactly what they measure one at a time,
+/// and come back in the jobs' order; `--jobs 0` is refused by name.
+#[test]
+fn simulated_runs_side_by_side_measure_what_they_do_alone() {
+    let cwd = tempfile::tempdir().unwrap();
+    let run = |jobs: &str| {
+        let json = format!("jobs-{jobs}.json");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dtx"))
+            .current_dir(cwd.path())
+            .env_remove("DTX_EXPERIMENTS")
+            .args(["experiment", "run", "message-counts", "--quick", "--jobs", jobs, "--json", &json])
+            .args(["--set", "duration=0.05", "--set", "warmup=0.01"])
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text, cwd.path().join(json))
+    };
+    let figures = |path: &std::path::Path| {
+        let r = ExperimentReport::read(path).unwrap();
+        r.runs.iter().map(|run| (run.protocol.clone(), run.committed, run.aborted)).collect::<Vec<_>>()
+    };
+    let ((ok1, text1, one), (ok2, text2, two)) = (run("1"), run("2"));
+    assert!(ok1 && ok2, "{text1}\n{text2}");
+    let alone = figures(&one);
+    assert!(alone.len() > 1 && alone.iter().all(|r| r.1 > 0), "{alone:?}");
+    assert_eq!(alone, figures(&two));
+    let (ok, text, _) = run("0");
+    assert!(!ok && text.contains("--jobs 0"), "{text}");
 }
 
 /// Writes `files` into a fresh folder; returns it.
@@ -154,6 +185,7 @@ fn a_latency_matrix_is_relative_to_its_file_and_latency_comes_per_region() {
         set: Vec::new(),
         json: None,
         out: Some(out.clone()),
+        jobs: None,
         dir: DirArg { dir: Some(dir.path().to_path_buf()) },
     };
     assert!(experiment(ExperimentCmd::Run(args), "test").unwrap());

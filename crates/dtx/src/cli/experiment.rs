@@ -63,6 +63,11 @@ pub struct RunArgs {
     /// The results folder (default results/<time>-experiment-<name>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Runs at once (default: one per core when every run is simulated, else 1). A simulated
+    /// run measures virtual time, so runs side by side change none of its figures; runs on
+    /// real threads (`local`, `tcp`) would take each other's cores, and go one at a time.
+    #[arg(long)]
+    pub jobs: Option<usize>,
     #[command(flatten)]
     pub dir: DirArg,
 }
@@ -365,20 +370,16 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     bar.set_prefix(e.name.clone());
     crate::host::hide_run_progress(true);
     let started = Instant::now();
+    let parallel = runs_at_once(a, &parsed)?;
+    let specs: Vec<(Option<&Path>, &crate::host::BenchSpec)> =
+        parsed.iter().map(|(req, spec)| (req.cluster.as_deref(), spec)).collect();
+    let finished = run_jobs(e, &jobs, &specs, &out, parallel, &bar);
     let mut runs = Vec::new();
     let mut run_wall_s = Vec::new();
     let mut failures = Vec::new();
-    for (j, (req, spec)) in jobs.iter().zip(&parsed) {
-        let at = match (&e.sweep, &j.point) {
-            (Some(s), Some(p)) => format!("{}={} ", s.param, point_text(p)),
-            _ => String::new(),
-        };
-        bar.set_message(format!("{at}{} #{}", j.protocol, j.repeat + 1));
-        let history = spec.record_history.then(|| {
-            out.join("histories").join(format!("{}-{}{}.jsonl", j.protocol, at.trim().replace('=', "-"), j.repeat))
-        });
-        let t = Instant::now();
-        match run_spec(spec, req.cluster.as_deref(), history.as_deref()) {
+    for (j, (result, wall_s)) in jobs.iter().zip(finished) {
+        let at = point_label(e, j);
+        match result {
             Ok((mut run, passed, whole)) => {
                 if !passed {
                     failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
@@ -388,11 +389,10 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
                 }
                 mark(&mut run, e, j);
                 runs.push(run);
-                run_wall_s.push(t.elapsed().as_secs_f64());
+                run_wall_s.push(wall_s);
             }
             Err(err) => failures.push(format!("{at}{} repeat {}: {err:#}", j.protocol, j.repeat + 1)),
         }
-        bar.inc(1);
     }
     crate::host::hide_run_progress(false);
     bar.finish_and_clear();
@@ -424,6 +424,71 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     print_result(&report);
     println!("results: {} (json: {}, plot: {})", out.display(), json.display(), plot.display());
     Ok(report)
+}
+
+/// How many of an experiment's runs go at once: `--jobs`, else one per core when every run is
+/// simulated, else one.
+fn runs_at_once(a: &RunArgs, parsed: &[(BenchRequest, crate::host::BenchSpec)]) -> anyhow::Result<usize> {
+    let simulated = parsed.iter().all(|(_, spec)| spec.runtime == crate::host::Runtime::Sim);
+    match a.jobs {
+        Some(0) => bail!("--jobs 0: give 1 or more runs at once"),
+        Some(n) if n > 1 && !simulated => {
+            bail!("--jobs {n}: runs on real threads (local, tcp) would take each other's cores; give --jobs 1")
+        }
+        Some(n) => Ok(n),
+        None if simulated => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        None => Ok(1),
+    }
+}
+
+/// `point=value ` of a job in a sweep (empty otherwise), as messages and file names give it.
+fn point_label(e: &Experiment, j: &Job) -> String {
+    match (&e.sweep, &j.point) {
+        (Some(s), Some(p)) => format!("{}={} ", s.param, point_text(p)),
+        _ => String::new(),
+    }
+}
+
+type JobResult = (anyhow::Result<(RunReport, bool, bool)>, f64);
+
+/// Run every job, `parallel` at a time, each on a thread of its own taking the next job not yet
+/// taken; the results (and each run's wall seconds) in the jobs' order, whatever order they
+/// finished in.
+fn run_jobs(
+    e: &Experiment,
+    jobs: &[Job],
+    specs: &[(Option<&Path>, &crate::host::BenchSpec)],
+    out: &Path,
+    parallel: usize,
+    bar: &indicatif::ProgressBar,
+) -> Vec<JobResult> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<JobResult>>> = jobs.iter().map(|_| Default::default()).collect();
+    let run = |i: usize| {
+        let (j, (cluster, spec)) = (&jobs[i], specs[i]);
+        let at = point_label(e, j);
+        let history = spec.record_history.then(|| {
+            out.join("histories").join(format!("{}-{}{}.jsonl", j.protocol, at.trim().replace('=', "-"), j.repeat))
+        });
+        bar.set_message(format!("{at}{} #{}", j.protocol, j.repeat + 1));
+        let t = Instant::now();
+        let result = run_spec(spec, cluster, history.as_deref());
+        *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some((result, t.elapsed().as_secs_f64()));
+        bar.inc(1);
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.min(jobs.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= jobs.len() {
+                    return;
+                }
+                run(i);
+            });
+        }
+    });
+    let taken = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()));
+    taken.map(|r| r.expect("every job ran")).collect()
 }
 
 /// Names a run by its point and repeat in its params, as the experiment JSON's contract says,
