@@ -75,6 +75,10 @@ pub struct RunReport {
     /// queries...), totals over every worker; the table shows them per committed transaction
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
+    /// the protocol's gauges: the largest value each reached over the measured period, over
+    /// every worker (the largest dependency graph...)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gauges: BTreeMap<String, u64>,
     /// every fault the run injected into real processes (`--runtime tcp`) or into simulated
     /// nodes (`--runtime sim`: its crashes and every `--fault-at` fault), in order
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -174,6 +178,7 @@ pub(crate) mod test_support {
             throughput_per_100ms: Vec::new(),
             extra: BTreeMap::new(),
             counters: BTreeMap::new(),
+            gauges: BTreeMap::new(),
             fault_events: Vec::new(),
         }
     }

@@ -117,6 +117,7 @@ pub fn render_table(runs: &[RunReport]) -> String {
         out += &row(&mut columns.iter().map(|c| (c.cells[i].as_str(), c.align)));
     }
     out += &counter_lines(runs, widths[0]);
+    out += &gauge_lines(runs, widths[0]);
     out
 }
 
@@ -139,6 +140,19 @@ fn counter_lines(runs: &[RunReport], name_width: usize) -> String {
     for r in runs.iter().filter(|r| !r.counters.is_empty()) {
         let per = |n: u64| if r.committed > 0 { n as f64 / r.committed as f64 } else { 0.0 };
         let cells: Vec<String> = r.counters.iter().map(|(k, n)| format!("{k} {}", per_txn(per(*n)))).collect();
+        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
+    }
+    out
+}
+
+/// The protocols' gauges, their largest values, one line per run that has any.
+fn gauge_lines(runs: &[RunReport], name_width: usize) -> String {
+    if runs.iter().all(|r| r.gauges.is_empty()) {
+        return String::new();
+    }
+    let mut out = String::from("protocol gauges, the largest value over the window:\n");
+    for r in runs.iter().filter(|r| !r.gauges.is_empty()) {
+        let cells: Vec<String> = r.gauges.iter().map(|(k, n)| format!("{k} {n}")).collect();
         out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
     }
     out
@@ -254,6 +268,18 @@ mod tests {
         let rows: Vec<usize> = lines[2..].iter().map(|l| ratio_end(l)).collect();
         assert!(rows.windows(2).all(|w| w[0] == w[1]), "{rows:?}");
         assert!(t.lines().all(|l| l == l.trim_end()));
+    }
+
+    /// Gauges print as they are (a largest value, not a rate), only for runs that have any.
+    #[test]
+    fn gauges_print_their_largest_values() {
+        let mut runs = fake_runs();
+        assert!(!render_table(&runs).contains("protocol gauges"));
+        runs[1].gauges.insert("detock-graph-vertices-max".into(), 159);
+        let t = render_table(&runs);
+        let line = t.lines().find(|l| l.contains("detock-graph-vertices-max")).expect("a gauge line");
+        assert!(t.contains("protocol gauges, the largest value over the window:"), "{t}");
+        assert!(line.starts_with(&runs[1].protocol) && line.ends_with("detock-graph-vertices-max 159"), "{line}");
     }
 
     #[test]

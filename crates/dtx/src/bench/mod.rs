@@ -155,6 +155,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         throughput_per_100ms: t.per_tick.iter().map(|c| *c as f64 * (1e9 / TICK_NS as f64)).collect(),
         extra,
         counters: t.counters.clone(),
+        gauges: t.gauges.clone(),
         fault_events: o.fault_events.clone(),
     }
 }

@@ -201,15 +201,18 @@ type Attempts = Rc<RefCell<Vec<Option<(Vec<crate::txn::HistOp>, u64)>>>>;
 /// If the worker's node crashes, its clients die mid-transaction: report what they committed so
 /// far, and each attempt in flight as of unknown outcome (it may have committed before the
 /// crash), so that the history stays complete.
-/// Take the worker's message and protocol counters at the window's edges into `m`.
+/// Take the worker's message and protocol counters at the window's edges, and its gauges'
+/// largest values within it, into `m`.
 async fn measure_window(w: &Rc<Worker>, m: &RefCell<Metrics>, win: Window) {
     let now = w.now_ns();
     w.sleep_us(win.start_ns.saturating_sub(now) / 1000).await;
     let (s0, c0) = (*w.stats.borrow(), w.counters());
+    w.take_gauges(); // What the warm-up reached is not the window's.
     let now = w.now_ns();
     w.sleep_us(win.end_ns.saturating_sub(now) / 1000).await;
     let s1 = *w.stats.borrow();
     let mut m = m.borrow_mut();
+    m.gauges.extend(w.take_gauges());
     for (name, n1) in w.counters() {
         let n0 = c0.iter().find(|c| c.0 == name).map_or(0, |c| c.1);
         m.counters.insert(name, n1 - n0);

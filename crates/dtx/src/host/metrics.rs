@@ -66,6 +66,8 @@ pub struct Metrics {
     pub by_kind: BTreeMap<&'static str, u64>,
     /// The protocol's own counters over the window (`rt::Worker::count`).
     pub counters: BTreeMap<&'static str, u64>,
+    /// The protocol's gauges' largest values in the window (`rt::Worker::gauge_max`).
+    pub gauges: BTreeMap<&'static str, u64>,
     /// The workload's classes of transaction ([`crate::workloads::Workload::txn_classes`]),
     /// and the latency of each class's commits, indexed by class id (made at a class's first
     /// commit, so a commit costs one more record and no allocation).
@@ -96,6 +98,7 @@ impl Metrics {
             history_dropped: 0,
             by_kind: BTreeMap::new(),
             counters: BTreeMap::new(),
+            gauges: BTreeMap::new(),
             classes: &[],
             class_latency: Vec::new(),
         }
@@ -167,6 +170,9 @@ pub struct Totals {
     /// The protocol's own counters, summed over workers.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// The protocol's gauges, the largest value over workers.
+    #[serde(default)]
+    pub gauges: BTreeMap<String, u64>,
     /// How far the slowest replica's applied watermark trailed the furthest one's as the window
     /// closed (µs; replicas that replay below a leader's watermark: Rolis's).
     #[serde(default)]
@@ -220,6 +226,10 @@ impl Totals {
         for (k, c) in &m.counters {
             *self.counters.entry(k.to_string()).or_default() += c;
         }
+        for (k, g) in &m.gauges {
+            let largest = self.gauges.entry(k.to_string()).or_default();
+            *largest = (*largest).max(*g);
+        }
         self.history_dropped += m.history_dropped;
     }
 
@@ -246,6 +256,10 @@ impl Totals {
         }
         for (k, c) in &o.counters {
             *self.counters.entry(k.clone()).or_default() += c;
+        }
+        for (k, g) in &o.gauges {
+            let largest = self.gauges.entry(k.clone()).or_default();
+            *largest = (*largest).max(*g);
         }
         self.history_dropped += o.history_dropped;
         self.replay = crate::protocols::ReplayRun::merge(self.replay.into_iter().chain(o.replay));

@@ -316,6 +316,8 @@ pub struct Worker {
     /// window into the run's report, so a protocol's own numbers (lease renewals, repairs,
     /// deadlocks found) need no plumbing of their own.
     counters: RefCell<Vec<(&'static str, u64)>>,
+    /// Gauges a protocol reports (`gauge_max`): the largest value each reached, over the window.
+    gauges: RefCell<Vec<(&'static str, u64)>>,
     charged_ns: Cell<u64>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
@@ -356,6 +358,7 @@ impl Worker {
             rng: RefCell::new(crate::util::rng_from_seed(seed)),
             stats: RefCell::new(NetStats::default()),
             counters: RefCell::new(Vec::new()),
+            gauges: RefCell::new(Vec::new()),
             charged_ns: Cell::new(0),
             cost: cfg.cost,
             rpc: cfg.rpc,
@@ -484,6 +487,25 @@ impl Worker {
                 cs.push((name, n))
             }
         }
+    }
+
+    /// Note that the gauge `name` (kebab-case, ending `-max`) stands at `value`: the report
+    /// gives the largest value it reached over the measured window, over every worker (the
+    /// largest dependency graph, the longest queue).
+    pub fn gauge_max(&self, name: &'static str, value: u64) {
+        let mut gs = self.gauges.borrow_mut();
+        match gs.iter_mut().find(|g| g.0 == name) {
+            Some(g) => g.1 = g.1.max(value),
+            None => {
+                debug_assert!(gs.len() < MAX_COUNTERS, "a protocol reports at most {MAX_COUNTERS} gauges");
+                gs.push((name, value))
+            }
+        }
+    }
+
+    /// The gauges' largest values since the last take, and forget them.
+    pub fn take_gauges(&self) -> Vec<(&'static str, u64)> {
+        std::mem::take(&mut *self.gauges.borrow_mut())
     }
 
     /// Every protocol counter's value so far.

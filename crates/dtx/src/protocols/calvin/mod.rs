@@ -34,6 +34,9 @@
 //! client learns that a declared procedure scans when its first run aborts with
 //! `scan-undeclared`, and reconnoiters that procedure from then on.
 //!
+//! Memory: a scheduler's lock manager holds the transactions admitted and not yet finished (the
+//! gauge `calvin-locked-txns-max`, the most at once), which the clients in flight bound.
+//!
 //! What Calvin has that this core does not, yet (the calvin issue): a checkpoint of a
 //! scheduler's data (a node runs its whole log again, and its log's snapshots keep every
 //! input, so both grow with the run).

@@ -358,6 +358,7 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
     let s = me.scheduler.as_ref().expect("a scheduler admits");
     let first = !s.locks.borrow().contains(&slot);
     let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
+    me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
     let admitted = match first {
         true => Admitted { entry, req, keys, reconnoitred, participants },
         false => s.waiting.borrow_mut().remove(&slot).expect("an earlier piece waits"),
@@ -441,7 +442,9 @@ fn lock_emitted(me: &Rc<CalvinWorker>, emitted: Vec<Slot>) {
     for txn in emitted {
         let Some(Some(admitted)) = s.in_graph.borrow_mut().remove(&txn) else { continue };
         let (wanted, ranges) = local_requests(node, &admitted.entry, &admitted.keys, copy, here, None);
-        if s.locks.borrow_mut().request(txn, wanted, ranges) {
+        let holds_all = s.locks.borrow_mut().request(txn, wanted, ranges);
+        me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
+        if holds_all {
             spawn_run(me, txn, admitted);
         } else {
             me.w.count("calvin-lock-waits", 1);
@@ -473,6 +476,7 @@ pub fn spawn_resolver(me: &Rc<CalvinWorker>) {
             let vertices = s.graph.borrow().len();
             me.w.count("detock-resolutions", 1);
             me.w.count("detock-graph-vertices", vertices as u64);
+            me.w.gauge_max("detock-graph-vertices-max", vertices as u64);
             me.w.charge_ops(vertices.max(1));
             lock_emitted(&me, emitted);
         }

@@ -32,7 +32,8 @@
 //! transactions in them, counted by every scheduler that resolves them), `detock-pieces-late`
 //! (pieces that reached their home after their stamp), `detock-piece-copies`,
 //! `detock-recoordinated`, and `detock-resolutions` with `detock-graph-vertices` (the graph's
-//! size at each resolution, summed: their ratio is its mean size). The graph holds only
+//! size at each resolution, summed: their ratio is its mean size), and the gauge
+//! `detock-graph-vertices-max` (its largest at a resolution). The graph holds only
 //! transactions not yet handed to the lock manager, so the clients' transactions in flight
 //! bound it.
 //!

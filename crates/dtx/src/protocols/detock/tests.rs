@@ -32,7 +32,7 @@ fn multi_home_transactions_are_placed_in_every_home_and_run_in_one_order() {
 
 /// Without opportunistic ordering, pieces placed as they arrive cross under contention: the
 /// graph has cycles, every scheduler resolves them alike, nothing aborts, and the history
-/// checks.
+/// checks; the gauges give the largest graph and lock table, bounded by the clients in flight.
 #[test]
 fn crossed_pieces_are_resolved_deterministically_without_aborts() {
     let mut deadlocks = 0;
@@ -44,6 +44,12 @@ fn crossed_pieces_are_resolved_deterministically_without_aborts() {
         assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
         assert!(out.totals.aborts.is_empty(), "seed {seed}: {:?}", out.totals.aborts);
         deadlocks += counter(&out, "detock-deadlocks");
+        // The largest graph a resolution met: some vertices, at most all of them summed.
+        let largest = out.totals.gauges.get("detock-graph-vertices-max").copied().unwrap_or(0);
+        let summed = counter(&out, "detock-graph-vertices");
+        assert!(largest > 0 && largest <= summed, "seed {seed}: largest {largest}, summed {summed}");
+        let locked = out.totals.gauges.get("calvin-locked-txns-max").copied().unwrap_or(0);
+        assert!(locked > 0 && locked <= 3 * u64::from(s.inflight) * u64::from(s.workers), "seed {seed}: {locked}");
     }
     assert!(deadlocks > 0, "contended multi-home transactions placed as they come cross somewhere");
 }
