@@ -543,7 +543,7 @@ impl CalvinWorker {
         });
     }
 
-    /// Queue a client's submission on a sequencer's or the orderer's `pending`, or refuse it
+    /// Queue a client's submission on a sequencer's `pending`, or refuse it
     /// with `reason` when `max` are queued (the client retries later), counting `refusals`.
     fn queue_or_refuse(
         &self,
