@@ -559,10 +559,12 @@ impl CalvinWorker {
         }
         drop(queued);
         self.w.count(refusals, 1);
-        self.deliver(
-            entry.client,
-            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(reason)), moved: Vec::new() },
-        );
+        self.tell_aborted(&entry, Abort::Protocol(reason));
+    }
+
+    /// Tell `entry`'s client that it did not run, and why (refused, not logged, undecodable).
+    pub fn tell_aborted(&self, entry: &Entry, abort: Abort) {
+        self.deliver(entry.client, Msg::Done { id: entry.id, outcome: Err(abort), moved: Vec::new() });
     }
 
     /// Take a message; says when to acknowledge it.

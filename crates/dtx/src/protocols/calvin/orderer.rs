@@ -82,8 +82,7 @@ impl Intake {
         }
         let homes = homes_of(wk, &entry);
         if homes.is_empty() {
-            let done = Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)), moved: Vec::new() };
-            return wk.deliver(entry.client, done);
+            return wk.tell_aborted(&entry, Abort::Protocol(UNDECODABLE));
         }
         let first = self.taken.borrow().len() == 0;
         self.taken.borrow_mut().push(entry, homes);
@@ -143,8 +142,7 @@ impl Orderer {
                 continue;
             }
             wk.w.count("orderer-refusals", 1);
-            let refused = Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(ORDERER_FULL)), moved: Vec::new() };
-            wk.deliver(entry.client, refused);
+            wk.tell_aborted(&entry, Abort::Protocol(ORDERER_FULL));
         }
     }
 
@@ -245,12 +243,7 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
                         log_warn(&format!("slog: the orderer's batch {epoch} was refused by the log: {e}"));
                         let orderer = me.orderer.as_ref().expect("an orderer");
                         orderer.epoch.set(epoch - 1);
-                        for entry in batch.entries {
-                            me.deliver(
-                                entry.client,
-                                Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
-                            );
-                        }
+                        batch.entries.iter().for_each(|entry| me.tell_aborted(entry, Abort::LogRefused));
                         continue;
                     }
                 }
@@ -266,10 +259,7 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
 fn send(me: &CalvinWorker, epoch: u64, batch: &HomedEntries) {
     let orderer = me.orderer.as_ref().expect("an orderer");
     for (entry, _) in batch.entries.iter().zip(&batch.homes).filter(|(_, homes)| homes.is_empty()) {
-        me.deliver(
-            entry.client,
-            Msg::Done { id: entry.id, outcome: Err(Abort::Protocol(UNDECODABLE)), moved: Vec::new() },
-        );
+        me.tell_aborted(entry, Abort::Protocol(UNDECODABLE));
     }
     for (home, (region_batch, pieces)) in orderer.pieces(epoch, batch) {
         let first = me.node.sequencer_in(home, crate::net::NodeId::MAX);

@@ -160,8 +160,7 @@ impl Sequencer {
         let waiting = self.pending.borrow().len() + self.placement.borrow().held.len();
         if waiting >= self.max_pending {
             wk.w.count("sequencer-refusals", 1);
-            let outcome = Err(Abort::Protocol(SEQUENCER_FULL));
-            return wk.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved: Vec::new() });
+            return wk.tell_aborted(&entry, Abort::Protocol(SEQUENCER_FULL));
         }
         let seqs = self.placement.borrow_mut().seqs.take(homes);
         let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, &seqs, false) };
@@ -170,10 +169,7 @@ impl Sequencer {
             Err(e) => {
                 self.placement.borrow_mut().seqs.give_back(&seqs);
                 log_warn(&format!("detock: a multi-home transaction was refused by the log: {e}"));
-                return wk.deliver(
-                    entry.client,
-                    Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
-                );
+                return wk.tell_aborted(&entry, Abort::LogRefused);
             }
         };
         let me = wk.me.upgrade().expect("a live worker coordinates");
@@ -470,12 +466,7 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
                 ));
                 let (pieces, whole): (Vec<Entry>, Vec<Entry>) =
                     entries.into_iter().partition(|e| e.piece.is_some() || e.placed.is_some());
-                for entry in whole {
-                    me.deliver(
-                        entry.client,
-                        Msg::Done { id: entry.id, outcome: Err(Abort::LogRefused), moved: Vec::new() },
-                    );
-                }
+                whole.iter().for_each(|entry| me.tell_aborted(entry, Abort::LogRefused));
                 // SLOG's and Detock's pieces are sent already and every home must place them: they go
                 // first into the next batch (the orderer hears nothing of them until then).
                 let seq = me.sequencer.as_ref().expect("a sequencer logs batches");
