@@ -217,8 +217,15 @@ pub const WM_VARIANTS: &[&str] = &["tictoc:commit=wm", "sundial:commit=wm"];
 /// Variants that change how a protocol works, beside its default: the ablations, and the paths
 /// off by default (homes that move). The shared sweeps check them as they do the ready
 /// protocols.
-pub const OPTION_VARIANTS: &[&str] =
-    &["primo:wcf=off", "primo:wcf=off:commit=epoch", "slog:rehome=0.2", "slog:orderer_threads=1", "detock:rehome=0.2"];
+pub const OPTION_VARIANTS: &[&str] = &[
+    "primo:wcf=off",
+    "primo:wcf=off:commit=epoch",
+    "slog:rehome=0.2",
+    "slog:orderer_threads=1",
+    "detock:rehome=0.2",
+    "silo:snapshots=true:snapshot_us=2000",
+    "rolis:snapshots=true:snapshot_us=2000",
+];
 
 /// Does `p` acknowledge its commits by epoch unless told otherwise (`coco`)? Nothing it commits
 /// is acknowledged sooner than an epoch, and a crash fails the epoch it interrupts: tests size
@@ -377,6 +384,9 @@ pub fn ready_with(mode: crate::replication::Durability, replicas: u16) -> impl I
 
 /// What the protocol of variant `NAME[:K=V...]` promises (serializable if it is unknown).
 pub fn guarantee_of(variant: &str) -> Guarantee {
+    if let Ok(v) = Variant::parse(variant.trim()) {
+        return v.make().weakened_guarantee().unwrap_or(v.info.guarantee);
+    }
     let name = variant.split(':').next().unwrap_or(variant).trim();
     find(name).map_or(Guarantee::Serializable, |p| p.guarantee)
 }

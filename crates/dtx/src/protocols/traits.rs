@@ -126,6 +126,11 @@ pub trait Protocol: Send + Sync + 'static {
     fn check_workload(&self, _workload: &dyn crate::txn::Procedures) -> anyhow::Result<()> {
         Ok(())
     }
+    /// What this variant promises where its options weaken its registry entry's guarantee
+    /// (`silo:snapshots=true` reads stale snapshots: serializable, not strict).
+    fn weakened_guarantee(&self) -> Option<crate::protocols::Guarantee> {
+        None
+    }
     /// Refuse a durability the protocol cannot run with, with a one-line reason: every one will
     /// do for a protocol that does not say otherwise (Silo is unreplicated; Rolis replicates).
     fn check_durability(&self, _mode: crate::replication::Durability, _replicas: u16) -> anyhow::Result<()> {

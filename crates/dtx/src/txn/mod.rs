@@ -493,6 +493,11 @@ pub trait Procedures: Send + Sync + 'static {
     fn scans(&self) -> bool {
         true
     }
+    /// Whether the request only reads, declared before it runs (what Silo's snapshot
+    /// transactions need to know in advance). A workload that cannot tell says `false`.
+    fn read_only(&self, _req: &TxnRequest) -> bool {
+        false
+    }
     /// Run the procedure the request names.
     fn run<'a, 'b: 'a>(&'a self, req: &'a TxnRequest, ctx: &'a mut Ctx<'b>) -> ProcFuture<'a>;
     /// The arguments of `req` as bytes (postcard, through [`encode_args`]).

@@ -97,6 +97,11 @@ impl Procedures for Append {
         false
     }
 
+    /// Not the final read: it must see every append acknowledged before it (a snapshot is older).
+    fn read_only(&self, req: &TxnRequest) -> bool {
+        req.proc != "read-all" && req.args::<AppendArgs>().ops.iter().all(|op| matches!(op, AppendOp::Read(_)))
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &["append-txn", "read-all"]
     }

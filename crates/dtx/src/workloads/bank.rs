@@ -160,6 +160,10 @@ impl Procedures for Bank {
         false
     }
 
+    fn read_only(&self, req: &TxnRequest) -> bool {
+        req.proc == AUDIT_PROC
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &[TRANSFER_PROC, AUDIT_PROC]
     }

@@ -177,6 +177,10 @@ impl Procedures for Ycsb {
         false
     }
 
+    fn read_only(&self, req: &TxnRequest) -> bool {
+        req.args::<YcsbArgs>().ops.iter().all(|(_, op)| !op.writes())
+    }
+
     fn procedures(&self) -> &'static [&'static str] {
         &["ycsb"]
     }

@@ -18,11 +18,15 @@ const WORKER_BITS: u32 = 8;
 pub const MAX_EPOCH: u64 = (1 << EPOCH_BITS) - 1;
 
 /// A record's TID word: the TID of the transaction that wrote it (0 for loaded data) and the
-/// transaction that holds its write lock while it commits (0 = unlocked).
-#[derive(Debug, Default, Clone, Copy)]
+/// transaction that holds its write lock while it commits (0 = unlocked), and with
+/// `snapshots` the older versions a snapshot may still read ([`super::snapshot`]).
+#[derive(Debug, Default)]
 pub struct SiloMeta {
     pub tid: u64,
     pub locked_by: u64,
+    /// With `snapshots`: the clock its writer read at its serialization point, plus one.
+    pub ser_us: u64,
+    pub older: Option<Box<super::snapshot::Version>>,
 }
 
 impl SiloMeta {

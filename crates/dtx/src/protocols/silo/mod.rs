@@ -22,6 +22,7 @@
 pub mod log;
 pub mod meta;
 pub mod replay;
+pub mod snapshot;
 pub mod stream;
 pub mod txn;
 
@@ -76,6 +77,18 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "false",
         help: "silo keeps each worker's batches in memory and, after the run, replays them on every worker into a copy of the tables, without Raft or watermark (Rolis's Fig. 15): the report gives replay_per_s",
     },
+    OptionSpec {
+        name: "snapshots",
+        kind: OptionKind::Bool,
+        default: "false",
+        help: "Silo's snapshot transactions: a transaction the workload declares read-only reads a recent consistent snapshot, never validates and never aborts (serializable, no longer strict: the snapshot is up to two snapshot_us old)",
+    },
+    OptionSpec {
+        name: "snapshot_us",
+        kind: OptionKind::U64 { min: 100, max: 60_000_000 },
+        default: "1000000",
+        help: "snapshot points this far apart in the TIDs' clock, one published every snapshot_us (Silo: every 25 epochs of 40 ms)",
+    },
 ];
 
 /// How the engine runs: its options, and which system it is.
@@ -88,6 +101,8 @@ pub struct SiloConfig {
     pub flush_us: u64,
     pub watermark_us: u64,
     pub replay_only: bool,
+    /// With `snapshots`: the spacing of snapshot points.
+    pub snapshot_us: Option<u64>,
 }
 
 impl SiloConfig {
@@ -99,6 +114,7 @@ impl SiloConfig {
             flush_us: o.u64("flush_us"),
             watermark_us: o.u64("watermark_us"),
             replay_only: o.bool("replay_only"),
+            snapshot_us: o.bool("snapshots").then(|| o.u64("snapshot_us")),
         }
     }
 
@@ -170,7 +186,10 @@ impl crate::protocols::Protocol for Silo {
             })
         });
         let batch = cfg.batch;
-        let state = NodeState { store, workload: env.workload.clone(), epoch, streams, closes, replay_store, batch };
+        let snapshots = (cfg.snapshot_us.filter(|_| runs_transactions))
+            .map(|us| snapshot::Snapshots::new(us, env.topo.workers_per_node as usize));
+        let workload = env.workload.clone();
+        let state = NodeState { store, workload, epoch, streams, closes, replay_store, batch, snapshots };
         Arc::new(SiloNode(Arc::new(state)))
     }
 
@@ -185,6 +204,10 @@ impl crate::protocols::Protocol for Silo {
             );
         }
         Ok(())
+    }
+
+    fn weakened_guarantee(&self) -> Option<crate::protocols::Guarantee> {
+        self.cfg.snapshot_us.map(|_| crate::protocols::Guarantee::Serializable)
     }
 
     fn check_durability(&self, mode: Durability, replicas: u16) -> anyhow::Result<()> {
@@ -263,6 +286,8 @@ struct NodeState {
     replay_store: Option<Arc<replay::ReplayTarget>>,
     /// Transactions per entry (the `batch` option).
     batch: usize,
+    /// With `snapshots`: the snapshot points, and the workers' announcements.
+    snapshots: Option<snapshot::Snapshots>,
 }
 
 struct SiloNode(Arc<NodeState>);
@@ -311,10 +336,25 @@ impl SiloWorker {
 
     /// Commit an executed attempt: returns where its release waits.
     fn commit(&self, t: txn::SiloTxn<'_>) -> TxnResult<Release> {
-        let locked = t.lock_and_validate()?;
+        let Some(snapshots) = &self.s.snapshots else { return self.stamp_and_install(t.lock_and_validate(|| 0)?) };
+        // No snapshot point at or after this serialization is published until its writes are in.
+        let worker = self.w.addr.worker as usize;
+        let locked = t.lock_and_validate(|| snapshots.serialize(worker, || self.w.history_now_us()));
+        let release = locked.and_then(|locked| self.stamp_and_install(locked));
+        snapshots.end_install(worker);
+        release
+    }
+
+    fn stamp(&self, floor: u64) -> u64 {
+        self.log.stamp(&self.w, floor)
+    }
+
+    /// Stamp a locked transaction, log it and install it (Silo's phase 3).
+    fn stamp_and_install(&self, locked: txn::Locked<'_>) -> TxnResult<Release> {
+        let snapshots = self.s.snapshots.as_ref();
         let Some(streams) = &self.s.streams else {
-            let tid = self.log.stamp(&self.w, locked.floor);
-            let writes = locked.install(tid);
+            let tid = self.stamp(locked.floor);
+            let writes = locked.install(tid, snapshots);
             if let Some(kept) = self.kept.as_ref().filter(|_| !writes.is_empty()) {
                 kept.borrow_mut().keep(&self.w, (tid, writes));
             }
@@ -329,19 +369,37 @@ impl SiloWorker {
             locked.release();
             return Err(Abort::LogRefused);
         }
-        let tid = self.log.stamp(&self.w, locked.floor);
+        let tid = self.stamp(locked.floor);
         self.w.charge_ops(locked.writes.len());
         if streams.cfg.shared_stream {
             // One log for every worker: the record goes in before the locks are let go, so
             // that the log's order is the order of dependent transactions.
             let release = WorkerStream::log(&self.log.stream, &self.w, streams, tid, locked.writes.clone());
-            let _ = locked.install(tid);
+            let _ = locked.install(tid, snapshots);
             return Ok(release);
         }
         // A worker's own stream is in its TID order whatever the other workers do: the
         // watermark, not the log's order, keeps dependents behind what they depend on.
-        let writes = locked.install(tid);
+        let writes = locked.install(tid, snapshots);
         Ok(WorkerStream::log(&self.log.stream, &self.w, streams, tid, writes))
+    }
+}
+
+impl SiloWorker {
+    /// Run a declared read-only transaction at the latest snapshot point: nothing to validate,
+    /// and its result released once what it read is durable.
+    async fn snapshot_txn(&self, snapshots: &snapshot::Snapshots, req: &TxnRequest) -> TxnResult<(TxnOutput, Release)> {
+        let worker = self.w.addr.worker as usize;
+        let point = snapshots.begin_read(worker);
+        let mut read = snapshot::SnapshotRead { store: &self.s.store, w: &self.w, point, newest: 0 };
+        let out = self.s.workload.run(req, &mut Ctx::new(&mut read)).await;
+        snapshots.end_read(worker);
+        self.w.count("silo-snapshot-txns", 1);
+        let release = match &self.s.streams {
+            Some(streams) => streams.read_only(read.newest, epoch_start(self.s.epoch)),
+            None => Release::Now,
+        };
+        Ok((out?, release))
     }
 }
 
@@ -359,9 +417,15 @@ impl WorkerProtocol for SiloWorker {
     ) -> crate::rt::LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(async move {
             self.w.charge(self.w.cost.txn_ns);
-            let mut t = txn::SiloTxn::new(&self.s.store, &self.w, self.next_txn_id());
-            let mut out = self.s.workload.run(req, &mut Ctx::new(&mut t)).await?;
-            let point = match self.commit(t)? {
+            let (mut out, release) = match &self.s.snapshots {
+                Some(snapshots) if self.s.workload.read_only(req) => self.snapshot_txn(snapshots, req).await?,
+                _ => {
+                    let mut t = txn::SiloTxn::new(&self.s.store, &self.w, self.next_txn_id());
+                    let out = self.s.workload.run(req, &mut Ctx::new(&mut t)).await?;
+                    (out, self.commit(t)?)
+                }
+            };
+            let point = match release {
                 Release::Now => return Ok(out),
                 Release::At(point) => point,
             };
@@ -392,6 +456,10 @@ impl WorkerProtocol for SiloWorker {
     }
 
     fn start(&self) {
+        if let (Some(snapshots), 0) = (&self.s.snapshots, self.w.addr.worker) {
+            let tick_us = (snapshots.step_us() / SNAPSHOT_TICKS).max(10);
+            self.w.spawn(publish_loop(self.w.clone(), self.s.clone(), tick_us));
+        }
         let Some(streams) = &self.s.streams else { return };
         if streams.cfg.shared_stream {
             return;
@@ -400,6 +468,18 @@ impl WorkerProtocol for SiloWorker {
         if self.w.addr.worker == 0 {
             self.w.spawn(streams.clone().release_loop(self.w.clone()));
         }
+    }
+}
+
+/// How often per snapshot point the publisher looks (Silo's 25 epochs of 40 ms to a snapshot).
+const SNAPSHOT_TICKS: u64 = 25;
+
+/// Every `tick_us`: publish the latest complete snapshot point (Silo's epoch advance).
+async fn publish_loop(w: Rc<Worker>, s: Arc<NodeState>, tick_us: u64) {
+    let snapshots = s.snapshots.as_ref().expect("the publisher runs with snapshots");
+    loop {
+        w.sleep_us(tick_us).await;
+        snapshots.advance(w.history_now_us());
     }
 }
 

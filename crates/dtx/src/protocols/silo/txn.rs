@@ -4,6 +4,7 @@
 //! install to the worker, which holds the locks meanwhile (Silo's commit protocol, §4.4).
 
 use super::meta::SiloMeta;
+use super::snapshot::Snapshots;
 use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
 use crate::protocols::twopc::durable::Writes;
 use crate::rt::Worker;
@@ -44,6 +45,8 @@ pub struct Locked<'a> {
     pub writes: Writes,
     /// The largest TID the transaction read or overwrote: its own must lie above.
     pub floor: u64,
+    /// The clock at its serialization point (with `snapshots`; 0 otherwise).
+    ser_us: u64,
 }
 
 impl<'a> SiloTxn<'a> {
@@ -61,9 +64,10 @@ impl<'a> SiloTxn<'a> {
         value
     }
 
-    /// Lock the write set and validate the read set (Silo's phases 1 and 2). A failure leaves
-    /// nothing locked.
-    pub fn lock_and_validate(mut self) -> TxnResult<Locked<'a>> {
+    /// Lock the write set and validate the read set (Silo's phases 1 and 2), calling
+    /// `serialize` between the two (the serialization point: it returns the clock there). A
+    /// failure leaves nothing locked.
+    pub fn lock_and_validate(mut self, serialize: impl FnOnce() -> u64) -> TxnResult<Locked<'a>> {
         let writes = std::mem::take(&mut self.writes);
         let recs: Vec<&Rec> = writes.iter().map(|(k, _)| self.store.get_or_create(*k)).collect();
         self.w.charge_ops(recs.len() + self.reads.len());
@@ -78,6 +82,7 @@ impl<'a> SiloTxn<'a> {
             row.meta.locked_by = self.id;
             floor = floor.max(row.meta.tid);
         }
+        let ser_us = serialize();
         for e in self.reads.iter() {
             let valid = match e.rec.or_else(|| self.store.get(e.key)) {
                 Some(rec) => rec.lock().meta.validates(e.tid, self.id),
@@ -89,21 +94,26 @@ impl<'a> SiloTxn<'a> {
             }
             floor = floor.max(e.tid);
         }
-        Ok(Locked { id: self.id, recs, writes, floor })
+        Ok(Locked { id: self.id, recs, writes, floor, ser_us })
     }
 }
 
 impl<'a> Locked<'a> {
     /// Install every write at TID `tid` and unlock (Silo's phase 3); returns the writes (for
     /// the log).
-    pub fn install(self, tid: u64) -> Writes {
+    /// With `snapshots`, the versions a snapshot may still read are kept.
+    pub fn install(self, tid: u64, snapshots: Option<&Snapshots>) -> Writes {
         assert!(tid > self.floor, "TID {tid} at or below one its transaction saw ({})", self.floor);
         for (rec, (_, value)) in self.recs.into_iter().zip(&self.writes) {
             let mut row = rec.lock();
             assert_eq!(row.meta.locked_by, self.id, "installing a record without holding its lock");
+            row.meta.locked_by = 0;
+            if let Some(s) = snapshots {
+                s.install(&mut row, tid, self.ser_us, value.clone());
+                continue;
+            }
             let old = std::mem::replace(&mut row.value, value.clone());
             row.meta.tid = tid;
-            row.meta.locked_by = 0;
             drop(row);
             Value::recycle(old);
         }

@@ -340,6 +340,11 @@ impl Procedures for Tpcc {
         &[NEW_ORDER_PROC, PAYMENT_PROC, ORDER_STATUS_PROC, DELIVERY_PROC, STOCK_LEVEL_PROC, check::CHECK_PROC]
     }
 
+    /// Not the final check: it reads the state the run ended in.
+    fn read_only(&self, req: &TxnRequest) -> bool {
+        [ORDER_STATUS_PROC, STOCK_LEVEL_PROC].contains(&req.proc)
+    }
+
     fn partition_of(&self, key: RowKey) -> PartitionId {
         schema::partition_of(key, self.partitions)
     }
