@@ -16,3 +16,8 @@ pub mod txn;
 pub mod util;
 pub mod wal;
 pub mod workloads;
+
+/// Every allocation in dtx (the binary, and the tests that run clusters in process) goes
+/// through mimalloc: see Cargo.toml for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -38,11 +38,20 @@ pub enum Use {
     Read,
 }
 
-/// A key's conflicts still pending: its last writer and the readers since (none emitted).
+/// A key's conflicts still pending: its last writer (not emitted) and the readers since. A
+/// long list of readers (a partition's, which every write in it reads) may still name some
+/// that were emitted: forgetting each at once would cost a pass over the list per emission,
+/// so the list is swept once as many as half of it were emitted (`stale`, an upper bound), and
+/// a writer that takes the list skips them.
 struct Tail<T> {
     writer: Option<T>,
     readers: Vec<T>,
+    /// Readers emitted since the last sweep (at least those of them still in the list).
+    stale: usize,
 }
+
+/// Readers a tail forgets at once, as each is emitted; a longer list is swept lazily.
+const EAGER_READERS: usize = 8;
 
 /// A transaction not yet emitted.
 struct Vertex<T, K> {
@@ -120,8 +129,9 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug, K: Copy + Ord + Hash> DependencyGra
         keys.sort_unstable(); // A key both written and read is written: Write sorts first.
         keys.dedup_by_key(|(k, _)| *k);
         let mut preds = Vec::new();
+        let vertices = &self.vertices;
         for &(key, used) in &keys {
-            let tail = self.tails.entry(key).or_insert_with(|| Tail { writer: None, readers: Vec::new() });
+            let tail = self.tails.entry(key).or_insert_with(|| Tail { writer: None, readers: Vec::new(), stale: 0 });
             match used {
                 Use::Read => {
                     preds.extend(tail.writer);
@@ -132,11 +142,13 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug, K: Copy + Ord + Hash> DependencyGra
                         true => preds.extend(tail.writer),
                         false => preds.append(&mut tail.readers),
                     }
+                    tail.stale = 0;
                     tail.writer = Some(txn);
                 }
             }
         }
-        preds.retain(|p| *p != txn);
+        // Readers swept lazily may have been emitted (and `txn`'s own earlier piece is no edge).
+        preds.retain(|p| *p != txn && vertices.contains_key(p));
         preds.sort_unstable();
         preds.dedup();
         for p in &preds {
@@ -197,7 +209,16 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug, K: Copy + Ord + Hash> DependencyGra
         for key in keys {
             // A later writer's arrival (or a block's earlier member) may have replaced it.
             let Some(tail) = self.tails.get_mut(key) else { continue };
-            tail.readers.retain(|r| *r != txn);
+            if tail.readers.len() <= EAGER_READERS {
+                tail.readers.retain(|r| *r != txn);
+            } else {
+                tail.stale += 1;
+                if 2 * tail.stale >= tail.readers.len() {
+                    let vertices = &self.vertices;
+                    tail.readers.retain(|r| vertices.contains_key(r));
+                    tail.stale = 0;
+                }
+            }
             if tail.writer == Some(txn) {
                 tail.writer = None;
             }
@@ -289,6 +310,30 @@ mod tests {
         assert_eq!(add(&mut g, 6, 1, &[('c', W)]), vec![6]);
         assert_eq!(add(&mut g, 7, 1, &[('a', W)]), Vec::<u32>::new(), "a writer waits for both readers");
         assert_eq!(add(&mut g, 3, 2, &[('d', R)]), vec![3, 4, 5, 7]);
+        assert!(g.is_empty() && g.tails.is_empty(), "nothing is kept for emitted transactions");
+    }
+
+    /// A key read by many (a partition every write reads): its readers are forgotten lazily as
+    /// they are emitted, a later writer waits for the live ones only, and nothing is kept once
+    /// all are emitted.
+    #[test]
+    fn a_long_reader_list_forgets_emitted_readers_and_a_writer_waits_for_the_live_ones() {
+        let mut g = G::default();
+        assert_eq!(add(&mut g, 1, 2, &[('b', W)]), Vec::<u32>::new(), "holds back what reads b");
+        for t in 10..40 {
+            // Each reads the partition 'p'; the odd ones also wait behind 1 on 'b'.
+            let keys: &[(char, Use)] = if t % 2 == 1 { &[('p', R), ('b', R)] } else { &[('p', R)] };
+            let out = add(&mut g, t, 1, keys);
+            assert_eq!(out, if t % 2 == 1 { vec![] } else { vec![t] }, "reader {t}");
+        }
+        assert_eq!(g.tails[&'p'].readers.iter().filter(|r| g.contains(**r)).count(), 15, "the odd ones are live");
+        assert_eq!(add(&mut g, 50, 1, &[('p', W)]), Vec::<u32>::new(), "the writer waits for the live readers");
+        assert_eq!(g.vertices[&50].waits, 15, "and for no emitted one");
+        let out = add(&mut g, 1, 2, &[('c', W)]);
+        let mut expected: Vec<u32> = vec![1];
+        expected.extend((11..40).step_by(2));
+        expected.push(50);
+        assert_eq!(out, expected);
         assert!(g.is_empty() && g.tails.is_empty(), "nothing is kept for emitted transactions");
     }
 

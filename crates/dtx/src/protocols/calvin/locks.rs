@@ -30,7 +30,8 @@
 
 use crate::storage::{RowKey, TableId};
 use rustc_hash::FxHashMap;
-use std::collections::{BTreeMap, VecDeque};
+use smallvec::SmallVec;
+use std::collections::BTreeMap;
 use std::hash::Hash;
 
 /// A lock's mode: shared for a key only read, exclusive for a key written.
@@ -83,9 +84,16 @@ struct Txn<T> {
 
 /// The locks of one node, for transactions named by `T` (their place in the log).
 pub struct OrderedLocks<T> {
-    queues: FxHashMap<LockKey, VecDeque<Request<T>>>,
-    /// Keys with exclusive requests queued, and how many: what a range waits behind.
+    /// Each key's requests in log order (most keys have one or two queued: held inline).
+    queues: FxHashMap<LockKey, SmallVec<[Request<T>; 2]>>,
+    /// Keys with exclusive requests queued, and how many: what a range waits behind. Kept only
+    /// for the tables in `scanned` (an ordered map costs a cache miss per level on every
+    /// request and release, which workloads that never scan need not pay).
     written: BTreeMap<LockKey, u32>,
+    /// Tables a range was ever requested in: `written` holds their keys from then on.
+    scanned: Vec<TableId>,
+    /// The transactions a request waits for, reused from one request to the next.
+    before: Vec<T>,
     /// Ranges requested and not released, per table.
     ranges: FxHashMap<TableId, Vec<(T, KeyRange)>>,
     txns: FxHashMap<T, Txn<T>>,
@@ -96,6 +104,8 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> Default for OrderedLocks<T> {
         OrderedLocks {
             queues: FxHashMap::default(),
             written: BTreeMap::new(),
+            scanned: Vec::new(),
+            before: Vec::new(),
             ranges: FxHashMap::default(),
             txns: FxHashMap::default(),
         }
@@ -130,7 +140,11 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         keys.sort_unstable_by_key(|(k, m)| (*k, *m == Mode::Shared));
         keys.dedup_by_key(|(k, _)| *k); // Exclusive sorts first, so it is the one kept.
         let ranges: Vec<KeyRange> = ranges.into_iter().collect();
-        let mut before = Vec::new();
+        for range in &ranges {
+            self.track_writes_in(range.table);
+        }
+        let mut before = std::mem::take(&mut self.before);
+        before.clear();
         for &(key, mode) in &keys {
             self.key_waits(key, mode, &mut before);
         }
@@ -143,9 +157,11 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         for earlier in &before {
             self.txns.get_mut(earlier).expect("a queued request has its transaction").blocks.push(txn);
         }
+        let waits = before.len();
+        self.before = before;
         for &(key, mode) in &keys {
-            self.queues.entry(key).or_default().push_back(Request { txn, mode });
-            if mode == Mode::Exclusive {
+            self.queues.entry(key).or_default().push(Request { txn, mode });
+            if mode == Mode::Exclusive && self.scanned.contains(&key.row.table) {
                 *self.written.entry(key).or_default() += 1;
             }
         }
@@ -162,10 +178,28 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
         assert!(t.pieces_left > 0, "{txn:?} requests more pieces than it said");
         debug_assert!(keys.iter().all(|(k, _)| !t.keys.iter().any(|(held, _)| held == k)), "pieces share a key");
         t.pieces_left -= 1;
-        t.waits += before.len();
-        t.keys.extend(keys);
+        t.waits += waits;
+        match t.keys.is_empty() {
+            true => t.keys = keys,
+            false => t.keys.extend(keys),
+        }
         t.ranges.extend(ranges);
         t.waits == 0 && t.pieces_left == 0
+    }
+
+    /// Count the exclusive requests on `table`'s keys in `written` from now on (a range there
+    /// waits behind them), starting with those already queued.
+    fn track_writes_in(&mut self, table: TableId) {
+        if self.scanned.contains(&table) {
+            return;
+        }
+        self.scanned.push(table);
+        for (key, queue) in self.queues.iter().filter(|(k, _)| k.row.table == table) {
+            let exclusive = queue.iter().filter(|r| r.mode == Mode::Exclusive).count() as u32;
+            if exclusive > 0 {
+                self.written.insert(*key, exclusive);
+            }
+        }
     }
 
     /// The transactions a new request on `key` in `mode` waits for directly.
@@ -214,7 +248,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
             if queue.is_empty() {
                 self.queues.remove(&key);
             }
-            if mode == Mode::Exclusive {
+            if mode == Mode::Exclusive && self.scanned.contains(&key.row.table) {
                 let n = self.written.get_mut(&key).expect("an exclusive request is counted");
                 *n -= 1;
                 if *n == 0 {
