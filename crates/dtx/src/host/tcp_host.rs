@@ -438,19 +438,22 @@ impl Hosting {
         }
     }
 
-    /// A node this host took over listens elsewhere than its configured address (another
-    /// machine's IP): use that route here and announce it to every other host.
-    fn announce_if_moved(&self, id: NodeId, term: u64, listening: Vec<SocketAddr>) {
+    /// Where a node this host took over listens (another machine's IP, or its own configured
+    /// address): use that route here and announce it to every other host at the takeover's
+    /// term. Announced even at the configured address: a host that takes its own node back
+    /// after an earlier takeover moved it must replace the others' route to the address that
+    /// died (a CI run's final read waited 60 s on node 0 for want of it).
+    fn announce_address(&self, id: NodeId, term: u64, listening: Vec<SocketAddr>) {
         let configured: Vec<SocketAddr> = (0..self.cfg.workers).map(|wi| self.cfg.worker_addr(id, wi)).collect();
-        if listening == configured {
-            return;
-        }
         let route = RouteAnnouncement { node: id, term, workers: listening };
         self.routes.write().insert(id, (term, route.workers.clone()));
-        eprintln!(
-            "dtx server: host {}: node {id} listens at {:?} now (its address is another machine's)",
-            self.host, route.workers
-        );
+        match route.workers == configured {
+            true => eprintln!("dtx server: host {}: node {id} listens at its own address (term {term})", self.host),
+            false => eprintln!(
+                "dtx server: host {}: node {id} listens at {:?} now (its address is another machine's)",
+                self.host, route.workers
+            ),
+        }
         let (payload, nodes) = (crate::net::encode(&route), self.spec.nodes);
         {
             let mut announced = self.announced.lock();
@@ -512,7 +515,7 @@ impl Hosting {
             .map_err(|e| format!("{e:#}"));
         match served {
             Ok((listening, logs)) => {
-                self.announce_if_moved(id, term, listening);
+                self.announce_address(id, term, listening);
                 let t = Takeover { node: id, serving_unix_ms: unix_ms(), rebuild_ms: t0.elapsed().as_millis() as u64 };
                 eprintln!(
                     "dtx server: host {}: took node {id} over (this host leads its log now): serving it after {} ms",
