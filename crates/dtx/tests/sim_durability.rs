@@ -29,8 +29,11 @@ fn ready_replicated() -> impl Iterator<Item = &'static ProtocolInfo> {
     dtx::protocols::ready_with(Durability::Replicated, 3)
 }
 
+/// A durable run; the protocols that checkpoint their nodes do so every 20 ms, so that crashes
+/// and failovers meet their checkpoints.
 fn durable_spec(protocol: &str, seed: u64, runtime: dtx::host::Runtime) -> BenchSpec {
-    let mut s = common::append_spec(protocol, seed, runtime, 400_000);
+    let protocol = dtx::protocols::checkpointing_every(protocol, 20_000);
+    let mut s = common::append_spec(&protocol, seed, runtime, 400_000);
     s.durability.mode = Durability::Wal;
     s.durability.cluster_id = seed;
     s

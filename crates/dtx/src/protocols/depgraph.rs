@@ -29,10 +29,11 @@
 
 use crate::protocols::graph::Graph;
 use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
 use std::hash::Hash;
 
 /// How a transaction uses a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Use {
     Write,
     Read,
@@ -43,6 +44,7 @@ pub enum Use {
 /// that were emitted: forgetting each at once would cost a pass over the list per emission,
 /// so the list is swept once as many as half of it were emitted (`stale`, an upper bound), and
 /// a writer that takes the list skips them.
+#[derive(Serialize, Deserialize)]
 struct Tail<T> {
     writer: Option<T>,
     readers: Vec<T>,
@@ -54,6 +56,7 @@ struct Tail<T> {
 const EAGER_READERS: usize = 8;
 
 /// A transaction not yet emitted.
+#[derive(Serialize, Deserialize)]
 struct Vertex<T, K> {
     /// Pieces still to arrive.
     pieces_left: u32,
@@ -68,13 +71,14 @@ struct Vertex<T, K> {
 
 /// A resolved strongly connected component: emitted as a block once none of its members
 /// waits.
+#[derive(Serialize, Deserialize)]
 struct Group<T> {
     members: Vec<T>,
     waiting: usize,
 }
 
 /// What deadlock resolution has found so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resolved {
     /// Components of two transactions or more, each one deadlock.
     pub deadlocks: u64,
@@ -84,6 +88,12 @@ pub struct Resolved {
     pub largest: usize,
 }
 
+/// A scheduler's checkpoint holds it as it is (`Serialize`).
+#[derive(Serialize, Deserialize)]
+#[serde(bound(
+    serialize = "T: Serialize + Eq + Hash, K: Serialize + Eq + Hash",
+    deserialize = "T: Deserialize<'de> + Eq + Hash, K: Deserialize<'de> + Eq + Hash"
+))]
 pub struct DependencyGraph<T, K> {
     tails: FxHashMap<K, Tail<T>>,
     vertices: FxHashMap<T, Vertex<T, K>>,

@@ -252,6 +252,18 @@ pub fn paced_for_crashes_every(p: &ProtocolInfo, interval_us: u64) -> String {
     name
 }
 
+/// Variant `name` with its node checkpoints every `every_us` where the protocol takes
+/// `checkpoint_us` (calvin, slog, detock: see `calvin::checkpoint`) and the name does not set
+/// it: the durability sweeps run so, so that crashes and failovers meet checkpoints; any other
+/// keeps its name.
+pub fn checkpointing_every(name: &str, every_us: u64) -> String {
+    let takes = Variant::parse(name).is_ok_and(|v| v.info.options.iter().any(|o| o.name == "checkpoint_us"));
+    match takes && !name.contains("checkpoint_us=") {
+        true => format!("{name}:checkpoint_us={every_us}"),
+        false => name.to_string(),
+    }
+}
+
 /// The skeleton's commit policy options ([`twopc::epoch_commit`]).
 const COMMIT: OptionSpec = twopc::epoch_commit::COMMIT_OPTION;
 const EPOCH: OptionSpec = twopc::epoch_commit::EPOCH_OPTION;

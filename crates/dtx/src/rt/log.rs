@@ -460,6 +460,12 @@ impl NodeLog {
     }
 
     /// A majority of the replicas hold every record up to `lsn`.
+    /// Whether a consensus group holds this log (its replicas snapshot and compact it), not a
+    /// WAL of this machine.
+    pub fn is_replicated(&self) -> bool {
+        matches!(self.lanes[0].device, Device::Replicated(_))
+    }
+
     pub fn replicated_upto(&self, lsn: Lsn) {
         self.advance(lsn);
     }

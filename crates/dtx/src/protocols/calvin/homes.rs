@@ -118,7 +118,7 @@ impl HomeDirectory {
 
 /// The homes of the keys a data node holds that moved, kept by its scheduler: the state a
 /// movement changes, and what a run checks its expected homes against.
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 pub struct StoredHomes(FxHashMap<RowKey, u16>);
 
 impl StoredHomes {
@@ -135,6 +135,10 @@ impl StoredHomes {
     }
 
     /// Keys that moved and where to.
+    pub fn iter(&self) -> impl Iterator<Item = (RowKey, u16)> + '_ {
+        self.0.iter().map(|(k, h)| (*k, *h))
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

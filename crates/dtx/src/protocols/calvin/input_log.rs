@@ -10,9 +10,24 @@
 //! ([`InputMachine`]): a full copy of the data that runs each sequenced request in log order,
 //! under the schedulers' rules, so that it ends each as they do. Its snapshot is that copy's
 //! (the rows the log changed), so a replica's log compacts behind it.
+//!
+//! Checkpoints: every `checkpoint_us` worker 0 of a node logs what the inputs before it amount
+//! to ([`Checkpoint`]): the rows its scheduler wrote since its last checkpoint (as
+//! [`Record::Rows`] chunks before it), its scheduler's state (batches not admitted, reads,
+//! the lock manager and Detock's dependency graph as they are, the transactions admitted and
+//! not finished), its sequencer's (its last epoch, the pieces its batches placed, the
+//! coordinated transactions not yet placed, the submissions it logged lately) and the messages
+//! it sent that must arrive and were not acknowledged. Taken between two tasks of the worker,
+//! it is consistent with the log before it: every input there is in the state, every
+//! transaction finished has written and one not finished has not (a run writes and releases in
+//! one step). A restarted node starts from its last checkpoint (the rows over its loaded data)
+//! and runs only the inputs after it, so a log machine keeps the rows written since the load,
+//! the last checkpoint and the inputs after it: bounded by the data, not by the run. SLOG's
+//! orderer's batches (another worker's) are kept whole.
 
 use super::messages::{Entry, ReadSet};
-use super::piece_seqs::{CoordinatorSeqs, HomeSeqs};
+use super::piece_seqs::{CoordinatorSeqs, HomeSeqs, PlacedSeqs};
+use super::resubmits::Submission;
 use super::scheduler::Slot;
 use super::SCAN_UNDECLARED;
 use crate::net::{decode, encode};
@@ -20,9 +35,44 @@ use crate::net::{Addr, NodeId};
 use crate::protocols::MachineEnv;
 use crate::rt::log::LogMachine;
 use crate::rt::log_warn;
+use crate::storage::{RowKey, Value};
 use crate::txn::replay::{ReplayRules, ReplayedCopy};
 use crate::txn::Abort;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
+
+/// A checkpoint's rows travel in records of at most this many rows each (a WAL record holds at
+/// most 16 MiB).
+pub const ROWS_PER_RECORD: usize = 4096;
+
+/// What a node's inputs before it amount to (see the module's comment). Its rows come before
+/// it as [`Record::Rows`]: rows that no checkpoint follows are dropped.
+#[derive(Serialize, Deserialize, Default)]
+pub struct Checkpoint {
+    /// The scheduler's state, encoded by the scheduler (empty: the node has none).
+    pub scheduler: Vec<u8>,
+    pub sequencer: Option<SequencerCheckpoint>,
+    /// Messages worker 0 sent that must arrive, not acknowledged yet: (destination, body).
+    pub outbox: Vec<(Addr, Vec<u8>)>,
+}
+
+/// A sequencer's state at a checkpoint: what its log before it held, in short.
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct SequencerCheckpoint {
+    pub last_epoch: u64,
+    /// Detock: the pieces its logged batches hold, by their coordinators' numbers.
+    pub placed: PlacedSeqs,
+    /// SLOG: the last orderer batch whose pieces its logged batches hold.
+    pub region_batch: u64,
+    /// Detock: its numbering as a coordinator, and the coordinated transactions some home may
+    /// not hold yet, with their pieces' numbers.
+    pub seqs: CoordinatorSeqs,
+    pub unplaced: Vec<(Entry, HomeSeqs)>,
+    /// Submissions its log holds that a copy may still come of.
+    pub submitted: Vec<Submission>,
+    /// Its batches logged and not yet sent (they are sent once durable): a restart sends them.
+    pub unsent: Vec<(u64, Vec<Entry>)>,
+}
 
 /// One record of a node's input log.
 #[derive(Serialize, Deserialize)]
@@ -39,6 +89,10 @@ pub enum Record {
     Coordinated { entry: Entry, seqs: HomeSeqs },
     /// Detock: every home holds the coordinated transaction's piece durably.
     Placed { client: Addr, id: u64 },
+    /// Rows of the checkpoint that follows.
+    Rows(Vec<(RowKey, Option<Value>)>),
+    /// Worker 0's checkpoint: the inputs before it are no longer needed.
+    Checkpoint(Box<Checkpoint>),
 }
 
 impl Record {
@@ -61,6 +115,14 @@ impl Record {
     pub fn placed(client: Addr, id: u64) -> Vec<u8> {
         encode(&RecordRef::Placed { client, id })
     }
+
+    pub fn rows(rows: &[(RowKey, Option<Value>)]) -> Vec<u8> {
+        encode(&RecordRef::Rows(rows))
+    }
+
+    pub fn checkpoint(c: &Checkpoint) -> Vec<u8> {
+        encode(&RecordRef::Checkpoint(c))
+    }
 }
 
 /// [`Record`] by reference, to encode without copying (the same wire form).
@@ -71,6 +133,8 @@ enum RecordRef<'a> {
     Ordered { epoch: u64, entries: &'a [Entry] },
     Coordinated { entry: &'a Entry, seqs: &'a HomeSeqs },
     Placed { client: Addr, id: u64 },
+    Rows(&'a [(RowKey, Option<Value>)]),
+    Checkpoint(&'a Checkpoint),
 }
 
 /// What a node's log held at start.
@@ -95,6 +159,34 @@ pub struct Recovered {
     pub submitted: Vec<(Addr, u64)>,
     /// The log's checkpoint does not decode: the inputs behind it are gone.
     pub lost_inputs: bool,
+    /// From the last scheduler checkpoint: every row written since the load, its scheduler's
+    /// state, its sequencer's pieces placed and last orderer batch, and what it was sending.
+    pub rows: FxHashMap<RowKey, Option<Value>>,
+    pub scheduler: Vec<u8>,
+    pub placed: PlacedSeqs,
+    pub region_batch: u64,
+    pub outbox: Vec<(Addr, Vec<u8>)>,
+}
+
+impl Recovered {
+    /// Start over from checkpoint `c` (its rows, in `pending`, over the ones before): the
+    /// inputs before it amount to it. SLOG's orderer's batches (another worker's) stay.
+    fn checkpointed(&mut self, node: NodeId, c: Checkpoint, pending: &mut Vec<(RowKey, Option<Value>)>) {
+        self.rows.extend(pending.drain(..));
+        self.batches.clear();
+        self.reads.clear();
+        self.scheduler = c.scheduler;
+        self.outbox = c.outbox;
+        let s = c.sequencer.unwrap_or_default();
+        self.last_epoch = self.last_epoch.max(s.last_epoch);
+        self.placed = s.placed;
+        self.region_batch = s.region_batch;
+        self.coordinator_seqs = s.seqs;
+        self.coordinated = s.unplaced;
+        self.submitted = s.submitted;
+        // Sent again by its sequencer, and taken by its scheduler as if just sent.
+        self.batches = s.unsent.into_iter().map(|(epoch, entries)| (epoch, node, entries)).collect();
+    }
 }
 
 /// Read what node `node`'s log held at start (records behind a checkpoint are gone).
@@ -106,6 +198,7 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
         ..Default::default()
     };
     let kept = snapshot.map(|s| s.inputs).unwrap_or_default();
+    let mut pending_rows = Vec::new();
     for record in kept.iter().chain(records) {
         match decode::<Record>(record) {
             Ok(Record::Batch { epoch, sequencer, entries }) => {
@@ -126,6 +219,8 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
                 r.coordinated.push((entry, seqs));
             }
             Ok(Record::Placed { client, id }) => r.coordinated.retain(|(e, _)| (e.client, e.id) != (client, id)),
+            Ok(Record::Rows(rows)) => pending_rows.extend(rows),
+            Ok(Record::Checkpoint(c)) => r.checkpointed(node, *c, &mut pending_rows),
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
             }
@@ -143,17 +238,25 @@ struct MachineSnapshot {
     last_epoch: u64,
     /// The executed copy (one sequencer's log only), as `ReplayedCopy::snapshot` has it.
     copy: Vec<u8>,
-    /// Every record the log held, in order: a restarted scheduler runs them all again.
+    /// The records a restarted node runs again, in order: SLOG's orderer's batches, the last
+    /// checkpoint (its rows first: every row written since the load) and the inputs after it.
     inputs: Vec<Vec<u8>>,
 }
 
-/// A replica of a node's input log. It keeps every input (a restarted scheduler runs them all
-/// again, so a snapshot must hold them: until the calvin issue checkpoints the scheduler's
-/// data, the log's snapshot grows with it) and its sequencer's last epoch. The one sequencer's
-/// replica (`sequencers=one`, node 0) also executes its batches on a full copy of the data.
+/// A replica of a node's input log. It keeps what a restarted node starts from: the rows written
+/// since the load, the last checkpoint and the inputs after it (see the module's comment), and
+/// its sequencer's last epoch. The one sequencer's replica (`sequencers=one`, node 0) also
+/// executes its batches on a full copy of the data.
 pub struct InputMachine {
     node: NodeId,
     last_epoch: u64,
+    /// SLOG's orderer's batches, kept whole.
+    ordered: Vec<Vec<u8>>,
+    /// Every row a checkpoint wrote since the load, and the rows of a checkpoint on its way.
+    rows: FxHashMap<RowKey, Option<Value>>,
+    pending_rows: Vec<(RowKey, Option<Value>)>,
+    checkpoint: Option<Checkpoint>,
+    /// The inputs since the last checkpoint.
     inputs: Vec<Vec<u8>>,
     copy: Option<ReplayedCopy>,
     /// Records that were no input (a bug or another build): skipped, and counted.
@@ -174,7 +277,27 @@ impl InputMachine {
             (true, false) => Some(ReplayedCopy::new(workload, partitions, RULES)),
             (true, true) => Some(ReplayedCopy::from_snapshot(workload, partitions, RULES, &s.copy)?),
         };
-        Ok(InputMachine { node: env.node, last_epoch: s.last_epoch, inputs: s.inputs, copy, malformed: 0 })
+        let mut m = InputMachine {
+            node: env.node,
+            last_epoch: 0,
+            ordered: Vec::new(),
+            rows: FxHashMap::default(),
+            pending_rows: Vec::new(),
+            checkpoint: None,
+            inputs: Vec::new(),
+            copy: None,
+            malformed: 0,
+        };
+        // The snapshot's records are taken as the log's were, without executing them again.
+        s.inputs.iter().for_each(|r| m.apply(r));
+        m.copy = copy;
+        m.last_epoch = s.last_epoch;
+        Ok(m)
+    }
+
+    /// Records it keeps (for the report: bounded by checkpoints, not by the run).
+    fn kept(&self) -> usize {
+        self.ordered.len() + self.inputs.len() + self.checkpoint.is_some() as usize
     }
 }
 
@@ -182,6 +305,13 @@ impl LogMachine for InputMachine {
     fn apply(&mut self, record: &[u8]) {
         let (epoch, entries) = match decode::<Record>(record) {
             Ok(Record::Batch { epoch, sequencer, entries }) if sequencer == self.node => (epoch, entries),
+            Ok(Record::Ordered { .. }) => return self.ordered.push(record.to_vec()),
+            Ok(Record::Rows(rows)) => return self.pending_rows.extend(rows),
+            Ok(Record::Checkpoint(c)) => {
+                self.rows.extend(self.pending_rows.drain(..));
+                self.checkpoint = Some(*c);
+                return self.inputs.clear();
+            }
             Ok(_) => return self.inputs.push(record.to_vec()), // The scheduler's, taken from others.
             Err(_) => {
                 self.malformed += 1;
@@ -201,16 +331,28 @@ impl LogMachine for InputMachine {
 
     fn snapshot(&self) -> Vec<u8> {
         let copy = self.copy.as_ref().map(|c| c.snapshot()).unwrap_or_default();
-        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy, inputs: self.inputs.clone() })
+        let mut inputs = self.ordered.clone();
+        if let Some(c) = &self.checkpoint {
+            let rows: Vec<(RowKey, Option<Value>)> = self.rows.iter().map(|(k, v)| (*k, v.clone())).collect();
+            inputs.extend(rows.chunks(ROWS_PER_RECORD).map(Record::rows));
+            inputs.push(Record::checkpoint(c));
+        }
+        inputs.extend(self.inputs.iter().cloned());
+        // Rows of a checkpoint whose record is still to come: the records after this snapshot
+        // hold only the rest of them.
+        inputs.extend(self.pending_rows.chunks(ROWS_PER_RECORD).map(Record::rows));
+        encode(&MachineSnapshot { last_epoch: self.last_epoch, copy, inputs })
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let Some(copy) = &self.copy else { return vec![("input-replayed-undecodable", self.malformed)] };
+        let kept = ("input-records-kept", self.kept() as u64);
+        let Some(copy) = &self.copy else { return vec![("input-replayed-undecodable", self.malformed), kept] };
         let s = copy.stats();
         vec![
             ("input-replayed-committed", s.committed),
             ("input-replayed-rolled-back", s.rolled_back),
             ("input-replayed-undecodable", s.undecodable + self.malformed),
+            kept,
         ]
     }
 }

@@ -30,12 +30,13 @@
 
 use crate::storage::{RowKey, TableId};
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::hash::Hash;
 
 /// A lock's mode: shared for a key only read, exclusive for a key written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
     Shared,
     Exclusive,
@@ -43,7 +44,7 @@ pub enum Mode {
 
 /// What a lock names: a key, and the home region its requester expects it in (Calvin's one
 /// log: 0). Ordered by key first, so a table's keys lie together whatever their homes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct LockKey {
     pub row: RowKey,
     pub home: u16,
@@ -51,7 +52,7 @@ pub struct LockKey {
 
 /// The keys `lo..=hi` of one table, present or not, expected in `home`: what a scan locks
 /// (shared).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyRange {
     pub table: TableId,
     pub lo: u64,
@@ -65,12 +66,14 @@ impl KeyRange {
     }
 }
 
+#[derive(Serialize, Deserialize)]
 struct Request<T> {
     txn: T,
     mode: Mode,
 }
 
 /// A transaction that requested and has not released.
+#[derive(Serialize, Deserialize)]
 struct Txn<T> {
     keys: Vec<(LockKey, Mode)>,
     ranges: Vec<KeyRange>,
@@ -82,7 +85,10 @@ struct Txn<T> {
     pieces_left: u32,
 }
 
-/// The locks of one node, for transactions named by `T` (their place in the log).
+/// The locks of one node, for transactions named by `T` (their place in the log). A scheduler's
+/// checkpoint holds them as they are (`Serialize`).
+#[derive(Serialize, Deserialize)]
+#[serde(bound(serialize = "T: Serialize + Eq + Hash", deserialize = "T: Deserialize<'de> + Eq + Hash"))]
 pub struct OrderedLocks<T> {
     /// Each key's requests in log order (most keys have one or two queued: held inline).
     queues: FxHashMap<LockKey, SmallVec<[Request<T>; 2]>>,
@@ -93,6 +99,7 @@ pub struct OrderedLocks<T> {
     /// Tables a range was ever requested in: `written` holds their keys from then on.
     scanned: Vec<TableId>,
     /// The transactions a request waits for, reused from one request to the next.
+    #[serde(skip)]
     before: Vec<T>,
     /// Ranges requested and not released, per table.
     ranges: FxHashMap<TableId, Vec<(T, KeyRange)>>,

@@ -37,10 +37,11 @@
 //! Memory: a scheduler's lock manager holds the transactions admitted and not yet finished (the
 //! gauge `calvin-locked-txns-max`, the most at once), which the clients in flight bound.
 //!
-//! What Calvin has that this core does not, yet (the calvin issue): a checkpoint of a
-//! scheduler's data (a node runs its whole log again, and its log's snapshots keep every
-//! input, so both grow with the run).
+//! Checkpoints ([`checkpoint`]): every `checkpoint_us` worker 0 of a node logs its scheduler's
+//! and sequencer's state and the rows written since the last one, so that its log, its
+//! replicas' snapshots and a restart's replay stay bounded by the data and the work in flight.
 
+pub mod checkpoint;
 pub mod homes;
 pub mod input_log;
 pub mod locks;
@@ -102,6 +103,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         default: "100000",
         help: "submissions the sequencer holds before it refuses more (sequencer-full)",
     },
+    checkpoint::CHECKPOINT_US,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -145,6 +147,8 @@ pub struct Calvin {
     /// SLOG: the workers of its orderer's node that run the ordering service ([`orderer`]);
     /// 0 for Calvin and Detock, which have none.
     pub orderer_threads: u16,
+    /// How often worker 0 of a node checkpoints ([`checkpoint`]), µs; 0: never.
+    pub checkpoint_us: u64,
 }
 
 impl Calvin {
@@ -158,6 +162,7 @@ impl Calvin {
             overshoot_us: None,
             rehome: 0.0,
             orderer_threads: 0,
+            checkpoint_us: o.u64("checkpoint_us"),
         }
     }
 
@@ -215,7 +220,7 @@ impl Calvin {
 
 impl Protocol for Calvin {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let recovered = input_log::recover(env.node, &env.recovered, env.checkpoint.as_deref());
+        let mut recovered = input_log::recover(env.node, &env.recovered, env.checkpoint.as_deref());
         if recovered.lost_inputs && env.topo.roles_of(env.node).contains(Role::Data) {
             // Its scheduler runs its inputs again from the first: with the first gone, the
             // node's data cannot be rebuilt, and running on would serve other data than the
@@ -234,11 +239,18 @@ impl Protocol for Calvin {
             }
         }
         let store = load_storage(&env);
+        for (key, value) in std::mem::take(&mut recovered.rows) {
+            store.get_or_create(key).lock().value = value;
+        }
+        // Checkpoints go where the log compacts behind them.
+        let checkpoints = self.checkpoint_us > 0
+            && env.log.as_ref().is_some_and(|log| log.is_replicated() || env.checkpoint_every > 0);
         let (sequencers, streams, orderer) =
             (self.sequencers(&env.topo), self.streams(&env.topo), self.orderer(&env.topo));
         let recovered = parking_lot::Mutex::new(recovered);
         let directory = homes::HomeDirectory::default();
-        let state = NodeState { store, env, cfg: *self, recovered, sequencers, streams, orderer, directory };
+        let state =
+            NodeState { store, env, cfg: *self, recovered, sequencers, streams, orderer, directory, checkpoints };
         Arc::new(CalvinNode(Arc::new(state)))
     }
 
@@ -345,6 +357,8 @@ pub struct NodeState {
     pub orderer: Option<NodeId>,
     /// The homes this node's clients know moved ([`homes`]).
     pub directory: homes::HomeDirectory,
+    /// Worker 0 checkpoints ([`checkpoint`]).
+    pub checkpoints: bool,
 }
 
 impl NodeState {
@@ -444,7 +458,15 @@ impl NodeProtocol for CalvinNode {
                 let coordinated = (recovered.coordinated.clone(), recovered.coordinator_seqs.clone());
                 let recent =
                     RecentSubmissions::new(resubmit_horizon_us(&w), w.now_us(), recovered.submitted.iter().copied());
-                sequencer::Sequencer::new(self.0.cfg.max_pending, recovered.last_epoch, own, coordinated, recent)
+                let logged = (recovered.placed.clone(), recovered.region_batch);
+                sequencer::Sequencer::new(
+                    self.0.cfg.max_pending,
+                    recovered.last_epoch,
+                    own,
+                    coordinated,
+                    recent,
+                    logged,
+                )
             }),
             intake: roles.contains(Role::Orderer).then(|| {
                 let recovered = self.0.recovered.lock();
@@ -452,12 +474,19 @@ impl NodeProtocol for CalvinNode {
             }),
             orderer: (roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr)
                 .then(|| orderer::Orderer::new(self.0.cfg.max_pending, self.0.recovered.lock().ordered.clone())),
+            outbox: checkpoint::Outbox::default(),
+            // What worker 0 was sending at its checkpoint: sent again at start.
+            resend: RefCell::new(match w.addr.worker {
+                0 => std::mem::take(&mut self.0.recovered.lock().outbox),
+                _ => Vec::new(),
+            }),
             scheduler: roles.contains(Role::Scheduler).then(|| {
                 // SLOG's ordering threads, on other workers, read the orderer's batches after.
                 let mut recovered = self.0.recovered.lock();
                 let ordered = std::mem::take(&mut recovered.ordered);
                 let inputs = std::mem::replace(&mut *recovered, input_log::Recovered { ordered, ..Default::default() });
-                scheduler::Scheduler::new(self.0.streams.clone(), inputs)
+                let (streams, checkpoints) = (self.0.streams.clone(), self.0.checkpoints);
+                scheduler::Scheduler::new(streams, inputs, &self.0, w.addr.node, checkpoints)
             }),
             waiting: RefCell::new(FxHashMap::default()),
             scanning: RefCell::default(),
@@ -519,6 +548,10 @@ pub struct CalvinWorker {
     next_id: Cell<u64>,
     /// Declared procedures seen to scan (`scan-undeclared`): reconnoitred from then on.
     scanning: RefCell<Vec<&'static str>>,
+    /// Worker 0's messages on their way that must arrive, for its checkpoints.
+    outbox: checkpoint::Outbox,
+    /// Worker 0's messages its last checkpoint held on their way: sent again at start.
+    resend: RefCell<Vec<(Addr, Vec<u8>)>>,
 }
 
 impl CalvinWorker {
@@ -535,10 +568,22 @@ impl CalvinWorker {
             return;
         }
         let must_arrive = !matches!(msg, Msg::Submit(_) | Msg::Order(_));
-        let (w, body) = (self.w.clone(), encode(&msg));
+        self.send(dst, encode(&msg), must_arrive);
+    }
+
+    /// Send `body` to `dst`, until it arrives if `must_arrive` (noted in worker 0's outbox when
+    /// it checkpoints: the inputs that made it are not run again after a restart).
+    fn send(&self, dst: Addr, body: Vec<u8>, must_arrive: bool) {
+        let body = Rc::new(body);
+        let tracked = must_arrive && self.node.checkpoints && self.w.addr.worker == 0;
+        let id = tracked.then(|| self.outbox.sent(dst, body.clone()));
+        let (w, me) = (self.w.clone(), self.me.clone());
         self.w.spawn(async move {
-            while w.call(dst, body.clone()).await.is_err() && must_arrive {
+            while w.call(dst, body.to_vec()).await.is_err() && must_arrive {
                 w.count("resends", 1);
+            }
+            if let (Some(id), Some(me)) = (id, me.upgrade()) {
+                me.outbox.acked(id);
             }
         });
     }
@@ -829,6 +874,17 @@ impl WorkerProtocol for CalvinWorker {
 
     fn start(&self) {
         let Some(me) = self.me.upgrade() else { return };
+        for (dst, body) in std::mem::take(&mut *self.resend.borrow_mut()) {
+            self.w.count("calvin-checkpoint-resends", 1);
+            self.send(dst, body, true);
+        }
+        if self.node.checkpoints && (self.sequencer.is_some() || self.scheduler.is_some()) {
+            checkpoint::spawn_checkpointer(&me);
+        }
+        if let Some(s) = &self.scheduler {
+            // The homes its checkpoint says moved, as running the inputs before it told them.
+            s.moved_homes().into_iter().for_each(|(key, home)| self.node.directory.learn(&self.node, key, home));
+        }
         if self.sequencer.is_some() {
             sequencer::spawn_batcher(&me);
             if self.node.cfg.overshoot_us.is_some() {

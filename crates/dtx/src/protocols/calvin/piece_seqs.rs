@@ -14,13 +14,14 @@
 
 use crate::net::NodeId;
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A piece's number for each of its transaction's homes, as its coordinator logged it.
 pub type HomeSeqs = Vec<(u16, u64)>;
 
 /// A coordinator's last number per home region.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct CoordinatorSeqs {
     last: BTreeMap<u16, u64>,
 }
@@ -60,12 +61,12 @@ impl CoordinatorSeqs {
 }
 
 /// The numbers a home (one sequencer) placed, per coordinator.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct PlacedSeqs {
     by_coordinator: FxHashMap<NodeId, Window>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 struct Window {
     /// Every number up to this one is placed.
     through: u64,

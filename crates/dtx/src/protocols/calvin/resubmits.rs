@@ -40,6 +40,11 @@ impl RecentSubmissions {
         r
     }
 
+    /// The submissions remembered, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = Submission> + '_ {
+        self.order.iter().map(|(_, s)| *s)
+    }
+
     /// True the first time `s` is seen within the horizon (and remembers it), false for a copy.
     pub fn first(&mut self, now_us: u64, s: Submission) -> bool {
         while let Some(&(at_us, old)) = self.order.front() {

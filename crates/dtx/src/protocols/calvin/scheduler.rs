@@ -22,16 +22,19 @@ use super::input_log::{Record, Recovered};
 use super::locks::{KeyRange, LockKey, Mode, OrderedLocks};
 use super::messages::{Entry, Msg, ReadSet};
 use super::{CalvinWorker, LogOrder, SCAN_UNDECLARED, UNDECODABLE};
+use crate::net::{decode, encode};
 use crate::net::{Addr, NodeId};
+use crate::protocols::calvin::NodeState;
 use crate::protocols::depgraph::{DependencyGraph, Use};
 use crate::rt::log::NodeLog;
 use crate::storage::TableId;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Access, Ctx, KeySet, Procedures, Scan, Step, TxnOutput, TxnRequest, TxnResult};
 use crate::wal::Lsn;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
@@ -58,7 +61,7 @@ type BatchId = (u64, NodeId);
 /// thesis's (key, home) pairs, Def. 4.2.1): a key, or a partition of a table as a whole (what
 /// a scan of it conflicts with: every write in the partition takes it shared, a scan
 /// exclusive; coarser than the range).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 enum GraphKey {
     Row(LockKey),
     Partition(TableId, crate::cluster::PartitionId, u16),
@@ -106,12 +109,67 @@ pub struct Scheduler {
     running: Cell<usize>,
     /// The homes of the keys this node holds that moved ([`homes`]).
     stored_homes: RefCell<StoredHomes>,
+    /// The node checkpoints (see [`super::input_log`]): what a checkpoint needs is kept.
+    checkpoints: bool,
+    /// Rows written since the last checkpoint.
+    dirty: RefCell<FxHashSet<RowKey>>,
+    /// Transactions running now, for a checkpoint (a restart runs them again: none has written).
+    running_txns: RefCell<FxHashMap<Slot, Rc<Admitted>>>,
+    /// Transactions a checkpoint had running, run again once the worker starts.
+    restart: RefCell<Vec<(Slot, Admitted)>>,
+}
+
+/// A scheduler's state in its checkpoint, by reference (its wire form is [`State`]'s).
+#[derive(Serialize)]
+struct StateRef<'a> {
+    next: &'a [BatchId],
+    early: &'a BTreeMap<BatchId, Vec<Entry>>,
+    reads: &'a FxHashMap<Slot, FxHashMap<NodeId, ReadSet>>,
+    finished_multi: &'a VecDeque<Slot>,
+    locks: &'a OrderedLocks<Slot>,
+    graph: &'a DependencyGraph<Slot, GraphKey>,
+    /// Admitted transactions as their entries (their keys put back where a reconnaissance found
+    /// them): what admitting them again derives the rest from.
+    in_graph: Vec<(Slot, Option<Entry>)>,
+    waiting: Vec<(Slot, Entry)>,
+    running: Vec<(Slot, Entry)>,
+    stored_homes: &'a StoredHomes,
+}
+
+#[derive(Deserialize)]
+struct State {
+    next: Vec<BatchId>,
+    early: BTreeMap<BatchId, Vec<Entry>>,
+    reads: FxHashMap<Slot, FxHashMap<NodeId, ReadSet>>,
+    finished_multi: VecDeque<Slot>,
+    locks: OrderedLocks<Slot>,
+    graph: DependencyGraph<Slot, GraphKey>,
+    in_graph: Vec<(Slot, Option<Entry>)>,
+    waiting: Vec<(Slot, Entry)>,
+    running: Vec<(Slot, Entry)>,
+    stored_homes: StoredHomes,
+}
+
+/// An admitted transaction as a checkpoint holds it.
+fn entry_of(a: &Admitted) -> Entry {
+    let mut entry = a.entry.clone();
+    if a.reconnoitred {
+        entry.keys = Some(a.keys.clone());
+    }
+    entry
 }
 
 impl Scheduler {
-    /// A scheduler that runs `streams` (each its sequencers), with the inputs its node's log
-    /// held when it started (it runs them again from the start: see [`super::input_log`]).
-    pub fn new(mut streams: Vec<Vec<NodeId>>, recovered: Recovered) -> Self {
+    /// A scheduler of node `here` that runs `streams` (each its sequencers), with the inputs its
+    /// node's log held when it started: it starts from their last checkpoint and runs those
+    /// after it again (see [`super::input_log`]). `checkpoints`: it keeps what checkpoints need.
+    pub fn new(
+        mut streams: Vec<Vec<NodeId>>,
+        recovered: Recovered,
+        node: &NodeState,
+        here: NodeId,
+        checkpoints: bool,
+    ) -> Self {
         for sequencers in &mut streams {
             sequencers.sort_unstable();
             sequencers.dedup();
@@ -120,26 +178,91 @@ impl Scheduler {
         assert!(!streams.is_empty(), "a scheduler runs at least one log");
         let all: Vec<NodeId> = streams.iter().flatten().copied().collect();
         assert!(all.len() == all.iter().collect::<std::collections::BTreeSet<_>>().len(), "a sequencer feeds one log");
-        let batches = recovered.batches.into_iter().map(|(e, s, entries)| ((e, s), entries)).collect();
-        let mut reads: FxHashMap<Slot, FxHashMap<NodeId, ReadSet>> = FxHashMap::default();
+        let mut state = match recovered.scheduler.is_empty() {
+            true => State {
+                next: streams.iter().map(|s| (1, s[0])).collect(),
+                early: BTreeMap::new(),
+                reads: FxHashMap::default(),
+                finished_multi: VecDeque::new(),
+                locks: OrderedLocks::default(),
+                graph: DependencyGraph::default(),
+                in_graph: Vec::new(),
+                waiting: Vec::new(),
+                running: Vec::new(),
+                stored_homes: StoredHomes::default(),
+            },
+            // Its own encoding of its own state: one that does not decode cannot be run on.
+            false => decode(&recovered.scheduler)
+                .unwrap_or_else(|e| panic!("calvin: node {here}: the scheduler's checkpoint does not decode: {e}")),
+        };
+        assert_eq!(state.next.len(), streams.len(), "a checkpoint of the same logs");
+        state.early.extend(recovered.batches.into_iter().map(|(e, s, entries)| ((e, s), entries)));
         for (slot, from, values) in recovered.reads {
-            reads.entry(slot).or_default().insert(from, values);
+            state.reads.entry(slot).or_default().insert(from, values);
         }
+        let admitted = |entry: Entry| admission(node, here, entry).unwrap_or_else(|_| unreachable!("admitted before"));
+        let in_graph = state.in_graph.into_iter().map(|(slot, e)| (slot, e.map(admitted))).collect();
+        let waiting = state.waiting.into_iter().map(|(slot, e)| (slot, admitted(e))).collect();
+        let restart = state.running.into_iter().map(|(slot, e)| (slot, admitted(e))).collect();
+        let finished: FxHashSet<Slot> = state.finished_multi.iter().copied().collect();
         Scheduler {
-            next: RefCell::new(streams.iter().map(|s| (1, s[0])).collect()),
+            next: RefCell::new(state.next),
             streams,
-            finished_multi: RefCell::default(),
-            batches: RefCell::new(batches),
-            locks: RefCell::default(),
-            graph: RefCell::default(),
-            in_graph: RefCell::default(),
-            waiting: RefCell::default(),
-            reads: RefCell::new(reads),
+            finished_multi: RefCell::new((finished, state.finished_multi)),
+            batches: RefCell::new(state.early),
+            locks: RefCell::new(state.locks),
+            graph: RefCell::new(state.graph),
+            in_graph: RefCell::new(in_graph),
+            waiting: RefCell::new(waiting),
+            reads: RefCell::new(state.reads),
             read_wakers: RefCell::default(),
             waker: RefCell::default(),
             running: Cell::new(0),
-            stored_homes: RefCell::default(),
+            stored_homes: RefCell::new(state.stored_homes),
+            checkpoints,
+            dirty: RefCell::default(),
+            running_txns: RefCell::default(),
+            restart: RefCell::new(restart),
         }
+    }
+
+    /// Its state for a checkpoint (see [`super::input_log`]), taken between two of its tasks.
+    pub fn state(&self) -> Vec<u8> {
+        assert!(self.checkpoints, "a scheduler that checkpoints keeps its running transactions");
+        let in_graph = self.in_graph.borrow().iter().map(|(slot, a)| (*slot, a.as_ref().map(entry_of))).collect();
+        let waiting = self.waiting.borrow().iter().map(|(slot, a)| (*slot, entry_of(a))).collect();
+        let running = self.running_txns.borrow().iter().map(|(slot, a)| (*slot, entry_of(a))).collect();
+        encode(&StateRef {
+            next: &self.next.borrow(),
+            early: &self.batches.borrow(),
+            reads: &self.reads.borrow(),
+            finished_multi: &self.finished_multi.borrow().1,
+            locks: &self.locks.borrow(),
+            graph: &self.graph.borrow(),
+            in_graph,
+            waiting,
+            running,
+            stored_homes: &self.stored_homes.borrow(),
+        })
+    }
+
+    /// The rows written since the last checkpoint (given back if the checkpoint was not logged).
+    pub fn take_dirty(&self) -> FxHashSet<RowKey> {
+        std::mem::take(&mut *self.dirty.borrow_mut())
+    }
+
+    pub fn give_back_dirty(&self, rows: FxHashSet<RowKey>) {
+        self.dirty.borrow_mut().extend(rows);
+    }
+
+    /// Transactions admitted and not finished (for a checkpoint's cost).
+    pub fn active(&self) -> usize {
+        self.locks.borrow().len() + self.in_graph.borrow().len()
+    }
+
+    /// The homes of this node's keys that moved.
+    pub fn moved_homes(&self) -> Vec<(RowKey, u16)> {
+        self.stored_homes.borrow().iter().collect()
     }
 
     /// Take a sequencer's batch. Another node's is logged first (its own sequencer logged its
@@ -286,6 +409,11 @@ fn wake(slot: &RefCell<Option<Waker>>) {
 
 /// Admit batches in the global order for as long as the worker lives.
 pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
+    let s = me.scheduler.as_ref().expect("the admitter runs on a scheduler");
+    // What its checkpoint had running runs again: it holds its locks, and has written nothing.
+    for (slot, txn) in std::mem::take(&mut *s.restart.borrow_mut()) {
+        spawn_run(me, slot, txn);
+    }
     let weak = Rc::downgrade(me);
     me.w.clone().spawn(async move {
         loop {
@@ -303,23 +431,71 @@ pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
 
 /// Request the locks of one sequenced transaction (or of a SLOG piece: its keys homed in the
 /// region of the log it came in), if it touches this node, and start it if it holds them all.
-fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
+fn admit(me: &Rc<CalvinWorker>, at: Slot, entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
+    let admitted = match admission(node, here, entry) {
+        Ok(admitted) => admitted,
+        Err(entry) => {
+            // Every participant fails alike; the lowest data node answers (a piece is never
+            // undecodable: SLOG's orderer decoded it to find its homes).
+            if here == first_data_node(me) && entry.piece.is_none() {
+                let outcome = Err(Abort::Protocol(UNDECODABLE));
+                me.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved: Vec::new() });
+            }
+            return;
+        }
+    };
+    if node.cfg.order == LogOrder::Graph {
+        return admit_to_graph(me, at, admitted);
+    }
+    if !admitted.participants.contains(&here) {
+        return;
+    }
+    // This node's copy of the data: its region's, or the only one.
+    let copy = node.copy_of(here);
+    let (entry, keys) = (&admitted.entry, &admitted.keys);
+    // A piece locks the keys homed in its log's region; a whole transaction all of its own.
+    let (slot, home, pieces) = match entry.piece {
+        None => (at, None, 1),
+        Some(piece) => {
+            let here_homes = local_homes(node, entry, keys, copy, here);
+            let home = node.env.topo.region_of(at.1);
+            if !here_homes.contains(&home) {
+                return; // None of this piece's keys is here.
+            }
+            ((piece.txn.0, GLOBAL_ORDER, piece.txn.1), Some(home), here_homes.len() as u32)
+        }
+    };
+    let (wanted, ranges) = local_requests(node, entry, keys, copy, here, home);
+    let s = me.scheduler.as_ref().expect("a scheduler admits");
+    let first = !s.locks.borrow().contains(&slot);
+    let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
+    me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
+    let admitted = match first {
+        true => admitted,
+        false => s.waiting.borrow_mut().remove(&slot).expect("an earlier piece waits"),
+    };
+    if holds_all {
+        spawn_run(me, slot, admitted);
+    } else {
+        if first {
+            me.w.count("calvin-lock-waits", 1);
+        }
+        s.waiting.borrow_mut().insert(slot, admitted);
+    }
+}
+
+/// What running `entry` at node `here` needs: its procedure, its keys (its client's
+/// reconnaissance's, or the workload's declaration) and its participants in the node's copy;
+/// the entry back if its request does not decode.
+fn admission(node: &NodeState, here: NodeId, mut entry: Entry) -> Result<Admitted, Box<Entry>> {
     let procs = &node.env.workload;
     let req = match entry.movement {
         Some(_) => None,
         None => match procs.decode_request(&entry.req) {
             Ok(req) => Some(req),
-            Err(_) => {
-                // Every participant fails alike; the lowest data node answers (a piece is never
-                // undecodable: SLOG's orderer decoded it to find its homes).
-                if here == first_data_node(me) && entry.piece.is_none() {
-                    let outcome = Err(Abort::Protocol(UNDECODABLE));
-                    me.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved: Vec::new() });
-                }
-                return;
-            }
+            Err(_) => return Err(Box::new(entry)),
         },
     };
     let reconnoitred = entry.keys.is_some();
@@ -332,45 +508,8 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, mut entry: Entry) {
         }
         keys
     });
-    // This node's copy of the data: its region's, or the only one.
-    let copy = node.copy_of(here);
-    let participants = node.participants(&keys, copy);
-    if node.cfg.order == LogOrder::Graph {
-        let admitted = Admitted { entry, req, keys, reconnoitred, participants };
-        return admit_to_graph(me, at, admitted);
-    }
-    if !participants.contains(&here) {
-        return;
-    }
-    // A piece locks the keys homed in its log's region; a whole transaction all of its own.
-    let (slot, home, pieces) = match entry.piece {
-        None => (at, None, 1),
-        Some(piece) => {
-            let here_homes = local_homes(node, &entry, &keys, copy, here);
-            let home = node.env.topo.region_of(at.1);
-            if !here_homes.contains(&home) {
-                return; // None of this piece's keys is here.
-            }
-            ((piece.txn.0, GLOBAL_ORDER, piece.txn.1), Some(home), here_homes.len() as u32)
-        }
-    };
-    let (wanted, ranges) = local_requests(node, &entry, &keys, copy, here, home);
-    let s = me.scheduler.as_ref().expect("a scheduler admits");
-    let first = !s.locks.borrow().contains(&slot);
-    let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
-    me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
-    let admitted = match first {
-        true => Admitted { entry, req, keys, reconnoitred, participants },
-        false => s.waiting.borrow_mut().remove(&slot).expect("an earlier piece waits"),
-    };
-    if holds_all {
-        spawn_run(me, slot, admitted);
-    } else {
-        if first {
-            me.w.count("calvin-lock-waits", 1);
-        }
-        s.waiting.borrow_mut().insert(slot, admitted);
-    }
+    let participants = node.participants(&keys, node.copy_of(here));
+    Ok(Admitted { entry, req, keys, reconnoitred, participants })
 }
 
 /// Detock: add a transaction, or one of a multi-home transaction's pieces (its keys homed in
@@ -517,13 +656,18 @@ fn local_homes(node: &super::NodeState, entry: &Entry, keys: &KeySet, copy: u16,
 }
 
 fn spawn_run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
+    let txn = Rc::new(txn);
+    let s = me.scheduler.as_ref().expect("a scheduler runs");
+    if s.checkpoints {
+        s.running_txns.borrow_mut().insert(slot, txn.clone());
+    }
     let me = me.clone();
-    me.w.clone().spawn(async move { run(&me, slot, txn).await });
+    me.w.clone().spawn(async move { run(&me, slot, &txn).await });
 }
 
 /// Run one transaction that holds its local locks, then release them and start whoever they
 /// were the last for.
-async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
+async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: &Admitted) {
     let (node, here) = (&me.node, me.w.addr.node);
     let s = me.scheduler.as_ref().expect("a scheduler runs");
     let copy = node.copy_of(here);
@@ -532,7 +676,7 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         me.w.count("calvin-overlapped", 1); // Started while another still ran: ordered locking at work.
     }
     s.running.set(s.running.get() + 1);
-    let local = read_local(me, &entry, &keys, copy);
+    let local = read_local(me, entry, keys, copy);
     let others: Vec<NodeId> = participants.iter().copied().filter(|n| *n != here).collect();
     for &n in &others {
         me.deliver(Addr::new(n, 0), Msg::Reads { slot, from: here, values: local.clone() });
@@ -542,7 +686,7 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         values: local.values.into_iter().collect(),
         scans: local.scans,
         writes: Vec::new(),
-        stray_scan: stray_scan(reconnoitred),
+        stray_scan: stray_scan(*reconnoitred),
     };
     if !others.is_empty() {
         me.w.count("multi-node-txns", 1);
@@ -553,12 +697,12 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         }
     }
     // Every participant gathered the same homes, so all decide alike.
-    let result = match (&req, entry.movement) {
+    let result = match (req, entry.movement) {
         _ if !moved.is_empty() => {
             me.w.count("calvin-home-moved-aborts", 1);
             Err(Abort::Protocol(HOME_MOVED))
         }
-        (Some(req), _) => node.env.workload.run(req, &mut Ctx::with_declared(&mut access, &keys)).await,
+        (Some(req), _) => node.env.workload.run(req, &mut Ctx::with_declared(&mut access, keys)).await,
         (None, Some(m)) => {
             move_home(me, m, copy);
             Ok(TxnOutput::default())
@@ -569,6 +713,9 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: Admitted) {
         for (k, v) in access.writes.into_iter().filter(|(k, _)| node.holder(*k, copy) == here) {
             me.w.charge_ops(1);
             node.store.get_or_create(k).lock().value = v;
+            if s.checkpoints {
+                s.dirty.borrow_mut().insert(k);
+            }
         }
     }
     release(me, s, slot);
@@ -671,6 +818,9 @@ pub async fn run_untouched(
 
 fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
     s.running.set(s.running.get() - 1);
+    if s.checkpoints {
+        s.running_txns.borrow_mut().remove(&slot);
+    }
     s.reads.borrow_mut().remove(&slot);
     if slot.1 == GLOBAL_ORDER {
         let (set, order) = &mut *s.finished_multi.borrow_mut();

@@ -7,7 +7,7 @@
 //! the others (it restarted, or stalled) fills the epochs it missed with empty batches, so that
 //! the others' transactions wait for it at most one batch.
 
-use super::input_log::Record;
+use super::input_log::{Record, SequencerCheckpoint};
 use super::messages::{Entry, Msg, Placed};
 use super::piece_seqs::{CoordinatorSeqs, HomeSeqs, PlacedSeqs};
 use super::resubmits::RecentSubmissions;
@@ -47,6 +47,9 @@ struct Placement {
     coordinating: rustc_hash::FxHashMap<(Addr, u64), usize>,
     /// Coordinated transactions the log held at start whose pieces some home may lack.
     recoordinate: Vec<(Entry, HomeSeqs)>,
+    /// As a coordinator with a log: the coordinated transactions logged whose pieces some home
+    /// may lack, with their numbers (a checkpoint holds them: a restart sends them again).
+    unplaced: rustc_hash::FxHashMap<(Addr, u64), (Entry, HomeSeqs)>,
     /// Per region, the last [`PROBE_WINDOW`] probes' offsets (delay plus clock offset), µs.
     oneway_us: BTreeMap<u16, VecDeque<i64>>,
 }
@@ -97,30 +100,43 @@ pub struct Sequencer {
     placement: RefCell<Placement>,
     /// Submissions taken lately, its log's included after a restart: a copy is dropped.
     recent: RefCell<RecentSubmissions>,
+    /// What its logged batches hold (for a checkpoint): Detock's pieces, and SLOG's last
+    /// orderer batch.
+    logged_placed: RefCell<PlacedSeqs>,
+    logged_region_batch: Cell<u64>,
+    /// Batches logged and waiting to be durable before they are sent.
+    unsent: RefCell<Vec<(u64, Vec<Entry>)>>,
 }
 
 impl Sequencer {
     /// A sequencer whose last batch was `last_epoch` (0: none; after a restart, the last one
-    /// its input log holds, so that epochs never repeat), with the batches its log still holds.
+    /// its input log holds, so that epochs never repeat), with the batches its log holds after
+    /// its last checkpoint and what that checkpoint says its batches before held (`logged`: the
+    /// pieces placed, and the last orderer batch).
     pub fn new(
         max_pending: usize,
         last_epoch: u64,
         recovered: Vec<(u64, Vec<Entry>)>,
         coordinated: (Vec<(Entry, HomeSeqs)>, CoordinatorSeqs),
         recent: RecentSubmissions,
+        logged: (PlacedSeqs, u64),
     ) -> Self {
         assert!(max_pending > 0, "the option's bounds keep max_pending positive");
         assert!(recovered.iter().all(|(e, _)| *e <= last_epoch), "the last epoch covers what was logged");
         let pieces = recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.piece));
-        let durable = pieces.map(|p| p.region_batch).max().unwrap_or(0);
+        let durable = pieces.map(|p| p.region_batch).max().unwrap_or(0).max(logged.1);
         let (recoordinate, seqs) = coordinated;
-        let mut placement = Placement { recoordinate, seqs, ..Default::default() };
-        // The log holds every batch this sequencer made (no checkpoint cuts it yet): the
-        // pieces in them are exactly the ones placed.
+        let unplaced = recoordinate.iter().map(|(e, s)| ((e.client, e.id), (e.clone(), s.clone()))).collect();
+        let mut placement = Placement { recoordinate, seqs, unplaced, placed: logged.0, ..Default::default() };
+        // The checkpoint and the batches after it hold every piece this sequencer placed.
         for placed in recovered.iter().flat_map(|(_, entries)| entries.iter().filter_map(|e| e.placed)) {
             placement.remember(&placed);
         }
+        let logged_placed = RefCell::new(placement.placed.clone());
         Sequencer {
+            logged_placed,
+            logged_region_batch: Cell::new(durable),
+            unsent: RefCell::default(),
             placement: RefCell::new(placement),
             from_orderer: RefCell::new(FromOrderer { next: durable + 1, durable, ..Default::default() }),
             pending: RefCell::new(Vec::new()),
@@ -129,6 +145,37 @@ impl Sequencer {
             heard: Cell::new(0),
             resend: RefCell::new(recovered),
             recent: RefCell::new(recent),
+        }
+    }
+
+    /// Its state for a checkpoint, taken between two of its worker's tasks: everything it
+    /// closed is logged by then (a batch is logged in the step that closes it).
+    pub fn state(&self) -> SequencerCheckpoint {
+        let p = self.placement.borrow();
+        let queued: FxHashSet<(Addr, u64)> = self.pending.borrow().iter().map(|e| (e.client, e.id)).collect();
+        let mut unplaced: Vec<(Entry, HomeSeqs)> = p.unplaced.values().cloned().collect();
+        unplaced.sort_by_key(|(e, _)| (e.client, e.id));
+        SequencerCheckpoint {
+            last_epoch: self.epoch.get(),
+            placed: self.logged_placed.borrow().clone(),
+            region_batch: self.logged_region_batch.get(),
+            seqs: p.seqs.clone(),
+            unplaced,
+            submitted: self.recent.borrow().iter().filter(|s| !queued.contains(s)).collect(),
+            unsent: self.unsent.borrow().clone(),
+        }
+    }
+
+    /// A batch was logged: note what it holds for the next checkpoint.
+    fn note_logged(&self, entries: &[Entry]) {
+        let mut placed = self.logged_placed.borrow_mut();
+        for e in entries {
+            if let Some(p) = e.placed {
+                placed.first(p.coordinator, p.seq);
+            }
+            if let Some(p) = e.piece {
+                self.logged_region_batch.set(self.logged_region_batch.get().max(p.region_batch));
+            }
         }
     }
 
@@ -165,7 +212,11 @@ impl Sequencer {
         let seqs = self.placement.borrow_mut().seqs.take(homes);
         let Some(log) = wk.node.env.log.clone() else { return self.send_pieces(wk, entry, &seqs, false) };
         let lsn = match log.append(&Record::coordinated(&entry, &seqs)) {
-            Ok(lsn) => lsn,
+            Ok(lsn) => {
+                let unplaced = (entry.clone(), seqs.clone());
+                self.placement.borrow_mut().unplaced.insert((entry.client, entry.id), unplaced);
+                lsn
+            }
             Err(e) => {
                 self.placement.borrow_mut().seqs.give_back(&seqs);
                 log_warn(&format!("detock: a multi-home transaction was refused by the log: {e}"));
@@ -226,6 +277,7 @@ impl Sequencer {
         *left -= 1;
         if *left == 0 {
             p.coordinating.remove(&txn);
+            p.unplaced.remove(&txn);
             if let Some(log) = &wk.node.env.log {
                 // Refused: the restarted coordinator sends the pieces again, and homes drop them.
                 let _ = log.append(&Record::placed(txn.0, txn.1));
@@ -458,7 +510,10 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
     let mut logged = Vec::with_capacity(batches.len());
     for (epoch, entries) in batches {
         let (lsn, entries) = match log.append(&Record::batch(epoch, me.w.addr.node, &entries)) {
-            Ok(lsn) => (lsn, entries),
+            Ok(lsn) => {
+                me.sequencer.as_ref().expect("a sequencer logs batches").note_logged(&entries);
+                (lsn, entries)
+            }
             Err(e) => {
                 log_warn(&format!(
                     "calvin: batch {epoch} of {} transactions was refused by the log: {e}",
@@ -479,14 +534,18 @@ async fn log_batches(me: &CalvinWorker, batches: Vec<(u64, Vec<Entry>)>) -> Vec<
         last = Some(lsn);
         logged.push((epoch, entries));
     }
-    if let Some(lsn) = last {
-        let t0 = me.w.now_ns();
-        log.wait(lsn).await;
-        // Every transaction in these batches waited for this one write (group commit, Calvin's
-        // replicated input): the run reports it as one wait for the log.
-        if logged.iter().any(|(_, entries)| !entries.is_empty()) {
-            me.w.note_log_wait(me.w.now_ns() - t0);
-        }
+    let Some(lsn) = last else { return logged };
+    // Logged and not sent: a checkpoint taken meanwhile holds them.
+    let seq = me.sequencer.as_ref().expect("a sequencer logs batches");
+    assert!(seq.unsent.borrow().is_empty(), "one group of batches is logged at a time");
+    *seq.unsent.borrow_mut() = logged;
+    let t0 = me.w.now_ns();
+    log.wait(lsn).await;
+    let logged = std::mem::take(&mut *seq.unsent.borrow_mut());
+    // Every transaction in these batches waited for this one write (group commit, Calvin's
+    // replicated input): the run reports it as one wait for the log.
+    if logged.iter().any(|(_, entries)| !entries.is_empty()) {
+        me.w.note_log_wait(me.w.now_ns() - t0);
     }
     logged
 }
@@ -518,7 +577,7 @@ mod tests {
 
     #[test]
     fn a_sequencer_sends_a_batch_every_epoch_and_catches_up_on_the_others_with_empty_ones() {
-        let s = Sequencer::new(10, 0, Vec::new(), Default::default(), none_recent());
+        let s = Sequencer::new(10, 0, Vec::new(), Default::default(), none_recent(), Default::default());
         assert_eq!(epochs(&s.close()), vec![(1, 0)], "an empty epoch is still sent");
         s.pending.borrow_mut().extend([entry(1), entry(2)]);
         assert_eq!(epochs(&s.close()), vec![(2, 2)]);
@@ -532,7 +591,8 @@ mod tests {
 
     #[test]
     fn a_restarted_sequencer_goes_on_after_its_logged_epochs_and_fills_at_most_max_fill() {
-        let s = Sequencer::new(10, 40, vec![(39, vec![entry(1)]), (40, Vec::new())], Default::default(), none_recent());
+        let logged = vec![(39, vec![entry(1)]), (40, Vec::new())];
+        let s = Sequencer::new(10, 40, logged, Default::default(), none_recent(), Default::default());
         assert_eq!(s.resend.borrow().len(), 2, "what its log holds is sent again");
         s.heard(40 + 10 * MAX_FILL);
         let batches = s.close();

@@ -75,6 +75,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "the margin opportunistic ordering adds to the farthest home's delay (the thesis: 2 ms)",
     },
     homes::REHOME,
+    crate::protocols::calvin::checkpoint::CHECKPOINT_US,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -94,6 +95,7 @@ pub fn new(o: &Options) -> Calvin {
         overshoot_us: (o.choice("opportunistic") == "on").then(|| o.u64("overshoot_us")),
         rehome: o.f64("rehome"),
         orderer_threads: 0,
+        checkpoint_us: o.u64("checkpoint_us"),
     }
 }
 

@@ -17,8 +17,8 @@
 //! The ordering service runs on `orderer_threads` workers of the orderer's node
 //! ([`calvin::orderer`]; the thesis's SLOG uses 8, its "SLOG (slow)" 1).
 //!
-//! What this SLOG does not have yet (the detock issue): a checkpoint of a scheduler's data (as
-//! Calvin).
+//! Its nodes checkpoint as Calvin's do (`calvin::checkpoint`), but for the orderer's log, whose
+//! batches its log machine keeps whole.
 //!
 //! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
@@ -48,6 +48,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "workers of the orderer's node that take multi-home submissions (decode them, find their homes) and hand them to the first, which closes the batches (the thesis: 8; its \"SLOG (slow)\" 1)",
     },
     homes::REHOME,
+    crate::protocols::calvin::checkpoint::CHECKPOINT_US,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -68,6 +69,7 @@ pub fn new(o: &Options) -> Calvin {
         overshoot_us: None,
         rehome: o.f64("rehome"),
         orderer_threads: o.u64("orderer_threads") as u16,
+        checkpoint_us: o.u64("checkpoint_us"),
     }
 }
 

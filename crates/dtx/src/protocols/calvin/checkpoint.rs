@@ -1,0 +1,104 @@
+//! A node's checkpoint, taken by its worker 0 (scheduler and sequencer) every `checkpoint_us`:
+//! the rows its scheduler wrote since the last one, then the state of its scheduler and its
+//! sequencer and the messages it is still sending (see [`super::input_log`] for what it holds
+//! and why it is consistent with the log before it). A log machine keeps only the last one and
+//! the inputs after it, so a node's log, its replicas' snapshots and a restart's replay are
+//! bounded by the data and the work in flight, not by the run.
+//!
+//! Only a log that compacts gets checkpoints: a replicated one (its replicas snapshot it) or a
+//! WAL with `--checkpoint-every`; elsewhere they would only lengthen the log.
+
+use super::input_log::{Checkpoint, Record, ROWS_PER_RECORD};
+use super::CalvinWorker;
+use crate::net::Addr;
+use crate::protocols::{OptionKind, OptionSpec};
+use crate::rt::log_warn;
+use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+pub const CHECKPOINT_US: OptionSpec = OptionSpec {
+    name: "checkpoint_us",
+    kind: OptionKind::U64 { min: 0, max: 3_600_000_000 },
+    default: "1000000",
+    help: "worker 0 of every node checkpoints its scheduler and sequencer this often, so that its log compacts behind \
+           it (with --durability replicated, or wal with --checkpoint-every); 0: never, the log keeps every input",
+};
+
+/// The messages a worker sent that must arrive and were not acknowledged yet: a checkpoint
+/// holds them, since the inputs that made them are no longer run again after a restart.
+#[derive(Default)]
+pub struct Outbox {
+    next: Cell<u64>,
+    unacked: RefCell<FxHashMap<u64, Unacked>>,
+}
+
+/// A message's destination and its encoded body, shared with the send that retries it.
+type Unacked = (Addr, Rc<Vec<u8>>);
+
+impl Outbox {
+    /// Note a message on its way; returns its number, to [`acked`](Self::acked) when it arrives.
+    pub fn sent(&self, dst: Addr, body: Rc<Vec<u8>>) -> u64 {
+        let id = self.next.get();
+        self.next.set(id + 1);
+        self.unacked.borrow_mut().insert(id, (dst, body));
+        id
+    }
+
+    pub fn acked(&self, id: u64) {
+        self.unacked.borrow_mut().remove(&id);
+    }
+
+    /// In the order they were sent.
+    fn unacked(&self) -> Vec<(Addr, Vec<u8>)> {
+        let mut out: Vec<(u64, Addr, Vec<u8>)> =
+            self.unacked.borrow().iter().map(|(id, (dst, body))| (*id, *dst, body.to_vec())).collect();
+        out.sort_unstable_by_key(|m| m.0);
+        out.into_iter().map(|(_, dst, body)| (dst, body)).collect()
+    }
+}
+
+/// Checkpoint every `checkpoint_us` for as long as the worker lives.
+pub fn spawn_checkpointer(me: &Rc<CalvinWorker>) {
+    let (weak, w, every_us) = (Rc::downgrade(me), me.w.clone(), me.node.cfg.checkpoint_us);
+    assert!(every_us > 0, "checkpoints are on only with an interval");
+    w.clone().spawn(async move {
+        loop {
+            w.sleep_us(every_us).await;
+            let Some(me) = weak.upgrade() else { return };
+            checkpoint(&me);
+        }
+    });
+}
+
+/// Log a checkpoint: its rows, in records of [`ROWS_PER_RECORD`], then the rest. Taken in one
+/// step of the worker, so nothing it holds changes while it is taken. A log that refuses it
+/// loses nothing: the rows are written again with the next one.
+fn checkpoint(me: &CalvinWorker) {
+    let Some(log) = &me.node.env.log else { return };
+    let dirty = me.scheduler.as_ref().map(|s| s.take_dirty()).unwrap_or_default();
+    let rows: Vec<_> = dirty.iter().map(|k| (*k, me.node.store.get(*k).and_then(|r| r.lock().value.clone()))).collect();
+    let c = Checkpoint {
+        scheduler: me.scheduler.as_ref().map(|s| s.state()).unwrap_or_default(),
+        sequencer: me.sequencer.as_ref().map(|s| s.state()),
+        outbox: me.outbox.unacked(),
+    };
+    let record = Record::checkpoint(&c);
+    let appended = rows.chunks(ROWS_PER_RECORD).try_for_each(|chunk| log.append(&Record::rows(chunk)).map(drop));
+    match appended.and_then(|_| log.append(&record)) {
+        Ok(_) => {
+            me.w.count("calvin-checkpoints", 1);
+            me.w.count("calvin-checkpoint-bytes", record.len() as u64);
+            me.w.gauge_max("calvin-checkpoint-bytes-max", record.len() as u64);
+            // Its cost: a step per row and per transaction it holds.
+            let active = me.scheduler.as_ref().map_or(0, |s| s.active());
+            me.w.charge_ops(rows.len() + active + 1);
+        }
+        Err(e) => {
+            log_warn(&format!("calvin: node {}: a checkpoint was refused by the log: {e}", me.w.addr.node));
+            if let Some(s) = &me.scheduler {
+                s.give_back_dirty(dirty);
+            }
+        }
+    }
+}
