@@ -5,10 +5,14 @@
 //! the inputs after it, so a node's log, its replicas' snapshots and a restart's replay are
 //! bounded by the data and the work in flight, not by the run.
 //!
+//! SLOG's orderer (the first ordering thread, worker 1 of its node) checkpoints apart, as often
+//! ([`super::orderer`]).
+//!
 //! Only a log that compacts gets checkpoints: a replicated one (its replicas snapshot it) or a
 //! WAL with `--checkpoint-every`; elsewhere they would only lengthen the log.
 
 use super::input_log::{Checkpoint, Record, ROWS_PER_RECORD};
+use super::orderer::Orderer;
 use super::CalvinWorker;
 use crate::net::Addr;
 use crate::protocols::{OptionKind, OptionSpec};
@@ -27,6 +31,7 @@ pub const CHECKPOINT_US: OptionSpec = OptionSpec {
 
 /// The messages a worker sent that must arrive and were not acknowledged yet: a checkpoint
 /// holds them, since the inputs that made them are no longer run again after a restart.
+/// Kept by the workers that checkpoint: worker 0 and SLOG's orderer.
 #[derive(Default)]
 pub struct Outbox {
     next: Cell<u64>,
@@ -50,7 +55,7 @@ impl Outbox {
     }
 
     /// In the order they were sent.
-    fn unacked(&self) -> Vec<(Addr, Vec<u8>)> {
+    pub(super) fn unacked(&self) -> Vec<(Addr, Vec<u8>)> {
         let mut out: Vec<(u64, Addr, Vec<u8>)> =
             self.unacked.borrow().iter().map(|(id, (dst, body))| (*id, *dst, body.to_vec())).collect();
         out.sort_unstable_by_key(|m| m.0);
@@ -58,7 +63,8 @@ impl Outbox {
     }
 }
 
-/// Checkpoint every `checkpoint_us` for as long as the worker lives.
+/// Checkpoint every `checkpoint_us` for as long as the worker lives: worker 0's scheduler and
+/// sequencer, or SLOG's orderer.
 pub fn spawn_checkpointer(me: &Rc<CalvinWorker>) {
     let (weak, w, every_us) = (Rc::downgrade(me), me.w.clone(), me.node.cfg.checkpoint_us);
     assert!(every_us > 0, "checkpoints are on only with an interval");
@@ -66,7 +72,10 @@ pub fn spawn_checkpointer(me: &Rc<CalvinWorker>) {
         loop {
             w.sleep_us(every_us).await;
             let Some(me) = weak.upgrade() else { return };
-            checkpoint(&me);
+            match &me.orderer {
+                Some(orderer) => checkpoint_orderer(&me, orderer),
+                None => checkpoint(&me),
+            }
         }
     });
 }
@@ -100,5 +109,19 @@ fn checkpoint(me: &CalvinWorker) {
                 s.give_back_dirty(dirty);
             }
         }
+    }
+}
+
+/// Log SLOG's orderer's checkpoint (one record: what it holds is the batches in flight).
+fn checkpoint_orderer(me: &CalvinWorker, orderer: &Orderer) {
+    let Some(log) = &me.node.env.log else { return };
+    let record = Record::orderer_checkpoint(&orderer.checkpoint(me.outbox.unacked()));
+    match log.append(&record) {
+        Ok(_) => {
+            me.w.count("orderer-checkpoints", 1);
+            me.w.gauge_max("orderer-checkpoint-bytes-max", record.len() as u64);
+            me.w.charge_ops(1);
+        }
+        Err(e) => log_warn(&format!("slog: the orderer's checkpoint was refused by the log: {e}")),
     }
 }

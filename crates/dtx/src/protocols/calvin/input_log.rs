@@ -22,8 +22,11 @@
 //! transaction finished has written and one not finished has not (a run writes and releases in
 //! one step). A restarted node starts from its last checkpoint (the rows over its loaded data)
 //! and runs only the inputs after it, so a log machine keeps the rows written since the load,
-//! the last checkpoint and the inputs after it: bounded by the data, not by the run. SLOG's
-//! orderer's batches (another worker's) are kept whole.
+//! the last checkpoint and the inputs after it: bounded by the data, not by the run.
+//!
+//! SLOG's orderer (another worker of its node) checkpoints apart ([`OrdererCheckpoint`]): its
+//! numbering, the batch it logged and has not sent, what it sent that no sequencer answered
+//! yet and the submissions it took lately. Its batches before it are then no longer needed.
 
 use super::messages::{Entry, ReadSet};
 use super::piece_seqs::{CoordinatorSeqs, HomeSeqs, PlacedSeqs};
@@ -40,6 +43,7 @@ use crate::txn::replay::{ReplayRules, ReplayedCopy};
 use crate::txn::Abort;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A checkpoint's rows travel in records of at most this many rows each (a WAL record holds at
 /// most 16 MiB).
@@ -74,6 +78,21 @@ pub struct SequencerCheckpoint {
     pub unsent: Vec<(u64, Vec<Entry>)>,
 }
 
+/// SLOG's orderer's state at its checkpoint: what its batches before it amount to.
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct OrdererCheckpoint {
+    /// The last batch it closed.
+    pub epoch: u64,
+    /// Per home region, the last batch of pieces numbered for it.
+    pub region_batches: BTreeMap<u16, u64>,
+    /// Its batch logged and not yet sent (it sends a batch once durable): a restart sends it.
+    pub unsent: Vec<(u64, Vec<Entry>)>,
+    /// Pieces it sent that no sequencer acknowledged yet: (destination, body).
+    pub outbox: Vec<(Addr, Vec<u8>)>,
+    /// Submissions its batches took lately, that a copy may still come of.
+    pub submitted: Vec<Submission>,
+}
+
 /// One record of a node's input log.
 #[derive(Serialize, Deserialize)]
 pub enum Record {
@@ -93,6 +112,8 @@ pub enum Record {
     Rows(Vec<(RowKey, Option<Value>)>),
     /// Worker 0's checkpoint: the inputs before it are no longer needed.
     Checkpoint(Box<Checkpoint>),
+    /// SLOG's orderer's checkpoint: its batches before it are no longer needed.
+    OrdererCheckpoint(Box<OrdererCheckpoint>),
 }
 
 impl Record {
@@ -123,6 +144,10 @@ impl Record {
     pub fn checkpoint(c: &Checkpoint) -> Vec<u8> {
         encode(&RecordRef::Checkpoint(c))
     }
+
+    pub fn orderer_checkpoint(c: &OrdererCheckpoint) -> Vec<u8> {
+        encode(&RecordRef::OrdererCheckpoint(c))
+    }
 }
 
 /// [`Record`] by reference, to encode without copying (the same wire form).
@@ -135,6 +160,7 @@ enum RecordRef<'a> {
     Placed { client: Addr, id: u64 },
     Rows(&'a [(RowKey, Option<Value>)]),
     Checkpoint(&'a Checkpoint),
+    OrdererCheckpoint(&'a OrdererCheckpoint),
 }
 
 /// What a node's log held at start.
@@ -146,8 +172,9 @@ pub struct Recovered {
     pub batches: Vec<(u64, NodeId, Vec<Entry>)>,
     /// Every read its scheduler took.
     pub reads: Vec<(Slot, NodeId, ReadSet)>,
-    /// SLOG: every batch its orderer closed, in order.
+    /// SLOG: every batch its orderer closed since its last checkpoint (`orderer`), in order.
     pub ordered: Vec<(u64, Vec<Entry>)>,
+    pub orderer: Option<OrdererCheckpoint>,
     /// Detock: the multi-home transactions its sequencer coordinated whose pieces some home
     /// may not hold yet, in order, with their pieces' numbers.
     pub coordinated: Vec<(Entry, HomeSeqs)>,
@@ -170,7 +197,7 @@ pub struct Recovered {
 
 impl Recovered {
     /// Start over from checkpoint `c` (its rows, in `pending`, over the ones before): the
-    /// inputs before it amount to it. SLOG's orderer's batches (another worker's) stay.
+    /// inputs before it amount to it. SLOG's orderer's (another worker's) stay.
     fn checkpointed(&mut self, node: NodeId, c: Checkpoint, pending: &mut Vec<(RowKey, Option<Value>)>) {
         self.rows.extend(pending.drain(..));
         self.batches.clear();
@@ -221,6 +248,10 @@ pub fn recover(node: NodeId, records: &[Vec<u8>], checkpoint: Option<&[u8]>) -> 
             Ok(Record::Placed { client, id }) => r.coordinated.retain(|(e, _)| (e.client, e.id) != (client, id)),
             Ok(Record::Rows(rows)) => pending_rows.extend(rows),
             Ok(Record::Checkpoint(c)) => r.checkpointed(node, *c, &mut pending_rows),
+            Ok(Record::OrdererCheckpoint(c)) => {
+                r.ordered.clear();
+                r.orderer = Some(*c);
+            }
             Err(e) => {
                 log_warn(&format!("calvin: node {node}: a log record of {} bytes does not decode: {e}", record.len()))
             }
@@ -238,8 +269,9 @@ struct MachineSnapshot {
     last_epoch: u64,
     /// The executed copy (one sequencer's log only), as `ReplayedCopy::snapshot` has it.
     copy: Vec<u8>,
-    /// The records a restarted node runs again, in order: SLOG's orderer's batches, the last
-    /// checkpoint (its rows first: every row written since the load) and the inputs after it.
+    /// The records a restarted node runs again, in order: SLOG's orderer's last checkpoint and
+    /// its batches after it, the last checkpoint (its rows first: every row written since the
+    /// load) and the inputs after it.
     inputs: Vec<Vec<u8>>,
 }
 
@@ -250,7 +282,7 @@ struct MachineSnapshot {
 pub struct InputMachine {
     node: NodeId,
     last_epoch: u64,
-    /// SLOG's orderer's batches, kept whole.
+    /// SLOG's orderer's last checkpoint and its batches after it.
     ordered: Vec<Vec<u8>>,
     /// Every row a checkpoint wrote since the load, and the rows of a checkpoint on its way.
     rows: FxHashMap<RowKey, Option<Value>>,
@@ -306,6 +338,10 @@ impl LogMachine for InputMachine {
         let (epoch, entries) = match decode::<Record>(record) {
             Ok(Record::Batch { epoch, sequencer, entries }) if sequencer == self.node => (epoch, entries),
             Ok(Record::Ordered { .. }) => return self.ordered.push(record.to_vec()),
+            Ok(Record::OrdererCheckpoint(_)) => {
+                self.ordered.clear();
+                return self.ordered.push(record.to_vec());
+            }
             Ok(Record::Rows(rows)) => return self.pending_rows.extend(rows),
             Ok(Record::Checkpoint(c)) => {
                 self.rows.extend(self.pending_rows.drain(..));

@@ -470,10 +470,15 @@ impl NodeProtocol for CalvinNode {
             }),
             intake: roles.contains(Role::Orderer).then(|| {
                 let recovered = self.0.recovered.lock();
-                orderer::Intake::new(&recovered.ordered, resubmit_horizon_us(&w), w.now_us())
+                let logged = orderer::logged_submissions(recovered.orderer.as_ref(), &recovered.ordered);
+                orderer::Intake::new(logged, resubmit_horizon_us(&w), w.now_us())
             }),
-            orderer: (roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr)
-                .then(|| orderer::Orderer::new(self.0.cfg.max_pending, self.0.recovered.lock().ordered.clone())),
+            orderer: (roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr).then(|| {
+                let recovered = self.0.recovered.lock();
+                let (checkpoint, ordered) = (recovered.orderer.clone(), recovered.ordered.clone());
+                let horizon = (resubmit_horizon_us(&w), w.now_us());
+                orderer::Orderer::new(self.0.cfg.max_pending, checkpoint, ordered, horizon)
+            }),
             outbox: checkpoint::Outbox::default(),
             // What worker 0 was sending at its checkpoint: sent again at start.
             resend: RefCell::new(match w.addr.worker {
@@ -483,8 +488,9 @@ impl NodeProtocol for CalvinNode {
             scheduler: roles.contains(Role::Scheduler).then(|| {
                 // SLOG's ordering threads, on other workers, read the orderer's batches after.
                 let mut recovered = self.0.recovered.lock();
-                let ordered = std::mem::take(&mut recovered.ordered);
-                let inputs = std::mem::replace(&mut *recovered, input_log::Recovered { ordered, ..Default::default() });
+                let (ordered, orderer) = (std::mem::take(&mut recovered.ordered), recovered.orderer.take());
+                let kept = input_log::Recovered { ordered, orderer, ..Default::default() };
+                let inputs = std::mem::replace(&mut *recovered, kept);
                 let (streams, checkpoints) = (self.0.streams.clone(), self.0.checkpoints);
                 scheduler::Scheduler::new(streams, inputs, &self.0, w.addr.node, checkpoints)
             }),
@@ -548,7 +554,7 @@ pub struct CalvinWorker {
     next_id: Cell<u64>,
     /// Declared procedures seen to scan (`scan-undeclared`): reconnoitred from then on.
     scanning: RefCell<Vec<&'static str>>,
-    /// Worker 0's messages on their way that must arrive, for its checkpoints.
+    /// Worker 0's (or SLOG's orderer's) messages on their way that must arrive, for its checkpoints.
     outbox: checkpoint::Outbox,
     /// Worker 0's messages its last checkpoint held on their way: sent again at start.
     resend: RefCell<Vec<(Addr, Vec<u8>)>>,
@@ -575,7 +581,7 @@ impl CalvinWorker {
     /// it checkpoints: the inputs that made it are not run again after a restart).
     fn send(&self, dst: Addr, body: Vec<u8>, must_arrive: bool) {
         let body = Rc::new(body);
-        let tracked = must_arrive && self.node.checkpoints && self.w.addr.worker == 0;
+        let tracked = must_arrive && self.node.checkpoints && (self.w.addr.worker == 0 || self.orderer.is_some());
         let id = tracked.then(|| self.outbox.sent(dst, body.clone()));
         let (w, me) = (self.w.clone(), self.me.clone());
         self.w.spawn(async move {
@@ -878,7 +884,7 @@ impl WorkerProtocol for CalvinWorker {
             self.w.count("calvin-checkpoint-resends", 1);
             self.send(dst, body, true);
         }
-        if self.node.checkpoints && (self.sequencer.is_some() || self.scheduler.is_some()) {
+        if self.node.checkpoints && (self.sequencer.is_some() || self.scheduler.is_some() || self.orderer.is_some()) {
             checkpoint::spawn_checkpointer(&me);
         }
         if let Some(s) = &self.scheduler {

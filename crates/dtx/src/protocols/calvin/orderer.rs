@@ -19,10 +19,16 @@
 //! its pieces are durable. A restarted orderer sends every batch its log holds again, numbered
 //! the same way, and sequencers answer the copies they already hold.
 //!
+//! With checkpoints on, the closer checkpoints every `checkpoint_us` ([`OrdererCheckpoint`]):
+//! its numbering, the batch it logged and has not sent yet (it sends one batch at a time, once
+//! durable), the pieces it sent that no sequencer answered and the submissions it took within
+//! the horizon of a client's copies. A restarted orderer sends those again, then the batches
+//! after the checkpoint, so its log is bounded by the batches in flight, not by the run.
+//!
 //! The paper runs its ordering service as a Paxos group across regions; here it is one node's
 //! log, replicated as every log is with `--durability replicated`.
 
-use super::input_log::Record;
+use super::input_log::{OrdererCheckpoint, Record};
 use super::messages::{Entry, Msg, Piece};
 use super::resubmits::{RecentSubmissions, Submission};
 use super::{CalvinWorker, NodeState, ORDERER_FULL, UNDECODABLE};
@@ -68,8 +74,7 @@ pub struct Intake {
 }
 
 impl Intake {
-    pub fn new(recovered: &[(u64, Vec<Entry>)], horizon_us: u64, now_us: u64) -> Self {
-        let logged = recovered.iter().flat_map(|(_, entries)| entries.iter().map(|e| (e.client, e.id)));
+    pub fn new(logged: impl IntoIterator<Item = Submission>, horizon_us: u64, now_us: u64) -> Self {
         Intake { recent: RefCell::new(RecentSubmissions::new(horizon_us, now_us, logged)), taken: RefCell::default() }
     }
 
@@ -115,20 +120,58 @@ pub struct Orderer {
     epoch: Cell<u64>,
     /// Per home region, the last batch of pieces sent it.
     region_batches: RefCell<BTreeMap<u16, u64>>,
-    /// The batches its log held when the node started, sent again first.
+    /// The batches its log held when the node started, sent again first, after the pieces its
+    /// checkpoint held on their way.
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
+    resend_pieces: RefCell<Vec<(Addr, Vec<u8>)>>,
+    /// The batch logged and waiting to be durable before it is sent.
+    unsent: RefCell<Option<(u64, Vec<Entry>)>>,
+    /// Submissions its logged batches took lately, for its checkpoints.
+    recent: RefCell<RecentSubmissions>,
+}
+
+/// The submissions a node's log holds of the orderer's: its checkpoint's, then its batches'.
+pub fn logged_submissions(checkpoint: Option<&OrdererCheckpoint>, batches: &[(u64, Vec<Entry>)]) -> Vec<Submission> {
+    let checkpointed = checkpoint.into_iter().flat_map(|c| c.submitted.iter().copied());
+    let unsent = checkpoint.into_iter().flat_map(|c| c.unsent.iter().flat_map(|b| &b.1));
+    let batched = batches.iter().flat_map(|b| &b.1);
+    checkpointed.chain(unsent.chain(batched).map(|e| (e.client, e.id))).collect()
 }
 
 impl Orderer {
-    /// An orderer whose log held `recovered` (its batches, in order).
-    pub fn new(max_pending: usize, recovered: Vec<(u64, Vec<Entry>)>) -> Self {
-        assert!(recovered.windows(2).all(|w| w[0].0 < w[1].0), "the orderer's log runs forward");
+    /// An orderer whose log held `checkpoint` and `recovered` after it (its batches, in order);
+    /// it remembers their submissions for `horizon_us`.
+    pub fn new(
+        max_pending: usize,
+        checkpoint: Option<OrdererCheckpoint>,
+        recovered: Vec<(u64, Vec<Entry>)>,
+        (horizon_us, now_us): (u64, u64),
+    ) -> Self {
+        let logged = logged_submissions(checkpoint.as_ref(), &recovered);
+        let c = checkpoint.unwrap_or_default();
+        let mut resend = c.unsent;
+        resend.extend(recovered);
+        assert!(resend.windows(2).all(|w| w[0].0 < w[1].0), "the orderer's log runs forward");
         Orderer {
             pending: RefCell::default(),
             max_pending,
-            epoch: Cell::new(recovered.last().map_or(0, |b| b.0)),
-            region_batches: RefCell::default(),
-            resend: RefCell::new(recovered),
+            epoch: Cell::new(resend.last().map_or(c.epoch, |b| b.0.max(c.epoch))),
+            region_batches: RefCell::new(c.region_batches),
+            resend: RefCell::new(resend),
+            resend_pieces: RefCell::new(c.outbox),
+            unsent: RefCell::default(),
+            recent: RefCell::new(RecentSubmissions::new(horizon_us, now_us, logged)),
+        }
+    }
+
+    /// What its batches so far amount to, with `outbox`, the pieces not yet acknowledged.
+    pub fn checkpoint(&self, outbox: Vec<(Addr, Vec<u8>)>) -> OrdererCheckpoint {
+        OrdererCheckpoint {
+            epoch: self.epoch.get(),
+            region_batches: self.region_batches.borrow().clone(),
+            unsent: self.unsent.borrow().iter().cloned().collect(),
+            outbox,
+            submitted: self.recent.borrow().iter().collect(),
         }
     }
 
@@ -226,6 +269,10 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
     w.clone().spawn(async move {
         if let Some(me) = weak.upgrade() {
             let orderer = me.orderer.as_ref().expect("an orderer");
+            for (dst, body) in std::mem::take(&mut *orderer.resend_pieces.borrow_mut()) {
+                me.w.count("calvin-checkpoint-resends", 1);
+                me.send(dst, body, true);
+            }
             let resend = std::mem::take(&mut *orderer.resend.borrow_mut());
             resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, &HomedEntries::found(&me, entries)));
         }
@@ -236,7 +283,17 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
             me.w.count("orderer-batches", 1);
             if let Some(log) = &me.node.env.log {
                 match log.append(&Record::ordered(epoch, &batch.entries)) {
-                    Ok(lsn) => log.wait(lsn).await,
+                    Ok(lsn) => {
+                        let orderer = me.orderer.as_ref().expect("an orderer");
+                        if me.node.checkpoints {
+                            let now_us = me.w.now_us();
+                            let mut recent = orderer.recent.borrow_mut();
+                            batch.entries.iter().for_each(|e| _ = recent.first(now_us, (e.client, e.id)));
+                            *orderer.unsent.borrow_mut() = Some((epoch, batch.entries.clone()));
+                        }
+                        log.wait(lsn).await;
+                        orderer.unsent.borrow_mut().take();
+                    }
                     Err(e) => {
                         // Nothing of the batch was sent: its clients retry, and the number is
                         // used again.

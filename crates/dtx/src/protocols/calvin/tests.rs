@@ -170,12 +170,14 @@ fn checkpoints_bound_what_an_input_log_keeps() {
             let out = checked(&s);
             let c = |name: &str| out.totals.counters.get(name).copied().unwrap_or(0);
             assert!(out.totals.committed > 100, "{variant}: {} committed", out.totals.committed);
-            (c("input-records-kept"), c("calvin-checkpoints"))
+            (c("input-records-kept"), c("calvin-checkpoints"), c("orderer-checkpoints"))
         };
-        let (without, none) = run(variant);
-        let (with, checkpoints) = run(&format!("{variant}:checkpoint_us=20000"));
+        let (without, none, _) = run(variant);
+        let (with, checkpoints, orderer) = run(&format!("{variant}:checkpoint_us=20000"));
         assert_eq!(none, 0, "{variant}: checkpoints are on by default only past a second");
         assert!(checkpoints >= 3 * 20, "{variant}: {checkpoints} checkpoints over three nodes and 600 ms");
+        let orderers = variant.starts_with("slog") as u64;
+        assert!(orderer >= 20 * orderers && orderer <= 30 * orderers, "{variant}: {orderer} orderer checkpoints");
         assert!(with * 5 < without, "{variant}: replicas keep {with} records with checkpoints, {without} without");
     }
 }

@@ -17,8 +17,8 @@
 //! The ordering service runs on `orderer_threads` workers of the orderer's node
 //! ([`calvin::orderer`]; the thesis's SLOG uses 8, its "SLOG (slow)" 1).
 //!
-//! Its nodes checkpoint as Calvin's do (`calvin::checkpoint`), but for the orderer's log, whose
-//! batches its log machine keeps whole.
+//! Its nodes checkpoint as Calvin's do (`calvin::checkpoint`), and its orderer checkpoints
+//! apart, as often (`calvin::orderer`), so that its log keeps only the batches in flight.
 //!
 //! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
