@@ -447,6 +447,7 @@ fn resubmit_horizon_us(w: &Worker) -> u64 {
 impl NodeProtocol for CalvinNode {
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
         let roles = self.worker_roles(&self.0.env.topo, w.addr);
+        let closer = roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr;
         let wk = Rc::new_cyclic(|me| CalvinWorker {
             me: me.clone(),
             w: w.clone(),
@@ -473,16 +474,19 @@ impl NodeProtocol for CalvinNode {
                 let logged = orderer::logged_submissions(recovered.orderer.as_ref(), &recovered.ordered);
                 orderer::Intake::new(logged, resubmit_horizon_us(&w), w.now_us())
             }),
-            orderer: (roles.contains(Role::Orderer) && self.0.ordering_closer() == w.addr).then(|| {
+            orderer: closer.then(|| {
                 let recovered = self.0.recovered.lock();
                 let (checkpoint, ordered) = (recovered.orderer.clone(), recovered.ordered.clone());
                 let horizon = (resubmit_horizon_us(&w), w.now_us());
                 orderer::Orderer::new(self.0.cfg.max_pending, checkpoint, ordered, horizon)
             }),
             outbox: checkpoint::Outbox::default(),
-            // What worker 0 was sending at its checkpoint: sent again at start.
-            resend: RefCell::new(match w.addr.worker {
-                0 => std::mem::take(&mut self.0.recovered.lock().outbox),
+            // What worker 0 (or SLOG's orderer) was sending at its checkpoint: sent again at start.
+            resend: RefCell::new(match (w.addr.worker, closer) {
+                (0, _) => std::mem::take(&mut self.0.recovered.lock().outbox),
+                (_, true) => {
+                    self.0.recovered.lock().orderer.as_mut().map(|c| std::mem::take(&mut c.outbox)).unwrap_or_default()
+                }
                 _ => Vec::new(),
             }),
             scheduler: roles.contains(Role::Scheduler).then(|| {
@@ -556,7 +560,8 @@ pub struct CalvinWorker {
     scanning: RefCell<Vec<&'static str>>,
     /// Worker 0's (or SLOG's orderer's) messages on their way that must arrive, for its checkpoints.
     outbox: checkpoint::Outbox,
-    /// Worker 0's messages its last checkpoint held on their way: sent again at start.
+    /// Worker 0's (or SLOG's orderer's) messages its last checkpoint held on their way: sent
+    /// again at start.
     resend: RefCell<Vec<(Addr, Vec<u8>)>>,
 }
 

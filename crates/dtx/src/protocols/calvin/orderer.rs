@@ -120,10 +120,9 @@ pub struct Orderer {
     epoch: Cell<u64>,
     /// Per home region, the last batch of pieces sent it.
     region_batches: RefCell<BTreeMap<u16, u64>>,
-    /// The batches its log held when the node started, sent again first, after the pieces its
-    /// checkpoint held on their way.
+    /// The batches its log held when the node started, sent again first (the pieces its
+    /// checkpoint held on their way are its worker's to send again, as worker 0's are).
     resend: RefCell<Vec<(u64, Vec<Entry>)>>,
-    resend_pieces: RefCell<Vec<(Addr, Vec<u8>)>>,
     /// The batch logged and waiting to be durable before it is sent.
     unsent: RefCell<Option<(u64, Vec<Entry>)>>,
     /// Submissions its logged batches took lately, for its checkpoints.
@@ -158,7 +157,6 @@ impl Orderer {
             epoch: Cell::new(resend.last().map_or(c.epoch, |b| b.0.max(c.epoch))),
             region_batches: RefCell::new(c.region_batches),
             resend: RefCell::new(resend),
-            resend_pieces: RefCell::new(c.outbox),
             unsent: RefCell::default(),
             recent: RefCell::new(RecentSubmissions::new(horizon_us, now_us, logged)),
         }
@@ -269,10 +267,6 @@ pub fn spawn_orderer(me: &Rc<CalvinWorker>) {
     w.clone().spawn(async move {
         if let Some(me) = weak.upgrade() {
             let orderer = me.orderer.as_ref().expect("an orderer");
-            for (dst, body) in std::mem::take(&mut *orderer.resend_pieces.borrow_mut()) {
-                me.w.count("calvin-checkpoint-resends", 1);
-                me.send(dst, body, true);
-            }
             let resend = std::mem::take(&mut *orderer.resend.borrow_mut());
             resend.into_iter().for_each(|(epoch, entries)| send(&me, epoch, &HomedEntries::found(&me, entries)));
         }
