@@ -307,9 +307,9 @@ impl<'a> Ctx<'a> {
 pub struct KeySet {
     pub reads: Vec<RowKey>,
     pub writes: Vec<RowKey>,
-    /// The scans the run makes, as reconnaissance recorded them (workloads' declarations leave
-    /// it empty). `Ctx` does not check scans against it; a protocol that locks ranges ahead of
-    /// the run (Calvin) does.
+    /// The scans the run makes, as reconnaissance recorded them or a workload's declaration
+    /// names them where it can (TPC-C's Payment by last name). `Ctx` does not check scans
+    /// against it; a protocol that locks ranges ahead of the run (Calvin) does.
     #[serde(default)]
     pub scans: Vec<Scan>,
     /// Built by `covers` for sets larger than [`KeySet::LINEAR_MAX`]: slots of 1 + a position in

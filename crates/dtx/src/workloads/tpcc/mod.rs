@@ -365,7 +365,8 @@ impl Procedures for Tpcc {
     /// - Payment: by customer id, keys follow from the arguments. By last name, the arguments
     ///   carry the customer this process's last lookup of that name found (the index never
     ///   changes, so after the first lookup of a name the estimate is always right); without one,
-    ///   reconnaissance. The run still scans the index and picks the customer itself.
+    ///   reconnaissance. The run still scans the index and picks the customer itself, so the
+    ///   declaration names that scan too (Calvin's schedulers lock it as a range).
     /// - The check's header: keys follow from the arguments.
     /// - Everything else has keys that depend on reads (an index scan, the delivery cursor,
     ///   D_NEXT_O_ID for Stock-Level): false, and the engine discovers them by reconnaissance.
@@ -397,7 +398,10 @@ impl Procedures for Tpcc {
                 let a = req.args::<PaymentArgs>();
                 let c = match a.cust {
                     CustomerSel::Id(c) => c,
-                    CustomerSel::Last(_) if a.c_hint != 0 => a.c_hint,
+                    CustomerSel::Last(last) if a.c_hint != 0 => {
+                        keys.scans.push(by_last_name_scan(a.c_w, a.c_d, last));
+                        a.c_hint
+                    }
                     CustomerSel::Last(_) => return false,
                 };
                 keys.writes.push(warehouse_key(a.w, W_YTD_PART));

@@ -206,12 +206,18 @@ pub async fn new_order(
     Ok(TxnOutput::default())
 }
 
+/// The scan of the customer-name index that finds the customers with last name number `last`
+/// in (w, d): what Payment and Order-Status by last name read (and Payment's declaration names).
+pub fn by_last_name_scan(w: u32, d: u32, last: u32) -> Scan {
+    let lo = cust_by_name_key(w, d, last, 0).key;
+    let hi = cust_by_name_key(w, d, last, 0xffff).key;
+    Scan { table: CUST_BY_NAME, lo, hi, limit: u32::MAX, descending: false }
+}
+
 /// The customer with last name number `last` in (w, d): the one at position ⌈n/2⌉ of the
 /// matches sorted by C_FIRST (clause 2.5.2.2).
 async fn customer_by_last(ctx: &mut Ctx<'_>, w: u32, d: u32, last: u32) -> TxnResult<u32> {
-    let lo = cust_by_name_key(w, d, last, 0).key;
-    let hi = cust_by_name_key(w, d, last, 0xffff).key;
-    let rows = ctx.scan(Scan { table: CUST_BY_NAME, lo, hi, limit: u32::MAX, descending: false }).await?;
+    let rows = ctx.scan(by_last_name_scan(w, d, last)).await?;
     let mut matches: Vec<(&[u8], u32)> =
         rows.iter().map(|(k, v)| (str_at(v, by_name::FIRST), customer_of_name_key(*k))).collect();
     if matches.is_empty() {
