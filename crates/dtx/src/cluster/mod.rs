@@ -225,8 +225,13 @@ impl Topology {
     }
 
     /// The copy of `p` a client in `region` reads from: its region's, or the leader.
+    /// (Calvin's schedulers ask this for every key of every transaction: it allocates nothing.)
     pub fn copy_in_region(&self, p: PartitionId, region: u16) -> NodeId {
-        self.copies_of(p).into_iter().find(|&n| self.region_of(n) == region).unwrap_or_else(|| self.node_of(p))
+        let in_region = match self.placement {
+            Placement::Single => None,
+            _ => self.copies.of(p).iter().copied().find(|&n| self.region_of(n) == region),
+        };
+        in_region.unwrap_or_else(|| self.node_of(p))
     }
 
     /// The hosts that vote in node `owner`'s replicated log (`count` of them, `owner` first,

@@ -579,13 +579,12 @@ impl CalvinWorker {
             return;
         }
         let must_arrive = !matches!(msg, Msg::Submit(_) | Msg::Order(_));
-        self.send(dst, encode(&msg), must_arrive);
+        self.send(dst, Rc::new(encode(&msg)), must_arrive);
     }
 
     /// Send `body` to `dst`, until it arrives if `must_arrive` (noted in worker 0's outbox when
     /// it checkpoints: the inputs that made it are not run again after a restart).
-    fn send(&self, dst: Addr, body: Vec<u8>, must_arrive: bool) {
-        let body = Rc::new(body);
+    pub fn send(&self, dst: Addr, body: Rc<Vec<u8>>, must_arrive: bool) {
         let tracked = must_arrive && self.node.checkpoints && (self.w.addr.worker == 0 || self.orderer.is_some());
         let id = tracked.then(|| self.outbox.sent(dst, body.clone()));
         let (w, me) = (self.w.clone(), self.me.clone());
@@ -887,7 +886,7 @@ impl WorkerProtocol for CalvinWorker {
         let Some(me) = self.me.upgrade() else { return };
         for (dst, body) in std::mem::take(&mut *self.resend.borrow_mut()) {
             self.w.count("calvin-checkpoint-resends", 1);
-            self.send(dst, body, true);
+            self.send(dst, Rc::new(body), true);
         }
         if self.node.checkpoints && (self.sequencer.is_some() || self.scheduler.is_some() || self.orderer.is_some()) {
             checkpoint::spawn_checkpointer(&me);

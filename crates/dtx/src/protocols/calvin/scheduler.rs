@@ -678,12 +678,13 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: &Admitted) {
     s.running.set(s.running.get() + 1);
     let local = read_local(me, entry, keys, copy);
     let others: Vec<NodeId> = participants.iter().copied().filter(|n| *n != here).collect();
-    for &n in &others {
-        me.deliver(Addr::new(n, 0), Msg::Reads { slot, from: here, values: local.clone() });
-    }
+    let local = match others.is_empty() {
+        true => local,
+        false => send_reads(me, &others, slot, local),
+    };
     let mut moved = local.moved;
     let mut access = Deterministic {
-        values: local.values.into_iter().collect(),
+        values: local.values,
         scans: local.scans,
         writes: Vec::new(),
         stray_scan: stray_scan(*reconnoitred),
@@ -696,6 +697,7 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: &Admitted) {
             moved.extend(theirs.moved);
         }
     }
+    access.values.sort_unstable_by_key(|(k, _)| *k);
     // Every participant gathered the same homes, so all decide alike.
     let result = match (req, entry.movement) {
         _ if !moved.is_empty() => {
@@ -724,6 +726,17 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: &Admitted) {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
         me.deliver(entry.client, Msg::Done { id: entry.id, outcome, moved });
     }
+}
+
+/// Send this participant's reads to the `others`, encoded once for all of them, and hand them back.
+fn send_reads(me: &CalvinWorker, others: &[NodeId], slot: Slot, local: ReadSet) -> ReadSet {
+    let msg = Msg::Reads { slot, from: me.w.addr.node, values: local };
+    let body = Rc::new(encode(&msg));
+    for &n in others {
+        me.send(Addr::new(n, 0), body.clone(), true);
+    }
+    let Msg::Reads { values, .. } = msg else { unreachable!("built above") };
+    values
 }
 
 /// Run a home movement whose stored home was the one it expected: the key's home is its new
@@ -808,7 +821,7 @@ pub async fn run_untouched(
 ) -> TxnResult<TxnOutput> {
     debug_assert!(keys.is_empty() && keys.scans.is_empty());
     let mut access = Deterministic {
-        values: FxHashMap::default(),
+        values: Vec::new(),
         scans: Vec::new(),
         writes: Vec::new(),
         stray_scan: stray_scan(reconnoitred),
@@ -847,7 +860,9 @@ fn first_data_node(me: &CalvinWorker) -> NodeId {
 /// The execution of one transaction at one participant: every read and scan answered from what
 /// all participants gathered (the same everywhere), writes buffered until it commits.
 struct Deterministic {
-    values: FxHashMap<RowKey, Option<Value>>,
+    /// The gathered values, sorted by key (a transaction's few keys: a binary search costs
+    /// less than building a hash map for them).
+    values: Vec<(RowKey, Option<Value>)>,
     scans: Vec<(Scan, Vec<(u64, Value)>)>,
     writes: Vec<(RowKey, Option<Value>)>,
     /// The abort for a scan not among the gathered ones.
@@ -870,9 +885,9 @@ impl Access for Deterministic {
             return Step::Ready(Ok(v.clone()));
         }
         // `Ctx` refused undeclared keys, and every declared key's value was gathered.
-        let v = self.values.get(&key).cloned();
-        debug_assert!(v.is_some(), "declared key {key:?} was gathered");
-        Step::Ready(Ok(v.flatten()))
+        let at = self.values.binary_search_by_key(&key, |(k, _)| *k);
+        debug_assert!(at.is_ok(), "declared key {key:?} was gathered");
+        Step::Ready(Ok(at.ok().and_then(|i| self.values[i].1.clone())))
     }
 
     fn write(&mut self, key: RowKey, value: Option<Value>) -> Step<'_, ()> {
