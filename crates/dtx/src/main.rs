@@ -53,49 +53,7 @@ enum Cmd {
     },
 }
 
-/// The glibc tunables `dtx` runs with:
-/// - `hugetlb=1`, `top_pad=4194304`: back the heaps with transparent huge pages, and grow the
-///   main heap 4 MiB at a time so that a growth fault can take a whole huge page. Inserting
-///   workloads (TPC-C's orders) grow the heap by hundreds of MB per second; on 4 KiB pages every
-///   page costs a fault and a zeroing, 5-10% of one-node TPC-C on the reference machine.
-/// - `tcache_count=256`: keep up to 256 freed chunks of each size in the freeing thread's cache
-///   (glibc's default is 7). A record's value is often freed by another worker than the one that
-///   allocated it (the last reader drops it), and a free that overflows the cache goes back to the
-///   allocating thread's arena under that arena's lock, where the two workers then sleep on each
-///   other: OCC one-node TPC-C +3.5% to +15% in four sets of alternating runs (its read sets hold
-///   values across commits), 2PL +0-2%.
-/// - `mmap_threshold=4194304`, `trim_threshold=67108864`: take blocks up to 4 MiB from the heap
-///   rather than from a fresh mapping each, and keep up to 64 MiB free at a heap's top. A
-///   replicated log's entries are large (Rolis's batch of TPC-C write sets is ~500 KB) and each is
-///   copied a few times on its way through Raft; with glibc's defaults each copy mapped, faulted in
-///   and zeroed new pages and unmapped them again. Rolis on three nodes' TPC-C in `local`:
-///   46k to 90-91k committed/s (two alternating pairs); one-node silo and OCC unchanged within
-///   noise (three pairs each).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MALLOC_TUNABLES: &str = "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=4194304:glibc.malloc.tcache_count=256:\
-     glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=67108864";
-
-/// Start this program again with [`MALLOC_TUNABLES`], unless the environment already tunes
-/// `glibc.malloc.hugetlb` (or `DTX_SMALL_PAGES` is set, which keeps glibc's defaults). The
-/// tunables are read once, by the dynamic loader, so they cannot be set from inside the process.
-/// Returns only if the re-exec failed, and then the program carries on as it is.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn reexec_with_malloc_tunables() {
-    use std::os::unix::process::CommandExt;
-    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    if tunables.contains("glibc.malloc.hugetlb") || std::env::var_os("DTX_SMALL_PAGES").is_some() {
-        return;
-    }
-    let Ok(exe) = std::env::current_exe() else { return };
-    let joined =
-        if tunables.is_empty() { MALLOC_TUNABLES.to_string() } else { format!("{tunables}:{MALLOC_TUNABLES}") };
-    let err = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", joined).exec();
-    eprintln!("dtx: note: could not restart with its malloc tunables ({err}); going on with glibc's defaults");
-}
-
 fn main() -> ExitCode {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    reexec_with_malloc_tunables();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // A value a flag refuses is one line naming the flag and why; everything else (help,

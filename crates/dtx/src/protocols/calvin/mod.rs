@@ -108,9 +108,16 @@ pub const OPTIONS: &[OptionSpec] = &[
 
 pub const ABORTS: &[(&str, &str)] = &[
     ("sequencer-full", "the sequencer's queue was at max_pending; the client retries"),
-    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
-    ("undecodable-request", "a participant could not decode the request"),
+    SCAN_UNDECLARED_ABORT,
+    UNDECODABLE_ABORT,
 ];
+
+/// Abort reasons SLOG and Detock share with Calvin, as their tables list them.
+pub const SCAN_UNDECLARED_ABORT: (&str, &str) =
+    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries");
+pub const UNDECODABLE_ABORT: (&str, &str) = ("undecodable-request", "a participant could not decode the request");
+pub const REGION_SEQUENCER_FULL_ABORT: (&str, &str) =
+    ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries");
 
 /// How the sequenced input is ordered into logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,11 +160,18 @@ pub struct Calvin {
 
 impl Calvin {
     pub fn new(o: &Options) -> Self {
+        Calvin { one_sequencer: o.choice("sequencers") == "one", ..Calvin::ordered(o, LogOrder::Global) }
+    }
+
+    /// The options Calvin, SLOG and Detock share (`batch_us`, `max_pending`, `checkpoint_us`),
+    /// logs ordered by `order`, and none of the others' parts: what each system's own options
+    /// then add to.
+    pub fn ordered(o: &Options, order: LogOrder) -> Self {
         Calvin {
             batch_us: o.u64("batch_us"),
             max_pending: o.u64("max_pending") as usize,
-            one_sequencer: o.choice("sequencers") == "one",
-            order: LogOrder::Global,
+            one_sequencer: false,
+            order,
             ddr_us: 0,
             overshoot_us: None,
             rehome: 0.0,

@@ -40,7 +40,7 @@
 //! Without `--regions`, `detock` splits its nodes into two regions (even and odd nodes), as
 //! `slog` does, so that a run has multi-home transactions.
 
-use crate::protocols::calvin::{homes, Calvin, LogOrder};
+use crate::protocols::calvin::{self, homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -75,27 +75,22 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "the margin opportunistic ordering adds to the farthest home's delay (the thesis: 2 ms)",
     },
     homes::REHOME,
-    crate::protocols::calvin::checkpoint::CHECKPOINT_US,
+    calvin::checkpoint::CHECKPOINT_US,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
-    ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
-    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
-    ("undecodable-request", "a participant could not decode the request"),
+    calvin::REGION_SEQUENCER_FULL_ABORT,
+    calvin::SCAN_UNDECLARED_ABORT,
+    calvin::UNDECODABLE_ABORT,
     homes::HOME_MOVED_ABORT,
 ];
 
 pub fn new(o: &Options) -> Calvin {
     Calvin {
-        batch_us: o.u64("batch_us"),
-        max_pending: o.u64("max_pending") as usize,
-        one_sequencer: false,
-        order: LogOrder::Graph,
         ddr_us: o.u64("ddr_us"),
         overshoot_us: (o.choice("opportunistic") == "on").then(|| o.u64("overshoot_us")),
         rehome: o.f64("rehome"),
-        orderer_threads: 0,
-        checkpoint_us: o.u64("checkpoint_us"),
+        ..Calvin::ordered(o, LogOrder::Graph)
     }
 }
 

@@ -24,7 +24,7 @@
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
 //! that. `--placement per-region` keeps a full copy in every region, as the paper does.
 
-use crate::protocols::calvin::{homes, Calvin, LogOrder};
+use crate::protocols::calvin::{self, homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -48,28 +48,22 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "workers of the orderer's node that take multi-home submissions (decode them, find their homes) and hand them to the first, which closes the batches (the thesis: 8; its \"SLOG (slow)\" 1)",
     },
     homes::REHOME,
-    crate::protocols::calvin::checkpoint::CHECKPOINT_US,
+    calvin::checkpoint::CHECKPOINT_US,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
-    ("sequencer-full", "a region's sequencer queue was at max_pending; the client retries"),
+    calvin::REGION_SEQUENCER_FULL_ABORT,
     ("orderer-full", "the orderer's queue of multi-home transactions was at max_pending; the client retries"),
-    ("scan-undeclared", "a declared procedure scanned; its client reconnoiters it from then on and retries"),
-    ("undecodable-request", "a participant could not decode the request"),
+    calvin::SCAN_UNDECLARED_ABORT,
+    calvin::UNDECODABLE_ABORT,
     homes::HOME_MOVED_ABORT,
 ];
 
 pub fn new(o: &Options) -> Calvin {
     Calvin {
-        batch_us: o.u64("batch_us"),
-        max_pending: o.u64("max_pending") as usize,
-        one_sequencer: false,
-        order: LogOrder::HomeRegions,
-        ddr_us: 0,
-        overshoot_us: None,
         rehome: o.f64("rehome"),
         orderer_threads: o.u64("orderer_threads") as u16,
-        checkpoint_us: o.u64("checkpoint_us"),
+        ..Calvin::ordered(o, LogOrder::HomeRegions)
     }
 }
 
