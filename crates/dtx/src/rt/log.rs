@@ -401,6 +401,9 @@ pub struct NodeLog {
     /// The WAL's durable cuts, kept only while a checkpointer runs.
     cuts: std::sync::OnceLock<Arc<Cuts>>,
     durable: AtomicU64,
+    /// Bytes of records appended since the log opened (what a protocol that checkpoints by the
+    /// log's growth watches: [`NodeLog::appended_bytes`]).
+    appended_bytes: AtomicU64,
     sim_checkpointer: Mutex<Option<SimCheckpointer>>,
     /// The simulated disk's newest checkpoint (kept across crashes in [`SimImage`]).
     sim_checkpoint: Mutex<Option<(Lsn, Vec<u8>)>>,
@@ -502,6 +505,7 @@ impl NodeLog {
             sim_checkpoint: Mutex::new(None),
             cuts: std::sync::OnceLock::new(),
             durable: AtomicU64::new(last),
+            appended_bytes: AtomicU64::new(0),
         }
     }
 
@@ -548,6 +552,7 @@ impl NodeLog {
     /// Append one record; returns its LSN. Never waits for I/O (with checkpoints on, it waits
     /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
+        self.appended_bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
         if let Device::Replicated(q) = &self.lanes[0].device {
             debug_assert!(!rec.is_empty(), "an empty record is a read fence, not a record");
             let mut q = q.lock();
@@ -638,6 +643,12 @@ impl NodeLog {
                 (tail > self.durable_lsn()).then_some(tail)
             }
         }
+    }
+
+    /// Bytes of records appended since the log opened (refused ones included: a count for
+    /// pacing, not an account of the log).
+    pub fn appended_bytes(&self) -> u64 {
+        self.appended_bytes.load(Ordering::Relaxed)
     }
 
     /// The LSN of the last record appended.

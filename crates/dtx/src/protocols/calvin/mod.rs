@@ -104,6 +104,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         help: "submissions the sequencer holds before it refuses more (sequencer-full)",
     },
     checkpoint::CHECKPOINT_US,
+    checkpoint::CHECKPOINT_LOG_MIB,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
@@ -156,6 +157,8 @@ pub struct Calvin {
     pub orderer_threads: u16,
     /// How often worker 0 of a node checkpoints ([`checkpoint`]), µs; 0: never.
     pub checkpoint_us: u64,
+    /// And once its log took this many MiB since the last checkpoint; 0: by time alone.
+    pub checkpoint_log_mib: u64,
 }
 
 impl Calvin {
@@ -177,6 +180,7 @@ impl Calvin {
             rehome: 0.0,
             orderer_threads: 0,
             checkpoint_us: o.u64("checkpoint_us"),
+            checkpoint_log_mib: o.u64("checkpoint_log_mib"),
         }
     }
 

@@ -182,6 +182,25 @@ fn checkpoints_bound_what_an_input_log_keeps() {
     }
 }
 
+/// A node whose log grows fast checkpoints by its size, however long `checkpoint_us` is: with an
+/// hour between checkpoints by time and one every MiB of log, the replicas keep a small part of
+/// what they keep with neither (a 4-region Detock run outgrew 24 GB before its first second).
+#[test]
+fn a_log_that_grows_fast_is_checkpointed_by_its_size() {
+    let run = |variant: &str| {
+        let mut s = replicated(variant, 78);
+        s.duration_us = 600_000;
+        let out = checked(&s);
+        let c = |name: &str| out.totals.counters.get(name).copied().unwrap_or(0);
+        (c("input-records-kept"), c("calvin-checkpoints-by-log-size"))
+    };
+    let (without, none) = run("calvin:batch_us=1000:checkpoint_log_mib=0");
+    let (with, by_size) = run("calvin:batch_us=1000:checkpoint_us=3600000000:checkpoint_log_mib=1");
+    assert_eq!(none, 0);
+    assert!(by_size > 0, "no checkpoint by the log's size");
+    assert!(with * 2 < without, "replicas keep {with} records with checkpoints by size, {without} without");
+}
+
 /// A full copy in each of two regions (`--placement per-region`): both regions' schedulers run
 /// every batch, exchange reads within their region only, and answer their own region's clients.
 /// Clients of both regions read their own copy, so a copy that diverged would show in the

@@ -49,6 +49,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     },
     homes::REHOME,
     calvin::checkpoint::CHECKPOINT_US,
+    calvin::checkpoint::CHECKPOINT_LOG_MIB,
 ];
 
 pub const ABORTS: &[(&str, &str)] = &[
