@@ -185,9 +185,22 @@ const TAG_FENCE: u8 = 2;
 /// some microseconds however small (`raft_cost`), so one entry per record made the replicator
 /// the bottleneck of every protocol that logs a record per transaction (Primo's installs).
 const TAG_RECORDS: u8 = 3;
+/// An entry that carries a piece of one record too large for an entry (over [`PIECE_BYTES`]),
+/// continued by the next entry; [`TAG_LAST_PIECE`] carries its last piece. One incarnation of
+/// the node proposes a record's pieces as consecutive entries of one term, so any other entry
+/// after a piece means that its proposer lost the log before the rest committed: the pieces are
+/// dropped, as the record's loss is reported to its node (`lost`).
+const TAG_PIECE: u8 = 4;
+const TAG_LAST_PIECE: u8 = 5;
 /// Most records and bytes one entry groups: well inside Raft's 1 MiB per message.
 const GROUP_RECORDS: usize = 1024;
 const GROUP_BYTES: usize = 256 << 10;
+/// A record over this many bytes goes in pieces of this size. Raft accepts at most 1 MiB per
+/// proposal (`RaftConfig::max_size_per_msg`) where a node's log takes records up to the
+/// write-ahead log's limit (16 MiB): a larger record, proposed whole, was refused at every try
+/// and wedged its log for good (a Calvin-family checkpoint of 2.7 MB stopped a 4-region Detock
+/// run's every commit within a virtual second).
+const PIECE_BYTES: usize = 512 << 10;
 
 fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + payload.len());
@@ -228,11 +241,28 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
+/// The next entry to propose from a backlog (see [`group_front`]).
+struct Front {
+    entry: Vec<u8>,
+    /// Records it completes (taken off the backlog once proposed).
+    records: usize,
+    /// Bytes of the backlog's first record proposed with it, while that record goes in pieces
+    /// (0 once it is whole).
+    offset: usize,
+}
+
 /// Group the records at the front of `backlog` (none of them a fence) into one entry's frame,
-/// within [`GROUP_RECORDS`] and [`GROUP_BYTES`]; returns the frame and how many it holds. A
-/// record alone, or a fence, is framed by itself.
-fn group_front(backlog: &VecDeque<Vec<u8>>) -> (Vec<u8>, usize) {
+/// within [`GROUP_RECORDS`] and [`GROUP_BYTES`]. A record alone, or a fence, is framed by itself;
+/// a record over [`PIECE_BYTES`] goes as pieces, `offset` bytes of it being proposed already.
+fn group_front(backlog: &VecDeque<Vec<u8>>, offset: usize) -> Front {
     let first = backlog.front().expect("a record to propose");
+    if offset > 0 || first.len() > PIECE_BYTES {
+        let end = (offset + PIECE_BYTES).min(first.len());
+        return match end == first.len() {
+            true => Front { entry: frame(TAG_LAST_PIECE, &first[offset..]), records: 1, offset: 0 },
+            false => Front { entry: frame(TAG_PIECE, &first[offset..end]), records: 0, offset: end },
+        };
+    }
     let tag = if first.is_empty() { TAG_FENCE } else { TAG_RECORD };
     let grouped = backlog.iter().take(GROUP_RECORDS).take_while(|r| !r.is_empty());
     let mut bytes = 0;
@@ -242,7 +272,7 @@ fn group_front(backlog: &VecDeque<Vec<u8>>) -> (Vec<u8>, usize) {
     });
     let n = n.count();
     if n <= 1 {
-        return (frame(tag, first), 1);
+        return Front { entry: frame(tag, first), records: 1, offset: 0 };
     }
     let mut out = Vec::with_capacity(1 + bytes);
     out.push(TAG_RECORDS);
@@ -250,7 +280,46 @@ fn group_front(backlog: &VecDeque<Vec<u8>>) -> (Vec<u8>, usize) {
         out.extend_from_slice(&(r.len() as u32).to_le_bytes());
         out.extend_from_slice(r);
     }
-    (out, n)
+    Front { entry: out, records: n, offset: 0 }
+}
+
+/// Hands `apply` the records of one committed entry, in order, and returns how many. A record
+/// that came in pieces is joined in `pieces` (its log's, kept between entries) and handed on
+/// with its last piece; pieces that another entry follows were cut off (see [`TAG_PIECE`]).
+fn apply_records(data: &[u8], pieces: &mut Vec<u8>, mut apply: impl FnMut(&[u8])) -> usize {
+    match data.split_first() {
+        Some((&TAG_PIECE, piece)) => {
+            pieces.extend_from_slice(piece);
+            0
+        }
+        Some((&TAG_LAST_PIECE, piece)) if !pieces.is_empty() => {
+            pieces.extend_from_slice(piece);
+            apply(pieces);
+            pieces.clear();
+            1
+        }
+        Some((&TAG_LAST_PIECE, _)) => {
+            // A log is compacted only between records, so a last piece always follows its first.
+            debug_assert!(false, "the last piece of a record without its first");
+            log_warn("replication: the last piece of a record without its first: dropped");
+            0
+        }
+        _ => {
+            if !pieces.is_empty() {
+                log_warn(&format!(
+                    "replication: a record cut off after {} bytes of pieces (its proposer lost the log): dropped",
+                    pieces.len()
+                ));
+                pieces.clear();
+            }
+            let mut records = 0;
+            for record in records_of(data) {
+                apply(record);
+                records += 1;
+            }
+            records
+        }
+    }
 }
 
 /// What a host's replicas are: who they are and how they keep their logs.
@@ -302,6 +371,9 @@ pub struct ReplicaState {
     applied: FxHashMap<u32, Box<dyn LogMachine>>,
     /// Per group, where its log was last compacted, and what it applied since.
     compacted: FxHashMap<u32, Compacted>,
+    /// Per group, the pieces of a record whose last piece has not committed yet (see
+    /// [`TAG_PIECE`]): its log is not compacted meanwhile, so that a snapshot falls between records.
+    pieces: FxHashMap<u32, Vec<u8>>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
     journal: Option<Journal>,
@@ -341,6 +413,8 @@ pub struct ReplicaStats {
     pub journal_rewrites: u64,
     /// Journal records replayed when the replicas were reopened.
     pub journal_records_replayed: u64,
+    /// Records proposed in pieces, each too large for one entry ([`PIECE_BYTES`]).
+    pub records_in_pieces: u64,
 }
 
 impl ReplicaStats {
@@ -349,15 +423,17 @@ impl ReplicaStats {
         self.snapshots_installed += o.snapshots_installed;
         self.journal_rewrites += o.journal_rewrites;
         self.journal_records_replayed += o.journal_records_replayed;
+        self.records_in_pieces += o.records_in_pieces;
     }
 
     /// As named counters (the report shows them per committed transaction).
-    pub fn counters(&self) -> [(&'static str, u64); 4] {
+    pub fn counters(&self) -> [(&'static str, u64); 5] {
         [
             ("raft-snapshots-taken", self.snapshots_taken),
             ("raft-snapshots-installed", self.snapshots_installed),
             ("raft-journal-rewrites", self.journal_rewrites),
             ("raft-journal-records-replayed", self.journal_records_replayed),
+            ("raft-records-in-pieces", self.records_in_pieces),
         ]
     }
 }
@@ -402,9 +478,11 @@ impl ReplicaState {
             let store = stores.remove(&owner).expect("a store per voted group");
             let commit = raft::Storage::initial_state(&store).map_err(|e| anyhow::anyhow!("{e}"))?.hard_state.commit;
             if state.mode == Mode::Failover {
-                let machine = rebuild_machine(&state.setup.new_machine, LogId::of_group(owner), &store, commit)
-                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", LogId::of_group(owner)))?;
+                let (machine, pieces) =
+                    rebuild_machine(&state.setup.new_machine, LogId::of_group(owner), &store, commit)
+                        .map_err(|e| anyhow::anyhow!("{}: {e:#}", LogId::of_group(owner)))?;
                 state.applied.insert(owner, machine);
+                state.pieces.insert(owner, pieces);
             }
             state.compacted.insert(owner, Compacted::at(store.snapshot_index(), 0));
             let group = state.open_group(owner, &voters, store, commit)?;
@@ -421,6 +499,7 @@ impl ReplicaState {
             groups: RaftGroups::default(),
             applied: Default::default(),
             compacted: Default::default(),
+            pieces: Default::default(),
             started: false,
             rewrite_at_bytes: setup.journal_rewrite_bytes,
             journal,
@@ -510,7 +589,8 @@ impl ReplicaState {
                 Mode::Failover => last.log_bytes >= self.setup.snapshot_log_bytes.max(last.snapshot_bytes),
                 Mode::OwnerLeads => last.log_bytes >= OWNER_LED_COMPACT_BYTES,
             };
-            if applied < last.index + every && !log_large {
+            let between_records = self.pieces.get(&id).is_none_or(Vec::is_empty);
+            if (applied < last.index + every && !log_large) || !between_records {
                 continue;
             }
             let Some(term) = g.term_of(applied) else { continue };
@@ -592,13 +672,14 @@ fn journal_op_group(op: &JournalOp) -> u32 {
     }
 }
 
-/// A group's state machine at its commit index: from its snapshot, then its committed entries.
+/// A group's state machine at its commit index: from its snapshot, then its committed entries;
+/// with the pieces of a record whose last piece is not committed yet.
 fn rebuild_machine(
     new_machine: &MachineFactory,
     log: LogId,
     store: &ReplicaStore,
     commit: u64,
-) -> anyhow::Result<Box<dyn LogMachine>> {
+) -> anyhow::Result<(Box<dyn LogMachine>, Vec<u8>)> {
     let snapshot_index = store.snapshot_index();
     let mut machine = match snapshot_index {
         0 => new_machine(log, None)?,
@@ -607,15 +688,16 @@ fn rebuild_machine(
             Some(raft::Storage::snapshot(store, 0, 0).map_err(|e| anyhow::anyhow!("{e}"))?.get_data()),
         )?,
     };
+    let mut pieces = Vec::new();
     if commit > snapshot_index {
         let ctx = raft::GetEntriesContext::empty(false);
         let entries = raft::Storage::entries(store, snapshot_index + 1, commit + 1, None, ctx)
             .map_err(|e| anyhow::anyhow!("the committed entries after the snapshot at {snapshot_index}: {e}"))?;
         for e in entries {
-            records_of(&e.data).for_each(|record| machine.apply(record));
+            apply_records(&e.data, &mut pieces, |record| machine.apply(record));
         }
     }
-    Ok(machine)
+    Ok((machine, pieces))
 }
 
 /// A log this host leads and proposes for: the records one incarnation of a node appends.
@@ -625,6 +707,8 @@ struct Served {
     led_term: Option<u64>,
     /// Taken from the log and not yet accepted by Raft (not leader yet, or back-pressure).
     backlog: VecDeque<Vec<u8>>,
+    /// Bytes of the backlog's first record already proposed, while it goes in pieces.
+    front_offset: usize,
     /// The LSN of the last record taken from the log.
     taken: Lsn,
     /// Proposed, not yet committed: `(raft index, raft term, LSN)`.
@@ -633,7 +717,7 @@ struct Served {
 
 impl Served {
     fn new(log: Arc<NodeLog>) -> Self {
-        Served { log, led_term: None, backlog: VecDeque::new(), taken: 0, inflight: VecDeque::new() }
+        Served { log, led_term: None, backlog: VecDeque::new(), front_offset: 0, taken: 0, inflight: VecDeque::new() }
     }
 }
 
@@ -987,18 +1071,22 @@ impl Replicator {
         let mut st = self.state.borrow_mut();
         let w = &self.lanes[lane];
         let lanes = self.lanes.len();
+        let mut in_pieces = 0;
         for (&group, s) in self.served.iter_mut().filter(|(g, _)| LogId::of_group(**g).log as usize % lanes == lane) {
             let Some(g) = st.groups.get_mut(group) else { continue };
             let mut lsn = s.taken - s.backlog.len() as Lsn;
             while !s.backlog.is_empty() {
-                let (entry, records) = group_front(&s.backlog);
-                let bytes = entry.len();
-                match g.propose(entry) {
+                let front = group_front(&s.backlog, s.front_offset);
+                let (bytes, last_piece) = (front.entry.len(), front.entry[0] == TAG_LAST_PIECE);
+                match g.propose(front.entry) {
                     Ok(()) => {
                         w.charge(raft_cost::leader_ns(bytes));
-                        lsn += records as Lsn;
+                        // A piece before a record's last makes nothing more durable.
+                        lsn += front.records as Lsn;
                         s.inflight.push_back((g.last_index(), g.term(), lsn));
-                        s.backlog.drain(..records);
+                        s.backlog.drain(..front.records);
+                        s.front_offset = front.offset;
+                        in_pieces += last_piece as u64;
                     }
                     Err(RaftLogError::NotLeader { .. } | RaftLogError::Backpressure { .. }) => break,
                     Err(e) => {
@@ -1008,6 +1096,7 @@ impl Replicator {
                 }
             }
         }
+        st.stats.records_in_pieces += in_pieces;
     }
 
     /// Make what Raft did durable, then send what every group has to send, apply and report
@@ -1132,6 +1221,7 @@ impl Replicator {
         match (st.setup.new_machine)(LogId::of_group(group), Some(data)) {
             Ok(m) => {
                 st.applied.insert(group, m);
+                st.pieces.remove(&group);
                 st.compacted.insert(group, Compacted::at(index, data.len() as u64));
                 st.stats.snapshots_installed += 1;
             }
@@ -1173,13 +1263,15 @@ impl Replicator {
                 bytes += e.data.len() as u64;
                 // Raft's own empty entries (a new leader's first) carry no tag.
                 debug_assert!(
-                    e.data.is_empty() || matches!(e.data[0], TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE),
+                    e.data.is_empty()
+                        || matches!(
+                            e.data[0],
+                            TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE | TAG_PIECE | TAG_LAST_PIECE
+                        ),
                     "an entry of group {group} with an unknown tag"
                 );
-                for record in records_of(&e.data) {
-                    applied.apply(record);
-                    records += 1;
-                }
+                let pieces = st.pieces.entry(group).or_default();
+                records += apply_records(&e.data, pieces, |record| applied.apply(record));
             }
             st.compacted.entry(group).or_default().log_bytes += bytes;
             let w = &self.lanes[self.lane_of(group)];
@@ -1328,18 +1420,50 @@ fn check_cluster(id: u64, cluster_id: u64) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// Propose the backlog as the replicator does; returns each entry's records.
+    /// Propose the backlog as the replicator does; returns the records each entry completes.
     fn entries_of(mut backlog: VecDeque<Vec<u8>>) -> Vec<Vec<Vec<u8>>> {
-        let mut entries = Vec::new();
+        let (mut entries, mut offset, mut pieces) = (Vec::new(), 0, Vec::new());
         while !backlog.is_empty() {
-            let (entry, n) = group_front(&backlog);
-            assert!(entry.len() <= 1 + GROUP_BYTES || n == 1, "an entry of {} bytes groups {n}", entry.len());
-            let records: Vec<Vec<u8>> = records_of(&entry).map(<[u8]>::to_vec).collect();
+            let front = group_front(&backlog, offset);
+            let n = front.records;
+            assert!(front.entry.len() <= 1 + PIECE_BYTES, "an entry of {} bytes", front.entry.len());
+            assert!(
+                front.entry.len() <= 1 + GROUP_BYTES || n <= 1,
+                "an entry of {} bytes groups {n}",
+                front.entry.len()
+            );
+            let mut records = Vec::new();
+            assert_eq!(apply_records(&front.entry, &mut pieces, |r| records.push(r.to_vec())), records.len());
             let expect: Vec<Vec<u8>> = backlog.drain(..n).filter(|r| !r.is_empty()).collect();
-            assert_eq!(records, expect, "an entry carries exactly the records it took, in order");
+            assert_eq!(records, expect, "an entry completes exactly the records it took, in order");
+            offset = front.offset;
             entries.push(records);
         }
+        assert!(pieces.is_empty(), "every record's pieces were joined");
         entries
+    }
+
+    #[test]
+    fn a_record_over_an_entry_goes_in_pieces_and_is_joined_again() {
+        let huge: Vec<u8> = (0..2 * PIECE_BYTES + 7).map(|i| i as u8).collect();
+        let backlog: VecDeque<Vec<u8>> = [vec![1], huge.clone(), vec![2], vec![]].into();
+        let entries = entries_of(backlog);
+        let sizes: Vec<usize> = entries.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![1, 0, 0, 1, 1, 0], "record 1, three pieces of the large one, record 2, a fence");
+        assert_eq!(entries[3][0], huge);
+    }
+
+    #[test]
+    fn pieces_that_another_entry_follows_are_dropped() {
+        let huge = vec![9u8; PIECE_BYTES + 1];
+        let first = group_front(&[huge].into(), 0);
+        assert_eq!((first.records, first.offset), (0, PIECE_BYTES));
+        let (mut pieces, mut applied) = (Vec::new(), Vec::new());
+        assert_eq!(apply_records(&first.entry, &mut pieces, |r| applied.push(r.to_vec())), 0);
+        // The proposer lost the log: the next entry is another incarnation's record.
+        assert_eq!(apply_records(&frame(TAG_RECORD, &[5]), &mut pieces, |r| applied.push(r.to_vec())), 1);
+        assert_eq!(applied, vec![vec![5]], "the cut-off record is not applied");
+        assert!(pieces.is_empty());
     }
 
     #[test]

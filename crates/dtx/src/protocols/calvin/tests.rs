@@ -201,6 +201,34 @@ fn a_log_that_grows_fast_is_checkpointed_by_its_size() {
     assert!(with * 2 < without, "replicas keep {with} records with checkpoints by size, {without} without");
 }
 
+/// A record can outgrow a replicated log's entry (Raft takes at most 1 MiB a proposal): a
+/// checkpoint's rows go 4,096 to a record, 4 MB of rows of 1,000 bytes. It goes in pieces, and
+/// the log goes on: proposed whole, it was refused at every try, and the node's log, then the
+/// whole run, stopped for good (as a 4-region Detock run's 2.7 MB checkpoints did).
+#[test]
+fn a_record_over_a_replicated_entry_goes_in_pieces_and_the_log_goes_on() {
+    let wl = WorkloadParams {
+        name: "ycsb".into(),
+        keys: 6_000,
+        ops: 10,
+        read_ratio: 0.0,
+        value_bytes: 1_000,
+        distributed: 0.1,
+        ..Default::default()
+    };
+    let mut s = spec("calvin:batch_us=1000:checkpoint_us=150000", wl, 5);
+    s.nodes = 3;
+    s.durability.mode = crate::replication::Durability::Replicated;
+    s.durability.replicas = 3;
+    s.duration_us = 600_000;
+    let out = host::run_sim(&s).expect("the simulation runs");
+    let c = |name: &str| out.totals.counters.get(name).copied().unwrap_or(0);
+    assert!(c("raft-records-in-pieces") > 0, "no record went in pieces: {:?}", out.totals.counters);
+    assert!(c("calvin-checkpoints") > 3, "{:?}", out.totals.counters);
+    let last = &out.totals.per_tick[out.totals.per_tick.len() - 2..];
+    assert!(last.iter().all(|&n| n > 0), "commits stopped: {:?}", out.totals.per_tick);
+}
+
 /// A full copy in each of two regions (`--placement per-region`): both regions' schedulers run
 /// every batch, exchange reads within their region only, and answer their own region's clients.
 /// Clients of both regions read their own copy, so a copy that diverged would show in the
