@@ -40,6 +40,8 @@ const HEADER_BYTES: usize = 24;
 /// An `Append` op encoding to more than this is split (half the WAL's record limit, so that
 /// each half of one just over it is well under the limit).
 const MAX_OP_BYTES: usize = crate::wal::MAX_RECORD_BYTES / 2;
+/// The write buffer's capacity kept after a sync (a larger one is freed).
+const KEPT_BUFFER_BYTES: usize = 4 << 20;
 
 /// One entry of a replicated log, as the journal keeps it (membership never changes, so every
 /// entry is an ordinary one).
@@ -70,7 +72,63 @@ pub enum JournalOp {
 }
 
 /// The simulator's disk for a journal: bytes that survive the host's crash.
-pub type MemoryDisk = Rc<RefCell<Vec<u8>>>;
+pub type MemoryDisk = Rc<RefCell<DiskBytes>>;
+
+/// The bytes on a simulated disk, in chunks of [`DiskBytes::CHUNK_BYTES`]. One `Vec` doubled
+/// as a journal grew: up to twice its bytes held, and three times while a doubling copied them,
+/// on every host of a simulated cluster at once (a quarter of a 4-region Detock run's peak
+/// heap, replicated, was its journals' growth).
+#[derive(Default)]
+pub struct DiskBytes {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl DiskBytes {
+    const CHUNK_BYTES: usize = 1 << 20;
+
+    pub fn from_bytes(bytes: &[u8]) -> DiskBytes {
+        let mut d = DiskBytes::default();
+        d.extend(bytes);
+        d
+    }
+
+    /// Every byte, in one piece (a restarted host reads its journal whole).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.chunks.concat()
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.iter().all(Vec::is_empty)
+    }
+
+    fn extend(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.chunks.last().is_none_or(|c| c.len() == Self::CHUNK_BYTES) {
+                self.chunks.push(Vec::with_capacity(Self::CHUNK_BYTES));
+            }
+            let last = self.chunks.last_mut().expect("a chunk was just made");
+            let n = (Self::CHUNK_BYTES - last.len()).min(bytes.len());
+            last.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+    }
+
+    fn replace(&mut self, bytes: &[u8]) {
+        self.chunks.clear();
+        self.extend(bytes);
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len < self.len() {
+            let kept = self.to_vec();
+            self.replace(&kept[..len]);
+        }
+    }
+}
 
 enum Sink {
     File { file: File, path: PathBuf },
@@ -140,7 +198,7 @@ impl Journal {
 
     /// A new journal on a simulated disk (whatever it held is replaced).
     pub fn create_memory(disk: MemoryDisk, cluster_id: u64, host: u16) -> Journal {
-        *disk.borrow_mut() = header(cluster_id, host).to_vec();
+        disk.borrow_mut().replace(&header(cluster_id, host));
         Journal::with_sink(Sink::Memory(disk), cluster_id, host, HEADER_BYTES as u64)
     }
 
@@ -151,7 +209,7 @@ impl Journal {
         host: u16,
     ) -> Result<(Journal, Vec<JournalOp>), JournalError> {
         let (ops, valid_len, _torn, records) =
-            decode(&disk.borrow(), cluster_id, host).map_err(|r| journal_err(Path::new("(simulated)"), r))?;
+            decode(&disk.borrow().to_vec(), cluster_id, host).map_err(|r| journal_err(Path::new("(simulated)"), r))?;
         disk.borrow_mut().truncate(valid_len);
         let mut j = Journal::with_sink(Sink::Memory(disk), cluster_id, host, valid_len as u64);
         j.next_seq = records + 1;
@@ -234,11 +292,14 @@ impl Journal {
                 Ok(()) => file.sync_data(),
             },
             Sink::Memory(disk) => {
-                disk.borrow_mut().extend_from_slice(&self.buf);
+                disk.borrow_mut().extend(&self.buf);
                 Ok(())
             }
         };
         self.buf.clear();
+        if self.buf.capacity() > KEPT_BUFFER_BYTES {
+            self.buf = Vec::new(); // A snapshot's op passed through: do not hold its size for good.
+        }
         written.map_err(|e| {
             let reason = format!("write or fsync failed ({e}); the replicas of this host stop");
             self.failed = Some(reason.clone());
@@ -254,16 +315,17 @@ impl Journal {
     /// Replaces the journal with `ops` (the groups' live state), atomically: a crash leaves the
     /// old journal or the new one. Anything buffered is dropped (the caller's ops include it).
     pub fn rewrite(&mut self, ops: &[JournalOp]) -> Result<(), JournalError> {
-        self.buf.clear();
+        // The new journal is built in the buffer, which then gives it away whole: kept, its
+        // capacity would hold a second copy of the live state for good.
+        self.buf = header(self.cluster_id, self.host).to_vec();
         self.next_seq = 1;
         self.len_bytes = HEADER_BYTES as u64;
-        let mut bytes = header(self.cluster_id, self.host).to_vec();
         for op in ops {
             self.write(op);
         }
-        bytes.append(&mut self.buf);
+        let bytes = std::mem::take(&mut self.buf);
         match &mut self.sink {
-            Sink::Memory(disk) => *disk.borrow_mut() = bytes,
+            Sink::Memory(disk) => disk.borrow_mut().replace(&bytes),
             Sink::File { file, path } => {
                 let replaced = replace_file(path, &bytes);
                 match replaced {
@@ -431,9 +493,9 @@ mod tests {
         let mut j = Journal::create_memory(disk.clone(), 5, 0);
         ops().iter().for_each(|op| j.write(op));
         j.sync().unwrap();
-        let whole = disk.borrow().clone();
+        let whole = disk.borrow().to_vec();
         for cut in HEADER_BYTES..=whole.len() {
-            let cut_disk = MemoryDisk::new(RefCell::new(whole[..cut].to_vec()));
+            let cut_disk = MemoryDisk::new(RefCell::new(DiskBytes::from_bytes(&whole[..cut])));
             let (_, back) = Journal::open_memory(cut_disk, 5, 0).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
             assert_eq!(back[..], ops()[..back.len()], "cut at {cut}");
         }
@@ -525,8 +587,8 @@ mod tests {
         assert_eq!(Journal::open_memory(disk.clone(), 5, 0).unwrap().1, vec![snapshot, after.clone(), later]);
 
         // A crash that keeps the parts of the second snapshot but not the snapshot itself.
-        let whole = disk.borrow().clone();
-        let cut = MemoryDisk::new(RefCell::new(whole[..whole.len() - 100].to_vec()));
+        let whole = disk.borrow().to_vec();
+        let cut = MemoryDisk::new(RefCell::new(DiskBytes::from_bytes(&whole[..whole.len() - 100])));
         let back = Journal::open_memory(cut, 5, 0).unwrap().1;
         assert_eq!(back.len(), 2, "the second snapshot's parts are dropped: {:?}", back.last().map(journal_op_kind));
         assert_eq!(back[1], after);

@@ -323,8 +323,8 @@ fn a_failed_over_node_runs_its_replicated_inputs_again() {
 /// appends; the tcp nemesis met it as well). These seeds meet the case (a copy is dropped; the
 /// seeds change when the messages' sizes do, so the test says so rather than pass idle), and
 /// each stays serializable. Detock shares the code (`resubmits`); its seed 24 met the case until
-/// 2026-12-03's changes to the messages, and none of its seeds 1-40 meets it since, so Detock's
-/// run here is checked for serializability across its failover only, until a seed is found.
+/// 2026-12-03's changes to the messages, and none of its seeds 1-199 meets it since (searched
+/// 2026-12-05), so Detock's run here is checked for serializability across its failover only.
 #[test]
 fn a_submission_resent_to_a_failed_over_sequencer_runs_once() {
     for (variant, seed, meets_the_case) in [("slog", 68, true), ("slog", 118, true), ("detock", 24, false)] {
