@@ -83,7 +83,7 @@ pub trait Workload: Procedures {
 #[serde(default)]
 pub struct WorkloadParams {
     pub name: String,
-    /// YCSB: keys per partition. list-append: keys in total.
+    /// YCSB: keys per partition. list-append: keys in use at a time, in total (they rotate).
     pub keys: u64,
     pub theta: f64,
     pub ops: u32,
