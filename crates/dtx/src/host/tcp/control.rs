@@ -14,7 +14,33 @@ pub(super) const CLIENTS_PATIENCE: Duration = Duration::from_secs(120);
 /// history file: reconnect and ask again. Also returns when the bench lost the server (ms since
 /// the Unix epoch), to time a takeover of its node.
 /// A server's control connection, its final report, and when it was lost (Unix ms), if it was.
-pub(super) type Waited = (Control, Value, Option<u64>);
+pub(super) type Waited = (Control, WaitReply, Option<u64>);
+
+/// A server's answer to `wait`: what its node did in the run. Typed on both ends and written
+/// straight to the socket: as a `serde_json::Value` a history of a million transactions takes
+/// several times its JSON's size in memory, on the server and again in the bench.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct WaitReply {
+    pub ok: bool,
+    /// Why not, when `ok` is false.
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub totals: Totals,
+    #[serde(default)]
+    pub history: Vec<HistLine>,
+    /// Clients still running when the server stopped waiting for them.
+    #[serde(default)]
+    pub stuck_workers: u64,
+    /// The server restarted during the run and answers from its history file.
+    #[serde(default)]
+    pub resumed: bool,
+    /// Whether the server serves a node now (not if its node was taken over).
+    #[serde(default)]
+    pub serves: bool,
+    #[serde(default)]
+    pub takeovers: Vec<Takeover>,
+}
 
 /// Gives up, naming the wait, once `deadline` passes: the run's window, the servers' own
 /// patience with their clients ([`CLIENTS_PATIENCE`]) and [`ANSWER_MARGIN`].
@@ -22,8 +48,8 @@ pub(super) fn wait_surviving_restarts(mut c: Control, addr: SocketAddr, deadline
     let mut lost_unix_ms = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match c.call_within(&json!({"cmd": "wait"}), left) {
-            Ok(v) => return Ok((c, v, lost_unix_ms)),
+        match c.call_line_within(&json!({"cmd": "wait"}), left).and_then(|line| c.wait_reply(&line)) {
+            Ok(reply) => return Ok((c, reply, lost_unix_ms)),
             Err(e) if c.lost && !left.is_zero() => {
                 lost_unix_ms.get_or_insert_with(crate::host::tcp_host::unix_ms);
                 eprintln!("dtx: node {}: {e:#}; waiting up to {:?} for it to restart", c.node, RESTART_PATIENCE);
@@ -98,6 +124,26 @@ impl Control {
 
     /// Send `req` and read the answer, waiting at most `limit` for it.
     pub(super) fn call_within(&mut self, req: &Value, limit: Duration) -> anyhow::Result<Value> {
+        let line = self.call_line_within(req, limit)?;
+        let v: Value = serde_json::from_str(&line).with_context(|| format!("node {}: unreadable reply", self.node))?;
+        if v["ok"] != json!(true) {
+            bail!("node {}: {}", self.node, v["error"].as_str().unwrap_or("error"));
+        }
+        Ok(v)
+    }
+
+    /// A `wait` answer, read into its own type.
+    fn wait_reply(&self, line: &str) -> anyhow::Result<WaitReply> {
+        let reply: WaitReply =
+            serde_json::from_str(line).with_context(|| format!("node {}: unreadable reply to wait", self.node))?;
+        if !reply.ok {
+            bail!("node {}: {}", self.node, reply.error.as_deref().unwrap_or("error"));
+        }
+        Ok(reply)
+    }
+
+    /// Send `req` and read the answer's line, waiting at most `limit` for it.
+    fn call_line_within(&mut self, req: &Value, limit: Duration) -> anyhow::Result<String> {
         let node = self.node;
         let what = match req["cmd"].as_str().unwrap_or("") {
             "wait" => format!("node {node}'s clients to finish (the end of its run)"),
@@ -127,10 +173,6 @@ impl Control {
             }
             Ok(_) => {}
         }
-        let v: Value = serde_json::from_str(&line).with_context(|| format!("node {}: unreadable reply", self.node))?;
-        if v["ok"] != json!(true) {
-            bail!("node {}: {}", self.node, v["error"].as_str().unwrap_or("error"));
-        }
-        Ok(v)
+        Ok(line)
     }
 }

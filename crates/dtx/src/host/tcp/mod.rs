@@ -221,18 +221,15 @@ fn gather(waits: Vec<std::thread::JoinHandle<anyhow::Result<Waited>>>, nodes: us
         takeovers: Vec::new(),
     };
     for w in waits {
-        let (c, v, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
-        let t: Totals = serde_json::from_value(v["totals"].clone())?;
-        g.totals.add(&t);
-        let h: Vec<HistLine> = serde_json::from_value(v["history"].clone())?;
-        g.history.extend(h);
-        if v["stuck_workers"].as_u64().unwrap_or(0) > 0 {
+        let (c, reply, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
+        g.totals.add(&reply.totals);
+        g.history.extend(reply.history);
+        if reply.stuck_workers > 0 {
             g.notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
         }
-        let t: Vec<Takeover> = serde_json::from_value(v["takeovers"].clone()).unwrap_or_default();
-        g.takeovers.extend(t);
+        g.takeovers.extend(reply.takeovers);
         g.lost[c.node] = lost_unix_ms;
-        g.serving.push(v["serves"].as_bool().unwrap_or(true));
+        g.serving.push(reply.serves);
         g.ctl.push(c);
     }
     Ok(g)

@@ -158,27 +158,33 @@ impl Server {
                 writeln!(writer, "{}", json!({"ok": false, "error": "request line exceeds 1 MiB"}))?;
                 return Ok(());
             }
-            let reply = match serde_json::from_str::<ControlRequest>(line.trim()) {
-                Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+            let mut bytes = match serde_json::from_str::<ControlRequest>(line.trim()) {
+                Err(e) => serde_json::to_vec(&json!({"ok": false, "error": format!("bad request: {e}")}))?,
                 Ok(ControlRequest::Shutdown) => {
                     self.stop();
                     writeln!(writer, "{}", json!({"ok": true}))?;
                     std::process::exit(0);
                 }
-                Ok(req) => match self.handle(req) {
-                    Ok(mut v) => {
-                        v["ok"] = json!(true);
-                        v
-                    }
-                    Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
-                },
+                Ok(req) => self.answer(req)?,
             };
             // One write per reply: serde_json writes token by token, and a history of 50,000
             // transactions written so to a socket with TCP_NODELAY took 20 s of system calls.
-            let mut bytes = serde_json::to_vec(&reply)?;
             bytes.push(b'\n');
             writer.write_all(&bytes)?;
         }
+    }
+
+    /// A request's answer, as its line of JSON. A wait's goes straight from its own type (a
+    /// history as a `Value` takes several times its JSON's size).
+    fn answer(&self, req: ControlRequest) -> serde_json::Result<Vec<u8>> {
+        let answer = match req {
+            ControlRequest::Wait => self.wait().map(|report| serde_json::to_vec(&report)),
+            req => self.handle(req).map(|mut v| {
+                v["ok"] = json!(true);
+                serde_json::to_vec(&v)
+            }),
+        };
+        answer.unwrap_or_else(|e| serde_json::to_vec(&json!({"ok": false, "error": format!("{e:#}")})))
     }
 
     pub(super) fn handle(&self, req: ControlRequest) -> anyhow::Result<Value> {
@@ -186,7 +192,7 @@ impl Server {
             ControlRequest::Ping => Ok(json!({"node": self.node})),
             ControlRequest::Prepare { spec } => self.prepare(*spec).map(|_| json!({})),
             ControlRequest::Start => self.start().map(|_| json!({})),
-            ControlRequest::Wait => self.wait(),
+            ControlRequest::Wait => Ok(serde_json::to_value(self.wait()?)?),
             ControlRequest::FinalRead => self.final_read(),
             ControlRequest::FinalChecks => self.final_checks(),
             ControlRequest::Findings => Ok(json!({"findings": self.hosting()?.workload().process_findings()})),
@@ -452,7 +458,7 @@ impl Server {
         Ok(())
     }
 
-    pub(super) fn wait(&self) -> anyhow::Result<Value> {
+    pub(super) fn wait(&self) -> anyhow::Result<WaitReply> {
         let (hosting, window, epoch, cpu, history_path, run_dir) = {
             let guard = self.run.lock();
             let run = guard.as_ref().context("wait before prepare")?;
@@ -477,8 +483,15 @@ impl Server {
                     if let Some(h) = hosting {
                         add_replica_counters(&mut totals, h);
                     }
-                    return Ok(json!({"totals": totals, "history": history, "stuck_workers": 0,
-                        "resumed": true, "serves": serves, "takeovers": takeovers}));
+                    return Ok(WaitReply {
+                        ok: true,
+                        totals,
+                        history,
+                        resumed: true,
+                        serves,
+                        takeovers,
+                        ..Default::default()
+                    });
                 }
             }
         };
@@ -509,8 +522,15 @@ impl Server {
         let stuck = shared.running.load(Ordering::Acquire);
         // Under --data-dir the file also holds the takeovers of killed earlier incarnations.
         let takeovers = run_dir.as_deref().map_or_else(|| hosting.takeovers(), |d| read_takeovers(d, self.node));
-        Ok(json!({"totals": totals, "history": history, "stuck_workers": stuck,
-            "serves": hosting.serves_a_node(), "takeovers": takeovers}))
+        Ok(WaitReply {
+            ok: true,
+            totals,
+            history,
+            stuck_workers: stuck as u64,
+            serves: hosting.serves_a_node(),
+            takeovers,
+            ..Default::default()
+        })
     }
 
     /// What this server hosts in the current run (an error if it serves no node in it).
