@@ -841,6 +841,16 @@ impl<S: LogStore> RaftGroup<S> {
         self.node.raft.state == StateRole::Leader
     }
 
+    /// On a leader, the lowest index a follower has acknowledged; `None` on a follower. A
+    /// crashed follower counts too (raft-rs's `recent_active` also drops a live one that is
+    /// slow to answer, the follower entries would help most): the caller bounds what it keeps.
+    pub fn slowest_follower_match(&self) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.node.raft.prs().iter().filter(|(&id, _)| id != self.me).map(|(_, pr)| pr.matched).min()
+    }
+
     /// The replica this leader is handing its leadership to, while a transfer is under way.
     pub fn transferring_to(&self) -> Option<ReplicaId> {
         self.node.raft.lead_transferee
@@ -1511,6 +1521,32 @@ mod tests {
         for replica in &net.replicas {
             assert_eq!(replica.applied, net.replicas[0].applied);
         }
+    }
+
+    /// What a leader keeps entries back for: the lowest match of its followers, a crashed one's
+    /// included (the service bounds it by its previous compaction); a follower answers nothing.
+    #[test]
+    fn the_slowest_follower_is_what_a_leader_keeps_entries_for() {
+        let mut net = Net::new(3, 3, RaftConfig::default());
+        net.run_until(100, |n| n.leader().is_some()).expect("leader");
+        let leader = net.leader().expect("leader");
+        let followers: Vec<ReplicaId> = PEERS.into_iter().filter(|&id| id != leader).collect();
+        let (crashed, live) = (followers[0], followers[1]);
+        for k in 0..5 {
+            net.propose_at_leader(format!("a{k}")).expect("leader accepts");
+        }
+        net.run_until(50, |n| n.applied_lens() == [5, 5, 5]).expect("commits");
+        net.run_until(30, |_| false);
+        let last = net.group(leader).last_index();
+        assert_eq!(net.group(leader).slowest_follower_match(), Some(last), "both followers caught up");
+        assert_eq!(net.group(live).slowest_follower_match(), None, "a follower keeps nothing back");
+        net.crash(crashed);
+        for k in 0..30 {
+            net.propose_at_leader(format!("b{k}")).expect("leader accepts");
+        }
+        net.run_until(2 * RaftConfig::default().election_ticks as u64 + 10, |_| false);
+        assert!(net.group(leader).last_index() >= last + 30);
+        assert_eq!(net.group(leader).slowest_follower_match(), Some(last), "the crashed follower's match");
     }
 
     #[test]

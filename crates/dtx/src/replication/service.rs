@@ -612,8 +612,14 @@ impl ReplicaState {
                 continue;
             }
             let g = self.groups.get_mut(id).expect("a listed group");
+            // A leader keeps, back to its previous compaction, what a follower still lacks: one
+            // a WAN away, or behind on its own work, goes on from entries rather than a snapshot
+            // of the whole state (TiKV compacts alike, to the slowest follower's match within a
+            // limit). A crashed follower holds back at most one compaction's entries. Raft sends
+            // from index i + 1 with i's term, so i stays.
+            let keep_from = g.slowest_follower_match().map_or(applied, |m| m.clamp(last.index, applied));
             g.store_mut().set_snapshot(applied, term, data);
-            g.compact(applied);
+            g.compact(keep_from);
             self.stats.snapshots_taken += 1;
         }
     }
