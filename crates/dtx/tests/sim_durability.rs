@@ -102,10 +102,11 @@ fn group_commits_a_crash_interrupts_are_rolled_back_everywhere_and_lose_nothing_
 fn primo_installs_that_reach_a_failed_epoch_release_instead() {
     use dtx::net::TargetedKind;
     let mut refused = 0;
-    // Seeds 3107-3112: since a fresh node opens its first epoch only once it is logged, and the
-    // coordinator closes an epoch only once the last decision is durable (session 33), seeds
-    // 3101-3106 no longer meet the refusal; 3108 and 3110 do.
-    for seed in 7..=12 {
+    // Seeds 3113-3120: since list-append's keys rotate (2026-12-05), seeds 3107-3112 no longer
+    // meet the refusal; 3113 and 3120 do (of 3113-3160, also 3136, 3156 and 3158). Before,
+    // since a fresh node opens its first epoch only once it is logged and the coordinator closes
+    // an epoch only once the last decision is durable (session 33), 3108 and 3110 did.
+    for seed in 13..=20 {
         let mut spec = durable_spec("primo:commit=epoch:epoch_us=1000", 3100 + seed, dtx::host::Runtime::Sim);
         spec.duration_us = 500_000;
         spec.latency.jitter_us = 0;
