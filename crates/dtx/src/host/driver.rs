@@ -54,19 +54,6 @@ pub struct RunShared {
     /// Each worker's replay-only run after the window ([`replay_only`]), `None` from a
     /// protocol that measures none.
     pub replays: Mutex<Vec<Option<crate::protocols::ReplayRun>>>,
-    /// No key at or above this took an append in any process's history: set by a runtime
-    /// whose processes each saw only part of the run (tcp) before the final read, which then
-    /// reads at least the keys below it ([`Workload::final_read`]).
-    pub appended_keys_below: AtomicU64,
-}
-
-/// One past the highest key any line of `history` appended to (0 if none did).
-pub fn appended_keys_below(history: &[HistLine]) -> u64 {
-    let appended = history.iter().flat_map(|l| &l.ops).filter_map(|op| match op {
-        crate::txn::HistOp::Append(k, _) => Some(k + 1),
-        crate::txn::HistOp::Read(..) => None,
-    });
-    appended.max().unwrap_or(0)
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is
@@ -580,7 +567,7 @@ pub fn wait_until(limit: std::time::Duration, done: impl Fn() -> bool) {
 pub fn final_read(w: &Rc<Worker>, proto: Rc<dyn WorkerProtocol>, wl: Arc<dyn Workload>, shared: Arc<RunShared>) {
     let w2 = w.clone();
     w.spawn(async move {
-        let Some(req) = wl.final_read(shared.appended_keys_below.load(Ordering::Relaxed)) else {
+        let Some(req) = wl.final_read() else {
             *shared.final_read.lock() = Some(Err("workload has no final read".into()));
             return;
         };

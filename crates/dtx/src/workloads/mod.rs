@@ -24,10 +24,8 @@ pub trait Workload: Procedures {
     /// refresh them here.
     fn before_retry(&self, _req: &mut TxnRequest, _rng: &mut Rng) {}
     /// A read-only transaction over the whole key space, run once after the measured period
-    /// (list-append ends with one, so the checker can see every acknowledged append). No
-    /// process appended to a key at or above `appended_keys_below` (0 when the runtime knows no
-    /// more than what this process did).
-    fn final_read(&self, _appended_keys_below: u64) -> Option<TxnRequest> {
+    /// (list-append ends with one, so the checker can see every acknowledged append).
+    fn final_read(&self) -> Option<TxnRequest> {
         None
     }
     /// The history operations an attempt of `req` performs as far as the request says, for the
@@ -236,7 +234,7 @@ mod request_tests {
         for wl in every_workload() {
             let mut rng = crate::util::rng_from_seed(7);
             let mut reqs: Vec<TxnRequest> = (0..300).map(|i| wl.next(&mut rng, i % 4)).collect();
-            reqs.extend(wl.final_read(0));
+            reqs.extend(wl.final_read());
             reqs.extend(wl.final_checks());
             for req in &reqs {
                 let bytes = wl.encode_request(req);

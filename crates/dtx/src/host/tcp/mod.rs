@@ -5,8 +5,7 @@
 //! `{"cmd":"ping"}`, `{"cmd":"prepare","spec":{...}}` (load data, start worker threads, open
 //! the worker ports), `{"cmd":"start"}` (begin warm-up and measurement now), `{"cmd":"wait"}`
 //! (block until this node's clients finished; returns its totals and history),
-//! `{"cmd":"final_read","appended_keys_below":N}` (node 0: run the read-all transaction, over
-//! at least the keys below N, which the bench takes from every history), `{"cmd":"stop"}`,
+//! `{"cmd":"final_read"}` (node 0: run the read-all transaction), `{"cmd":"stop"}`,
 //! `{"cmd":"shutdown"}`. Every reply is `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a bad
 //! request gets an error reply and the connection stays usable.
 //!
@@ -183,7 +182,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     if !fault_events.is_empty() {
         reach_restarted(&mut ctl, &addrs)?;
     }
-    let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals, &history)?;
+    let final_read = after_run_jobs(&spec, &mut ctl, &serving, &mut totals)?;
     time_takeovers(&takeovers, &lost, &fault_events, t0_unix_ms, &mut totals);
     for c in &mut ctl {
         c.call(&json!({"cmd": "stop"}))?;
@@ -250,13 +249,10 @@ fn after_run_jobs(
     ctl: &mut [Control],
     serving: &[bool],
     totals: &mut Totals,
-    history: &[HistLine],
 ) -> anyhow::Result<Option<Result<HistLine, String>>> {
     let mut final_read = None;
     if spec.record_history {
-        let appended_keys_below = driver::appended_keys_below(history);
-        let cmd = json!({"cmd": "final_read", "appended_keys_below": appended_keys_below});
-        final_read = Some(match call_a_serving_server(ctl, serving, &cmd) {
+        final_read = Some(match call_a_serving_server(ctl, serving, &json!({"cmd": "final_read"})) {
             Ok(v) => serde_json::from_value(v["line"].clone()).map_err(|e| e.to_string()),
             Err(e) => Err(format!("{e:#}")),
         });

@@ -14,11 +14,7 @@ pub(super) enum ControlRequest {
     },
     Start,
     Wait,
-    FinalRead {
-        /// From the bench, out of every server's history ([`driver::appended_keys_below`]).
-        #[serde(default)]
-        appended_keys_below: u64,
-    },
+    FinalRead,
     FinalChecks,
     Findings,
     Stop,
@@ -197,7 +193,7 @@ impl Server {
             ControlRequest::Prepare { spec } => self.prepare(*spec).map(|_| json!({})),
             ControlRequest::Start => self.start().map(|_| json!({})),
             ControlRequest::Wait => Ok(serde_json::to_value(self.wait()?)?),
-            ControlRequest::FinalRead { appended_keys_below } => self.final_read(appended_keys_below),
+            ControlRequest::FinalRead => self.final_read(),
             ControlRequest::FinalChecks => self.final_checks(),
             ControlRequest::Findings => Ok(json!({"findings": self.hosting()?.workload().process_findings()})),
             ControlRequest::Stop => {
@@ -574,8 +570,7 @@ impl Server {
         }
     }
 
-    pub(super) fn final_read(&self, appended_keys_below: u64) -> anyhow::Result<Value> {
-        self.hosting()?.shared.appended_keys_below.store(appended_keys_below, Ordering::Relaxed);
+    pub(super) fn final_read(&self) -> anyhow::Result<Value> {
         let take = |s: &RunShared| s.final_read.lock().take();
         match self.after_run_job(driver::final_read, "final read", FINAL_READ_WAIT, take)? {
             Ok(line) => Ok(json!({"line": line})),

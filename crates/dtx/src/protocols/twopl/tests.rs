@@ -83,7 +83,7 @@ fn opposite_order_deadlock(variant: &str, seed: u64) -> Deadlock {
     {
         let (w, proto, read, wl) = (workers[0].clone(), protos[0].clone(), read.clone(), wl.clone());
         workers[0].spawn(async move {
-            let req = wl.final_read(0).expect("list-append reads every key at the end");
+            let req = wl.final_read().expect("list-append reads every key at the end");
             let first_start_us = w.now_us();
             // A participant may still hold a commit's locks until the decision reaches it.
             for number in 0..200 {
