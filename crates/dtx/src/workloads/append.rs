@@ -7,9 +7,9 @@
 //! keys are in use at a time, and once a process has made [`APPENDS_PER_KEY`] appends per key
 //! it moves on to the next `--keys` fresh keys (one of up to [`GENERATIONS`] such sets, then
 //! round again), and the final read reads every loaded key. Without it a read returns every
-//! append the key ever took: a one-second tcp
-//! run of 100,000 appends over 32 keys wrote a 3 GB history, its reads 3,000 values long, and
-//! a server that built its reply grew to 16 GB and was killed.
+//! append the key ever took: a one-second tcp run of 100,000 appends over 32 keys wrote a 3 GB
+//! history, its reads 3,000 values long, and a server that built its reply grew to 16 GB and
+//! was killed.
 
 use super::{Procedures, Workload, WorkloadParams};
 use crate::cluster::{PartitionId, Topology};
