@@ -312,6 +312,13 @@ pub struct KeySet {
     /// against it; a protocol that locks ranges ahead of the run (Calvin) does.
     #[serde(default)]
     pub scans: Vec<Scan>,
+    /// Which of the first 64 `writes` the procedure writes without reading them first (bit i:
+    /// `writes[i]`; YCSB's blind writes): a hint, never checked, for a protocol that would
+    /// otherwise fetch them (Primo's dummy reads, §4.2). A key marked here and read anyway is
+    /// fetched when it is read. A mask, not a list: a key set rides in every Calvin-family log
+    /// entry, and only the executing coordinator uses it (it is not sent).
+    #[serde(skip)]
+    blind_mask: u64,
     /// Built by `covers` for sets larger than [`KeySet::LINEAR_MAX`]: slots of 1 + a position in
     /// `writes` (positive) or in `reads` (negative), 0 = empty; a power of two, at most half full.
     #[serde(skip)]
@@ -332,6 +339,7 @@ impl KeySet {
         self.reads.clear();
         self.writes.clear();
         self.scans.clear();
+        self.blind_mask = 0;
         self.index = Default::default();
     }
 
@@ -345,6 +353,28 @@ impl KeySet {
         if !self.writes.contains(&k) {
             self.writes.push(k);
         }
+    }
+
+    /// A write the procedure makes without reading the key first (marked blind among the first
+    /// 64 writes; later ones are declared as plain writes).
+    pub fn blind_write(&mut self, k: RowKey) {
+        if !self.writes.contains(&k) {
+            if self.writes.len() < u64::BITS as usize {
+                self.blind_mask |= 1 << self.writes.len();
+            }
+            self.writes.push(k);
+        }
+    }
+
+    /// Whether `k` was declared a blind write.
+    pub fn is_blind(&self, k: RowKey) -> bool {
+        self.blind_mask != 0
+            && self
+                .writes
+                .iter()
+                .take(u64::BITS as usize)
+                .position(|w| *w == k)
+                .is_some_and(|i| self.blind_mask >> i & 1 == 1)
     }
 
     fn build_index(&self) -> Vec<i32> {
@@ -416,6 +446,21 @@ mod tests {
             assert!(ks.covers(RowKey::new(1, 0), true), "read and written");
             assert!(!ks.covers(RowKey::new(2, 0), false));
         }
+    }
+
+    #[test]
+    fn blind_writes_are_marked_among_the_writes() {
+        let mut ks = KeySet::default();
+        ks.write(RowKey::new(0, 1));
+        ks.blind_write(RowKey::new(0, 2));
+        ks.blind_write(RowKey::new(0, 1));
+        assert_eq!(ks.writes, vec![RowKey::new(0, 1), RowKey::new(0, 2)], "declared once each");
+        assert!(!ks.is_blind(RowKey::new(0, 1)), "a read-modify-write stays one");
+        assert!(ks.is_blind(RowKey::new(0, 2)));
+        assert!(ks.covers(RowKey::new(0, 2), true));
+        ks.clear();
+        ks.write(RowKey::new(0, 2));
+        assert!(!ks.is_blind(RowKey::new(0, 2)), "cleared");
     }
 }
 

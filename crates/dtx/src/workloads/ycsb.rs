@@ -198,10 +198,10 @@ impl Procedures for Ycsb {
 
     fn declare(&self, req: &TxnRequest, keys: &mut KeySet) -> bool {
         for &(k, op) in &req.args::<YcsbArgs>().ops {
-            if op.writes() {
-                keys.write(RowKey::new(TABLE, k));
-            } else {
-                keys.read(RowKey::new(TABLE, k));
+            match op {
+                YcsbOp::Read => keys.read(RowKey::new(TABLE, k)),
+                YcsbOp::Update => keys.write(RowKey::new(TABLE, k)),
+                YcsbOp::BlindWrite => keys.blind_write(RowKey::new(TABLE, k)),
             }
         }
         true

@@ -6,7 +6,7 @@
 use super::group_commit::Replaced;
 use super::messages::{Reply, Request};
 use super::meta::{self, Rec};
-use super::{Primo, WCF_LOCAL_ABORTS};
+use super::{Primo, DUMMY_READ_ROUNDS, WCF_LOCAL_ABORTS};
 use super::{PrimoWorker, LOCAL_READ_LOCKED, LOCAL_VERSION_CHANGED, LOCAL_WRITE_LOCKED, SWITCH_CHANGED};
 use crate::net::NodeId;
 use crate::protocols::twopc::buffered::{BufferedTxn, ReadOf, ReadSet};
@@ -194,6 +194,9 @@ impl<'a> PrimoTxn<'a> {
             }
         }
         let asked: Vec<_> = remote.into_iter().collect();
+        if self.wk.cc.wcf && !asked.is_empty() {
+            self.wk.w.count(DUMMY_READ_ROUNDS, 1);
+        }
         for (n, _) in &asked {
             self.wk.coord.touch(self.id, &mut self.locked_at, *n);
         }
@@ -503,6 +506,11 @@ impl<'a> CoordTxn for PrimoTxn<'a> {
             return Ok(());
         }
         self.distributed = true;
+        if !wk.cc.dummies_first_round {
+            // A partition written only blindly has no read for its dummy reads to ride with
+            // (§4.2): they are taken at commit, `lock_writes`' round trip.
+            by_node.retain(|_, ks| !ks.iter().all(|k| keys.is_blind(*k)));
+        }
         // Locked here in key order, once each (a key may be declared both read and written).
         let mut here: Vec<RowKey> = self.local_recs.keys().copied().collect();
         here.sort_unstable();

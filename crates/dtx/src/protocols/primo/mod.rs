@@ -22,6 +22,12 @@
 //!   that is locks its declared keys from the start (remote ones one `Lock` per partition, in
 //!   parallel), which is the switch made before the first read rather than at the first remote
 //!   one; interactive mode switches as the paper describes.
+//! - A blind write's dummy read (§4.2) rides with a read to the same partition: in one-shot mode
+//!   in the first round (`KeySet::is_blind`), and a partition written
+//!   only blindly costs a round trip of its own at commit (`primo-dummy-read-rounds`), the
+//!   paper's "extra roundtrip"; `dummy_reads=first-round` locks those in the first round too, an
+//!   extension the declared keys allow. Interactive mode takes every dummy read at commit, one
+//!   `Lock` per partition in parallel.
 //! - Aborted attempts retry after the driver's backoff (dtx's, shared by every protocol), not the
 //!   paper's own 0.5 ms doubling, so that the comparison is of the protocols.
 //!
@@ -71,6 +77,9 @@ pub struct Primo {
     /// Write-conflict-free: distributed transactions lock what they read exclusively and commit
     /// without a prepare round (`wcf=off`: shared read locks and a prepare that upgrades them).
     pub wcf: bool,
+    /// One-shot mode: a blind write's dummy read goes in the first round only with a normal
+    /// read to its partition (§4.2); `dummy_reads=first-round`: always.
+    pub dummies_first_round: bool,
 }
 
 impl Primo {
@@ -78,6 +87,7 @@ impl Primo {
         Primo {
             lock_wait_us: o.u64(crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION.name),
             wcf: o.choice(WCF_OPTION.name) == "on",
+            dummies_first_round: o.choice(DUMMY_READS_OPTION.name) == "first-round",
         }
     }
 
@@ -98,6 +108,21 @@ pub const WCF_OPTION: OptionSpec = OptionSpec {
     help: "on: distributed reads locked exclusively, no prepare (WCF); off: shared read locks and a prepare round that upgrades the writes (the paper's 2PL+2PC ablation)",
 };
 
+/// Where a blind write's dummy read goes in one-shot mode. The paper's (§4.2): "batched with a
+/// normal remote read" to the same partition, and "when there is no normal remote read to batch
+/// with, an extra roundtrip is required", taken at commit here as the write's lock. A one-shot
+/// procedure declares its writes before it runs, so dtx could lock them all in its first round:
+/// `first-round`, an extension the paper's engine, which learns of a write as it is made, has
+/// not. Interactive mode takes every dummy read at commit (one `Lock` per partition).
+pub const DUMMY_READS_OPTION: OptionSpec = OptionSpec {
+    name: "dummy_reads",
+    kind: OptionKind::Choice(&["with-reads", "first-round"]),
+    default: "with-reads",
+    help: "one-shot mode: with-reads: a blind write's dummy read (its lock) rides with a read to its partition, and a \
+           partition only written blindly costs a round trip at commit (the paper's §4.2); first-round: every declared \
+           blind write is locked in the first round (dtx's extension)",
+};
+
 /// How commits become durable ([`group_commit`]): the paper's watermark, or COCO's epochs for
 /// the paper's comparison of the two under the same concurrency control (Fig. 11-13).
 pub const COMMIT_OPTION: OptionSpec = OptionSpec {
@@ -113,6 +138,7 @@ pub type PrimoWorker = CcWorker<Primo>;
 /// Its options.
 pub const OPTIONS: &[OptionSpec] = &[
     WCF_OPTION,
+    DUMMY_READS_OPTION,
     COMMIT_OPTION,
     crate::protocols::twopc::wm_commit::WM_OPTION,
     crate::protocols::twopc::wm_commit::FLOOR_OPTION,
@@ -144,6 +170,10 @@ pub const ABORTS: &[(&str, &str)] = &[
 /// The counter of local aborts caused by a distributed transaction's read lock (WCF's cost): a
 /// validation whose extension it refused, or a write it held.
 pub const WCF_LOCAL_ABORTS: &str = "primo-wcf-local-aborts";
+
+/// The counter of commits that took a round trip for dummy reads alone (blind writes to a
+/// partition the transaction did not otherwise read), the cost §4.2 names.
+pub const DUMMY_READ_ROUNDS: &str = "primo-dummy-read-rounds";
 
 /// The most transactions a node remembers to start distributed: each is one a client of it is
 /// retrying after `primo-switch-changed`; past this many, the memory starts over (a transaction

@@ -150,25 +150,47 @@ fn every_abort_path_is_its_own_reason() {
     assert!(!seen.contains_key("tictoc-version-changed"), "Primo reports its own reasons: {seen:?}");
 }
 
+/// YCSB with half its transactions distributed and that fraction of its writes blind.
+fn distributed_ycsb(blind_write_ratio: f64) -> WorkloadParams {
+    WorkloadParams {
+        name: "ycsb".into(),
+        keys: 200,
+        ops: 6,
+        read_ratio: 0.3,
+        blind_write_ratio,
+        distributed: 0.5,
+        ..Default::default()
+    }
+}
+
 /// Blind writes to other partitions, interactively: each takes its lock at commit (a dummy read
 /// under WCF, the prepare under `wcf=off`), and the partition must then hear the outcome.
 #[test]
 fn interactive_blind_writes_to_other_partitions_commit() {
     for variant in ["primo:wm_us=2000", "primo:wm_us=2000:wcf=off"] {
-        let wl = WorkloadParams {
-            name: "ycsb".into(),
-            keys: 200,
-            ops: 6,
-            read_ratio: 0.3,
-            blind_write_ratio: 1.0,
-            distributed: 0.5,
-            ..Default::default()
-        };
-        let mut s = protocol_spec(variant, wl, 5);
+        let mut s = protocol_spec(variant, distributed_ycsb(1.0), 5);
         s.proto.one_shot = false;
         let out = crate::host::run_sim(&s).expect("the run");
         assert!(out.totals.committed > 100, "{variant}: {} committed", out.totals.committed);
     }
+}
+
+/// One-shot blind writes (§4.2): a dummy read rides with a read to its partition, and a
+/// partition written only blindly costs a round trip of its own at commit
+/// (`primo-dummy-read-rounds`); read-modify-writes never do, nor does `dummy_reads=first-round`,
+/// which locks every declared key in the first round.
+#[test]
+fn one_shot_dummy_reads_ride_with_reads_or_take_their_own_round() {
+    let rounds = |variant: &str, blind_write_ratio: f64| {
+        let mut s = protocol_spec(variant, distributed_ycsb(blind_write_ratio), 5);
+        s.proto.one_shot = true;
+        let out = crate::host::run_sim(&s).expect("the run");
+        assert!(out.totals.committed > 100, "{variant}: {} committed", out.totals.committed);
+        out.totals.counters.get(super::DUMMY_READ_ROUNDS).copied().unwrap_or(0)
+    };
+    assert!(rounds("primo:wm_us=2000", 1.0) > 0, "no partition was written only blindly");
+    assert_eq!(rounds("primo:wm_us=2000", 0.0), 0, "read-modify-writes lock in the first round");
+    assert_eq!(rounds("primo:wm_us=2000:dummy_reads=first-round", 1.0), 0);
 }
 
 #[test]
