@@ -278,6 +278,7 @@ where
         Some("wm") => {
             let floor = match o.choice(twopc::wm_commit::FLOOR_OPTION.name) {
                 "watermark" => twopc::wm_commit::Floor::Watermark,
+                "time" => twopc::wm_commit::Floor::Time,
                 _ => twopc::wm_commit::Floor::Clock,
             };
             twopc::epoch_commit::CommitPolicy::Watermark { wm_us: o.u64(twopc::wm_commit::WM_OPTION.name), floor }

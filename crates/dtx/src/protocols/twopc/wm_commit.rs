@@ -79,6 +79,22 @@ pub enum Floor {
     /// sampled (a Lamport clock, `CLOCK_SAMPLES` times an interval): R2 allows any floor past
     /// W_p, and this one lets W_p keep up with the timestamps. dtx's default.
     Clock,
+    /// Also past this node's clock time in µs (the partition's clock as under `Clock`, and
+    /// [`time_floor_us`] when sampled): every partition's timestamps then advance together at
+    /// the rate of time, far faster than a chain of writes on one record, so a partition whose
+    /// own load is light does not hold W_g back, and W_g passes a commit at the first watermarks
+    /// generated after it.
+    Time,
+}
+
+/// Microseconds from 2026-01-01 (UTC) to the Unix epoch's start, subtracted from a real clock's
+/// reading so that a time floor fits [`TS_BITS`]; the simulator's clock starts at 0.
+const TIME_BASE_US: u64 = 1_767_225_600_000_000;
+
+/// The time floor of a node: its wall clock in µs (virtual in the simulator, the system's from
+/// 2026 otherwise).
+pub fn time_floor_us(wall_us: u64) -> u64 {
+    wall_us.checked_sub(TIME_BASE_US).unwrap_or(wall_us)
 }
 
 /// The registry entries that commit by watermark, for the error a user sees when asking
@@ -99,9 +115,9 @@ pub const COMMIT_OPTION: OptionSpec = OptionSpec {
 /// The floor option of a protocol under `commit=wm`.
 pub const FLOOR_OPTION: OptionSpec = OptionSpec {
     name: "wm_floor",
-    kind: OptionKind::Choice(&["clock", "watermark"]),
+    kind: OptionKind::Choice(&["clock", "watermark", "time"]),
     default: "clock",
-    help: "with commit=wm: new timestamps start past W_p (watermark, the paper's R2) or also past the partition's clock at the last W_p (clock)",
+    help: "with commit=wm: new timestamps start past W_p (watermark, the paper's R2), also past the partition's clock at the last W_p (clock), or also past the node's clock time in µs (time)",
 };
 
 /// The most transactions active on one node at once: every one is some coordinator's
@@ -125,13 +141,15 @@ pub enum WmGateMsg {
     Agreement(WmMsg),
 }
 
-/// Timestamps stay below 2^40 (a million commits a second for twelve days of one chain of
-/// writes): an acknowledgement point is `term << 40 | ts`.
-const TS_BITS: u32 = 40;
+/// Timestamps stay below 2^48 (a million commits a second for eight years of one chain of
+/// writes; under [`Floor::Time`], microseconds from 2026 until late 2034), and agreement terms
+/// below 2^16: an acknowledgement point is `term << 48 | ts`.
+const TS_BITS: u32 = 48;
 
 /// The acknowledgement point of a commit at `ts` in agreement term `term`.
 pub fn point(term: u64, ts: u64) -> u64 {
-    assert!(ts < 1 << TS_BITS, "a logical timestamp {ts} past 2^40");
+    assert!(ts < 1 << TS_BITS, "a logical timestamp {ts} past 2^48");
+    assert!(term < 1 << (u64::BITS - TS_BITS), "agreement term {term} past 2^16");
     (term << TS_BITS) | ts
 }
 
@@ -286,16 +304,19 @@ impl WmState {
         self.marks.ts_floor().max(self.clock_floor)
     }
 
-    /// Under [`Floor::Clock`], new timestamps start past every one fixed so far.
-    fn sample_clock(&mut self) {
-        if self.floor == Floor::Clock {
-            self.clock_floor = self.clock;
+    /// Under [`Floor::Clock`], new timestamps start past every one fixed so far; under
+    /// [`Floor::Time`], also past `wall_us`'s time floor.
+    fn sample_clock(&mut self, wall_us: u64) {
+        match self.floor {
+            Floor::Watermark => {}
+            Floor::Clock => self.clock_floor = self.clock,
+            Floor::Time => self.clock_floor = self.clock_floor.max(self.clock).max(time_floor_us(wall_us)),
         }
     }
 
     /// RULE 1, kept monotone, and past everything logged when idle.
-    fn generate(&mut self) -> u64 {
-        self.sample_clock();
+    fn generate(&mut self, wall_us: u64) -> u64 {
+        self.sample_clock(wall_us);
         match self.active.first() {
             Some(&(bound, _)) => self.marks.generate(Some(bound)),
             None => {
@@ -541,15 +562,23 @@ impl WatermarkGate {
         }
         let (gate, h) = (self.clone(), host.clone());
         w.clone().spawn(async move {
+            // Samples fall on multiples of the step, and watermarks on multiples of the interval,
+            // of the node's wall clock: every partition then generates its W_p at about the same
+            // moment, and W_g passes a commit at the first round of watermarks after it. (Ticks
+            // that drift by each node's persistence time spread the partitions' phases apart, and
+            // W_g then waits for the last partition's next tick: about a whole interval.)
+            let step_us = (gate.interval_us / CLOCK_SAMPLES).max(1);
             loop {
-                for _ in 0..CLOCK_SAMPLES {
-                    w.sleep_us((gate.interval_us / CLOCK_SAMPLES).max(1)).await;
-                    gate.state.lock().sample_clock();
+                w.sleep_us(step_us - w.wall_us() % step_us).await;
+                let wall_us = w.wall_us();
+                gate.state.lock().sample_clock(wall_us);
+                if (wall_us / step_us) % CLOCK_SAMPLES != 0 {
+                    continue;
                 }
                 let generated = {
                     let mut st = gate.state.lock();
                     (st.partition.may_broadcast() && !st.recovering)
-                        .then(|| (st.generate(), st.marks.global(), st.term))
+                        .then(|| (st.generate(w.wall_us()), st.marks.global(), st.term))
                 };
                 let Some((w_p, w_g, term)) = generated else { continue };
                 match h.gate_log().append_watermark(w_p, w_g) {
@@ -806,13 +835,13 @@ mod tests {
         let g = gate(Floor::Watermark);
         assert_eq!(g.enter(1, 0, 0), Ok(1), "a participant's bound: past the floor");
         assert_eq!(g.commit_ts(2, 0, 7), Ok(7), "a coordinator's candidate past the floor stays");
-        assert_eq!(g.state.lock().generate(), 1, "held by the participant's bound");
+        assert_eq!(g.state.lock().generate(0), 1, "held by the participant's bound");
         assert_eq!(g.enter(3, 0, 0), Ok(2), "past the new W_p");
         g.leave(1, Some(9));
         g.leave(3, None);
-        assert_eq!(g.state.lock().generate(), 7, "the coordinator's transaction, logged at 7 next");
+        assert_eq!(g.state.lock().generate(0), 7, "the coordinator's transaction, logged at 7 next");
         g.leave(2, Some(7));
-        assert_eq!(g.state.lock().generate(), 10, "idle: past the 9 it logged");
+        assert_eq!(g.state.lock().generate(0), 10, "idle: past the 9 it logged");
         assert_eq!(g.active(), 0);
     }
 
@@ -821,14 +850,28 @@ mod tests {
     /// floor starts them just past W_p.
     #[test]
     fn the_clock_floor_starts_new_timestamps_past_the_partitions_clock() {
-        for (floor, expected) in [(Floor::Clock, 51), (Floor::Watermark, 2)] {
+        for (floor, expected) in [(Floor::Clock, 51), (Floor::Watermark, 2), (Floor::Time, 51)] {
             let g = gate(floor);
             assert_eq!(g.enter(1, 0, 0), Ok(1), "a participant's transaction holds W_p at 1");
             assert_eq!(g.commit_ts(2, 0, 50), Ok(50));
             g.leave(2, Some(50));
-            assert_eq!(g.state.lock().generate(), 1);
+            assert_eq!(g.state.lock().generate(0), 1);
             assert_eq!(g.commit_ts(3, 0, 1), Ok(expected), "{floor:?}");
         }
+    }
+
+    /// The time floor: new timestamps also start past the node's clock time when it was last
+    /// sampled (µs from 2026 on a real clock, the virtual time in the simulator), and never
+    /// fall back when that clock steps back.
+    #[test]
+    fn the_time_floor_starts_new_timestamps_past_the_clock_time() {
+        assert_eq!(time_floor_us(TIME_BASE_US + 7), 7, "a real clock counts from 2026");
+        assert_eq!(time_floor_us(5_000), 5_000, "the simulator's from 0");
+        let g = gate(Floor::Time);
+        g.state.lock().sample_clock(5_000);
+        assert_eq!(g.commit_ts(1, 0, 1), Ok(5_001));
+        g.state.lock().sample_clock(4_000);
+        assert_eq!(g.commit_ts(2, 0, 1), Ok(5_002), "past its own clock and the earlier sample");
     }
 
     /// A node in another term, or recovering, refuses: the transaction ran across an agreement.
