@@ -13,7 +13,8 @@
 //!
 //! Checkpoints: every `checkpoint_us` worker 0 of a node logs what the inputs before it amount
 //! to ([`Checkpoint`]): the rows its scheduler wrote since its last checkpoint (as
-//! [`Record::Rows`] chunks before it), its scheduler's state (batches not admitted, reads,
+//! [`Record::Rows`] chunks before it, logged in slices as they are written, a row again each
+//! time it changed: see [`super::checkpoint`]), its scheduler's state (batches not admitted, reads,
 //! the lock manager and Detock's dependency graph as they are, the transactions admitted and
 //! not finished), its sequencer's (its last epoch, the pieces its batches placed, the
 //! coordinated transactions not yet placed, the submissions it logged lately) and the messages
@@ -284,9 +285,10 @@ pub struct InputMachine {
     last_epoch: u64,
     /// SLOG's orderer's last checkpoint and its batches after it.
     ordered: Vec<Vec<u8>>,
-    /// Every row a checkpoint wrote since the load, and the rows of a checkpoint on its way.
+    /// Every row a checkpoint wrote since the load, and the rows of a checkpoint on its way, by
+    /// key: its slices log a row again each time it was written since (the last one counts).
     rows: FxHashMap<RowKey, Option<Value>>,
-    pending_rows: Vec<(RowKey, Option<Value>)>,
+    pending_rows: FxHashMap<RowKey, Option<Value>>,
     checkpoint: Option<Checkpoint>,
     /// The inputs since the last checkpoint.
     inputs: Vec<Vec<u8>>,
@@ -314,7 +316,7 @@ impl InputMachine {
             last_epoch: 0,
             ordered: Vec::new(),
             rows: FxHashMap::default(),
-            pending_rows: Vec::new(),
+            pending_rows: FxHashMap::default(),
             checkpoint: None,
             inputs: Vec::new(),
             copy: None,
@@ -344,7 +346,7 @@ impl LogMachine for InputMachine {
             }
             Ok(Record::Rows(rows)) => return self.pending_rows.extend(rows),
             Ok(Record::Checkpoint(c)) => {
-                self.rows.extend(self.pending_rows.drain(..));
+                self.rows.extend(self.pending_rows.drain());
                 self.checkpoint = Some(*c);
                 return self.inputs.clear();
             }
@@ -376,7 +378,8 @@ impl LogMachine for InputMachine {
         inputs.extend(self.inputs.iter().cloned());
         // Rows of a checkpoint whose record is still to come: the records after this snapshot
         // hold only the rest of them.
-        inputs.extend(self.pending_rows.chunks(ROWS_PER_RECORD).map(Record::rows));
+        let pending: Vec<(RowKey, Option<Value>)> = self.pending_rows.iter().map(|(k, v)| (*k, v.clone())).collect();
+        inputs.extend(pending.chunks(ROWS_PER_RECORD).map(Record::rows));
         encode(&MachineSnapshot { last_epoch: self.last_epoch, copy, inputs })
     }
 

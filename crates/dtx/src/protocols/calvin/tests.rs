@@ -202,7 +202,8 @@ fn a_log_that_grows_fast_is_checkpointed_by_its_size() {
 }
 
 /// A record can outgrow a replicated log's entry (Raft takes at most 1 MiB a proposal): a
-/// checkpoint's rows go 4,096 to a record, 4 MB of rows of 1,000 bytes. It goes in pieces, and
+/// checkpoint's rows go 4,096 to a record, a slice of them every 10 ms some 1.8 MB of rows of
+/// 4,000 bytes here. It goes in pieces, and
 /// the log goes on: proposed whole, it was refused at every try, and the node's log, then the
 /// whole run, stopped for good (as a 4-region Detock run's 2.7 MB checkpoints did).
 #[test]
@@ -212,7 +213,7 @@ fn a_record_over_a_replicated_entry_goes_in_pieces_and_the_log_goes_on() {
         keys: 6_000,
         ops: 10,
         read_ratio: 0.0,
-        value_bytes: 1_000,
+        value_bytes: 4_000,
         distributed: 0.1,
         ..Default::default()
     };
@@ -325,9 +326,11 @@ fn a_failed_over_node_runs_its_replicated_inputs_again() {
 /// each stays serializable. Detock shares the code (`resubmits`); its seed 24 met the case until
 /// 2026-12-03's changes to the messages, and none of its seeds 1-199 meets it since (searched
 /// 2026-12-05), so Detock's run here is checked for serializability across its failover only.
+/// SLOG's seeds 68 and 118 met it until checkpoints' rows went in slices (2026-12-05); of seeds
+/// 1-160 only 151 meets it since.
 #[test]
 fn a_submission_resent_to_a_failed_over_sequencer_runs_once() {
-    for (variant, seed, meets_the_case) in [("slog", 68, true), ("slog", 118, true), ("detock", 24, false)] {
+    for (variant, seed, meets_the_case) in [("slog", 151, true), ("detock", 24, false)] {
         let s = crate::testkit::replicated_failover_spec(variant, seed);
         let out = checked(&s);
         assert!(out.totals.failovers > 0, "{variant} seed {seed}: no node was taken over");
