@@ -571,14 +571,17 @@ impl WatermarkGate {
             loop {
                 w.sleep_us(step_us - w.wall_us() % step_us).await;
                 let wall_us = w.wall_us();
-                gate.state.lock().sample_clock(wall_us);
-                if (wall_us / step_us) % CLOCK_SAMPLES != 0 {
-                    continue;
-                }
                 let generated = {
                     let mut st = gate.state.lock();
-                    (st.partition.may_broadcast() && !st.recovering)
-                        .then(|| (st.generate(w.wall_us()), st.marks.global(), st.term))
+                    let due = (wall_us / step_us) % CLOCK_SAMPLES == 0;
+                    match due && st.partition.may_broadcast() && !st.recovering {
+                        // `generate` samples the clock itself.
+                        true => Some((st.generate(wall_us), st.marks.global(), st.term)),
+                        false => {
+                            st.sample_clock(wall_us);
+                            None
+                        }
+                    }
                 };
                 let Some((w_p, w_g, term)) = generated else { continue };
                 match h.gate_log().append_watermark(w_p, w_g) {
