@@ -54,6 +54,11 @@ pub struct RunShared {
     /// Each worker's replay-only run after the window ([`replay_only`]), `None` from a
     /// protocol that measures none.
     pub replays: Mutex<Vec<Option<crate::protocols::ReplayRun>>>,
+    /// As the window closed (`local`): each replica's applied watermark and each node's
+    /// released one (µs on the protocol's clock), for the replay lag.
+    pub replay_points_us: Mutex<Vec<u64>>,
+    /// What the log machines of every host's replicas counted, summed by name (`local`).
+    pub replica_counters: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// Write one history line to the run's history file, if it keeps one. A write that fails is

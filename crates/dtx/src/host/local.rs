@@ -43,12 +43,13 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
                         let addr = Addr::new(n, wi);
                         let w = local::make_worker(&net, addr, &spec2.worker_config());
                         let proto = start_worker(&spec2, &node, &w, window, &shared);
-                        if wi == 0 {
-                            start_owner_led_replicator(&node, &w);
-                        }
+                        let replicas = (wi == 0).then(|| start_local_replication(&node, &w, window, &shared)).flatten();
                         THREAD_WORKER.with(|t| *t.borrow_mut() = Some((w.clone(), proto)));
                         let _ = tx.send(());
                         local::run_worker(&net, &w);
+                        if let Some(r) = &replicas {
+                            count_replicas(r, &shared);
+                        }
                         THREAD_WORKER.with(|t| t.borrow_mut().take());
                         // Free the run's tasks (a process runs many: `dtx bench`, experiments).
                         w.shutdown();
@@ -168,6 +169,11 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.findings = findings;
     totals.findings.extend(replay_finding(replay.as_ref()));
     totals.replay = replay;
+    for (name, n) in std::mem::take(&mut *shared.replica_counters.lock()) {
+        totals.counters.insert(name.to_string(), n);
+    }
+    let points = std::mem::take(&mut *shared.replay_points_us.lock());
+    totals.replay_lag_us = points.iter().max().zip(points.iter().min()).map(|(hi, lo)| hi - lo);
     Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
 }
 

@@ -526,9 +526,10 @@ pub fn attach_worker(node: &NodeSetup, w: &Rc<Worker>) -> Rc<dyn WorkerProtocol>
 }
 
 /// The `local` runtime's log replication: the node's worker 0 leads its log's group and
-/// follows its peers' (nothing crashes there, so nothing fails over).
-fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
-    let Some((logs, replicas)) = &node.replicated else { return };
+/// follows its peers' (nothing crashes there, so nothing fails over). Returns its replicas'
+/// state, once it started.
+fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) -> Option<ReplicasOfHost> {
+    let Some((logs, replicas)) = &node.replicated else { return None };
     let seed = w.rng.borrow_mut().gen::<u64>();
     use crate::replication::service;
     let setup = service::ReplicaSetup {
@@ -548,10 +549,42 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) {
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.
     let started = service::ReplicaState::new(setup, None).and_then(|state| {
-        service::start(std::slice::from_ref(w), Rc::new(std::cell::RefCell::new(state)), logs.clone(), None)
+        let state = Rc::new(std::cell::RefCell::new(state));
+        service::start(std::slice::from_ref(w), state.clone(), logs.clone(), None).map(|_| state)
     });
-    if let Err(e) = started {
-        crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node));
+    started
+        .map_err(|e| crate::rt::log_warn(&format!("node {}: the log replicator did not start: {e}", w.addr.node)))
+        .ok()
+}
+
+/// A host's replicas of the run's replicated logs.
+type ReplicasOfHost = Rc<std::cell::RefCell<crate::replication::service::ReplicaState>>;
+
+/// The `local` runtime's replication on worker 0 of each node: start it, and as the window
+/// closes note how far its replicas have replayed and where the node releases results (the
+/// run's replay lag). Returns the replicas, to count what they did once the worker stops.
+fn start_local_replication(
+    node: &Arc<NodeSetup>,
+    w: &Rc<Worker>,
+    window: Window,
+    shared: &Arc<RunShared>,
+) -> Option<ReplicasOfHost> {
+    let replicas = start_owner_led_replicator(node, w)?;
+    let (node, w2, shared, r) = (node.clone(), w.clone(), shared.clone(), replicas.clone());
+    w.spawn(async move {
+        w2.sleep_us(window.end_ns.saturating_sub(w2.now_ns()) / 1000).await;
+        let mut points = r.borrow().applied_watermarks_us();
+        points.extend(node.proto.released_watermark_us());
+        shared.replay_points_us.lock().extend(points);
+    });
+    Some(replicas)
+}
+
+/// Add what a host's replicas' log machines counted to the run's sums.
+fn count_replicas(replicas: &ReplicasOfHost, shared: &RunShared) {
+    let mut sums = shared.replica_counters.lock();
+    for (name, n) in replicas.borrow().machine_counters() {
+        *sums.entry(name).or_default() += n;
     }
 }
 

@@ -198,6 +198,13 @@ pub trait NodeProtocol: Send + Sync {
     fn worker_roles(&self, topo: &Topology, w: crate::net::Addr) -> crate::cluster::Roles {
         topo.roles_of(w.node)
     }
+    /// Where this node releases results now, as a clock reading (µs), for a protocol whose
+    /// log machines keep an applied watermark on the same clock
+    /// ([`crate::rt::log::LogMachine::applied_watermark_us`]): the replay lag is measured from
+    /// it where the leader's own host applies nothing (`local`). `None` by default.
+    fn released_watermark_us(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A worker's protocol instance: it coordinates transactions and serves remote requests.

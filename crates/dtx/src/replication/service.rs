@@ -11,7 +11,8 @@
 //! The simulator gives each of a node's logs a lane, a virtual core of its own, as Rolis gives
 //! each Paxos stream a thread; the real runtimes run one lane. It runs in one of two modes:
 //! - [`Mode::OwnerLeads`] (the `local` runtime, where nothing can crash): only a log's owner
-//!   ticks and leads its group; the followers hold the log. Nothing fails over.
+//!   ticks and leads its group; the followers hold the log and apply its committed records to
+//!   the protocol's log state machine (the owner's node is that state). Nothing fails over.
 //! - [`Mode::Failover`] (the simulator and `tcp`): every replica ticks every group it holds and applies
 //!   its committed records to the protocol's log state machine ([`LogMachine`], made by the
 //!   factory the replicator is given: replication never looks inside a record). When a node's host
@@ -111,8 +112,8 @@ mod raft_cost {
     }
 }
 
-/// Committed entries a group keeps before it compacts its log in owner-led mode, where
-/// followers apply nothing and a snapshot carries no state.
+/// Committed entries a group keeps before it compacts its log in owner-led mode, where a
+/// snapshot carries no state (the owner applies nothing, and keeps what a follower lacks).
 const OWNER_LED_COMPACT_EVERY: u64 = 4096;
 
 /// Committed bytes a group keeps before it compacts its log in owner-led mode: Rolis's batches
@@ -367,7 +368,8 @@ pub struct ReplicaState {
     cluster_id: u64,
     mode: Mode,
     groups: RaftGroups<ReplicaStore>,
-    /// Per group, the protocol's state machine over its committed records (failover mode).
+    /// Per group, the protocol's state machine over its committed records (failover mode;
+    /// owner-led, the logs this host follows).
     applied: FxHashMap<u32, Box<dyn LogMachine>>,
     /// Per group, where its log was last compacted, and what it applied since.
     compacted: FxHashMap<u32, Compacted>,
@@ -617,7 +619,15 @@ impl ReplicaState {
             // of the whole state (TiKV compacts alike, to the slowest follower's match within a
             // limit). A crashed follower holds back at most one compaction's entries. Raft sends
             // from index i + 1 with i's term, so i stays.
-            let keep_from = g.slowest_follower_match().map_or(applied, |m| m.clamp(last.index, applied));
+            //
+            // Owner-led, the leader applies nothing and its snapshots carry no state, so it keeps
+            // everything a follower still lacks: a follower applies every entry, and one it
+            // lacked behind a compaction would leave its state short.
+            let keep_from = match (self.mode, g.slowest_follower_match()) {
+                (_, None) => applied,
+                (Mode::OwnerLeads, Some(m)) => m.min(applied),
+                (Mode::Failover, Some(m)) => m.clamp(last.index, applied),
+            };
             g.store_mut().set_snapshot(applied, term, data);
             g.compact(keep_from);
             self.stats.snapshots_taken += 1;
@@ -660,6 +670,46 @@ impl ReplicaState {
             Some(m) => Some(m.snapshot()),
             None => (self.setup.new_machine)(LogId::of_group(group), None).ok().map(|m| m.snapshot()),
         }
+    }
+
+    /// Apply committed `entries` of `group` to its machine (made on first use). Returns the
+    /// records applied; none without a machine (the protocol's factory failed, which is logged).
+    fn apply<'a>(&mut self, group: u32, entries: impl Iterator<Item = &'a super::raft_log::Entry>) -> usize {
+        let applied = match self.applied.entry(group) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                match (self.setup.new_machine)(LogId::of_group(group), None) {
+                    Ok(m) => v.insert(m),
+                    Err(e) => {
+                        log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
+                        return 0;
+                    }
+                }
+            }
+        };
+        let mut records = 0;
+        for e in entries {
+            // Raft's own empty entries (a new leader's first) carry no tag.
+            debug_assert!(
+                e.data.is_empty()
+                    || matches!(
+                        e.data[0],
+                        TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE | TAG_PIECE | TAG_LAST_PIECE
+                    ),
+                "an entry of group {group} with an unknown tag"
+            );
+            let pieces = self.pieces.entry(group).or_default();
+            records += apply_records(&e.data, pieces, |record| applied.apply(record));
+        }
+        records
+    }
+
+    /// Whether this host applies `group`'s committed records to the protocol's machine: every
+    /// replica does in failover mode; owner-led, every follower does (a replica keeps the state
+    /// its log describes, as Rolis's followers replay), and the owner, whose node is that state,
+    /// does not.
+    fn applies(&self, group: u32) -> bool {
+        self.mode == Mode::Failover || LogId::of_group(group).node != self.host
     }
 
     /// The groups of `node`'s logs, log 0 first.
@@ -1222,6 +1272,14 @@ impl Replicator {
     fn install_snapshot(&mut self, group: u32, index: u64, data: &[u8]) {
         let mut st = self.state.borrow_mut();
         if st.mode != Mode::Failover {
+            // An owner-led leader keeps every entry a follower lacks (`compact`), so this is a
+            // bug: the follower's state would miss the entries the snapshot covers.
+            debug_assert!(false, "owner-led log {group}: a follower was sent a snapshot at {index}");
+            log_warn(&format!(
+                "replication: host {}: log {group}: a stateless snapshot at index {index} reached a follower; \
+                 its replayed state misses what the snapshot covers",
+                st.host
+            ));
             return;
         }
         match (st.setup.new_machine)(LogId::of_group(group), Some(data)) {
@@ -1241,8 +1299,8 @@ impl Replicator {
         }
     }
 
-    /// Committed entries of `group`: apply them (failover mode) and tell the served log which
-    /// of its records are durable.
+    /// Committed entries of `group`: apply them (failover mode; owner-led, at a follower) and
+    /// tell the served log which of its records are durable.
     /// Entries at or below `snapshot_index` (a snapshot installed in the same poll) are in the
     /// snapshot's state already.
     fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry], snapshot_index: u64) {
@@ -1250,46 +1308,16 @@ impl Replicator {
             return;
         }
         let mut st = self.state.borrow_mut();
-        if st.mode == Mode::Failover {
-            let st = &mut *st;
-            let applied = match st.applied.entry(group) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    match (st.setup.new_machine)(LogId::of_group(group), None) {
-                        Ok(m) => v.insert(m),
-                        Err(e) => {
-                            log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
-                            return;
-                        }
-                    }
-                }
-            };
-            let (mut bytes, mut records) = (0, 0);
-            for e in entries.iter().filter(|e| e.index > snapshot_index) {
-                bytes += e.data.len() as u64;
-                // Raft's own empty entries (a new leader's first) carry no tag.
-                debug_assert!(
-                    e.data.is_empty()
-                        || matches!(
-                            e.data[0],
-                            TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE | TAG_PIECE | TAG_LAST_PIECE
-                        ),
-                    "an entry of group {group} with an unknown tag"
-                );
-                let pieces = st.pieces.entry(group).or_default();
-                records += apply_records(&e.data, pieces, |record| applied.apply(record));
-            }
-            st.compacted.entry(group).or_default().log_bytes += bytes;
+        let fresh = || entries.iter().filter(|e| e.index > snapshot_index);
+        st.compacted.entry(group).or_default().log_bytes += fresh().map(|e| e.data.len() as u64).sum::<u64>();
+        if st.applies(group) {
+            let records = st.apply(group, fresh());
             let w = &self.lanes[self.lane_of(group)];
             w.charge_ops(records.max(1));
             if !self.served.contains_key(&group) {
                 // A follower's share of the entries (a leader was charged as it proposed them).
-                let fresh = entries.iter().filter(|e| e.index > snapshot_index);
-                w.charge(fresh.map(|e| raft_cost::follower_ns(e.data.len())).sum());
+                w.charge(fresh().map(|e| raft_cost::follower_ns(e.data.len())).sum());
             }
-        } else {
-            let bytes: u64 = entries.iter().filter(|e| e.index > snapshot_index).map(|e| e.data.len() as u64).sum();
-            st.compacted.entry(group).or_default().log_bytes += bytes;
         }
         let Some(s) = self.served.get_mut(&group) else { return };
         let mut durable = None;

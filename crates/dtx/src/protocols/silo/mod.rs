@@ -293,6 +293,10 @@ struct NodeState {
 struct SiloNode(Arc<NodeState>);
 
 impl crate::protocols::NodeProtocol for SiloNode {
+    fn released_watermark_us(&self) -> Option<u64> {
+        self.0.streams.as_ref()?.released_watermark_us()
+    }
+
     fn worker(&self, w: Rc<Worker>) -> Rc<dyn WorkerProtocol> {
         let stamper = Stamper::new(self.0.epoch, w.addr.worker);
         let stream = RefCell::new(WorkerStream::new(self.0.closes.clone()));

@@ -83,6 +83,13 @@ impl Streams {
         lsn
     }
 
+    /// The watermark the leader released through, in the TIDs' clock (µs): per-worker streams
+    /// only, once it released anything (a shared stream releases by log position).
+    pub fn released_watermark_us(&self) -> Option<u64> {
+        let released = self.points.released_through();
+        (!self.cfg.shared_stream && released > 0).then(|| super::meta::clock_us_of(released))
+    }
+
     /// Every `watermark_us`: release every commit at or below the watermark (an entry at a
     /// stream's tip is durable, so the watermark's own is too). Runs on worker 0.
     pub async fn release_loop(self: Arc<Self>, w: Rc<Worker>) {
