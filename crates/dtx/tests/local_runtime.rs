@@ -31,6 +31,25 @@ fn every_protocol_commits_and_verifies_on_threads() {
     }
 }
 
+/// Every protocol that replicates its logs does so on threads too (`local`'s owner-led logs):
+/// the followers apply what each log commits to the protocol's log machine (Rolis's replay,
+/// Calvin's execution, 2PC's records) as the run goes, and the history verifies.
+#[test]
+fn every_protocol_replicates_and_verifies_on_threads() {
+    let replicated = dtx::replication::Durability::Replicated;
+    for p in dtx::protocols::registry::ready_with(replicated, 3).filter(|p| common::chosen(p.name)) {
+        let wl = WorkloadParams { name: "append".into(), keys: 32, ops: 4, read_ratio: 0.5, ..Default::default() };
+        let mut s = BenchSpec::new(p.name, wl, dtx::host::Runtime::Local);
+        (s.nodes, s.workers, s.inflight) = (3, common::workers(p.name, 2), 8);
+        (s.durability.mode, s.durability.replicas) = (replicated, 3);
+        (s.duration_us, s.warmup_us) = (300_000, 0);
+        let out = run_until_commits(&mut s, 20);
+        let dir = tempfile::tempdir().unwrap();
+        let (report, problem) = bench::verify(&out, &dir.path().join("h.jsonl"), p.guarantee).unwrap();
+        assert!(problem.is_none(), "{}: {problem:?} {:?}", p.name, report.anomalies.first());
+    }
+}
+
 #[test]
 fn ycsb_on_threads_reports_messages_and_latency() {
     let mut s = BenchSpec::new(
