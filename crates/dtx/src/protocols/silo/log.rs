@@ -65,8 +65,8 @@ const _: () = assert!(ROW_SHARDS.is_power_of_two(), "a shard is picked by the to
 /// A replica's replayed rows, spread by key over [`ROW_SHARDS`] hash maps. One map rehashed every
 /// row at once as it grew: a follower replaying TPC-C in `local` spent tens of milliseconds in
 /// one insert, its Raft acknowledgements held behind it, and both followers did so together
-/// (they replay the same rows), so the leader committed nothing meanwhile (throughput 0 for
-/// 100 ms at a time). Small maps cross their thresholds at scattered moments, a few per batch.
+/// (they replay the same rows), holding the leader's commits back meanwhile. Small maps cross
+/// their thresholds at scattered moments, a few per batch.
 #[derive(Debug, Clone)]
 struct Rows(Box<[FxHashMap<RowKey, Owned>]>);
 
