@@ -346,6 +346,19 @@ impl Hosting {
         stats.counters().into_iter().chain(machines).filter(|c| c.1 > 0).collect()
     }
 
+    /// Where this process's replicas have applied their logs to, and where the nodes it serves
+    /// release results (µs on the protocols' clocks, [`crate::protocols::NodeProtocol::released_watermark_us`]):
+    /// the run's replay lag is how far the lowest trails the highest over every server.
+    pub fn replay_points_us(&self) -> Vec<u64> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.push_to_replicator(Box::new(move |r| {
+            let _ = tx.send(r.borrow().applied_watermarks_us());
+        }));
+        let mut points = rx.recv_timeout(std::time::Duration::from_secs(1)).unwrap_or_default();
+        points.extend(self.nodes.lock().iter().filter_map(|n| n.setup.proto.released_watermark_us()));
+        points
+    }
+
     /// Append every takeover to `path` as well (one JSON line each).
     pub fn record_takeovers_in(&self, path: PathBuf) {
         *self.takeover_file.lock() = Some(path);

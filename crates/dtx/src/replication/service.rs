@@ -1030,6 +1030,11 @@ impl Replicator {
         self.state.borrow().machine_counters()
     }
 
+    /// Each of this host's machines' applied watermark, where its machine keeps one.
+    pub fn applied_watermarks_us(&self) -> Vec<u64> {
+        self.state.borrow().applied_watermarks_us()
+    }
+
     /// Tell `queue` of every node this host stops serving because it lost the node's log.
     pub fn report_deposed(&mut self, queue: Deposed) {
         self.deposed = Some(queue);

@@ -40,6 +40,10 @@ pub(super) struct WaitReply {
     pub serves: bool,
     #[serde(default)]
     pub takeovers: Vec<Takeover>,
+    /// As the window closed: where this server's replicas had applied their logs to and where
+    /// its nodes released results ([`crate::host::tcp_host::Hosting::replay_points_us`]).
+    #[serde(default)]
+    pub replay_points_us: Vec<u64>,
 }
 
 /// Gives up, naming the wait, once `deadline` passes: the run's window, the servers' own

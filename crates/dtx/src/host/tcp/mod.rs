@@ -164,7 +164,9 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         pb.set_position((t0.elapsed().as_millis() as u64).min(total_ms));
     }
     pb.finish_and_clear();
-    let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers } = gather(waits, addrs.len())?;
+    let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers, replay_points_us: points } =
+        gather(waits, addrs.len())?;
+    totals.replay_lag_us = points.iter().max().zip(points.iter().min()).map(|(hi, lo)| hi - lo);
     let t0_unix_ms = super::tcp_host::unix_ms().saturating_sub(t0.elapsed().as_millis() as u64);
     if lost.iter().any(|l| l.is_some()) && spec.record_history {
         notes.extend(count_killed_incarnations(&history, window_sys_us, &mut totals));
@@ -207,6 +209,8 @@ struct Gathered {
     /// Per node: when its server was lost (Unix ms), if it was.
     lost: Vec<Option<u64>>,
     takeovers: Vec<Takeover>,
+    /// Every server's replay points as the window closed ([`WaitReply::replay_points_us`]).
+    replay_points_us: Vec<u64>,
 }
 
 /// Join every server's wait and add up what each reported.
@@ -219,6 +223,7 @@ fn gather(waits: Vec<std::thread::JoinHandle<anyhow::Result<Waited>>>, nodes: us
         serving: Vec::new(),
         lost: vec![None; nodes],
         takeovers: Vec::new(),
+        replay_points_us: Vec::new(),
     };
     for w in waits {
         let (c, reply, lost_unix_ms) = w.join().map_err(|_| anyhow::anyhow!("control thread panicked"))??;
@@ -228,6 +233,7 @@ fn gather(waits: Vec<std::thread::JoinHandle<anyhow::Result<Waited>>>, nodes: us
             g.notes.push(format!("node {}: some clients were still running 120 s after the window closed", c.node));
         }
         g.takeovers.extend(reply.takeovers);
+        g.replay_points_us.extend(reply.replay_points_us);
         g.lost[c.node] = lost_unix_ms;
         g.serving.push(reply.serves);
         g.ctl.push(c);

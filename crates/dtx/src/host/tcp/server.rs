@@ -502,6 +502,8 @@ impl Server {
         while cpu.lock().1.is_none() && epoch.elapsed() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // As the window closes (within the 5 ms this loop sleeps), as the other runtimes take it.
+        let replay_points_us = hosting.replay_points_us();
         while shared.running.load(Ordering::Acquire) > 0 && epoch.elapsed() < deadline {
             // A worker that panicked leaves its clients running forever.
             hosting.check_workers()?;
@@ -529,6 +531,7 @@ impl Server {
             stuck_workers: stuck as u64,
             serves: hosting.serves_a_node(),
             takeovers,
+            replay_points_us,
             ..Default::default()
         })
     }
