@@ -173,7 +173,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         totals.counters.insert(name.to_string(), n);
     }
     let points = std::mem::take(&mut *shared.replay_points_us.lock());
-    totals.replay_lag_us = points.iter().max().zip(points.iter().min()).map(|(hi, lo)| hi - lo);
+    totals.replay_lag_us = super::metrics::replay_lag_us(&points);
     Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
 }
 

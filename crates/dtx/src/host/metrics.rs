@@ -290,6 +290,13 @@ pub fn histogram_of<'a>(counts: impl IntoIterator<Item = &'a (u64, u64)>) -> His
     h
 }
 
+/// The replay lag over replay points (µs on the protocol's clock: replicas' applied
+/// watermarks, and where a runtime has them the leaders' releases): how far the lowest trails
+/// the highest; `None` without points.
+pub fn replay_lag_us(points: &[u64]) -> Option<u64> {
+    Some(points.iter().max()? - points.iter().min()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -365,7 +365,7 @@ impl SimFailover {
         let me = self.0.borrow();
         let up = me.states.iter().zip(&me.replicators).filter(|(_, r)| r.is_some());
         let points: Vec<u64> = up.flat_map(|(s, _)| s.borrow().applied_watermarks_us()).collect();
-        Some(points.iter().max()? - points.iter().min()?)
+        super::metrics::replay_lag_us(&points)
     }
 
     /// Whether every replica of every log holds the same committed entries, byte for byte,

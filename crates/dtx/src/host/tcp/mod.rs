@@ -166,7 +166,7 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
     pb.finish_and_clear();
     let Gathered { mut totals, history, mut notes, mut ctl, serving, lost, takeovers, replay_points_us: points } =
         gather(waits, addrs.len())?;
-    totals.replay_lag_us = points.iter().max().zip(points.iter().min()).map(|(hi, lo)| hi - lo);
+    totals.replay_lag_us = super::metrics::replay_lag_us(&points);
     let t0_unix_ms = super::tcp_host::unix_ms().saturating_sub(t0.elapsed().as_millis() as u64);
     if lost.iter().any(|l| l.is_some()) && spec.record_history {
         notes.extend(count_killed_incarnations(&history, window_sys_us, &mut totals));
