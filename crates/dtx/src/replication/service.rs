@@ -379,8 +379,6 @@ pub struct ReplicaState {
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
     journal: Option<Journal>,
-    /// The journal's size at which it is rewritten next.
-    rewrite_at_bytes: u64,
     /// Groups whose applied state is too large to snapshot (warned once each).
     too_large_to_snapshot: FxHashSet<u32>,
     pub stats: ReplicaStats,
@@ -503,7 +501,6 @@ impl ReplicaState {
             compacted: Default::default(),
             pieces: Default::default(),
             started: false,
-            rewrite_at_bytes: setup.journal_rewrite_bytes,
             journal,
             too_large_to_snapshot: Default::default(),
             stats: ReplicaStats::default(),
@@ -558,7 +555,10 @@ impl ReplicaState {
                 journal.write(&op);
             }
         }
-        if journal.len_bytes() >= self.rewrite_at_bytes {
+        // The next rewrite once the journal is twice what the last one left, and not while one
+        // is under way (a file journal's runs on a thread of its own: `Journal::rewrite`).
+        let rewrite_at_bytes = self.setup.journal_rewrite_bytes.max(2 * journal.rewritten_len_bytes());
+        if !journal.rewriting() && journal.len_bytes() >= rewrite_at_bytes {
             let mut live = Vec::new();
             for id in &ids {
                 let store = self.groups.get(*id).expect("a listed group").store();
@@ -568,9 +568,8 @@ impl ReplicaState {
                     disk_full: false,
                 })?);
             }
-            journal.rewrite(&live)?;
+            journal.rewrite(live);
             self.stats.journal_rewrites += 1;
-            self.rewrite_at_bytes = self.setup.journal_rewrite_bytes.max(2 * journal.len_bytes());
         }
         journal.sync()
     }
