@@ -52,6 +52,7 @@ const KEPT_BUFFER_BYTES: usize = 4 << 20;
 pub struct JournalEntry {
     pub index: u64,
     pub term: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -65,13 +66,25 @@ pub enum JournalOp {
     /// The applied state of the group's log up to `index` (whose entry has term `term`).
     /// `installed`: received from the leader, and the whole log replaced by it; otherwise
     /// taken here, before a compaction.
-    Snapshot { group: u32, index: u64, term: u64, installed: bool, data: Vec<u8> },
+    Snapshot {
+        group: u32,
+        index: u64,
+        term: u64,
+        installed: bool,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Entries before `first_index_to_keep` were dropped.
     Compact { group: u32, first_index_to_keep: u64 },
     /// The leading bytes of the next `Snapshot` op's data (of the same group and index), for a
     /// snapshot over the record limit: [`Journal::write`] cuts it into parts, and reading the
     /// journal joins them again (parts without their `Snapshot`, cut off by a crash, are dropped).
-    SnapshotPart { group: u32, index: u64, data: Vec<u8> },
+    SnapshotPart {
+        group: u32,
+        index: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
 }
 
 /// The simulator's disk for a journal: bytes that survive the host's crash.
@@ -771,6 +784,23 @@ mod tests {
         let mut expected = ops();
         expected.extend([ops()[0].clone(), ops()[1].clone()]);
         assert_eq!(back, expected);
+    }
+
+    #[test]
+    fn entries_encode_as_a_sequence_of_bytes_would() {
+        // serde_bytes writes a byte vector as postcard writes any sequence of bytes (a length,
+        // then the bytes), so journals written before it read back unchanged.
+        #[derive(Serialize)]
+        struct Plain {
+            index: u64,
+            term: u64,
+            data: Vec<u8>,
+        }
+        let data: Vec<u8> = (0..=255).cycle().take(1000).collect();
+        let entry = JournalEntry { index: 7, term: 3, data: data.clone() };
+        let encoded = postcard::to_allocvec(&entry).unwrap();
+        assert_eq!(encoded, postcard::to_allocvec(&Plain { index: 7, term: 3, data }).unwrap());
+        assert_eq!(postcard::from_bytes::<JournalEntry>(&encoded).unwrap(), entry);
     }
 
     #[test]
