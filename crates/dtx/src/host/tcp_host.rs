@@ -547,6 +547,10 @@ impl Hosting {
     }
 }
 
+/// How long a server's replicas of other servers' logs leave a log's first election to its
+/// owner (`ReplicaSetup::first_election_grace_us`): five to ten of the owner's campaigns.
+const FIRST_ELECTION_GRACE_US: u64 = 1_000_000;
+
 /// This host's replicas: fresh over a new journal at `path`, or (`rejoin`) reopened from it.
 fn open_replicas(
     spec: &BenchSpec,
@@ -557,7 +561,8 @@ fn open_replicas(
     workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<service::ReplicaState> {
     use crate::replication::journal::Journal;
-    let setup = super::failover_replica_setup(spec, host, seed, workload)?;
+    let mut setup = super::failover_replica_setup(spec, host, seed, workload)?;
+    setup.first_election_grace_us = FIRST_ELECTION_GRACE_US;
     let cluster_id = setup.cluster_id;
     if !rejoin {
         return Ok(service::ReplicaState::new(setup, Some(Journal::create_file(path, cluster_id, host)?))?);

@@ -356,6 +356,13 @@ pub struct ReplicaSetup {
     /// Raft frames over this go as fragments ([`RaftConfig::fragment_bytes`]; the same at
     /// every host of a cluster).
     pub fragment_bytes: u64,
+    /// Failover mode: for this long after its replicator starts, a replica of a log another
+    /// host owns does not campaign while the log has had no election (term 0), so that the
+    /// owner, which campaigns at once, leads its own logs. 0 in `sim`, whose hosts start in
+    /// one instant; `tcp` servers start their clients with their replicas, and an owner whose
+    /// first pre-vote timed out on busy cores lost its logs to another server in runs without
+    /// any fault (a takeover at the start of the run).
+    pub first_election_grace_us: u64,
 }
 
 /// A host's replicas of the logs it is a voter of: Raft's hard state and log per group, kept
@@ -809,6 +816,9 @@ pub struct Replicator {
     /// Senders whose frames were refused (reported once each).
     refused_from: FxHashSet<Addr>,
     on_route: Option<RouteHandler>,
+    /// Until then (the lanes' clock, ns), replicas of other hosts' logs that have had no
+    /// election do not tick ([`ReplicaSetup::first_election_grace_us`]).
+    grace_until_ns: u64,
 }
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
@@ -830,6 +840,7 @@ pub fn start(
         served.insert(LogId::new(host, l as u16).group(), Served::new(log));
     }
     let first = !std::mem::replace(&mut state.borrow_mut().started, true);
+    let grace_us = if first { state.borrow().setup.first_election_grace_us } else { 0 };
     if first {
         let mut st = state.borrow_mut();
         let own: Vec<u32> = st.groups_of(host).collect();
@@ -855,6 +866,7 @@ pub fn start(
         stepped: vec![false; lanes.len()],
         refused_from: Default::default(),
         on_route: None,
+        grace_until_ns: lanes[0].now_ns() + grace_us * 1000,
     }));
     r.borrow_mut().pump();
     for (lane, w) in lanes.iter().enumerate() {
@@ -1115,9 +1127,18 @@ impl Replicator {
     /// Tick lane `lane`'s groups (owner-led: only those of this host's own node).
     fn tick(&mut self, lane: usize) {
         let mut st = self.state.borrow_mut();
+        let in_grace = self.lanes[lane].now_ns() < self.grace_until_ns;
+        let host = st.host;
         let ticked: Vec<u32> = match st.mode {
-            Mode::Failover => st.groups.group_ids().collect(),
-            Mode::OwnerLeads => st.groups_of(st.host).collect(),
+            Mode::Failover => st
+                .groups
+                .group_ids()
+                .filter(|&g| {
+                    let waits = in_grace && LogId::of_group(g).node != host;
+                    !waits || st.groups.get(g).is_some_and(|r| r.term() > 0)
+                })
+                .collect(),
+            Mode::OwnerLeads => st.groups_of(host).collect(),
         };
         for group in ticked.into_iter().filter(|&g| self.lane_of(g) == lane) {
             if let Some(g) = st.groups.get_mut(group) {
