@@ -55,6 +55,7 @@ pub const ROWS_PER_RECORD: usize = 4096;
 #[derive(Serialize, Deserialize, Default)]
 pub struct Checkpoint {
     /// The scheduler's state, encoded by the scheduler (empty: the node has none).
+    #[serde(with = "serde_bytes")]
     pub scheduler: Vec<u8>,
     pub sequencer: Option<SequencerCheckpoint>,
     /// Messages worker 0 sent that must arrive, not acknowledged yet: (destination, body).

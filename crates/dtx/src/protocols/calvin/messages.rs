@@ -30,6 +30,7 @@ pub struct Entry {
     /// The client's number for it (a worker numbers its submissions).
     pub id: u64,
     /// The request, encoded by the workload.
+    #[serde(with = "serde_bytes")]
     pub req: Vec<u8>,
     /// Its keys and scans as the client's reconnaissance found them (OLLP), when the workload
     /// does not declare them or the procedure scans; `None`: the workload's declaration.
