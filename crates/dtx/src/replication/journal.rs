@@ -172,26 +172,29 @@ struct Encoder {
     next_seq: u64,
     /// Bytes in the journal, written or buffered.
     len_bytes: u64,
+    /// While a rewrite runs: the payload of every record framed since it began, to be framed
+    /// again after the live state in the new journal (postcard's own buffers, kept instead of
+    /// dropped: no op is copied or encoded a second time).
+    kept: Option<Vec<Vec<u8>>>,
 }
 
 /// A rewrite of a file journal under way: a thread writes and fsyncs the live state to a
-/// temporary file while the old journal goes on taking every op, and keeps a copy of them; the
-/// sync that finds the thread done appends that copy to the new file and renames it over the
-/// old one. Until that rename the old journal holds everything, so a crash at any point loses
+/// temporary file while the old journal goes on taking every op, its encoder keeping each
+/// record's payload ([`Encoder::kept`]); the sync that finds the thread done frames those again
+/// after the live state in the new file and renames it over the old one. Until that rename the old journal holds everything, so a crash at any point loses
 /// nothing; after it the new one does.
 struct Rewrite {
     thread: std::thread::JoinHandle<std::io::Result<(File, Encoder)>>,
-    since: Vec<JournalOp>,
     /// The journal's bytes when the rewrite began.
     began_at_bytes: u64,
-    /// Set once more than [`MAX_BYTES_DURING_REWRITE`] were written meanwhile: `since` is
-    /// dropped and the rewrite's file deleted when its thread ends.
+    /// Set once more than [`MAX_BYTES_DURING_REWRITE`] were written meanwhile: the kept
+    /// payloads are dropped and the rewrite's file deleted when its thread ends.
     abandoned: bool,
 }
 
 /// Bytes written to a journal during a rewrite beyond which the rewrite is given up (its
 /// thread runs at the lowest priority, and on a host whose cores are all busy it may take long;
-/// meanwhile `since` holds a second copy of every op).
+/// meanwhile the old journal's encoder keeps every record's payload).
 const MAX_BYTES_DURING_REWRITE: u64 = 256 << 20;
 
 /// Why a journal cannot be opened or written.
@@ -277,9 +280,7 @@ impl Journal {
         if let Some(r) = self.rewriting.as_mut().filter(|r| !r.abandoned) {
             if self.enc.len_bytes - r.began_at_bytes > MAX_BYTES_DURING_REWRITE {
                 r.abandoned = true;
-                r.since = Vec::new();
-            } else {
-                r.since.push(op.clone());
+                self.enc.kept = None;
             }
         }
     }
@@ -364,8 +365,7 @@ impl Journal {
         let (cluster_id, host) = (self.cluster_id, self.host);
         match &mut self.sink {
             Sink::Memory(disk) => {
-                let mut enc = Encoder::fresh(cluster_id, host);
-                ops.iter().for_each(|op| enc.write(op));
+                let mut enc = Encoder::of_new_journal(cluster_id, host, &ops);
                 disk.borrow_mut().replace(&std::mem::take(&mut enc.buf));
                 self.enc = enc;
                 self.rewritten_len_bytes = self.enc.len_bytes;
@@ -374,8 +374,7 @@ impl Journal {
                 let tmp = path.with_extension("rewrite");
                 let thread = std::thread::Builder::new().name("journal-rewrite".to_string()).spawn(move || {
                     lower_this_threads_priority();
-                    let mut enc = Encoder::fresh(cluster_id, host);
-                    ops.iter().for_each(|op| enc.write(op));
+                    let mut enc = Encoder::of_new_journal(cluster_id, host, &ops);
                     drop(ops);
                     let mut f = File::create(&tmp)?;
                     f.write_all(&std::mem::take(&mut enc.buf))?;
@@ -385,7 +384,8 @@ impl Journal {
                 match thread {
                     Ok(thread) => {
                         let began_at_bytes = self.enc.len_bytes;
-                        self.rewriting = Some(Rewrite { thread, since: Vec::new(), began_at_bytes, abandoned: false })
+                        self.enc.kept = Some(Vec::new());
+                        self.rewriting = Some(Rewrite { thread, began_at_bytes, abandoned: false })
                     }
                     Err(e) => self.rewrite_failed(&format!("cannot start its thread: {e}")),
                 }
@@ -397,7 +397,8 @@ impl Journal {
     /// fsync it, rename it over the journal. On failure the old journal stays, whole, and the
     /// next rewrite waits until it has doubled.
     fn finish_rewrite(&mut self) {
-        let Some(Rewrite { thread, since, abandoned, .. }) = self.rewriting.take() else { return };
+        let Some(Rewrite { thread, abandoned, .. }) = self.rewriting.take() else { return };
+        let kept = self.enc.kept.take().unwrap_or_default();
         let Sink::File { file, path } = &mut self.sink else {
             unreachable!("only a file journal rewrites on a thread")
         };
@@ -413,7 +414,7 @@ impl Journal {
         let mut live_bytes = 0;
         let written = written.and_then(|(mut f, mut enc)| {
             live_bytes = enc.len_bytes;
-            since.iter().for_each(|op| enc.write(op));
+            kept.iter().for_each(|payload| enc.frame(payload));
             f.write_all(&std::mem::take(&mut enc.buf))?;
             f.sync_data()?;
             std::fs::rename(&tmp, &*path)?;
@@ -463,12 +464,15 @@ impl Journal {
 impl Encoder {
     /// An encoder for a journal of `len_bytes` whose next record is `next_seq`.
     fn at(next_seq: u64, len_bytes: u64) -> Encoder {
-        Encoder { buf: Vec::new(), next_seq, len_bytes }
+        Encoder { buf: Vec::new(), next_seq, len_bytes, kept: None }
     }
 
-    /// An encoder for a new journal, its header already in the buffer.
-    fn fresh(cluster_id: u64, host: u16) -> Encoder {
-        Encoder { buf: header(cluster_id, host).to_vec(), next_seq: 1, len_bytes: HEADER_BYTES as u64 }
+    /// A new journal of `ops`, whole in the buffer (its header first).
+    fn of_new_journal(cluster_id: u64, host: u16, ops: &[JournalOp]) -> Encoder {
+        let mut enc = Encoder::at(1, HEADER_BYTES as u64);
+        enc.buf.extend_from_slice(&header(cluster_id, host));
+        ops.iter().for_each(|op| enc.write(op));
+        enc
     }
 
     /// Encodes one op. An `Append` whose record would
@@ -502,8 +506,16 @@ impl Encoder {
             "a journal op of {} bytes: a snapshot or an entry over the record limit",
             payload.len()
         );
+        self.frame(&payload);
+        if let Some(kept) = &mut self.kept {
+            kept.push(payload);
+        }
+    }
+
+    /// Frames one encoded op as the next record.
+    fn frame(&mut self, payload: &[u8]) {
         let before = self.buf.len();
-        encode_record(self.next_seq, &payload, &mut self.buf);
+        encode_record(self.next_seq, payload, &mut self.buf);
         self.len_bytes += (self.buf.len() - before) as u64;
         self.next_seq += 1;
     }
