@@ -337,6 +337,7 @@ pub fn failover_replica_setup(
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: d.raft_fragment_bytes,
         first_election_grace_us: 0,
+        apply_on_thread: false,
     })
 }
 
@@ -548,6 +549,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) -> Option<Replic
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: crate::replication::raft_log::FRAGMENT_BYTES,
         first_election_grace_us: 0,
+        apply_on_thread: false,
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.
     let started = service::ReplicaState::new(setup, None).and_then(|state| {

@@ -458,7 +458,7 @@ impl crate::rt::sim::Failover for SimFailover {
     fn adopt(&mut self, node: u16, host: u16, workers: &[Rc<Worker>]) -> bool {
         let me = self.0.borrow();
         let Some(r) = me.replicators[host as usize].clone() else { return false };
-        let Some(adoption) = r.borrow().adoptable_state(node) else {
+        let Some(adoption) = r.borrow_mut().adoptable_state(node) else {
             r.borrow_mut().adoption_refused(node);
             return false;
         };

@@ -563,6 +563,7 @@ fn open_replicas(
     use crate::replication::journal::Journal;
     let mut setup = super::failover_replica_setup(spec, host, seed, workload)?;
     setup.first_election_grace_us = FIRST_ELECTION_GRACE_US;
+    setup.apply_on_thread = true;
     let cluster_id = setup.cluster_id;
     if !rejoin {
         return Ok(service::ReplicaState::new(setup, Some(Journal::create_file(path, cluster_id, host)?))?);
@@ -611,7 +612,7 @@ async fn watch_leadership(
         }
         let requests: Vec<(NodeId, NodeId)> = std::mem::take(&mut *adopt.borrow_mut());
         for (id, _host) in requests {
-            let state = r.borrow().adoptable_state(id);
+            let state = r.borrow_mut().adoptable_state(id);
             match state {
                 Some(adoption) => {
                     let h = hosting.clone();

@@ -2,6 +2,7 @@
 //! ([`crate::wal`]) and consensus-replicated logs ([`raft_log`]). Nothing here touches a protocol; the
 //! runtimes hand a node's log to protocol code as an [`crate::rt::log::NodeLog`].
 
+pub mod applier;
 pub mod epoch;
 pub mod fragment;
 pub mod journal;

@@ -28,6 +28,7 @@
 //! to the machine) or a replication marker of its own (the `Takeover` that proves a new
 //! leader's term, which no machine sees).
 
+use super::applier::{Applier, Purpose, Taken};
 use super::journal::{Journal, JournalOp};
 use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId};
 use super::store::ReplicaStore;
@@ -173,7 +174,7 @@ pub struct Adoption {
 }
 
 /// An entry that carries one of the node's records.
-const TAG_RECORD: u8 = 0;
+pub(super) const TAG_RECORD: u8 = 0;
 /// An entry that carries a new leader's `Takeover` marker (its host id): committing it proves
 /// the leadership current. No protocol sees it.
 const TAG_TAKEOVER: u8 = 1;
@@ -191,8 +192,8 @@ const TAG_RECORDS: u8 = 3;
 /// the node proposes a record's pieces as consecutive entries of one term, so any other entry
 /// after a piece means that its proposer lost the log before the rest committed: the pieces are
 /// dropped, as the record's loss is reported to its node (`lost`).
-const TAG_PIECE: u8 = 4;
-const TAG_LAST_PIECE: u8 = 5;
+pub(super) const TAG_PIECE: u8 = 4;
+pub(super) const TAG_LAST_PIECE: u8 = 5;
 /// Most records and bytes one entry groups: well inside Raft's 1 MiB per message.
 const GROUP_RECORDS: usize = 1024;
 const GROUP_BYTES: usize = 256 << 10;
@@ -203,7 +204,7 @@ const GROUP_BYTES: usize = 256 << 10;
 /// run's every commit within a virtual second).
 const PIECE_BYTES: usize = 512 << 10;
 
-fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+pub(super) fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + payload.len());
     out.push(tag);
     out.extend_from_slice(payload);
@@ -287,7 +288,15 @@ fn group_front(backlog: &VecDeque<Vec<u8>>, offset: usize) -> Front {
 /// Hands `apply` the records of one committed entry, in order, and returns how many. A record
 /// that came in pieces is joined in `pieces` (its log's, kept between entries) and handed on
 /// with its last piece; pieces that another entry follows were cut off (see [`TAG_PIECE`]).
-fn apply_records(data: &[u8], pieces: &mut Vec<u8>, mut apply: impl FnMut(&[u8])) -> usize {
+/// Whether `data` is an entry this layer framed, or one of Raft's own empty entries (a new
+/// leader's first, which carries no tag).
+pub(super) fn is_framed_entry(data: &[u8]) -> bool {
+    data.first().is_none_or(|tag| {
+        matches!(*tag, TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE | TAG_PIECE | TAG_LAST_PIECE)
+    })
+}
+
+pub(super) fn apply_records(data: &[u8], pieces: &mut Vec<u8>, mut apply: impl FnMut(&[u8])) -> usize {
     match data.split_first() {
         Some((&TAG_PIECE, piece)) => {
             pieces.extend_from_slice(piece);
@@ -363,6 +372,10 @@ pub struct ReplicaSetup {
     /// first pre-vote timed out on busy cores lost its logs to another server in runs without
     /// any fault (a takeover at the start of the run).
     pub first_election_grace_us: u64,
+    /// Whether the state machines run on a thread of their own rather than on the replicator's
+    /// lanes ([`super::applier`]): on `tcp`, so that replay never silences a leader's
+    /// heartbeats; not in `sim`, whose machines run in virtual time.
+    pub apply_on_thread: bool,
 }
 
 /// A host's replicas of the logs it is a voter of: Raft's hard state and log per group, kept
@@ -375,14 +388,21 @@ pub struct ReplicaState {
     cluster_id: u64,
     mode: Mode,
     groups: RaftGroups<ReplicaStore>,
-    /// Per group, the protocol's state machine over its committed records (failover mode;
+    /// The protocol's state machines over each group's committed records (failover mode;
     /// owner-led, the logs this host follows).
-    applied: FxHashMap<u32, Box<dyn LogMachine>>,
+    applier: Applier,
     /// Per group, where its log was last compacted, and what it applied since.
     compacted: FxHashMap<u32, Compacted>,
-    /// Per group, the pieces of a record whose last piece has not committed yet (see
-    /// [`TAG_PIECE`]): its log is not compacted meanwhile, so that a snapshot falls between records.
-    pieces: FxHashMap<u32, Vec<u8>>,
+    /// The groups whose last applied entry is a piece of a record whose last piece has not
+    /// committed yet (see [`TAG_PIECE`]): their log is not compacted meanwhile, so that a
+    /// snapshot falls between records.
+    mid_record: FxHashSet<u32>,
+    /// Groups whose machine was asked for a snapshot to compact the log at.
+    compacting: FxHashSet<u32>,
+    /// Per group, the snapshot taken for a node's adoption (its index, its data), and the
+    /// groups one was asked for.
+    adoption_snapshots: FxHashMap<u32, (u64, Vec<u8>)>,
+    adopting: FxHashSet<u32>,
     /// Whether a replicator ran over this state before (the first one campaigns at once).
     started: bool,
     journal: Option<Journal>,
@@ -488,8 +508,10 @@ impl ReplicaState {
                 let (machine, pieces) =
                     rebuild_machine(&state.setup.new_machine, LogId::of_group(owner), &store, commit)
                         .map_err(|e| anyhow::anyhow!("{}: {e:#}", LogId::of_group(owner)))?;
-                state.applied.insert(owner, machine);
-                state.pieces.insert(owner, pieces);
+                if !pieces.is_empty() {
+                    state.mid_record.insert(owner);
+                }
+                state.applier.restore(owner, commit, machine, pieces);
             }
             state.compacted.insert(owner, Compacted::at(store.snapshot_index(), 0));
             let group = state.open_group(owner, &voters, store, commit)?;
@@ -504,9 +526,12 @@ impl ReplicaState {
             cluster_id: setup.cluster_id,
             mode: setup.mode,
             groups: RaftGroups::default(),
-            applied: Default::default(),
+            applier: new_applier(&setup),
             compacted: Default::default(),
-            pieces: Default::default(),
+            mid_record: Default::default(),
+            compacting: Default::default(),
+            adoption_snapshots: Default::default(),
+            adopting: Default::default(),
             started: false,
             journal,
             too_large_to_snapshot: Default::default(),
@@ -582,7 +607,8 @@ impl ReplicaState {
     }
 
     /// Snapshot and compact every group `of` selects that applied `snapshot_every` entries
-    /// since its last compaction (failover: with the applied state; owner-led: the log alone).
+    /// since its last compaction (failover: with the applied state, asked of its machine, which
+    /// answers at once inline and at a later pump on a thread; owner-led: the log alone).
     fn compact(&mut self, of: impl Fn(u32) -> bool) {
         let every = match self.mode {
             Mode::Failover => self.setup.snapshot_every.max(1),
@@ -597,47 +623,76 @@ impl ReplicaState {
                 Mode::Failover => last.log_bytes >= self.setup.snapshot_log_bytes.max(last.snapshot_bytes),
                 Mode::OwnerLeads => last.log_bytes >= OWNER_LED_COMPACT_BYTES,
             };
-            let between_records = self.pieces.get(&id).is_none_or(Vec::is_empty);
-            if (applied < last.index + every && !log_large) || !between_records {
+            if (applied < last.index + every && !log_large) || self.mid_record.contains(&id) {
                 continue;
             }
-            let Some(term) = g.term_of(applied) else { continue };
-            let data = match self.mode {
-                Mode::OwnerLeads => Vec::new(),
-                Mode::Failover => self.applied_snapshot(id).unwrap_or_default(),
-            };
-            self.compacted.insert(id, Compacted::at(applied, data.len() as u64));
-            if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
-                if self.too_large_to_snapshot.insert(id) {
-                    log_warn(&format!(
-                        "replication: host {}: log {id}'s applied state is {} bytes, over the snapshot limit of {}: \
-                         the log is not compacted (it grows with the run)",
-                        self.host,
-                        data.len(),
-                        RaftConfig::default().max_snapshot_bytes
-                    ));
-                }
-                continue;
+            match self.mode {
+                Mode::OwnerLeads => self.compact_at(id, applied, Vec::new()),
+                Mode::Failover if self.compacting.insert(id) => self.applier.snapshot(id, Purpose::Compact),
+                Mode::Failover => {}
             }
-            let g = self.groups.get_mut(id).expect("a listed group");
-            // A leader keeps, back to its previous compaction, what a follower still lacks: one
-            // a WAN away, or behind on its own work, goes on from entries rather than a snapshot
-            // of the whole state (TiKV compacts alike, to the slowest follower's match within a
-            // limit). A crashed follower holds back at most one compaction's entries. Raft sends
-            // from index i + 1 with i's term, so i stays.
-            //
-            // Owner-led, the leader applies nothing and its snapshots carry no state, so it keeps
-            // everything a follower still lacks: a follower applies every entry, and one it
-            // lacked behind a compaction would leave its state short.
-            let keep_from = match (self.mode, g.slowest_follower_match()) {
-                (_, None) => applied,
-                (Mode::OwnerLeads, Some(m)) => m.min(applied),
-                (Mode::Failover, Some(m)) => m.clamp(last.index, applied),
-            };
-            g.store_mut().set_snapshot(applied, term, data);
-            g.compact(keep_from);
-            self.stats.snapshots_taken += 1;
         }
+        self.pick_up_snapshots();
+    }
+
+    /// Take what the machines' snapshots were asked for: compact a log at its own, keep one for
+    /// an adoption.
+    fn pick_up_snapshots(&mut self) {
+        for Taken { group, index, purpose, data } in self.applier.take_snapshots() {
+            match purpose {
+                Purpose::Compact => {
+                    self.compacting.remove(&group);
+                    self.compact_at(group, index, data);
+                }
+                Purpose::Adopt => {
+                    self.adopting.remove(&group);
+                    self.adoption_snapshots.insert(group, (index, data));
+                }
+            }
+        }
+    }
+
+    /// Compact `group`'s log at `index`, the applied state there being `data` (failover mode).
+    fn compact_at(&mut self, id: u32, index: u64, data: Vec<u8>) {
+        let Some(g) = self.groups.get(id) else { return };
+        // A leader's snapshot installed while the machine took this one covers more.
+        if index <= g.store().snapshot_index() && index > 0 {
+            return;
+        }
+        let Some(term) = g.term_of(index) else { return };
+        let last = self.compacted.get(&id).copied().unwrap_or_default();
+        self.compacted.insert(id, Compacted::at(index, data.len() as u64));
+        if data.len() as u64 > RaftConfig::default().max_snapshot_bytes {
+            if self.too_large_to_snapshot.insert(id) {
+                log_warn(&format!(
+                    "replication: host {}: log {id}'s applied state is {} bytes, over the snapshot limit of {}: \
+                     the log is not compacted (it grows with the run)",
+                    self.host,
+                    data.len(),
+                    RaftConfig::default().max_snapshot_bytes
+                ));
+            }
+            return;
+        }
+        let mode = self.mode;
+        let g = self.groups.get_mut(id).expect("a listed group");
+        // A leader keeps, back to its previous compaction, what a follower still lacks: one
+        // a WAN away, or behind on its own work, goes on from entries rather than a snapshot
+        // of the whole state (TiKV compacts alike, to the slowest follower's match within a
+        // limit). A crashed follower holds back at most one compaction's entries. Raft sends
+        // from index i + 1 with i's term, so i stays.
+        //
+        // Owner-led, the leader applies nothing and its snapshots carry no state, so it keeps
+        // everything a follower still lacks: a follower applies every entry, and one it
+        // lacked behind a compaction would leave its state short.
+        let keep_from = match (mode, g.slowest_follower_match()) {
+            (_, None) => index,
+            (Mode::OwnerLeads, Some(m)) => m.min(index),
+            (Mode::Failover, Some(m)) => m.clamp(last.index, index),
+        };
+        g.store_mut().set_snapshot(index, term, data);
+        g.compact(keep_from);
+        self.stats.snapshots_taken += 1;
     }
 }
 
@@ -645,13 +700,13 @@ impl ReplicaState {
     /// Each of this host's machines' applied watermark, where its machine keeps one
     /// ([`LogMachine::applied_watermark_us`]).
     pub fn applied_watermarks_us(&self) -> Vec<u64> {
-        self.applied.values().filter_map(|m| m.applied_watermark_us()).collect()
+        self.applier.watermarks_us()
     }
 
     /// What the state machines of this host's replicas count, summed over its logs by name.
     pub fn machine_counters(&self) -> Vec<(&'static str, u64)> {
         let mut sums: std::collections::BTreeMap<&'static str, u64> = Default::default();
-        for (name, n) in self.applied.values().flat_map(|m| m.counters()) {
+        for (name, n) in self.applier.counters() {
             *sums.entry(name).or_default() += n;
         }
         sums.into_iter().collect()
@@ -669,47 +724,6 @@ impl ReplicaState {
             .collect()
     }
 
-    /// A snapshot of what `group`'s committed records amount to (a fresh machine's if none
-    /// applied yet); None if the protocol cannot make a machine.
-    fn applied_snapshot(&self, group: u32) -> Option<Vec<u8>> {
-        match self.applied.get(&group) {
-            Some(m) => Some(m.snapshot()),
-            None => (self.setup.new_machine)(LogId::of_group(group), None).ok().map(|m| m.snapshot()),
-        }
-    }
-
-    /// Apply committed `entries` of `group` to its machine (made on first use). Returns the
-    /// records applied; none without a machine (the protocol's factory failed, which is logged).
-    fn apply<'a>(&mut self, group: u32, entries: impl Iterator<Item = &'a super::raft_log::Entry>) -> usize {
-        let applied = match self.applied.entry(group) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                match (self.setup.new_machine)(LogId::of_group(group), None) {
-                    Ok(m) => v.insert(m),
-                    Err(e) => {
-                        log_warn(&format!("replication: log {group}: no state machine: {e:#}"));
-                        return 0;
-                    }
-                }
-            }
-        };
-        let mut records = 0;
-        for e in entries {
-            // Raft's own empty entries (a new leader's first) carry no tag.
-            debug_assert!(
-                e.data.is_empty()
-                    || matches!(
-                        e.data[0],
-                        TAG_RECORD | TAG_RECORDS | TAG_TAKEOVER | TAG_FENCE | TAG_PIECE | TAG_LAST_PIECE
-                    ),
-                "an entry of group {group} with an unknown tag"
-            );
-            let pieces = self.pieces.entry(group).or_default();
-            records += apply_records(&e.data, pieces, |record| applied.apply(record));
-        }
-        records
-    }
-
     /// Whether this host applies `group`'s committed records to the protocol's machine: every
     /// replica does in failover mode; owner-led, every follower does (a replica keeps the state
     /// its log describes, as Rolis's followers replay), and the owner, whose node is that state,
@@ -722,6 +736,21 @@ impl ReplicaState {
     fn groups_of(&self, node: NodeId) -> impl Iterator<Item = u32> {
         (0..self.setup.logs.max(1)).map(move |l| LogId::new(node, l).group())
     }
+}
+
+/// A host's state machines, on their own thread if its setup says so (a thread that cannot be
+/// started leaves them on the replicator's lanes, which is said).
+fn new_applier(setup: &ReplicaSetup) -> Applier {
+    if setup.apply_on_thread {
+        match Applier::on_thread(setup.new_machine.clone(), setup.host) {
+            Ok(a) => return a,
+            Err(e) => log_warn(&format!(
+                "replication: host {}: no applier thread ({e}): its replicas apply on the replication thread",
+                setup.host
+            )),
+        }
+    }
+    Applier::inline(setup.new_machine.clone())
 }
 
 fn journal_op_group(op: &JournalOp) -> u32 {
@@ -807,9 +836,6 @@ pub struct Replicator {
     held: Vec<Vec<(u32, super::raft_log::Output)>>,
     /// When the journal first refused a sync for a full disk (None: it is not refusing).
     held_since_ns: Option<u64>,
-    /// Per group, the log index its state machine has applied up to (raft's no-ops included):
-    /// the group's applied index as of the last pump that processed every output.
-    machine_index: FxHashMap<u32, u64>,
     /// Per lane, frames were stepped since its last pump: the lane pumps once for all of them
     /// (one journal sync per batch of frames, not per frame).
     stepped: Vec<bool>,
@@ -862,7 +888,6 @@ pub fn start(
         loop_wakers: vec![None; lanes.len()],
         held: (0..lanes.len()).map(|_| Vec::new()).collect(),
         held_since_ns: None,
-        machine_index: Default::default(),
         stepped: vec![false; lanes.len()],
         refused_from: Default::default(),
         on_route: None,
@@ -1081,28 +1106,46 @@ impl Replicator {
     }
 
     /// What `node` recovers from, if this host may take it over now: it is alive and, for every
-    /// one of the node's logs, leads it with a settled log in the term of its `Takeover` record
-    /// and has applied every committed record.
-    pub fn adoptable_state(&self, node: NodeId) -> Option<Adoption> {
-        let st = self.state.borrow();
+    /// one of the node's logs, leads it with a settled log in the term of its `Takeover` record,
+    /// its machine has applied every committed record, and that state has been taken (inline
+    /// at once; on a thread, the first call asks for it and a later one finds it).
+    pub fn adoptable_state(&mut self, node: NodeId) -> Option<Adoption> {
+        let mut st = self.state.borrow_mut();
         if !self.alive || st.mode != Mode::Failover {
             return None;
         }
-        let mut adoption = Adoption { snapshots: Vec::new(), terms: Vec::new() };
-        for group in st.groups_of(node) {
+        let groups: Vec<u32> = st.groups_of(node).collect();
+        let mut at = Vec::new();
+        for &group in &groups {
             let g = st.groups.get(group)?;
-            // The state machine, not the group: between a poll and its sync the group has
-            // handed out entries the machine has not applied yet.
-            let machine_index = self.machine_index.get(&group).copied().unwrap_or(0);
+            // The state machine, not the group: the group hands out entries before the machine
+            // applies them (at the sync after a poll, or later on the applier's thread).
             let ready = !self.served.contains_key(&group)
                 && self.takeover_term.get(&group) == Some(&g.term())
                 && g.leads_with_settled_log()
-                && machine_index >= g.commit_index();
+                && st.applier.applied_index(group) >= g.commit_index();
             if !ready {
                 return None;
             }
-            adoption.snapshots.push(st.applied_snapshot(group)?);
-            adoption.terms.push(g.term());
+            at.push((g.term(), g.commit_index()));
+        }
+        for (&group, &(_, commit)) in groups.iter().zip(&at) {
+            let taken = st.adoption_snapshots.get(&group).is_some_and(|&(index, _)| index == commit);
+            if !taken && st.adopting.insert(group) {
+                st.applier.snapshot(group, Purpose::Adopt);
+            }
+        }
+        st.pick_up_snapshots();
+        let mut adoption = Adoption { snapshots: Vec::new(), terms: Vec::new() };
+        for (&group, &(term, commit)) in groups.iter().zip(&at) {
+            match st.adoption_snapshots.get(&group) {
+                Some((index, _)) if *index == commit => adoption.terms.push(term),
+                _ => return None,
+            }
+        }
+        for group in &groups {
+            let (_, data) = st.adoption_snapshots.remove(group).expect("checked above");
+            adoption.snapshots.push(data);
         }
         Some(adoption)
     }
@@ -1150,6 +1193,11 @@ impl Replicator {
     /// Hand each of lane `lane`'s backlogs to its group, in order, until the group refuses one.
     fn propose_backlogs(&mut self, lane: usize) {
         let mut st = self.state.borrow_mut();
+        if st.applier.backlog_bytes() > super::applier::MAX_APPLY_BACKLOG_BYTES {
+            // The machines trail too far: the writers wait (at most a tick) rather than the
+            // replay growing without bound.
+            return;
+        }
         let w = &self.lanes[lane];
         let lanes = self.lanes.len();
         let mut in_pieces = 0;
@@ -1240,19 +1288,15 @@ impl Replicator {
         for (group, mut out) in std::mem::take(&mut self.held[lane]) {
             self.send_frames(lane, out.take_all_messages());
             if let Some(index) = out.snapshot_index {
-                self.install_snapshot(group, index, &out.snapshot_data);
+                self.install_snapshot(group, index, std::mem::take(&mut out.snapshot_data));
+                if self.applier_failed() {
+                    return;
+                }
             }
-            self.committed(group, &out.committed, out.snapshot_index.unwrap_or(0));
+            self.committed(group, std::mem::take(&mut out.committed), out.snapshot_index.unwrap_or(0));
         }
-        {
-            // Every output of this lane is processed: each of its machines has applied what its
-            // group handed out (another lane's may still hold outputs of its own).
-            let st = self.state.borrow();
-            let ids: Vec<u32> = st.groups.group_ids().filter(|&g| self.lane_of(g) == lane).collect();
-            for id in ids {
-                let applied = st.groups.get(id).map_or(0, |g| g.applied_index());
-                self.machine_index.insert(id, applied);
-            }
+        if self.applier_failed() {
+            return;
         }
         if self.state.borrow().mode == Mode::Failover {
             for touched in self.follow_leadership() {
@@ -1294,7 +1338,7 @@ impl Replicator {
 
     /// The leader sent a snapshot of `group`'s log up to `index` (this replica lacked entries
     /// it had compacted away): the state machine starts over from its data.
-    fn install_snapshot(&mut self, group: u32, index: u64, data: &[u8]) {
+    fn install_snapshot(&mut self, group: u32, index: u64, data: Vec<u8>) {
         let mut st = self.state.borrow_mut();
         if st.mode != Mode::Failover {
             // An owner-led leader keeps every entry a follower lacks (`compact`), so this is a
@@ -1307,50 +1351,61 @@ impl Replicator {
             ));
             return;
         }
-        match (st.setup.new_machine)(LogId::of_group(group), Some(data)) {
-            Ok(m) => {
-                st.applied.insert(group, m);
-                st.pieces.remove(&group);
-                st.compacted.insert(group, Compacted::at(index, data.len() as u64));
-                st.stats.snapshots_installed += 1;
-            }
-            Err(e) => {
-                let host = st.host;
-                drop(st);
-                self.journal_failed(&format!(
-                    "host {host} cannot restore log {group}'s snapshot at index {index}: {e:#}"
-                ));
-            }
-        }
+        // A machine that cannot restore it fails the host at once (inline) or at a later pump
+        // (on a thread): `applier_failed`.
+        st.mid_record.remove(&group);
+        st.compacted.insert(group, Compacted::at(index, data.len() as u64));
+        st.stats.snapshots_installed += 1;
+        st.applier.install(group, index, data);
+    }
+
+    /// Whether the state machines failed (a leader's snapshot they could not restore): the
+    /// host's replicas then stop, as for a failed journal.
+    fn applier_failed(&mut self) -> bool {
+        let failure = self.state.borrow_mut().applier.take_failure();
+        let Some(reason) = failure else { return false };
+        let host = self.state.borrow().host;
+        self.journal_failed(&format!("host {host} {reason}"));
+        true
     }
 
     /// Committed entries of `group`: apply them (failover mode; owner-led, at a follower) and
     /// tell the served log which of its records are durable.
     /// Entries at or below `snapshot_index` (a snapshot installed in the same poll) are in the
     /// snapshot's state already.
-    fn committed(&mut self, group: u32, entries: &[super::raft_log::Entry], snapshot_index: u64) {
+    fn committed(&mut self, group: u32, entries: Vec<super::raft_log::Entry>, snapshot_index: u64) {
         if entries.is_empty() || !self.alive {
             return;
         }
+        let proposed: Vec<(u64, u64)> = match self.served.contains_key(&group) {
+            true => entries.iter().map(|e| (e.index, e.term)).collect(),
+            false => Vec::new(),
+        };
         let mut st = self.state.borrow_mut();
-        let fresh = || entries.iter().filter(|e| e.index > snapshot_index);
-        st.compacted.entry(group).or_default().log_bytes += fresh().map(|e| e.data.len() as u64).sum::<u64>();
+        let fresh: Vec<super::raft_log::Entry> = entries.into_iter().filter(|e| e.index > snapshot_index).collect();
+        st.compacted.entry(group).or_default().log_bytes += fresh.iter().map(|e| e.data.len() as u64).sum::<u64>();
         if st.applies(group) {
-            let records = st.apply(group, fresh());
             let w = &self.lanes[self.lane_of(group)];
-            w.charge_ops(records.max(1));
             if !self.served.contains_key(&group) {
                 // A follower's share of the entries (a leader was charged as it proposed them).
-                w.charge(fresh().map(|e| raft_cost::follower_ns(e.data.len())).sum());
+                w.charge(fresh.iter().map(|e| raft_cost::follower_ns(e.data.len())).sum());
             }
+            if let Some(last) = fresh.last() {
+                match last.data.first() == Some(&TAG_PIECE) {
+                    true => st.mid_record.insert(group),
+                    false => st.mid_record.remove(&group),
+                };
+            }
+            let records = st.applier.apply(group, fresh);
+            w.charge_ops(records.max(1));
         }
         let Some(s) = self.served.get_mut(&group) else { return };
         let mut durable = None;
         let mut lost = false;
-        for e in entries {
+        for (index_committed, term_committed) in proposed {
             match s.inflight.front() {
-                Some(&(index, term, lsn)) if index == e.index => {
-                    if term == e.term {
+                Some(&(index, term, lsn)) if index == index_committed => {
+                    if term == term_committed {
                         durable = Some(lsn);
                         s.inflight.pop_front();
                     } else {
@@ -1358,7 +1413,7 @@ impl Replicator {
                     }
                 }
                 // An entry past our oldest proposal committed without it: it was overwritten.
-                Some(&(index, _, _)) if index < e.index => lost = true,
+                Some(&(index, _, _)) if index < index_committed => lost = true,
                 _ => {}
             }
         }
