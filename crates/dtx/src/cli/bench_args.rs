@@ -165,7 +165,7 @@ pub struct BenchArgs {
     /// TPC-C consistency conditions 1-4, the bank total. Exits non-zero on a violation.
     #[arg(long, visible_alias = "check")]
     verify: bool,
-    /// Results folder (default results/<time>-<workload>-<runtime>).
+    /// Results folder (default `results/<time>-<workload>-<runtime>`).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Run against an already running cluster (tcp runtime).

@@ -60,7 +60,7 @@ pub struct RunArgs {
     /// Write the experiment's JSON here (default: in its results folder).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// The results folder (default results/<time>-experiment-<name>).
+    /// The results folder (default `results/<time>-experiment-<name>`).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Runs at once (default: one per core when every run is simulated, else 1). A simulated

@@ -3,7 +3,7 @@
 //! A protocol declares its options ([`OptionSpec`]: a name, a type, a default and a help line) in
 //! its registry entry. A user names a *variant* on the command line as `NAME[:KEY=VALUE]...`
 //! (`2pl-waitdie:lock_wait_us=200`, `sundial:cache=none`); each variant is a run of its own, and
-//! its full name is what the table and the JSON call it. [`Variant::parse`] checks every key
+//! its full name is what the table and the JSON call it. [`Variant::parse`](crate::protocols::registry::Variant::parse) checks every key
 //! against the protocol's options and every value against its type, so a typo is a one-line
 //! error naming the options the protocol has, before anything runs.
 

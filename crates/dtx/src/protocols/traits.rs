@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 /// How every protocol runs transactions, set by the bench's flags rather than per protocol
-/// (a protocol's own knobs are its [`Options`]).
+/// (a protocol's own knobs are its [`Options`](crate::protocols::options::Options)).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ProtoOptions {
     /// Use declared read/write sets to fetch (and lock) per participant in one message

@@ -322,7 +322,7 @@ pub struct Worker {
     pub cost: CpuCost,
     pub rpc: RpcConfig,
     clocks: ClockSkew,
-    /// Where [`Worker::history_us`] counts from: 0 in the simulator, the system time of the
+    /// Where [`Worker::history_now_us`] counts from: 0 in the simulator, the system time of the
     /// clock's epoch otherwise (the same for every worker of a run in a process).
     history_base_us: u64,
     /// Run when the simulator crashes this worker's node (its memory is about to be lost).

@@ -123,7 +123,7 @@ pub struct SimWorld {
     /// Last arrival time per (src, dst) link, to keep links FIFO; control packets held by a
     /// control-only delay keep their own (the `bool`).
     link_last: rustc_hash::FxHashMap<(Addr, Addr, bool), u64>,
-    /// side[i] = which side of the current partition node i is on (None = no partition).
+    /// `side[i]` = which side of the current partition node `i` is on (None = no partition).
     side: Option<Vec<bool>>,
     /// Per node: its workers are down (crashed, not yet restarted or taken over).
     node_down: Vec<bool>,

@@ -637,9 +637,7 @@ pub struct TxnOutput {
     /// the output, not of the request, so that a procedure run on another node reports them too.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reported: Vec<i64>,
-    /// Committed in memory, acknowledged only once the worker's log
-    /// ([`WorkerProtocol::ack_log`](crate::protocols::WorkerProtocol::ack_log)) is durable up to
-    /// this LSN; set only for an attempt with `defer_ack`. Never sent: it names a local log.
+    /// Committed in memory, acknowledged only once the worker's log is durable up to this LSN; set only for an attempt with `defer_ack`. Never sent: it names a local log.
     #[serde(skip)]
     pub ack_after: Option<u64>,
 }

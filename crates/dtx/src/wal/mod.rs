@@ -20,7 +20,7 @@
 //! the whole file or a `.tmp` that recovery deletes. The encoding functions are pure over bytes so
 //! that a simulated in-memory disk can reuse the exact format.
 //!
-//! The module is split by concern: [`format`] the bytes of records, segment headers and
+//! The module is split by concern: [`format`](mod@format) the bytes of records, segment headers and
 //! checkpoints (pure, shared with the simulated disk); [`files`] the directory: atomic writes,
 //! the lock, recovery of segments and checkpoints; [`writer`] the log itself: the append buffer,
 //! the flusher thread, group commit and the durable LSN; [`lanes`] the append lanes (one buffer

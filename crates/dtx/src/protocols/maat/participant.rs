@@ -1,6 +1,6 @@
 //! What a node does for MaaT transactions: the operations on its records and time table, under
 //! the node's one latch, whether the coordinator is local (called inline) or remote (through
-//! [`MaatWorker::on_request`], with the transaction's participant state in the worker's table).
+//! [`Participant::serve`], with the transaction's participant state in the worker's table).
 
 use super::messages::{Reply, Request};
 use super::meta::MaatMeta;

@@ -1,5 +1,5 @@
 //! What a node does for MVCC transactions, whether the coordinator is local (called inline) or
-//! remote (through [`MvccWorker::serve`]): reads as of a timestamp, prewrites, installs. An
+//! remote (through [`Participant::serve`]): reads as of a timestamp, prewrites, installs. An
 //! access that meets a pending write with a smaller timestamp waits for its outcome by looking
 //! again every [`WAIT_POLL_US`]; every access is idempotent, so a retried one holds nothing twice.
 

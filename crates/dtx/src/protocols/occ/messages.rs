@@ -1,7 +1,7 @@
 //! OCC's messages. Textbook count for a distributed transaction, per remote participant:
 //! reads (one round trip per participant in one-shot mode, per read otherwise), `Lock` (only
 //! where it writes), `Validate` (only where it read), then the 2PC skeleton's `Commit` + ack (only
-//! where it wrote) or `Abort` + ack where it locked and then aborted ([`crate::protocols::twopc::Termination`]).
+//! where it wrote) or `Abort` + ack where it locked and then aborted ([`Termination`](crate::protocols::twopc::skeleton::Termination)).
 //! A transaction with a single remote participant sends it one `LockValidate` instead of `Lock`
 //! and `Validate`: once the coordinator's local locks are held, that participant's locks are the
 //! last ones, so it may validate right after taking them.

@@ -1,5 +1,5 @@
 //! What a node does for OCC transactions, whether the coordinator is local (called inline) or
-//! remote (through [`OccWorker::on_request`]): read with version, lock a write set without
+//! remote (through [`Participant::serve`]): read with version, lock a write set without
 //! waiting, validate a read set, install and unlock.
 
 use super::messages::{Reply, Request};

@@ -5,7 +5,7 @@
 //! Which tables are read-only: a table is until a writer locks one of its tuples on this node,
 //! and never again after (the paper counts reads against writes and does not say how; a table
 //! that was written once is not presumed read-only again, which keeps the rule simple and safe).
-//! Safety (the paper leaves it open, the digest's [inferred] rule): a writer's commit timestamp
+//! Safety (the paper leaves it open, the digest's \[inferred\] rule): a writer's commit timestamp
 //! passes `tab_rts` (its tuple's lease reads as `[wts, max(rts, tab_rts)]` when it locks), and
 //! `tab_rts` never advances once a writer holds a tuple of the table: the writer clears the
 //! table's read-only mark under the table's latch before it reads `tab_rts`, and an extension

@@ -35,7 +35,7 @@
 //! Durability: 2PC's records, votes carrying their commit timestamp ([`crate::protocols::twopc::lease_log`]). Leases are not
 //! logged (reads extend them), so, as in Sundial (Sec. 3.5), a node logs a bound past every
 //! lease end and commit timestamp it grants before granting it; after recovery every version
-//! written before the bound reads as `[bound, bound]` (lazily, [`meta::TicTocMeta::current`]),
+//! written before the bound reads as `[bound, bound]` (lazily, [`RecordLease::current`](crate::protocols::twopc::lease::RecordLease::current)),
 //! except one locked by a recovered prepared transaction `T`, whose version reads `[T.ts - 1,
 //! T.ts - 1]` until `T` installs at `T.ts` or aborts. No lease a reader relied on before the
 //! crash reaches the bound, so no commit after it can be placed inside a lost extension.

@@ -107,7 +107,7 @@ pub const DETECT_ABORTS: &[(&str, &str)] = &[
 
 /// Counters: cycles found (each broken by one victim), the sum of their lengths (their mean is
 /// the sum over the count), those of them found on the node where they closed, at the wait that
-/// closed them ([`WaitTable::break_cycle_at`]), the sum of how long the detector's others had
+/// closed them (`TwoPlWorker::break_cycle_at`), the sum of how long the detector's others had
 /// stood when it broke them (from the newest of their waits' starts: the wait that closed the
 /// cycle; its mean is the sum over `deadlocks-found` less `deadlocks-found-at-wait`), the
 /// detector's rounds, victims whose waits had ended before the detector's message came (a stale

@@ -1,5 +1,5 @@
 //! What a node does for 2PL transactions: take locks (inline for a local coordinator, through
-//! [`TwoPlWorker::on_request`] for a remote one), hold prepared writes, apply or roll back.
+//! [`Participant::serve`] for a remote one), hold prepared writes, apply or roll back.
 
 use super::messages::{Reply, Request, Vote};
 use super::meta::LockRecord;
