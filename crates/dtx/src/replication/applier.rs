@@ -81,6 +81,15 @@ struct Outcome {
 }
 
 impl Machines {
+    fn new(new_machine: MachineFactory) -> Machines {
+        Machines {
+            new_machine,
+            machines: Default::default(),
+            pieces: Default::default(),
+            applied_index: Default::default(),
+        }
+    }
+
     fn run(&mut self, command: Command) -> Outcome {
         match command {
             Command::Apply { group, entries } => Outcome { records: self.apply(group, &entries), ..Default::default() },
@@ -185,19 +194,13 @@ pub struct Applier {
 
 impl Applier {
     pub fn inline(new_machine: MachineFactory) -> Applier {
-        let machines = Machines {
-            new_machine,
-            machines: Default::default(),
-            pieces: Default::default(),
-            applied_index: Default::default(),
-        };
-        Applier { inline: Some(machines), remote: None, taken: Vec::new(), failure: None }
+        Applier { inline: Some(Machines::new(new_machine)), remote: None, taken: Vec::new(), failure: None }
     }
 
     /// An applier whose machines run on a thread named `applier@{host}`; the thread ends when
     /// the applier is dropped (after the command it is running).
     pub fn on_thread(new_machine: MachineFactory, host: crate::net::NodeId) -> std::io::Result<Applier> {
-        let Some(mut machines) = Applier::inline(new_machine).inline else { unreachable!("an inline applier") };
+        let mut machines = Machines::new(new_machine);
         let (commands, received) = mpsc::channel::<Command>();
         let published: Arc<Mutex<Published>> = Default::default();
         let backlog_bytes = Arc::new(AtomicU64::new(0));
