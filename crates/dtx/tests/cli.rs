@@ -94,6 +94,9 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--fault-at", "crash:node=1@1s"], "add --runtime sim or tcp"),
         (&["bench", "--runtime", "tcp", "--fault-at", "cpu:node=1,factor=3@0s"], "needs --runtime sim"),
         (&["bench", "--runtime", "tcp", "--fault-at", "crash:node=1@1s"], "add --durability wal or replicated"),
+        (&["bench", "--election-timeout", "20ms"], "--election-timeout 20ms: give 30ms to 60s"),
+        (&["bench", "--election-timeout", "155ms"], "a multiple of the replicator's 10ms tick"),
+        (&["bench", "--election-timeout", "soon"], "--election-timeout"),
     ];
     for (args, want) in cases {
         let (code, _out, err) = dtx(args);
@@ -330,4 +333,48 @@ fn experiments_list_and_bad_experiments_name_what_is_wrong() {
         assert!(err.contains("contention-sweep.toml") && err.contains(want), "wanted `{want}` in: {err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
+}
+
+/// `--election-timeout` reaches the replicas: a crashed node's log fails over after one to two
+/// timeouts without its leader (plus the takeover), never before one.
+#[test]
+fn a_longer_election_timeout_holds_a_failover_back_as_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let args = [
+        "bench",
+        "--runtime",
+        "sim",
+        "--protocol",
+        "occ",
+        "--nodes",
+        "3",
+        "--workers",
+        "1",
+        "--keys",
+        "1000",
+        "--durability",
+        "replicated",
+        "--duration",
+        "1.2",
+        "--warmup",
+        "0.1",
+        "--fault-at",
+        "crash:node=1@0.2s",
+        "--election-timeout",
+        "400ms",
+        "--json",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_dtx"))
+        .args(args)
+        .arg(&json)
+        .current_dir(dir.path())
+        .output()
+        .expect("dtx runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let extra = &report["runs"][0]["extra"];
+    assert_eq!(extra["failovers"].as_f64(), Some(1.0), "{extra}");
+    let failover_ms = extra["failover_ms_p50"].as_f64().expect("a failover time");
+    assert!((400.0..1_000.0).contains(&failover_ms), "failed over in {failover_ms} ms with a 400 ms election timeout");
 }

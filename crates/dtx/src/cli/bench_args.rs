@@ -252,6 +252,12 @@ pub struct BenchArgs {
     /// since its last snapshot hold this many bytes and at least as many as that snapshot
     #[arg(long, default_value_t = 16 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_log_bytes: u64,
+    /// With --durability replicated (sim, tcp): how long a log's followers hear nothing from
+    /// its leader before one campaigns (30ms to 60s, in 10 ms ticks; each waits one to two of
+    /// these). Raise it where busy cores or a slow network make heartbeats late (etcd's
+    /// default is 1s).
+    #[arg(long, default_value = "100ms")]
+    election_timeout: String,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -329,6 +335,24 @@ fn cluster_id(protocol: &str, seed: u64) -> u64 {
 }
 
 /// `--cluster-id`: a hexadecimal u64, with or without `0x`.
+/// `--election-timeout`: a duration in the allowed range, a whole number of replicator ticks.
+fn parse_election_timeout_us(s: &str) -> anyhow::Result<u64> {
+    use crate::replication::{service::TICK_US, ELECTION_TIMEOUT_RANGE_US as RANGE};
+    let us = parse_duration_us(s).context("--election-timeout")?;
+    anyhow::ensure!(
+        RANGE.contains(&us),
+        "--election-timeout {s}: give {}ms to {}s (a leader heartbeats every 20ms)",
+        RANGE.start() / 1000,
+        RANGE.end() / 1_000_000
+    );
+    anyhow::ensure!(
+        us % TICK_US == 0,
+        "--election-timeout {s}: give a multiple of the replicator's {}ms tick",
+        TICK_US / 1000
+    );
+    Ok(us)
+}
+
 fn parse_cluster_id(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
@@ -715,6 +739,7 @@ impl BenchArgs {
                 checkpoint_every: self.checkpoint_every,
                 snapshot_every: self.snapshot_every,
                 snapshot_log_bytes: self.snapshot_log_bytes,
+                election_timeout_us: parse_election_timeout_us(&self.election_timeout)?,
                 ..DurabilityConfig::default()
             },
             node_roles,

@@ -218,6 +218,16 @@ impl BenchSpec {
         if !(0.0..=1.0).contains(&self.faults.loss) {
             bail!("loss probability {} must be within 0..1", self.faults.loss);
         }
+        let election_us = self.durability.election_timeout_us;
+        let range = crate::replication::ELECTION_TIMEOUT_RANGE_US;
+        if !range.contains(&election_us) || election_us % crate::replication::service::TICK_US != 0 {
+            bail!(
+                "the election timeout ({election_us} us) must be {} to {} us, a multiple of the {} us tick",
+                range.start(),
+                range.end(),
+                crate::replication::service::TICK_US
+            );
+        }
         let topo = self.try_topology()?;
         let variant = protocols::Variant::parse(&self.protocol)?;
         let protocol = variant.make();
@@ -337,6 +347,7 @@ pub fn failover_replica_setup(
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: d.raft_fragment_bytes,
         first_election_grace_us: 0,
+        election_ticks: (d.election_timeout_us / service::TICK_US) as usize,
         apply_on_thread: false,
     })
 }
@@ -549,6 +560,7 @@ fn start_owner_led_replicator(node: &NodeSetup, w: &Rc<Worker>) -> Option<Replic
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
         fragment_bytes: crate::replication::raft_log::FRAGMENT_BYTES,
         first_election_grace_us: 0,
+        election_ticks: crate::replication::raft_log::RaftConfig::default().election_ticks,
         apply_on_thread: false,
     };
     // Nothing crashes in one process: these replicas keep their logs in memory.

@@ -92,7 +92,21 @@ pub struct DurabilityConfig {
     /// travel as fragments of this size. Tests make it small to send every snapshot so.
     #[serde(default = "default_raft_fragment_bytes")]
     pub raft_fragment_bytes: u64,
+    /// With `Replicated` (failover): how long a follower hears nothing from its leader before
+    /// it campaigns (a whole number of the replicator's 10 ms ticks; a replica waits between
+    /// one and two of these, drawn from its seed). A leader heartbeats every 20 ms.
+    #[serde(default = "default_election_timeout_us")]
+    pub election_timeout_us: u64,
 }
+
+/// Raft's own default (10 ticks of 10 ms): a failover in 100-200 ms.
+pub fn default_election_timeout_us() -> u64 {
+    100_000
+}
+
+/// The least and the most `--election-timeout` takes: above the 20 ms heartbeat with a tick to
+/// spare, and a minute (a longer one is a cluster that never fails over).
+pub const ELECTION_TIMEOUT_RANGE_US: std::ops::RangeInclusive<u64> = 30_000..=60_000_000;
 
 fn default_snapshot_log_bytes() -> u64 {
     16 << 20
@@ -141,6 +155,7 @@ impl Default for DurabilityConfig {
             snapshot_every: default_snapshot_every(),
             snapshot_log_bytes: default_snapshot_log_bytes(),
             raft_fragment_bytes: default_raft_fragment_bytes(),
+            election_timeout_us: default_election_timeout_us(),
         }
     }
 }

@@ -372,6 +372,9 @@ pub struct ReplicaSetup {
     /// first pre-vote timed out on busy cores lost its logs to another server in runs without
     /// any fault (a takeover at the start of the run).
     pub first_election_grace_us: u64,
+    /// Ticks a follower waits without hearing from its leader before it campaigns
+    /// ([`RaftConfig::election_ticks`]; failover mode).
+    pub election_ticks: usize,
     /// Whether the state machines run on a thread of their own rather than on the replicator's
     /// lanes ([`super::applier`]): on `tcp`, so that replay never silences a leader's
     /// heartbeats; not in `sim`, whose machines run in virtual time.
@@ -569,6 +572,7 @@ impl ReplicaState {
         let cfg = RaftConfig {
             check_quorum: self.mode == Mode::Failover,
             fragment_bytes: self.setup.fragment_bytes,
+            election_ticks: self.setup.election_ticks,
             ..RaftConfig::default()
         };
         let seed = self.setup.seed ^ ((owner as u64) << 17);
