@@ -48,13 +48,20 @@ fn free_port() -> u16 {
     dtx::host::tcp::free_base_port(2, 2).expect("free ports on 127.0.0.1")
 }
 
-fn control(addr: &str, line: &str) -> serde_json::Value {
+/// Send one control line to `addr` and read its answer; on a failure, say so with what the
+/// servers wrote to their error files (`logs`).
+fn control(addr: &str, line: &str, logs: &[std::path::PathBuf]) -> serde_json::Value {
+    let show_logs = || {
+        logs.iter()
+            .map(|p| format!("{}:\n{}", p.display(), std::fs::read_to_string(p).unwrap_or_default()))
+            .collect::<String>()
+    };
     let t0 = Instant::now();
     let s = loop {
         match TcpStream::connect(addr) {
             Ok(s) => break s,
             Err(_) if t0.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("{addr}: {e}"),
+            Err(e) => panic!("{addr}: {e}\n{}", show_logs()),
         }
     };
     let mut w = s.try_clone().unwrap();
@@ -62,8 +69,10 @@ fn control(addr: &str, line: &str) -> serde_json::Value {
     w.write_all(b"\n").unwrap();
     let mut r = BufReader::new(s);
     let mut reply = String::new();
-    r.read_line(&mut reply).unwrap();
-    serde_json::from_str(&reply).unwrap()
+    if let Err(e) = r.read_line(&mut reply) {
+        panic!("{addr}: {e} (after {:?})\n{}", t0.elapsed(), show_logs());
+    }
+    serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{addr}: {e} in {reply:?}\n{}", show_logs()))
 }
 
 #[test]
@@ -76,23 +85,24 @@ fn hand_started_servers_survive_garbage_and_serve_a_bench() {
         format!("workers = 1\n[[node]]\naddr = \"127.0.0.1:{}\"\n[[node]]\naddr = \"127.0.0.1:{}\"\n", base, base + 3),
     )
     .unwrap();
+    let logs: Vec<_> = (0..2).map(|n| dir.path().join(format!("server-{n}.err"))).collect();
     let servers = Reap(
         (0..2)
             .map(|n| {
                 dtx()
                     .args(["server", "--config", cfg.to_str().unwrap(), "--node", &n.to_string()])
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null())
+                    .stderr(std::fs::File::create(&logs[n]).unwrap())
                     .spawn()
                     .unwrap()
             })
             .collect(),
     );
     // Control port: a malformed request gets an error reply, the server stays up.
-    let reply = control(&format!("127.0.0.1:{base}"), "{this is not json");
+    let reply = control(&format!("127.0.0.1:{base}"), "{this is not json", &logs);
     assert_eq!(reply["ok"], false);
     assert!(reply["error"].as_str().unwrap().contains("bad request"));
-    let reply = control(&format!("127.0.0.1:{base}"), r#"{"cmd":"ping"}"#);
+    let reply = control(&format!("127.0.0.1:{base}"), r#"{"cmd":"ping"}"#, &logs);
     assert_eq!(reply["ok"], true);
     // Run a bench once so the worker ports are open, and send garbage frames to them meanwhile.
     let garbage = std::thread::spawn(move || {
