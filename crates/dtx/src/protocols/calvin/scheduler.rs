@@ -117,6 +117,53 @@ pub struct Scheduler {
     running_txns: RefCell<FxHashMap<Slot, Rc<Admitted>>>,
     /// Transactions a checkpoint had running, run again once the worker starts.
     restart: RefCell<Vec<(Slot, Admitted)>>,
+    /// Batches and reads its log took and has not made durable yet (see [`NotDurable`]).
+    batches_not_durable: RefCell<NotDurable<BatchId>>,
+    reads_not_durable: RefCell<NotDurable<(Slot, NodeId)>>,
+}
+
+/// Inputs a node's log took and has not made durable yet, each with its position, so that a
+/// copy of one is acknowledged only once the first is durable. A scheduler runs an input as
+/// soon as its log takes it, and its sender stops sending once answered: a copy answered at
+/// once (the input already taken) while the first was not durable, then a crash, left the
+/// restarted node without the input and no sender to send it again (a SLOG run with failovers
+/// stalled so: a node's log made nothing durable for 280 ms, a sequencer's new incarnation
+/// resent its batches, the node answered them as taken, then crashed).
+struct NotDurable<K> {
+    /// Oldest first (a log's positions grow as it takes records).
+    order: VecDeque<(Lsn, K)>,
+    at: FxHashMap<K, Lsn>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> Default for NotDurable<K> {
+    fn default() -> Self {
+        NotDurable { order: VecDeque::new(), at: FxHashMap::default() }
+    }
+}
+
+impl<K: Copy + Eq + std::hash::Hash> NotDurable<K> {
+    /// `key`'s record was taken at `lsn`.
+    fn taken(&mut self, key: K, lsn: Lsn, durable: Lsn) {
+        self.forget_durable(durable);
+        debug_assert!(self.order.back().is_none_or(|(last, _)| *last <= lsn), "positions grow");
+        self.order.push_back((lsn, key));
+        self.at.insert(key, lsn);
+    }
+
+    /// The answer to a copy of `key`, an input already taken: once its first is durable.
+    fn answer_copy(&mut self, key: &K, durable: Lsn) -> Ack {
+        self.forget_durable(durable);
+        self.at.get(key).map_or(Ack::Now, |lsn| Ack::AfterDurable(*lsn))
+    }
+
+    fn forget_durable(&mut self, durable: Lsn) {
+        while let Some(&(lsn, key)) = self.order.front().filter(|(lsn, _)| *lsn <= durable) {
+            self.order.pop_front();
+            if self.at.get(&key) == Some(&lsn) {
+                self.at.remove(&key);
+            }
+        }
+    }
 }
 
 /// A scheduler's state in its checkpoint, by reference (its wire form is [`State`]'s).
@@ -223,6 +270,8 @@ impl Scheduler {
             dirty: RefCell::default(),
             running_txns: RefCell::default(),
             restart: RefCell::new(restart),
+            batches_not_durable: RefCell::default(),
+            reads_not_durable: RefCell::default(),
         }
     }
 
@@ -277,13 +326,20 @@ impl Scheduler {
     ) -> Ack {
         let id = (epoch, sequencer);
         let Some(stream) = self.stream_of(sequencer) else { return Ack::Now }; // From no sequencer of ours.
+        let log = log.filter(|_| sequencer != here);
         if id < self.next.borrow()[stream] || self.batches.borrow().contains_key(&id) {
-            return Ack::Now; // A resent copy of a batch taken before.
+            // A resent copy of a batch taken before.
+            return log
+                .map_or(Ack::Now, |log| self.batches_not_durable.borrow_mut().answer_copy(&id, log.durable_lsn()));
         }
-        let ack = match log.filter(|_| sequencer != here) {
+        let ack = match log {
             Some(log) => match append(log, &Record::batch(epoch, sequencer, &entries)) {
                 Ack::Withheld => return Ack::Withheld,
-                logged => logged,
+                Ack::AfterDurable(lsn) => {
+                    self.batches_not_durable.borrow_mut().taken(id, lsn, log.durable_lsn());
+                    Ack::AfterDurable(lsn)
+                }
+                Ack::Now => Ack::Now,
             },
             None => Ack::Now,
         };
@@ -305,17 +361,25 @@ impl Scheduler {
             }
             None => self.finished_multi.borrow().0.contains(&slot),
         };
+        let answer_copy = || {
+            log.map_or(Ack::Now, |log| {
+                self.reads_not_durable.borrow_mut().answer_copy(&(slot, from), log.durable_lsn())
+            })
+        };
         if finished {
-            return Ack::Now; // A resent copy for a transaction that has finished.
+            return answer_copy(); // A resent copy for a transaction that has finished.
         }
         let mut reads = self.reads.borrow_mut();
         if reads.get(&slot).is_some_and(|r| r.contains_key(&from)) {
-            return Ack::Now; // A resent copy (or one taken before a restart).
+            return answer_copy(); // A resent copy (or one taken before a restart).
         }
-        let ack = match log.map(|log| append(log, &Record::reads(slot, from, &values))) {
-            Some(Ack::Withheld) => return Ack::Withheld,
-            Some(logged) => logged,
-            None => Ack::Now,
+        let ack = match log.map(|log| (log, append(log, &Record::reads(slot, from, &values)))) {
+            Some((_, Ack::Withheld)) => return Ack::Withheld,
+            Some((log, Ack::AfterDurable(lsn))) => {
+                self.reads_not_durable.borrow_mut().taken((slot, from), lsn, log.durable_lsn());
+                Ack::AfterDurable(lsn)
+            }
+            Some((_, Ack::Now)) | None => Ack::Now,
         };
         assert!(reads.len() < MAX_EARLY_READS, "reads pile up ahead of {:?}", self.next.borrow());
         reads.entry(slot).or_default().insert(from, values);
@@ -900,5 +964,24 @@ impl Access for Deterministic {
             Some((_, stored)) => Step::Ready(Ok(scan.over_writes(stored.clone(), &self.writes))),
             None => Step::Ready(Err(self.stray_scan)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Ack, NotDurable};
+
+    #[test]
+    fn a_copy_waits_for_its_first_to_be_durable_and_is_answered_at_once_after() {
+        let mut not_durable = NotDurable::default();
+        not_durable.taken((7, 1), 40, 30);
+        not_durable.taken((8, 1), 41, 30);
+        assert!(matches!(not_durable.answer_copy(&(7, 1), 39), Ack::AfterDurable(40)), "not durable yet");
+        assert!(matches!(not_durable.answer_copy(&(8, 1), 40), Ack::AfterDurable(41)));
+        assert!(matches!(not_durable.answer_copy(&(7, 1), 40), Ack::Now), "durable at 40");
+        assert!(matches!(not_durable.answer_copy(&(9, 1), 40), Ack::Now), "taken durably long ago");
+        not_durable.taken((9, 1), 50, 41);
+        assert_eq!(not_durable.order.len(), 1, "what is durable is forgotten");
+        assert_eq!(not_durable.at.len(), 1);
     }
 }
