@@ -97,6 +97,8 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--election-timeout", "20ms"], "--election-timeout 20ms: give 30ms to 60s"),
         (&["bench", "--election-timeout", "155ms"], "a multiple of the replicator's 10ms tick"),
         (&["bench", "--election-timeout", "soon"], "--election-timeout"),
+        (&["bench", "--bandwidth", "16"], "--bandwidth: `16` is not a link rate"),
+        (&["bench", "--bandwidth", "1gbps", "--runtime", "local"], "add --runtime sim"),
     ];
     for (args, want) in cases {
         let (code, _out, err) = dtx(args);

@@ -85,6 +85,11 @@ pub struct BenchArgs {
     /// regions only).
     #[arg(long, default_value = "0")]
     jitter: String,
+    /// Each host's outgoing link in the simulator, e.g. 16gbps or 800mbps (0: unlimited): a
+    /// packet waits for those its host sent before to be on the wire and takes its bytes'
+    /// time. The real runtimes have the machine's links.
+    #[arg(long, default_value = "0")]
+    bandwidth: String,
     /// Skew between the nodes' wall clocks (e.g. 1ms): node n of N runs n/(N-1) of it ahead
     /// of node 0. Only protocols that order transactions by wall-clock time feel it (mvcc).
     #[arg(long, default_value = "0")]
@@ -561,8 +566,14 @@ impl BenchArgs {
         let mut latency = LatencyModel {
             delay_us: parse_duration_us(&self.delay).context("--delay")?,
             jitter_us: parse_duration_us(&self.jitter).context("--jitter")?,
+            egress_mbps: LatencyModel::parse_bandwidth_mbps(&self.bandwidth).context("--bandwidth")?,
             ..Default::default()
         };
+        if latency.egress_mbps > 0 && self.runtime != Runtime::Sim {
+            anyhow::bail!(
+                "--bandwidth limits the simulator's links: add --runtime sim (real runtimes use the machine's)"
+            );
+        }
         // Regions place copies and logs' voters (--placement per-region), and, with a latency
         // matrix, set the delays between nodes.
         if let Some(r) = &self.regions {

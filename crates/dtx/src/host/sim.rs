@@ -25,10 +25,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     for n in 0..spec.nodes {
         build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
     }
-    let busy_in_window_ns = run_window(&mut world, spec, window);
+    let used = run_window(&mut world, spec, window);
     // Taken as the window closes: once the clients stop, the drain lets every replica catch up.
     let replay_lag_us = failover.as_ref().and_then(|f| f.replay_lag_us());
-    let notes = drain(&mut world, spec, &shared, window, failover.is_some());
+    let mut notes = drain(&mut world, spec, &shared, window, failover.is_some());
+    notes.extend(used.link_note(spec, window));
     let mut totals = Totals::default();
     let mut history = Vec::new();
     collect(&shared, &mut totals, &mut history);
@@ -55,7 +56,11 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.replay = replay_only(&mut world, &protos, spec, after_node, &shared);
     totals.findings.extend(replay_finding(totals.replay.as_ref()));
     // Simulated CPU: the work charged to all workers during the window.
-    totals.cpu_us = busy_in_window_ns / 1000;
+    totals.cpu_us = used.cpu_ns / 1000;
+    // Every message between hosts, replication's included (`bytes/txn` counts the protocol's).
+    if used.wire_bytes > 0 {
+        totals.counters.insert("wire-bytes".to_string(), used.wire_bytes);
+    }
     totals.failovers = world.failovers;
     totals.failover_ms = world.failover_ns.iter().map(|ns| *ns as f64 / 1e6).collect();
     let orphans = shared.orphans_voided.load(Ordering::Relaxed);
@@ -146,22 +151,57 @@ fn build_sim_node(
     Ok(())
 }
 
-/// Run to the window's end with a progress bar; returns the CPU charged inside the window.
-fn run_window(world: &mut SimWorld, spec: &BenchSpec, window: Window) -> u64 {
+/// What the measured window used of the simulated machines.
+#[derive(Default, Clone)]
+struct WindowUse {
+    /// CPU charged to every worker.
+    cpu_ns: u64,
+    /// Bytes sent from one host to another.
+    wire_bytes: u64,
+    /// Per host, how long its link was busy sending (with `--bandwidth`).
+    link_busy_ns: Vec<u64>,
+}
+
+impl WindowUse {
+    fn of(world: &SimWorld) -> Self {
+        WindowUse { cpu_ns: world.busy_ns, wire_bytes: world.wire_bytes, link_busy_ns: world.link_busy_ns.clone() }
+    }
+
+    fn since(&self, start: &WindowUse) -> WindowUse {
+        let link_busy_ns = self.link_busy_ns.iter().zip(&start.link_busy_ns).map(|(end, at)| end - at).collect();
+        WindowUse { cpu_ns: self.cpu_ns - start.cpu_ns, wire_bytes: self.wire_bytes - start.wire_bytes, link_busy_ns }
+    }
+
+    /// With `--bandwidth`: how busy the busiest host's link was over the window.
+    fn link_note(&self, spec: &BenchSpec, window: Window) -> Option<String> {
+        let mbps = spec.latency.egress_mbps;
+        let (host, busy_ns) = self.link_busy_ns.iter().enumerate().max_by_key(|(_, ns)| **ns)?;
+        let window_ns = window.end_ns.saturating_sub(window.start_ns).max(1);
+        let share = *busy_ns as f64 / window_ns as f64;
+        (mbps > 0).then(|| match share < 1.0 {
+            true => format!("links at {mbps} Mbit/s: the busiest, host {host}'s, sent for {:.0}% of the window", 100.0 * share),
+            // Time is counted as a packet is queued, so a backlog at the window's end counts.
+            false => format!("links at {mbps} Mbit/s: host {host}'s sent without a pause and had more queued (the link bounds the run)"),
+        })
+    }
+}
+
+/// Run to the window's end with a progress bar; returns what the window used.
+fn run_window(world: &mut SimWorld, spec: &BenchSpec, window: Window) -> WindowUse {
     let pb = progress(&format!("{} sim", spec.protocol), window.end_ns / 1_000_000);
-    let mut busy_at_start = None;
+    let mut at_start = None;
     while world.now_ns() < window.end_ns {
-        // Stop exactly at the window's start once, to read the CPU charged before it.
-        let target = if busy_at_start.is_none() { window.start_ns } else { window.end_ns };
+        // Stop exactly at the window's start once, to read what was used before it.
+        let target = if at_start.is_none() { window.start_ns } else { window.end_ns };
         let step = (world.now_ns() + 10_000_000).min(target);
         world.run_until(step, || false);
-        if busy_at_start.is_none() && world.now_ns() >= window.start_ns {
-            busy_at_start = Some(world.busy_ns);
+        if at_start.is_none() && world.now_ns() >= window.start_ns {
+            at_start = Some(WindowUse::of(world));
         }
         pb.set_position(world.now_ns() / 1_000_000);
     }
     pb.finish_and_clear();
-    world.busy_ns - busy_at_start.unwrap_or(0)
+    WindowUse::of(world).since(&at_start.unwrap_or_default())
 }
 
 /// Heal every fault and let in-flight transactions finish (bounded by the RPC timeout and

@@ -17,6 +17,12 @@ pub struct LatencyModel {
     pub node_region: Vec<u16>,
     /// One-way delay between regions, microseconds; when present it replaces `delay_us` across regions.
     pub region_delay_us: Vec<Vec<u64>>,
+    /// Each host's link out, megabits per second (`--bandwidth`; 0: unlimited). Simulator
+    /// only: a packet leaving a host waits for the packets it sent before to be on the wire,
+    /// then takes its own bytes' time, before its one-way delay starts (the real runtimes have
+    /// the machine's links).
+    #[serde(default)]
+    pub egress_mbps: u64,
 }
 
 impl LatencyModel {
@@ -26,6 +32,36 @@ impl LatencyModel {
 
     fn region(&self, n: NodeId) -> u16 {
         self.node_region.get(n as usize).copied().unwrap_or(0)
+    }
+
+    /// How long `bytes` of payload take to leave a host over its link, ns (0 when unlimited).
+    /// Headers are not counted: a packet here is a batch of messages to one destination,
+    /// which the real runtimes send as one write on one connection.
+    pub fn transmit_ns(&self, bytes: usize) -> u64 {
+        match self.egress_mbps {
+            0 => 0,
+            // bits / (Mbit/s) = µs; ×1000 for ns.
+            mbps => (bytes as u64 * 8 * 1000).div_ceil(mbps),
+        }
+    }
+
+    /// Read a link rate (`--bandwidth`): `16gbps`, `800mbps` (megabits), or `0` for unlimited.
+    pub fn parse_bandwidth_mbps(text: &str) -> anyhow::Result<u64> {
+        let t = text.trim().to_ascii_lowercase();
+        if t == "0" {
+            return Ok(0);
+        }
+        let (number, per_unit) = match (t.strip_suffix("gbps"), t.strip_suffix("mbps")) {
+            (Some(n), _) => (n, 1000.0),
+            (_, Some(n)) => (n, 1.0),
+            _ => bail!("`{text}` is not a link rate: give it with its unit, e.g. 16gbps or 800mbps (0: unlimited)"),
+        };
+        let value: f64 = number.trim().parse().with_context(|| format!("`{text}`: `{number}` is not a number"))?;
+        let mbps = (value * per_unit).round();
+        if !(1.0..=10_000_000.0).contains(&mbps) {
+            bail!("`{text}` is outside 1mbps to 10000gbps (0: unlimited)");
+        }
+        Ok(mbps as u64)
     }
 
     /// Sample the one-way delay for one message from `src` to `dst`, in nanoseconds.
@@ -252,6 +288,22 @@ mod tests {
     }
 
     #[test]
+    fn a_link_rate_reads_with_its_unit_and_times_a_packet() {
+        assert_eq!(LatencyModel::parse_bandwidth_mbps("16gbps").unwrap(), 16_000);
+        assert_eq!(LatencyModel::parse_bandwidth_mbps("2.5Gbps").unwrap(), 2_500);
+        assert_eq!(LatencyModel::parse_bandwidth_mbps("800mbps").unwrap(), 800);
+        assert_eq!(LatencyModel::parse_bandwidth_mbps("0").unwrap(), 0);
+        for bad in ["16", "fast", "gbps", "0mbps", "-1gbps"] {
+            let e = LatencyModel::parse_bandwidth_mbps(bad).unwrap_err();
+            assert!(format!("{e:#}").contains(bad), "{bad}: {e:#}");
+        }
+        let link = LatencyModel { egress_mbps: 16_000, ..Default::default() };
+        // 2,000 bytes are 16,000 bits: 1 µs at 16 Gbit/s.
+        assert_eq!(link.transmit_ns(2_000), 1_000);
+        assert_eq!(LatencyModel::default().transmit_ns(1 << 20), 0, "unlimited");
+    }
+
+    #[test]
     fn flat_delay_and_jitter() {
         let m = LatencyModel { delay_us: 100, jitter_us: 10, ..Default::default() };
         let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
@@ -292,6 +344,7 @@ mod tests {
             jitter_us: 1_000,
             node_region: vec![0, 0, 1],
             region_delay_us: vec![vec![0, 50_000], vec![50_000, 0]],
+            ..Default::default()
         };
         let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
         let across: Vec<u64> = (0..100).map(|_| m.sample_ns(0, 2, &mut rng)).collect();

@@ -158,6 +158,12 @@ pub struct SimWorld {
     pub packets_delivered: u64,
     /// CPU time charged to all workers so far (virtual ns).
     pub busy_ns: u64,
+    /// Payload bytes that left a host for another so far (every kind of message).
+    pub wire_bytes: u64,
+    /// Per host, with `--bandwidth`: when its link is free of what it sent (virtual ns), and
+    /// how long it has been busy so far.
+    link_free_ns: Vec<u64>,
+    pub link_busy_ns: Vec<u64>,
     /// Per host: stopped by a `pause` fault (runs nothing; what reaches it waits in its inbox).
     paused: Vec<bool>,
     /// Per host: its workers' charged CPU is multiplied by this (`cpu` faults; 1.0 otherwise).
@@ -223,6 +229,9 @@ impl SimWorld {
             packets_dropped: 0,
             packets_delivered: 0,
             busy_ns: 0,
+            wire_bytes: 0,
+            link_free_ns: vec![0; nodes as usize],
+            link_busy_ns: vec![0; nodes as usize],
             paused: vec![false; nodes as usize],
             cpu_factor: vec![1.0; nodes as usize],
             send_delay: vec![(0, None, false); nodes as usize],
@@ -528,7 +537,12 @@ impl SimWorld {
         let (s, d) = (self.host_of(p.src), self.host_of(p.dst));
         let cut = self.side.as_ref().is_some_and(|side| side[s] != side[d]);
         let lost = self.faults.loss > 0.0 && self.rng.gen_bool(self.faults.loss.min(1.0));
-        if cut || lost || self.slot_down(p.src) {
+        if self.slot_down(p.src) {
+            self.packets_dropped += 1;
+            return;
+        }
+        let depart = if s == d { depart } else { self.onto_link(s, p.bytes.len(), depart) };
+        if cut || lost {
             self.packets_dropped += 1;
             return;
         }
@@ -545,6 +559,21 @@ impl SimWorld {
         at = at.max(*last);
         *last = at;
         self.push(at, Ev::Deliver(p));
+    }
+
+    /// A packet of `bytes` that host `host` sends at `ready_ns` leaves its link (its last bit
+    /// on the wire) at the returned time: after what the host sent before it, at the link's
+    /// rate (`--bandwidth`; at once when unlimited). Lost packets take their time too.
+    fn onto_link(&mut self, host: usize, bytes: usize, ready_ns: u64) -> u64 {
+        self.wire_bytes += bytes as u64;
+        let transmit_ns = self.latency.transmit_ns(bytes);
+        if transmit_ns == 0 {
+            return ready_ns;
+        }
+        let done_ns = ready_ns.max(self.link_free_ns[host]) + transmit_ns;
+        self.link_free_ns[host] = done_ns;
+        self.link_busy_ns[host] += transmit_ns;
+        done_ns
     }
 
     fn inject_fault(&mut self) {
@@ -843,5 +872,70 @@ impl SimWorld {
                 self.wake(i, now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rt::{Handler, WorkerConfig};
+    use std::cell::RefCell;
+
+    /// Records when each one-way message reached it.
+    struct Arrivals {
+        w: Rc<Worker>,
+        at_ns: RefCell<Vec<u64>>,
+    }
+
+    impl Handler for Arrivals {
+        fn on_request(&self, _: Addr, _: u64, _: &[u8]) {}
+        fn on_oneway(&self, _: Addr, _: &[u8]) {
+            self.at_ns.borrow_mut().push(self.w.now_ns());
+        }
+    }
+
+    /// Node 0 sends node 1 two packets of 1,000 bytes, one step apart; returns when each
+    /// arrived, and the world.
+    fn two_packets(egress_mbps: u64) -> (Vec<u64>, SimWorld) {
+        let latency = LatencyModel { delay_us: 10, egress_mbps, ..Default::default() };
+        let mut world = SimWorld::new(2, 1, latency, FaultPlan::default(), 1);
+        let workers: Vec<Rc<Worker>> = (0..2)
+            .map(|n| {
+                let addr = Addr::new(n, 0);
+                let w =
+                    Rc::new(Worker::new(addr, 1, world.clock(), world.executor_for(addr), &WorkerConfig::default()));
+                world.add_worker(w.clone());
+                w
+            })
+            .collect();
+        let receiver = Rc::new(Arrivals { w: workers[1].clone(), at_ns: RefCell::default() });
+        let handler: Rc<dyn Handler> = receiver.clone();
+        workers[1].set_handler(Rc::downgrade(&handler));
+        let sender = workers[0].clone();
+        workers[0].spawn(async move {
+            sender.send(Addr::new(1, 0), &[7; 1_000]);
+            // The next step: a packet of its own.
+            sender.sleep_us(1).await;
+            sender.send(Addr::new(1, 0), &[8; 1_000]);
+        });
+        world.run_until(100_000_000, || receiver.at_ns.borrow().len() == 2);
+        let at_ns = receiver.at_ns.borrow().clone();
+        (at_ns, world)
+    }
+
+    /// `--bandwidth`: a packet takes its bytes' time on its sender's link, and waits behind the
+    /// packets sent before it; unlimited, both arrive after the delay and the sender's CPU.
+    #[test]
+    fn a_packet_waits_for_the_link_behind_those_sent_before_it() {
+        let (free, world) = two_packets(0);
+        assert_eq!(free.len(), 2);
+        assert!(free[1] < 50_000, "unlimited: both arrive within the delay and the CPU charged: {free:?}");
+        assert!(world.wire_bytes >= 2_000 && world.link_busy_ns == vec![0, 0]);
+        // 8 Mbit/s: a byte a µs, so each packet of a little over 1,000 bytes takes over 1 ms.
+        let (slow, world) = two_packets(8);
+        assert!(slow[0] >= 1_010_000, "the first waits for its own bytes: {slow:?}");
+        assert!(slow[1] - slow[0] >= 1_000_000, "the second waits for the first to leave: {slow:?}");
+        assert_eq!(world.link_busy_ns[0], world.wire_bytes * 1_000, "a byte a µs");
+        assert_eq!(world.link_busy_ns[1], 0, "node 1 sent nothing");
     }
 }
