@@ -97,6 +97,20 @@ pub fn return_free_memory() {
     unsafe { mi_collect(true) }
 }
 
+/// Raise the calling thread's nice value to `nice` (on Linux a nice value is a thread's), so
+/// that on a host with fewer cores than busy threads the threads left at 0 get their turns
+/// first; `what` names the thread in the warning when the system refuses.
+pub fn lower_this_threads_priority(nice: i32, what: &str) {
+    // SAFETY: setpriority reads no memory of ours; `who == 0` names the calling thread.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc != 0 {
+        crate::rt::log_warn(&format!(
+            "{what} runs at normal priority (setpriority: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -373,7 +373,9 @@ impl Journal {
             Sink::File { path, .. } => {
                 let tmp = path.with_extension("rewrite");
                 let thread = std::thread::Builder::new().name("journal-rewrite".to_string()).spawn(move || {
-                    lower_this_threads_priority();
+                    // Housekeeping: on a host with fewer cores than busy threads it would otherwise take
+                    // turns with the replication thread, whose heartbeats then come late.
+                    crate::util::lower_this_threads_priority(19, "a journal rewrite");
                     let mut enc = Encoder::of_new_journal(cluster_id, host, &ops);
                     drop(ops);
                     let mut f = File::create(&tmp)?;
@@ -605,20 +607,6 @@ fn join_snapshot_parts(ops: Vec<JournalOp>) -> Vec<JournalOp> {
         }
     }
     out
-}
-
-/// Gives the calling thread the lowest CPU priority (nice 19; on Linux a nice value is a
-/// thread's): a rewrite is housekeeping, and on a host with fewer cores than busy threads it
-/// otherwise takes turns with the replication thread, whose heartbeats then come late.
-fn lower_this_threads_priority() {
-    // SAFETY: setpriority reads no memory of ours; `who == 0` names the calling thread.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-    if rc != 0 {
-        crate::rt::log_warn(&format!(
-            "a journal rewrite runs at normal priority (setpriority: {})",
-            std::io::Error::last_os_error()
-        ));
-    }
 }
 
 fn sync_parent(path: &Path) -> std::io::Result<()> {
