@@ -97,17 +97,20 @@ pub fn return_free_memory() {
     unsafe { mi_collect(true) }
 }
 
+/// The nice value of a tcp server's workers and its applier: below its replication thread
+/// (nice 0), which sends and answers the heartbeats. With more busy threads than cores (three
+/// servers on two cores) a heartbeat otherwise waits for every worker's turn, followers miss it
+/// for an election timeout, and a node fails over in a run without a fault.
+pub const WORKER_NICE: i32 = 5;
+
 /// Raise the calling thread's nice value to `nice` (on Linux a nice value is a thread's), so
 /// that on a host with fewer cores than busy threads the threads left at 0 get their turns
-/// first; `what` names the thread in the warning when the system refuses.
-pub fn lower_this_threads_priority(nice: i32, what: &str) {
+/// first. Fails when the system refuses (the caller says what then runs at normal priority).
+pub fn lower_this_threads_priority(nice: i32) -> std::io::Result<()> {
     // SAFETY: setpriority reads no memory of ours; `who == 0` names the calling thread.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    if rc != 0 {
-        crate::rt::log_warn(&format!(
-            "{what} runs at normal priority (setpriority: {})",
-            std::io::Error::last_os_error()
-        ));
+    match unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 

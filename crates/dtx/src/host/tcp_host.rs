@@ -38,12 +38,6 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Workers and the applier run this much below the replication thread (nice 0), which sends
-/// and answers the heartbeats: with more busy threads than cores (three servers on two cores
-/// at a run's start) a heartbeat otherwise waits for every worker's turn, followers miss it
-/// for an election timeout, and a node fails over in a run without a fault.
-pub const WORKER_NICE: i32 = 5;
-
 /// What a server answers an after-run job once another server took over every node it served
 /// (the bench then asks another server).
 pub const SERVES_NO_NODE: &str = "this server serves no node now (it was taken over by another)";
@@ -238,7 +232,9 @@ impl Hosting {
             let (setup, lost, epoch, spec) = (setup.clone(), node.lost.clone(), self.epoch, self.spec.clone());
             let (panics, host) = (self.panics.clone(), self.host);
             let thread = std::thread::Builder::new().name(format!("n{id}w{wi}@{}", self.host)).spawn(move || {
-                crate::util::lower_this_threads_priority(WORKER_NICE, "a worker");
+                if let Err(e) = crate::util::lower_this_threads_priority(crate::util::WORKER_NICE) {
+                    crate::rt::log_warn(&format!("a worker runs at normal priority (setpriority: {e})"));
+                }
                 let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
                 // Serve peers from the moment the port is open: a peer may start first.
                 let proto = attach_worker(&setup, &w);

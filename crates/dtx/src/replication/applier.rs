@@ -206,7 +206,9 @@ impl Applier {
         let backlog_bytes = Arc::new(AtomicU64::new(0));
         let (out, backlog) = (published.clone(), backlog_bytes.clone());
         std::thread::Builder::new().name(format!("applier@{host}")).spawn(move || {
-            crate::util::lower_this_threads_priority(crate::host::tcp_host::WORKER_NICE, "an applier");
+            if let Err(e) = crate::util::lower_this_threads_priority(crate::util::WORKER_NICE) {
+                crate::rt::log_warn(&format!("an applier runs at normal priority (setpriority: {e})"));
+            }
             while let Ok(first) = received.recv() {
                 let mut outcomes = Vec::new();
                 for command in std::iter::once(first).chain(received.try_iter()) {

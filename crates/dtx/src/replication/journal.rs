@@ -375,7 +375,9 @@ impl Journal {
                 let thread = std::thread::Builder::new().name("journal-rewrite".to_string()).spawn(move || {
                     // Housekeeping: on a host with fewer cores than busy threads it would otherwise take
                     // turns with the replication thread, whose heartbeats then come late.
-                    crate::util::lower_this_threads_priority(19, "a journal rewrite");
+                    if let Err(e) = crate::util::lower_this_threads_priority(19) {
+                        crate::rt::log_warn(&format!("a journal rewrite runs at normal priority (setpriority: {e})"));
+                    }
                     let mut enc = Encoder::of_new_journal(cluster_id, host, &ops);
                     drop(ops);
                     let mut f = File::create(&tmp)?;
