@@ -12,11 +12,23 @@ fn dtx() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtx"))
 }
 
+/// The tests here take turns. Each picks its ports as free ones when it starts, and the servers
+/// bind them a moment later: a bench the other test ran meanwhile (a process of its own, which
+/// picks its ports from its own process id) could take the same ones. Then a control request
+/// met the other run's worker port, which reset it (seen twice in CI, with the servers' error
+/// files empty: they had not yet found their port taken).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Every ready protocol on a cluster the bench spawns: each run verified, with more than 100
 /// commits (on a busy machine the run is made twice as long, up to 8 s, rather than the test
 /// depending on how much one second gets done).
 #[test]
 fn bench_spawns_a_tcp_cluster_and_verifies() {
+    let _turn = take_turn();
     let mut duration = 1.0;
     loop {
         let dir = tempfile::tempdir().unwrap();
@@ -77,6 +89,7 @@ fn control(addr: &str, line: &str, logs: &[std::path::PathBuf]) -> serde_json::V
 
 #[test]
 fn hand_started_servers_survive_garbage_and_serve_a_bench() {
+    let _turn = take_turn();
     let base = free_port();
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cluster.toml");
