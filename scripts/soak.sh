@@ -21,6 +21,6 @@ dtx=$repo/target/release/dtx
 echo "== soak: $protocols, $durability, $faults, ${secs}s each" >&2
 # `--protocol all` runs every ready protocol in turn; bench exits non-zero if any run fails --verify.
 "$dtx" bench --runtime tcp --nodes 3 --durability "$durability" --replicas 3 \
-  --faults "$faults" --fault-every 2s --fault-duration 500ms --duration "$secs" \
+  --faults "$faults" --fault-every 2s --fault-duration 500ms --election-timeout 100ms --duration "$secs" \
   --workload append --inflight 8 --verify --protocol "$protocols"
 echo "soak: every run verified" >&2

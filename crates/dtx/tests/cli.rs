@@ -26,6 +26,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--hot-keys", "100", "--theta", "0.9"], "drop --theta 0.9"),
         (&["bench", "--keys", "0"], "--keys"),
         (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
+        (&["bench", "--sim-cost-ns", "1,2,3,4,5,6"], "and a fifth, LOG per KiB"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),
         (&["bench", "--runtime", "cloud"], "unknown runtime `cloud`: use sim, local or tcp"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),

@@ -553,12 +553,17 @@ fn replicas_reopen_from_their_journals_and_catch_up_from_snapshots() {
 
 /// A log of large records is snapshotted by its size, long before `snapshot_every` entries: the
 /// entries since the last snapshot reach `snapshot_log_bytes` (and that snapshot's size), the log
-/// is compacted, and a host that comes back behind installs the snapshot.
+/// is compacted, and a host that comes back behind installs the snapshot. Whether a host comes
+/// back behind a compaction depends on every timing in the run (seeds 6301-6302 met it until the
+/// simulator charged for logged bytes), so seeds run, each checked, until one has (at most six).
 #[test]
 fn logs_are_snapshotted_by_size_and_restarted_hosts_install_the_snapshots() {
     let p = ready_replicated().next().expect("a ready protocol");
     let (mut taken, mut installed) = (0, 0);
-    for seed in 1..=2 {
+    for seed in 1..=6 {
+        if taken > 0 && installed > 0 {
+            break;
+        }
         let mut spec = replicated_spec(p.name, 6300 + seed).with_faults(true, true, 0.01);
         spec.faults.fault_interval_us = 80_000;
         spec.durability.snapshot_every = 1 << 40;

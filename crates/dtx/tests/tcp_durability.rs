@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Failovers at raft-rs's default, 100 ms, as in the simulator, not at tcp's 1 s: these tests
+/// are about takeovers, and a pause of a few hundred ms must still cause one.
+const FAST_ELECTIONS: [&str; 2] = ["--election-timeout", "100ms"];
+
 fn dtx() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dtx"))
 }
@@ -174,6 +178,7 @@ impl Cluster {
         cmd.args(["bench", "--runtime", "tcp", "--cluster", self.config.to_str().unwrap()])
             .args(["--workload", "append", "--protocol", protocol, "--durability", durability, "--cluster-id", id])
             .args(["--duration", duration, "--warmup", "0.2", "--inflight", "16"])
+            .args(FAST_ELECTIONS)
             .arg("--history")
             .arg(history)
             .arg("--out")
@@ -507,6 +512,7 @@ fn nemesis_workload_runs(workload: &[&str]) -> (Vec<Value>, String) {
         .args(["bench", "--runtime", "tcp", "--nodes", "3", "--durability", "replicated", "--replicas", "3"])
         .args(["--faults", "crash,pause", "--fault-every", "700ms", "--fault-duration", "200ms"])
         .args(["--duration", "2.5", "--warmup", "0.2"])
+        .args(FAST_ELECTIONS)
         .args(workload);
     let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(120), "the nemesis run");
     let runs = report["runs"].as_array().unwrap().clone();
@@ -551,7 +557,7 @@ fn nemesis_runs(durability: &str) -> Vec<Value> {
         "all",
     ];
     let mut bench = dtx();
-    bench.args(args).arg("--history").arg(dir.path().join("h.jsonl"));
+    bench.args(args).args(FAST_ELECTIONS).arg("--history").arg(dir.path().join("h.jsonl"));
     let what = format!("the {durability} nemesis run");
     let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(600), &what);
     let runs = report["runs"].as_array().unwrap().clone();
@@ -668,6 +674,7 @@ fn targeted_faults_run_of(protocol: &str, more: &[&str], args: &[&str]) -> (Valu
     let json = dir.path().join("targeted.json");
     let mut bench = dtx();
     bench.args(["bench", "--runtime", "tcp", "--nodes", "3", "--protocol", protocol]).args(more).args(args);
+    bench.args(FAST_ELECTIONS);
     bench.args(["--warmup", "0.2", "--workload", "append", "--inflight", "4", "--verify"]);
     let what = "the run with targeted faults";
     let (report, out) = bench_report(bench, dir.path(), &json, Duration::from_secs(180), what);
@@ -988,6 +995,7 @@ fn take_node_1_over_on_a_lan(vanish: bool) {
         .command(dtx_path)
         .args(["bench", "--runtime", "tcp", "--cluster", config.to_str().unwrap(), "--workload", "append"])
         .args(["--protocol", "occ", "--durability", "replicated", "--replicas", "3", "--duration", "3"])
+        .args(FAST_ELECTIONS)
         .args(["--warmup", "0.2", "--inflight", "16", "--verify", "--history", h.to_str().unwrap(), "--out"])
         .arg(dir.path().join("results"))
         .stdin(Stdio::null())

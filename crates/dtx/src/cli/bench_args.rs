@@ -229,8 +229,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s")]
     rpc_timeout: String,
     /// Simulated CPU cost per record-level step, message, packet and transaction attempt, in
-    /// ns, as OP,MSG,PACKET,TXN (default 170,800,8000,1000; scripts/calibrate-sim.sh measures them).
-    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN")]
+    /// ns, as OP,MSG,PACKET,TXN (default 170,800,8000,1000; scripts/calibrate-sim.sh measures them),
+    /// and optionally per KiB of log records appended, LOG (default 150).
+    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG]")]
     sim_cost_ns: Option<Vec<u64>>,
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
@@ -259,10 +260,10 @@ pub struct BenchArgs {
     snapshot_log_bytes: u64,
     /// With --durability replicated (sim, tcp): how long a log's followers hear nothing from
     /// its leader before one campaigns (30ms to 60s, in 10 ms ticks; each waits one to two of
-    /// these). Raise it where busy cores or a slow network make heartbeats late (etcd's
-    /// default is 1s).
-    #[arg(long, default_value = "100ms")]
-    election_timeout: String,
+    /// these). Default 100ms in sim (raft-rs's ten ticks), 1s on tcp (etcd's default and the
+    /// Rolis paper's: real processes on busy cores send heartbeats late).
+    #[arg(long)]
+    election_timeout: Option<String>,
     /// Group commit: flush this long after the first unflushed record (e.g. 200us).
     #[arg(long, default_value = "200us")]
     group_commit: String,
@@ -678,10 +679,12 @@ impl BenchArgs {
         }
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
-            let [op_ns, msg_ns, packet_ns, txn_ns] = c[..] else {
-                anyhow::bail!("--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN (e.g. 170,800,8000,1000)");
-            };
-            cost = CpuCost { op_ns, msg_ns, packet_ns, txn_ns };
+            anyhow::ensure!(
+                matches!(c.len(), 4 | 5),
+                "--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN, and a fifth, LOG per KiB of log records, if you like (e.g. 170,800,8000,1000,150)"
+            );
+            let log_ns_per_kib = c.get(4).copied().unwrap_or(cost.log_ns_per_kib);
+            cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3], log_ns_per_kib };
         }
         let spec = BenchSpec {
             protocol: protocol.to_string(),
@@ -750,7 +753,11 @@ impl BenchArgs {
                 checkpoint_every: self.checkpoint_every,
                 snapshot_every: self.snapshot_every,
                 snapshot_log_bytes: self.snapshot_log_bytes,
-                election_timeout_us: parse_election_timeout_us(&self.election_timeout)?,
+                election_timeout_us: match (&self.election_timeout, self.runtime) {
+                    (Some(s), _) => parse_election_timeout_us(s)?,
+                    (None, Runtime::Tcp) => crate::replication::TCP_ELECTION_TIMEOUT_US,
+                    (None, _) => crate::replication::default_election_timeout_us(),
+                },
                 ..DurabilityConfig::default()
             },
             node_roles,

@@ -152,7 +152,7 @@ fn build_sim_node(
 }
 
 /// What the measured window used of the simulated machines.
-#[derive(Default, Clone)]
+#[derive(Default)]
 struct WindowUse {
     /// CPU charged to every worker.
     cpu_ns: u64,
@@ -175,10 +175,13 @@ impl WindowUse {
     /// With `--bandwidth`: how busy the busiest host's link was over the window.
     fn link_note(&self, spec: &BenchSpec, window: Window) -> Option<String> {
         let mbps = spec.latency.egress_mbps;
+        if mbps == 0 {
+            return None;
+        }
         let (host, busy_ns) = self.link_busy_ns.iter().enumerate().max_by_key(|(_, ns)| **ns)?;
         let window_ns = window.end_ns.saturating_sub(window.start_ns).max(1);
         let share = *busy_ns as f64 / window_ns as f64;
-        (mbps > 0).then(|| match share < 1.0 {
+        Some(match share < 1.0 {
             true => format!("links at {mbps} Mbit/s: the busiest, host {host}'s, sent for {:.0}% of the window", 100.0 * share),
             // Time is counted as a packet is queued, so a backlog at the window's end counts.
             false => format!("links at {mbps} Mbit/s: host {host}'s sent without a pause and had more queued (the link bounds the run)"),

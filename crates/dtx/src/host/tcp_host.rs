@@ -551,7 +551,8 @@ impl Hosting {
 }
 
 /// How long a server's replicas of other servers' logs leave a log's first election to its
-/// owner (`ReplicaSetup::first_election_grace_us`): five to ten of the owner's campaigns.
+/// owner (`ReplicaSetup::first_election_grace_us`): ten of the owner's campaigns, one every
+/// 100 ms until its log has a leader, whatever the election timeout.
 const FIRST_ELECTION_GRACE_US: u64 = 1_000_000;
 
 /// This host's replicas: fresh over a new journal at `path`, or (`rejoin`) reopened from it.

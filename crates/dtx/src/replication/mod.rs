@@ -104,6 +104,12 @@ pub fn default_election_timeout_us() -> u64 {
     100_000
 }
 
+/// The default on `tcp`: etcd's, and the Rolis paper's, "to avoid false positives". Real
+/// server processes share cores with their workers, and after the machine idled the first
+/// second of a run held every server's replication thread 25-470 ms late (docs/experiments.md,
+/// Rolis): at 100 ms the owners lost their logs to takeovers that the run then paid for.
+pub const TCP_ELECTION_TIMEOUT_US: u64 = 1_000_000;
+
 /// The least and the most `--election-timeout` takes: above the 20 ms heartbeat with a tick to
 /// spare, and a minute (a longer one is a cluster that never fails over).
 pub const ELECTION_TIMEOUT_RANGE_US: std::ops::RangeInclusive<u64> = 30_000..=60_000_000;

@@ -849,7 +849,16 @@ pub struct Replicator {
     /// Until then (the lanes' clock, ns), replicas of other hosts' logs that have had no
     /// election do not tick ([`ReplicaSetup::first_election_grace_us`]).
     grace_until_ns: u64,
+    /// Per lane, when the owner's logs that know no leader yet campaign again, while the grace
+    /// lasts ([`FIRST_CAMPAIGN_RETRY_NS`]).
+    campaign_again_ns: Vec<u64>,
 }
+
+/// While the first election's grace lasts, an owner's log that knows no leader campaigns again
+/// this often. Its first campaign goes out as the servers start, and one whose pre-vote found
+/// the other servers not listening yet would otherwise wait an election timeout (1-2 s on `tcp`)
+/// with its node unserved.
+const FIRST_CAMPAIGN_RETRY_NS: u64 = 100_000_000;
 
 pub type ReplicatorHandle = Rc<RefCell<Replicator>>;
 
@@ -896,6 +905,7 @@ pub fn start(
         refused_from: Default::default(),
         on_route: None,
         grace_until_ns: lanes[0].now_ns() + grace_us * 1000,
+        campaign_again_ns: vec![lanes[0].now_ns() + FIRST_CAMPAIGN_RETRY_NS; lanes.len()],
     }));
     r.borrow_mut().pump();
     for (lane, w) in lanes.iter().enumerate() {
@@ -1190,6 +1200,17 @@ impl Replicator {
         for group in ticked.into_iter().filter(|&g| self.lane_of(g) == lane) {
             if let Some(g) = st.groups.get_mut(group) {
                 g.tick();
+            }
+        }
+        let now_ns = self.lanes[lane].now_ns();
+        if in_grace && st.mode == Mode::Failover && now_ns >= self.campaign_again_ns[lane] {
+            self.campaign_again_ns[lane] = now_ns + FIRST_CAMPAIGN_RETRY_NS;
+            let own: Vec<u32> = st.groups_of(host).filter(|&g| self.lane_of(g) == lane).collect();
+            for group in own {
+                if let Some(g) = st.groups.get_mut(group).filter(|g| g.leader().is_none()) {
+                    // A failed campaign is a group's failure, which its next poll reports.
+                    let _ = g.campaign();
+                }
             }
         }
     }

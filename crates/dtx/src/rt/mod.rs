@@ -180,11 +180,27 @@ pub struct CpuCost {
     pub packet_ns: u64,
     /// Fixed cost per transaction attempt (procedure dispatch, bookkeeping).
     pub txn_ns: u64,
+    /// Per KiB of log records a worker appends: encoding them and copying them into the log
+    /// (`silo::stream::calibration`: 70-260 ns a KiB with postcard on this machine, by batch
+    /// size and buffer; every protocol's records pay it alike).
+    #[serde(default = "default_log_ns_per_kib")]
+    pub log_ns_per_kib: u64,
+}
+
+fn default_log_ns_per_kib() -> u64 {
+    150
+}
+
+impl CpuCost {
+    /// What appending `bytes` of log records costs.
+    pub fn log_ns(&self, bytes: u64) -> u64 {
+        bytes * self.log_ns_per_kib / 1024
+    }
 }
 
 impl Default for CpuCost {
     fn default() -> Self {
-        CpuCost { op_ns: 170, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000 }
+        CpuCost { op_ns: 170, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000, log_ns_per_kib: default_log_ns_per_kib() }
     }
 }
 

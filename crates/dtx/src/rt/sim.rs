@@ -504,6 +504,7 @@ impl SimWorld {
         let inbox = std::mem::take(&mut slot.inbox);
         super::log::enter_lane(w.addr.worker);
         w.take_charged_ns();
+        super::log::take_appended_bytes();
         for p in inbox {
             let _ = w.deliver(p.src, &p.bytes);
         }
@@ -513,6 +514,7 @@ impl SimWorld {
         w.executor().run_ready(STEP_TASKS);
         let mut out = Vec::new();
         w.take_outbox(&mut out);
+        w.charge(w.cost.log_ns(super::log::take_appended_bytes()));
         let mut charged = w.take_charged_ns();
         if factor != 1.0 {
             charged = (charged as f64 * factor) as u64;
