@@ -42,6 +42,16 @@ pub fn process_cpu_us() -> u64 {
     (ticks(11) + ticks(12)) * 10_000
 }
 
+/// This process's resident memory now, in bytes (`/proc/self/statm`'s second field, in pages),
+/// or `None` where the kernel does not say.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads no memory of ours.
+    let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page_bytes).ok()?)
+}
+
 /// Write a file so that a crash leaves the old contents or the new, never a mix: a temporary
 /// file, fsynced, renamed over the target.
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {

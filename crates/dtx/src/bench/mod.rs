@@ -104,6 +104,9 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
     if let Some(us) = t.replay_lag_us {
         extra.insert("replay_lag_ms".to_string(), us as f64 / 1000.0);
     }
+    if let Some(mib) = t.resident_mib {
+        extra.insert("memory_mib".to_string(), mib as f64);
+    }
     if let Some(r) = t.replay {
         // Rolis's Fig. 15: replay alone against the execution that logged what it replays.
         extra.insert("replay_txns".to_string(), r.txns as f64);

@@ -65,6 +65,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let t0 = Instant::now();
     let mut cpu_at_start = None;
     let mut cpu_at_end = None;
+    let mut resident_mib = None;
     // Past the window, on a full disk: since when, and the file. `failed`: the run gave the
     // commits the disk held up.
     let mut full_since: Option<Instant> = None;
@@ -77,6 +78,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
         if cpu_at_end.is_none() && now >= window.end_ns {
             cpu_at_end = Some(crate::util::process_cpu_us());
+            resident_mib = crate::util::resident_bytes().map(|b| b >> 20);
         }
         pb.set_position(t0.elapsed().as_millis() as u64);
         if now >= window.end_ns {
@@ -174,6 +176,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     let points = std::mem::take(&mut *shared.replay_points_us.lock());
     totals.replay_lag_us = super::metrics::replay_lag_us(&points);
+    totals.resident_mib = resident_mib;
     Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
 }
 

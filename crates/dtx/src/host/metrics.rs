@@ -177,6 +177,10 @@ pub struct Totals {
     /// closed (µs; replicas that replay below a leader's watermark: Rolis's).
     #[serde(default)]
     pub replay_lag_us: Option<u64>,
+    /// The process's resident memory as the window closed (MiB), where every node runs in it
+    /// (`sim`, `local`): a 4-region run's four copies of the data, its logs and its graphs.
+    #[serde(default)]
+    pub resident_mib: Option<u64>,
     /// The workers' replay-only run after the window, merged (a protocol that measures one:
     /// `silo:replay_only=true`).
     #[serde(default)]

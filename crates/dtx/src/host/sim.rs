@@ -26,6 +26,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
     }
     let used = run_window(&mut world, spec, window);
+    let resident_mib = crate::util::resident_bytes().map(|b| b >> 20);
     // Taken as the window closes: once the clients stop, the drain lets every replica catch up.
     let replay_lag_us = failover.as_ref().and_then(|f| f.replay_lag_us());
     let mut notes = drain(&mut world, spec, &shared, window, failover.is_some());
@@ -57,6 +58,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.findings.extend(replay_finding(totals.replay.as_ref()));
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = used.cpu_ns / 1000;
+    totals.resident_mib = resident_mib;
     // Every message between hosts, replication's included (`bytes/txn` counts the protocol's).
     if used.wire_bytes > 0 {
         totals.counters.insert("wire-bytes".to_string(), used.wire_bytes);
