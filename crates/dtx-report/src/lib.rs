@@ -50,6 +50,10 @@ pub struct RunReport {
     /// region's number (`"0"`, `"1"`)
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub latency_us_by_region: BTreeMap<String, LatencyUs>,
+    /// latency percentiles per region of the clients' nodes and class of transaction (a
+    /// multi-home transaction's latency from each region), by region, then class
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_us_by_region_class: BTreeMap<String, BTreeMap<String, LatencyUs>>,
     pub msgs_per_txn: f64,
     pub bytes_per_txn: f64,
     /// abort reason name -> count of aborted attempts
@@ -166,6 +170,7 @@ pub(crate) mod test_support {
             latency_us: LatencyUs { p50, p95: (p50 + p99) / 2.0, p99, max: p99 * 3.0 },
             latency_us_by_class: BTreeMap::new(),
             latency_us_by_region: BTreeMap::new(),
+            latency_us_by_region_class: BTreeMap::new(),
             msgs_per_txn: 6.0,
             bytes_per_txn: 1229.0,
             aborts_by_reason: BTreeMap::new(),

@@ -148,7 +148,8 @@ pub enum Metric {
     /// A latency percentile (`p50`, `p95`, `p99`, `max`; µs) of one class of transaction
     /// (`latency.class.new-order.p50`).
     ClassLatency(String, String),
-    /// A latency percentile of the clients in one region (`latency.region.1.p99`).
+    /// A latency percentile of the clients in one region (`latency.region.1.p99`), or of one
+    /// class of their transactions (`latency.region.1.multi-home.p50`: the name `1.multi-home`).
     RegionLatency(String, String),
     /// One metric of a run over another of the same run (`counter.a / counter.b`).
     Ratio(Box<Metric>, Box<Metric>),
@@ -216,8 +217,8 @@ impl Metric {
                     Ok(Metric::RegionLatency(name.into(), q.into()))
                 }
                 _ => bail!(
-                    "unknown metric `{t}` (use latency.class.CLASS.Q or latency.region.REGION.Q, Q one of p50, \
-                     p95, p99, max)"
+                    "unknown metric `{t}` (use latency.class.CLASS.Q, latency.region.REGION.Q or \
+                     latency.region.REGION.CLASS.Q, Q one of p50, p95, p99, max)"
                 ),
             };
         }
@@ -258,7 +259,10 @@ impl Metric {
             Metric::Counter(k) => format!("{k} per txn"),
             Metric::Aborts(k) => format!("{k} aborts (share of attempts)"),
             Metric::ClassLatency(c, q) => format!("{q} latency of {c} (µs)"),
-            Metric::RegionLatency(r, q) => format!("{q} latency in region {r} (µs)"),
+            Metric::RegionLatency(r, q) => match r.split_once('.') {
+                Some((region, class)) => format!("{q} latency of {class} in region {region} (µs)"),
+                None => format!("{q} latency in region {r} (µs)"),
+            },
             Metric::Ratio(a, b) => format!("{} / {}", a.key(), b.key()),
         }
     }

@@ -240,7 +240,13 @@ fn an_option_sweep_may_name_each_protocols_option() {
 
 #[test]
 fn class_region_and_ratio_metrics() {
-    for m in ["latency.class.new-order.p50", "latency.region.1.p99", "counter.a / counter.b", "p99 / p50"] {
+    for m in [
+        "latency.class.new-order.p50",
+        "latency.region.1.p99",
+        "latency.region.1.multi-home.p50",
+        "counter.a / counter.b",
+        "p99 / p50",
+    ] {
         assert_eq!(Metric::parse(m).unwrap().key(), m);
     }
     assert!(Metric::parse("latency.class.new-order.p42").is_err());
@@ -253,10 +259,14 @@ fn class_region_and_ratio_metrics() {
     r.latency_us_by_class.insert("distributed".into(), l(400.0));
     r.latency_us_by_class.insert("single-node".into(), l(100.0));
     r.latency_us_by_region.insert("1".into(), l(7.0));
+    r.latency_us_by_region_class.entry("1".into()).or_default().insert("multi-home".into(), l(70.0));
     let v = |m: &str| metric_value(&Metric::parse(m).unwrap(), &r);
     assert_eq!(v("counter.a / counter.b"), Some(3.0));
     assert_eq!(v("latency.class.distributed.p50 / latency.class.single-node.p50"), Some(4.0));
     assert_eq!(v("latency.region.1.p50"), Some(7.0));
+    assert_eq!(v("latency.region.1.multi-home.p50"), Some(70.0));
+    assert_eq!(v("latency.region.1.single-home.p50"), None, "no such class in the region");
+    assert_eq!(v("latency.region.2.multi-home.p50"), None, "no clients in the region");
     assert_eq!(v("latency.class.payment.p50"), None, "no such class in the run");
     assert_eq!(v("counter.a / counter.c"), None, "a denominator of 0");
     // A panel of a ratio of metrics, beside one over a protocol.

@@ -94,7 +94,11 @@ pub fn metric_value(m: &Metric, r: &RunReport) -> Option<f64> {
             (attempts > 0).then(|| r.aborts_by_reason.get(k).copied().unwrap_or(0) as f64 / attempts as f64)
         }
         Metric::ClassLatency(c, q) => r.latency_us_by_class.get(c).map(|l| percentile(l, q)),
-        Metric::RegionLatency(g, q) => r.latency_us_by_region.get(g).map(|l| percentile(l, q)),
+        Metric::RegionLatency(g, q) => match g.split_once('.') {
+            // `REGION.CLASS`: the latency of one class from one region.
+            Some((region, class)) => r.latency_us_by_region_class.get(region)?.get(class).map(|l| percentile(l, q)),
+            None => r.latency_us_by_region.get(g).map(|l| percentile(l, q)),
+        },
         Metric::Ratio(a, b) => {
             let (x, y) = (metric_value(a, r)?, metric_value(b, r)?);
             (y != 0.0).then(|| x / y)

@@ -7,6 +7,7 @@ use crate::host::{metrics, tcp, BenchSpec, Outcome};
 use anyhow::Context;
 use dtx_report::{LatencyUs, RunReport};
 use metrics::{HistLine, TICK_NS};
+use std::collections::BTreeMap;
 
 /// Write a run's list-append history as JSON lines, in start order, the final read last.
 pub fn write_history(o: &Outcome, path: &std::path::Path) -> anyhow::Result<()> {
@@ -73,7 +74,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
             0.0
         }
     };
-    let mut params = std::collections::BTreeMap::new();
+    let mut params = BTreeMap::new();
     if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(spec) {
         for (k, v) in m {
             match v {
@@ -88,7 +89,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
             }
         }
     }
-    let mut extra = std::collections::BTreeMap::new();
+    let mut extra = BTreeMap::new();
     if let Some(n) = t.by_kind.get("new-order") {
         extra.insert("new_order_tps".to_string(), *n as f64 / secs);
     }
@@ -148,6 +149,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
             .map(|(class, counts)| (class.clone(), percentiles(&metrics::histogram_of(counts))))
             .collect(),
         latency_us_by_region: by_region(spec, t),
+        latency_us_by_region_class: by_region_class(spec, t),
         msgs_per_txn: per(t.msgs),
         bytes_per_txn: per(t.bytes),
         aborts_by_reason: t.aborts.clone(),
@@ -173,17 +175,38 @@ fn percentiles(h: &hdrhistogram::Histogram<u64>) -> LatencyUs {
 }
 
 /// Latency per region of the clients' nodes, when the run places nodes in regions.
-fn by_region(spec: &BenchSpec, t: &metrics::Totals) -> std::collections::BTreeMap<String, LatencyUs> {
+fn by_region(spec: &BenchSpec, t: &metrics::Totals) -> BTreeMap<String, LatencyUs> {
     let regions = &spec.latency.node_region;
     if regions.is_empty() {
         return Default::default();
     }
-    let mut counts: std::collections::BTreeMap<u16, Vec<(u64, u64)>> = Default::default();
+    let mut counts: BTreeMap<u16, Vec<(u64, u64)>> = Default::default();
     for (node, c) in &t.node_latency {
         let region = regions.get(*node as usize).copied().unwrap_or(0);
         counts.entry(region).or_default().extend_from_slice(c);
     }
     counts.iter().map(|(r, c)| (r.to_string(), percentiles(&metrics::histogram_of(c)))).collect()
+}
+
+/// Latency per region of the clients' nodes and class of transaction, when the run places
+/// nodes in regions.
+fn by_region_class(spec: &BenchSpec, t: &metrics::Totals) -> BTreeMap<String, BTreeMap<String, LatencyUs>> {
+    let regions = &spec.latency.node_region;
+    if regions.is_empty() {
+        return Default::default();
+    }
+    let mut counts: BTreeMap<(u16, &str), Vec<(u64, u64)>> = Default::default();
+    for (node, classes) in &t.node_class_latency {
+        let region = regions.get(*node as usize).copied().unwrap_or(0);
+        for (class, c) in classes {
+            counts.entry((region, class)).or_default().extend_from_slice(c);
+        }
+    }
+    let mut by: BTreeMap<String, BTreeMap<String, LatencyUs>> = BTreeMap::new();
+    for ((region, class), c) in counts {
+        by.entry(region.to_string()).or_default().insert(class.to_string(), percentiles(&metrics::histogram_of(&c)));
+    }
+    by
 }
 
 /// Commits in each second of the window, from the counts per tick.

@@ -194,6 +194,10 @@ pub struct Totals {
     /// Latency counts per node of the clients (for the latency per client region).
     #[serde(default)]
     pub node_latency: BTreeMap<u16, Vec<(u64, u64)>>,
+    /// Latency counts per node of the clients and class of transaction (for the latency of a
+    /// class in a client region: a multi-home transaction's from each region).
+    #[serde(default)]
+    pub node_class_latency: BTreeMap<u16, BTreeMap<String, Vec<(u64, u64)>>>,
 }
 
 impl Totals {
@@ -210,8 +214,11 @@ impl Totals {
             node.extend(m.latency.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
         }
         for (name, h) in m.classes.iter().zip(&m.class_latency).filter(|(_, h)| !h.is_empty()) {
-            let class = self.class_latency.entry(name.to_string()).or_default();
-            class.extend(h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
+            let counts: Vec<(u64, u64)> =
+                h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect();
+            self.class_latency.entry(name.to_string()).or_default().extend_from_slice(&counts);
+            let of_node = self.node_class_latency.entry(m.node).or_default();
+            of_node.entry(name.to_string()).or_default().extend(counts);
         }
         if self.per_tick.len() < m.per_tick.len() {
             self.per_tick.resize(m.per_tick.len(), 0);
@@ -274,6 +281,12 @@ impl Totals {
         for (k, v) in &o.node_latency {
             self.node_latency.entry(*k).or_default().extend_from_slice(v);
         }
+        for (node, classes) in &o.node_class_latency {
+            let of_node = self.node_class_latency.entry(*node).or_default();
+            for (class, v) in classes {
+                of_node.entry(class.clone()).or_default().extend_from_slice(v);
+            }
+        }
     }
 
     pub fn aborted(&self) -> u64 {
@@ -334,5 +347,10 @@ mod tests {
         assert_eq!(histogram_of(&t.class_latency["distributed"]).len(), 2);
         assert_eq!(histogram_of(&t.class_latency["single-node"]).len(), 1);
         assert_eq!(histogram_of(&t.node_latency[&3]).len(), 4);
+        assert_eq!(histogram_of(&t.node_class_latency[&3]["distributed"]).len(), 2);
+        let mut sum = Totals::default();
+        sum.add(&t);
+        sum.add(&t);
+        assert_eq!(histogram_of(&sum.node_class_latency[&3]["single-node"]).len(), 2);
     }
 }

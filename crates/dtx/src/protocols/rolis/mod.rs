@@ -5,7 +5,7 @@
 //! `protocols/silo` with `replicated` set: what differs from `silo` is only where the logs live
 //! (`--durability replicated`, which `rolis` requires, with 2 replicas or more).
 //!
-//! Where this Rolis departs from the paper (each is in the README's protocol table):
+//! Where this Rolis departs from the paper (each is in docs/protocols.md's table):
 //! - Raft (tikv's raft-rs) stands for the authors' MultiPaxos; an entry is durable once a
 //!   majority holds it, and a stream commits in order, as theirs.
 //! - A TID follows the worker's clock and passes every TID its transaction saw (Silo's rule) in

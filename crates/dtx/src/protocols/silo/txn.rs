@@ -155,7 +155,7 @@ impl<'a> BufferedTxn for SiloTxn<'a> {
     }
 
     /// Each row is read with its TID, as a read is; the gaps between rows are not validated
-    /// (Silo validates Masstree's node versions for them: see the README's simplifications).
+    /// (Silo validates Masstree's node versions for them: see docs/protocols.md's simplifications).
     async fn scan_stored(&mut self, s: Scan) -> TxnResult<Vec<(u64, Value)>> {
         self.w.charge_ops(1);
         let store = self.store;
