@@ -144,9 +144,9 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         abort_rate: if attempts > 0 { t.aborted() as f64 / attempts as f64 } else { 0.0 },
         latency_us: percentiles(&h),
         latency_us_by_class: t
-            .class_latency
+            .class_latency()
             .iter()
-            .map(|(class, counts)| (class.clone(), percentiles(&metrics::histogram_of(counts))))
+            .map(|(class, counts)| (class.to_string(), percentiles(&metrics::histogram_of(counts))))
             .collect(),
         latency_us_by_region: by_region(spec, t),
         latency_us_by_region_class: by_region_class(spec, t),
@@ -182,10 +182,14 @@ fn by_region(spec: &BenchSpec, t: &metrics::Totals) -> BTreeMap<String, LatencyU
     }
     let mut counts: BTreeMap<u16, Vec<(u64, u64)>> = Default::default();
     for (node, c) in &t.node_latency {
-        let region = regions.get(*node as usize).copied().unwrap_or(0);
-        counts.entry(region).or_default().extend_from_slice(c);
+        counts.entry(region_of(regions, *node)).or_default().extend_from_slice(c);
     }
     counts.iter().map(|(r, c)| (r.to_string(), percentiles(&metrics::histogram_of(c)))).collect()
+}
+
+/// The region of a client's node (`--regions`; region 0 for a node past the list).
+fn region_of(regions: &[u16], node: u16) -> u16 {
+    regions.get(node as usize).copied().unwrap_or(0)
 }
 
 /// Latency per region of the clients' nodes and class of transaction, when the run places
@@ -197,9 +201,8 @@ fn by_region_class(spec: &BenchSpec, t: &metrics::Totals) -> BTreeMap<String, BT
     }
     let mut counts: BTreeMap<(u16, &str), Vec<(u64, u64)>> = Default::default();
     for (node, classes) in &t.node_class_latency {
-        let region = regions.get(*node as usize).copied().unwrap_or(0);
         for (class, c) in classes {
-            counts.entry((region, class)).or_default().extend_from_slice(c);
+            counts.entry((region_of(regions, *node), class)).or_default().extend_from_slice(c);
         }
     }
     let mut by: BTreeMap<String, BTreeMap<String, LatencyUs>> = BTreeMap::new();

@@ -188,14 +188,12 @@ pub struct Totals {
     /// History lines not recorded because a worker's history was full.
     #[serde(default)]
     pub history_dropped: u64,
-    /// Latency counts (as `latency_counts`) per class of transaction, by the class's name.
-    #[serde(default)]
-    pub class_latency: BTreeMap<String, Vec<(u64, u64)>>,
     /// Latency counts per node of the clients (for the latency per client region).
     #[serde(default)]
     pub node_latency: BTreeMap<u16, Vec<(u64, u64)>>,
-    /// Latency counts per node of the clients and class of transaction (for the latency of a
-    /// class in a client region: a multi-home transaction's from each region).
+    /// Latency counts (as `latency_counts`) per node of the clients and class of transaction,
+    /// by the class's name: merged over nodes, the latency per class (`class_latency`); per
+    /// client region, a multi-home transaction's from each region.
     #[serde(default)]
     pub node_class_latency: BTreeMap<u16, BTreeMap<String, Vec<(u64, u64)>>>,
 }
@@ -214,11 +212,9 @@ impl Totals {
             node.extend(m.latency.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
         }
         for (name, h) in m.classes.iter().zip(&m.class_latency).filter(|(_, h)| !h.is_empty()) {
-            let counts: Vec<(u64, u64)> =
-                h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect();
-            self.class_latency.entry(name.to_string()).or_default().extend_from_slice(&counts);
             let of_node = self.node_class_latency.entry(m.node).or_default();
-            of_node.entry(name.to_string()).or_default().extend(counts);
+            let class = of_node.entry(name.to_string()).or_default();
+            class.extend(h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())));
         }
         if self.per_tick.len() < m.per_tick.len() {
             self.per_tick.resize(m.per_tick.len(), 0);
@@ -275,9 +271,6 @@ impl Totals {
         self.history_dropped += o.history_dropped;
         self.replay = crate::protocols::ReplayRun::merge(self.replay.into_iter().chain(o.replay));
         self.findings.extend_from_slice(&o.findings);
-        for (k, v) in &o.class_latency {
-            self.class_latency.entry(k.clone()).or_default().extend_from_slice(v);
-        }
         for (k, v) in &o.node_latency {
             self.node_latency.entry(*k).or_default().extend_from_slice(v);
         }
@@ -287,6 +280,15 @@ impl Totals {
                 of_node.entry(class.clone()).or_default().extend_from_slice(v);
             }
         }
+    }
+
+    /// Latency counts per class of transaction, over every node's clients.
+    pub fn class_latency(&self) -> BTreeMap<&str, Vec<(u64, u64)>> {
+        let mut merged: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        for (class, counts) in self.node_class_latency.values().flatten() {
+            merged.entry(class).or_default().extend_from_slice(counts);
+        }
+        merged
     }
 
     pub fn aborted(&self) -> u64 {
@@ -344,8 +346,8 @@ mod tests {
         let mut t = Totals::default();
         t.add_metrics(&m);
         assert_eq!(t.committed, 4);
-        assert_eq!(histogram_of(&t.class_latency["distributed"]).len(), 2);
-        assert_eq!(histogram_of(&t.class_latency["single-node"]).len(), 1);
+        assert_eq!(histogram_of(&t.class_latency()["distributed"]).len(), 2);
+        assert_eq!(histogram_of(&t.class_latency()["single-node"]).len(), 1);
         assert_eq!(histogram_of(&t.node_latency[&3]).len(), 4);
         assert_eq!(histogram_of(&t.node_class_latency[&3]["distributed"]).len(), 2);
         let mut sum = Totals::default();
