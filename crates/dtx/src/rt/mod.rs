@@ -171,8 +171,11 @@ pub enum Clock {
 /// each end (~5.5 µs per `write()`, docs/machine.md) and each message its encoding and dispatch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct CpuCost {
-    /// Per record-level step: a read, a lock, a validation and an install each count one, so a
-    /// transaction charges this about 2.4 times per operation.
+    /// Per record-level step: a read, a lock, a validation (a record checked again, or a lease
+    /// extended, at commit) and an install each count one, so a transaction charges this about
+    /// 2.4 times per operation. An install releases its record's lock in the same step; a lock
+    /// released without one counts one. Every protocol counts by these rules, so that none is
+    /// charged for a step another does for free.
     pub op_ns: u64,
     /// Per message sent or received.
     pub msg_ns: u64,

@@ -319,7 +319,8 @@ impl<'a> CoordTxn for MaatTxn<'a> {
             }
         }
         self.reads.clear();
-        wk.w.charge_ops(self.local_keys.len() + local.writes.len());
+        // One step a key soft-locked here (the written ones among them install as they unlock).
+        wk.w.charge_ops(self.local_keys.len());
         let write_locks: Vec<RowKey> = local.writes.iter().map(|w| w.0).collect();
         wk.state.commit(&wk.node.store, self.id, ts, &self.local_keys, &write_locks, local.writes);
         if !self.touched.is_empty() {

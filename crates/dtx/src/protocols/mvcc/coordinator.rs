@@ -236,7 +236,8 @@ impl<'a> CoordTxn for MvccTxn<'a> {
             // Read-only: what it read here is fenced as a remote node fences its reads.
             ack = wk.node.log.read_fence();
         }
-        wk.w.charge_ops(local.len() + self.held_here.len());
+        // One step a record prewritten: the install replaces its prewrite.
+        wk.w.charge_ops(self.held_here.len());
         part::install(&wk.node.store, self.id, self.ts, &self.held_here, local);
         self.held_here.clear();
         if !self.touched.is_empty() {

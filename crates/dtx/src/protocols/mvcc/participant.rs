@@ -238,7 +238,7 @@ impl Participant for Mvcc {
 
     fn commit_here(wk: &MvccWorker, txn: TxnId, ts: u64) {
         let Some(p) = wk.parts.remove(txn) else { return };
-        wk.w.charge_ops(p.held.len() + p.writes.len());
+        wk.w.charge_ops(p.held.len());
         if !p.writes.is_empty() {
             wk.log_commit_here(txn, ts);
         }

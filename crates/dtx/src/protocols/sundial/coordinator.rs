@@ -340,7 +340,8 @@ impl<'a> SundialTxn<'a> {
     fn install_and_release(&mut self, local_writes: Writes) {
         let wk = self.wk;
         let ts = self.commit_ts.0;
-        wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        // One step a record held: an install releases its lock as it writes.
+        wk.w.charge_ops(self.held_local.len());
         for (k, v) in local_writes {
             meta::install(wk.node.store.get_or_create(k), self.id, v, ts, wk.state.floor);
         }
@@ -571,15 +572,18 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         if let Err(a) = wk.state.grant(&wk.node.log, ts + super::tables::MAX_DELTA) {
             return Err(self.abort(a));
         }
-        // Reads here whose lease must be extended (Alg. 2); written keys are locked.
-        wk.w.charge_ops(self.reads.len());
-        for e in self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_some()) {
-            if needs_renewal(e.lease, ts) {
-                if let Err(f) = wk.state.renew(&wk.w, e.rec.expect("local"), e.key, self.id, e.lease.wts, ts) {
-                    return Err(self.abort(renewal_abort(f)));
-                }
+        // Reads here whose lease must be extended (Alg. 2); written keys are locked. Only an
+        // extension touches its record (one step each, as TicToc's validation counts).
+        let renew = self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_some() && needs_renewal(e.lease, ts));
+        let mut renewed = 0;
+        for e in renew {
+            renewed += 1;
+            if let Err(f) = wk.state.renew(&wk.w, e.rec.expect("local"), e.key, self.id, e.lease.wts, ts) {
+                wk.w.charge_ops(renewed);
+                return Err(self.abort(renewal_abort(f)));
             }
         }
+        wk.w.charge_ops(renewed);
         let me = wk.node.id;
         let mut local_writes = Writes::with_capacity(self.writes.len());
         let mut remote_writes = Writes::new();

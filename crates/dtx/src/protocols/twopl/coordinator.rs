@@ -211,7 +211,8 @@ impl<'a> TplTxn<'a> {
     /// dropping them first lets the install reuse the buffers of the values it replaces when
     /// nobody else holds them (`Value::recycle`).
     fn install_and_release(&mut self, local_writes: Writes) {
-        self.wk.w.charge_ops(local_writes.len() + self.held_local.len());
+        // One step a record held: an install releases its lock as it writes.
+        self.wk.w.charge_ops(self.held_local.len());
         self.values.clear();
         self.value_index.clear();
         for (k, v) in local_writes {

@@ -265,7 +265,7 @@ impl Participant for TwoPl {
     fn commit_here(wk: &TwoPlWorker, txn: TxnId, _ts: u64) {
         if let Some(p) = wk.parts.remove(txn) {
             let writes = p.writes.unwrap_or_default();
-            wk.w.charge_ops(writes.len() + p.held.len());
+            wk.w.charge_ops(p.held.len());
             wk.log_commit_here(txn, 0);
             apply_and_release(&wk.node.store, txn, &writes, &p.held);
         }
