@@ -574,16 +574,19 @@ impl<'a> CoordTxn for SundialTxn<'a> {
         }
         // Reads here whose lease must be extended (Alg. 2); written keys are locked. Only an
         // extension touches its record (one step each, as TicToc's validation counts).
-        let renew = self.reads.iter().filter(|e| e.used && !e.locked && e.rec.is_some() && needs_renewal(e.lease, ts));
         let mut renewed = 0;
-        for e in renew {
-            renewed += 1;
-            if let Err(f) = wk.state.renew(&wk.w, e.rec.expect("local"), e.key, self.id, e.lease.wts, ts) {
-                wk.w.charge_ops(renewed);
-                return Err(self.abort(renewal_abort(f)));
-            }
-        }
+        let failed = self
+            .reads
+            .iter()
+            .filter(|e| e.used && !e.locked && e.rec.is_some() && needs_renewal(e.lease, ts))
+            .find_map(|e| {
+                renewed += 1;
+                wk.state.renew(&wk.w, e.rec.expect("local"), e.key, self.id, e.lease.wts, ts).err()
+            });
         wk.w.charge_ops(renewed);
+        if let Some(f) = failed {
+            return Err(self.abort(renewal_abort(f)));
+        }
         let me = wk.node.id;
         let mut local_writes = Writes::with_capacity(self.writes.len());
         let mut remote_writes = Writes::new();
