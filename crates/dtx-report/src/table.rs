@@ -68,6 +68,12 @@ pub fn render_table(runs: &[RunReport]) -> String {
         }),
         col("bytes/txn", Align::Right, &|r| human::bytes(r.bytes_per_txn)),
     ];
+    // Which copies ran, when any run kept more than one (a protocol's default placement can
+    // differ from another's in the same run: `dtx bench --protocol occ,detock --regions 0,1`).
+    let placement = |r: &RunReport| r.params.get("placement").and_then(|p| p.as_str()).unwrap_or("single").to_string();
+    if runs.iter().any(|r| placement(r) != "single") {
+        columns.insert(1, col("placement", Align::Left, &placement));
+    }
     if runs.iter().any(|r| r.cpu_us_per_txn.is_some()) {
         columns.push(col("cpu/txn", Align::Right, &|r| {
             r.cpu_us_per_txn.map(human::latency_us).unwrap_or_else(|| "-".into())

@@ -41,6 +41,10 @@ enum Cmd {
         #[arg(long)]
         realtime: bool,
     },
+    /// Run one bench run described in REQUEST and write its report to ANSWER: how `dtx bench`
+    /// and `dtx experiment run` start each run in a fresh process.
+    #[command(hide = true)]
+    RunOne { request: PathBuf, answer: PathBuf },
     /// Run one node of a cluster (the bench and clients talk to it).
     Server {
         #[arg(long)]
@@ -67,8 +71,14 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
+    // Every bench and experiment run starts in a process of its own (cli::fresh_process).
+    dtx::cli::fresh_process::enable(true);
     let result = match cli.cmd {
-        Cmd::Bench(args) => dtx::cli::bench(&(*args).into()),
+        Cmd::Bench(args) => {
+            dtx::cli::fresh_process::enable(!args.same_process());
+            dtx::cli::bench(&(*args).into())
+        }
+        Cmd::RunOne { request, answer } => dtx::cli::fresh_process::serve(&request, &answer),
         Cmd::Protocols { options: None } => {
             for p in protocols::REGISTRY {
                 println!("{:<12} {:<8} {:<20} {}", p.name, p.status, p.guarantee.as_str(), p.description);

@@ -25,6 +25,8 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--multi-partition", "1.5"], "--distributed 1.5"),
         (&["bench", "--hot-keys", "100", "--theta", "0.9"], "drop --theta 0.9"),
         (&["bench", "--keys", "0"], "--keys"),
+        (&["bench", "--rate", "-5"], "--rate -5 must be between 0"),
+        (&["bench", "--rate", "NaN"], "--rate NaN must be between 0"),
         (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
         (&["bench", "--sim-cost-ns", "1,2,3,4,5,6"], "and a fifth, LOG per KiB"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),

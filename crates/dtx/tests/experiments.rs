@@ -80,8 +80,9 @@ fn every_experiment_runs_quick_and_tiny_in_sim() {
     }
 }
 
-/// `--json FILE` from a folder without `results/`: the run's results folder (its plot) is made
-/// too, so that a finished run is never lost at the end (it once failed writing the SVG).
+/// `--json FILE` from a folder without `results/`: the run's results folder (its plot and its
+/// JSON) is made too, so that a finished run is never lost at the end (it once failed writing
+/// the SVG) and the report finds it (it once held only the SVG).
 #[test]
 fn json_elsewhere_from_a_folder_without_results() {
     let cwd = tempfile::tempdir().unwrap();
@@ -99,6 +100,15 @@ fn json_elsewhere_from_a_folder_without_results() {
     let results: Vec<_> = std::fs::read_dir(cwd.path().join("results")).unwrap().flatten().map(|e| e.path()).collect();
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].join("experiment.svg").is_file(), "{text}");
+    // The results folder holds the JSON too, so `dtx experiment report` finds the run.
+    assert!(results[0].join("experiment.json").is_file(), "{text}");
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_dtx"))
+        .current_dir(cwd.path())
+        .args(["experiment", "report", "--out", "report.html"])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&report.stdout), String::from_utf8_lossy(&report.stderr));
+    assert!(report.status.success() && said.contains("(1 experiments)"), "{said}");
 }
 
 /// Simulated runs side by side (`--jobs 2`) measure exactly what they measure one at a time,

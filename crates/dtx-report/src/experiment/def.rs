@@ -19,6 +19,11 @@
 //! param = "theta"                          # or option = "lock_wait_us", protocols = [...]:
 //! values = [0.0, 0.9, 0.99]                #   each point runs NAME:lock_wait_us=VALUE
 //! quick = [0.0, 0.99]                      # optional: the values --quick runs
+//! [peak]                                   # optional: each run at its peak throughput
+//! param = "inflight"                       # the load raised: inflight (clients) or rate
+//! values = [250, 500, 1000, 2000]          # loads tried in order until throughput stops growing
+//! quick = [250, 1000]                      # optional: the loads --quick tries
+//! latency_at = 0.5                         # optional: latency from an open loop at this share of the peak
 //! [plot]
 //! panels = ["throughput", "throughput/occ"] # metrics, or a metric as a ratio to a protocol
 //! [[claim]]
@@ -67,8 +72,45 @@ pub struct Experiment {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub quick_by_protocol: BTreeMap<String, BTreeMap<String, String>>,
     pub sweep: Option<Sweep>,
+    /// Each run measured at its peak: the load raised until throughput stops growing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<Peak>,
     pub plot: PlotSpec,
     pub claims: Vec<Claim>,
+}
+
+/// `[peak]`: every run (each protocol at each point and repeat) climbs `values` of the load
+/// `param` in order and stops once a step adds less than [`Peak::MIN_GROWTH`] to the best
+/// throughput so far; the best run is the one reported, with the load that reached it
+/// (`extra.peak_load`). So protocols are compared at their own peaks, as the Detock thesis
+/// ("clients increased until peak") and Hackwrench compare them, not at one load that
+/// saturates one protocol and idles another.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Peak {
+    /// `inflight` (closed-loop clients per worker) or `rate` (open-loop arrivals per second
+    /// per client node).
+    pub param: String,
+    pub values: Vec<f64>,
+    pub quick: Vec<f64>,
+    /// When given, the run's latency comes from one more run, open loop (`--rate`) at this
+    /// share of the protocol's own peak throughput: so latencies compare protocols at the same
+    /// relative load, and queueing behind a saturated closed loop does not weigh in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_at: Option<f64>,
+}
+
+impl Peak {
+    /// A step that adds less than this share to the best throughput so far ends the climb.
+    pub const MIN_GROWTH: f64 = 0.05;
+
+    /// The loads a run climbs.
+    pub fn loads(&self, quick: bool) -> &[f64] {
+        if quick {
+            &self.quick
+        } else {
+            &self.values
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -333,6 +375,7 @@ struct RawExperiment {
     #[serde(default)]
     quick: toml::Table,
     sweep: Option<RawSweep>,
+    peak: Option<RawPeak>,
     #[serde(default)]
     plot: RawPlot,
     #[serde(default, rename = "claim")]
@@ -355,6 +398,36 @@ struct RawSweep {
     option_of: Option<BTreeMap<String, String>>,
     values: Vec<toml::Value>,
     quick: Option<Vec<toml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeak {
+    param: String,
+    values: Vec<f64>,
+    quick: Option<Vec<f64>>,
+    latency_at: Option<f64>,
+}
+
+impl RawPeak {
+    fn check(self) -> anyhow::Result<Peak> {
+        if !["inflight", "rate"].contains(&self.param.as_str()) {
+            bail!("[peak] param `{}`: give inflight (clients) or rate (open-loop arrivals)", self.param);
+        }
+        let quick = self.quick.unwrap_or_else(|| self.values.clone());
+        for (name, loads) in [("values", &self.values), ("quick", &quick)] {
+            if loads.len() < 2 {
+                bail!("[peak] {name}: give at least two loads to climb");
+            }
+            if !loads.iter().all(|v| v.is_finite() && *v > 0.0) || !loads.windows(2).all(|w| w[0] < w[1]) {
+                bail!("[peak] {name}: loads are positive and rising, {loads:?} is not");
+            }
+        }
+        if let Some(f) = self.latency_at.filter(|f| !(*f > 0.0 && *f <= 1.0)) {
+            bail!("[peak] latency_at {f}: give a share of the peak, above 0 and at most 1");
+        }
+        Ok(Peak { param: self.param, values: self.values, quick, latency_at: self.latency_at })
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -480,6 +553,7 @@ impl Experiment {
             Ok(Sweep { param, values, quick, option, protocols, option_of })
         });
         let sweep = sweep.transpose()?;
+        let peak = raw.peak.map(RawPeak::check).transpose()?;
         let plot = parse_plot(raw.plot, &raw.protocols)?;
         let e = Experiment {
             file: Default::default(),
@@ -503,6 +577,7 @@ impl Experiment {
                 .collect::<anyhow::Result<_>>()?,
             protocols: raw.protocols,
             sweep,
+            peak,
             plot,
         };
         e.check()?;
@@ -519,6 +594,15 @@ impl Experiment {
         for key in ["protocol", "json", "plot", "out", "history", "json-stdout", "json_stdout"] {
             if self.bench.contains_key(key) || self.quick.contains_key(key) {
                 bail!("[bench] {key}: an experiment sets this itself (protocols = [...] names the runs)");
+            }
+        }
+        if let Some(p) = &self.peak {
+            let sets_it = |flags: &BTreeMap<String, String>| flags.contains_key(&p.param);
+            if sets_it(&self.bench) || sets_it(&self.quick) || self.bench_by_protocol.values().any(sets_it) {
+                bail!("[peak] {}: the climb sets it on every run; leave it out of [bench] and [quick]", p.param);
+            }
+            if self.sweep.as_ref().is_some_and(|s| !s.option && s.param == p.param) {
+                bail!("[peak] {}: the sweep sets it at each point; climb another load", p.param);
             }
         }
         let by_protocol = [("bench", &self.bench_by_protocol), ("quick", &self.quick_by_protocol)];

@@ -13,7 +13,7 @@ pub mod html;
 pub mod svg;
 pub mod verdict;
 
-pub use def::{Claim, ClaimKind, Experiment, Metric, Panel, PlotKind, PointValue};
+pub use def::{Claim, ClaimKind, Experiment, Metric, Panel, Peak, PlotKind, PointValue};
 pub use verdict::{evaluate, metric_value, ClaimResult, Observation, Verdict};
 
 use crate::RunReport;

@@ -276,3 +276,24 @@ fn class_region_and_ratio_metrics() {
     assert_eq!(e.plot.panels[0].over, None);
     assert_eq!(e.plot.panels[1].over.as_deref(), Some("b"));
 }
+
+#[test]
+fn a_peak_climbs_rising_loads_of_inflight_or_rate() {
+    let with = |peak: &str| Experiment::parse(&FILE.replace("[sweep]", &format!("{peak}\n[sweep]")));
+    let e =
+        with("[peak]\nparam = \"inflight\"\nvalues = [64, 256, 1024]\nquick = [64, 256]\nlatency_at = 0.5").unwrap();
+    let p = e.peak.as_ref().unwrap();
+    assert_eq!(
+        (p.loads(false), p.loads(true), p.latency_at),
+        (&[64.0, 256.0, 1024.0][..], &[64.0, 256.0][..], Some(0.5))
+    );
+    let err = |peak: &str| format!("{:#}", with(peak).unwrap_err());
+    assert!(err("[peak]\nparam = \"theta\"\nvalues = [1, 2]").contains("give inflight"));
+    assert!(err("[peak]\nparam = \"rate\"\nvalues = [2, 1]").contains("positive and rising"));
+    assert!(err("[peak]\nparam = \"rate\"\nvalues = [1]").contains("at least two loads"));
+    assert!(err("[peak]\nparam = \"rate\"\nvalues = [1, 2]\nlatency_at = 1.5").contains("latency_at 1.5"));
+    let set_too = FILE.replace("workload = \"ycsb\"", "workload = \"ycsb\"\ninflight = 8");
+    let set_too = set_too.replace("[sweep]", "[peak]\nparam = \"inflight\"\nvalues = [1, 2]\n[sweep]");
+    let e = format!("{:#}", Experiment::parse(&set_too).unwrap_err());
+    assert!(e.contains("the climb sets it"), "{e}");
+}

@@ -64,8 +64,15 @@ pub struct BenchArgs {
     workers: Option<u16>,
     /// Transactions in flight per worker (closed-loop clients). Default 64; for TPC-C, the
     /// specification's 10 terminals per warehouse (clause 4.2.2) of the worker's warehouses.
+    /// With --rate, the most that run at once per worker.
     #[arg(long)]
     inflight: Option<u32>,
+    /// Open-loop clients: this many transactions arrive per second at each client node
+    /// (Poisson arrivals, split over its client workers), and each one's latency runs from its
+    /// arrival, time spent waiting for a free client included. Default: closed loop. A run that
+    /// cannot keep up says so and reports its backlog.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Commits per worker that may wait for the disk (or the replicas) while their clients go
     /// on to the next transaction, as Silo's workers go on while their epoch is persisted; each
     /// is acknowledged (counted, its latency taken) once durable. 0: every client waits for its
@@ -117,12 +124,13 @@ pub struct BenchArgs {
     /// node `data+client`. Partitions go to data nodes; clients run on client nodes.
     #[arg(long)]
     roles: Option<String>,
-    /// Where partitions' copies live: single (one copy, the default), per-region (a full copy
-    /// in every region, given by --regions; its home region leads) or groups=N (groups of N
-    /// data nodes hold the same partitions). The protocol must keep the copies; those that
-    /// keep one copy refuse the others.
-    #[arg(long, default_value = "single")]
-    placement: String,
+    /// Where partitions' copies live: single (one copy), per-region (a full copy in every
+    /// region, given by --regions; its home region leads) or groups=N (groups of N data nodes
+    /// hold the same partitions). The protocol must keep the copies; those that keep one copy
+    /// refuse the others. Default: per-region for a protocol that keeps a copy per region
+    /// when the run has more than one region (--regions or --latency-matrix), else single.
+    #[arg(long)]
+    placement: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Faults to inject in sim: any of crash,partition,loss. With --runtime tcp, every
@@ -236,6 +244,11 @@ pub struct BenchArgs {
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
     json_stdout: bool,
+    /// Run every protocol in this process instead of each in a fresh one (for a profiler that
+    /// follows one process). A later run then inherits the heap and caches of the earlier
+    /// ones, which moved a protocol's figure by up to a sixth with its place in --protocol.
+    #[arg(long)]
+    same_process: bool,
     /// none | wal | replicated: with `wal` every node logs to a write-ahead log and a commit is
     /// acknowledged once its decision record is fsynced (group commit); with `replicated` once a
     /// majority of the node's log replicas hold it.
@@ -551,6 +564,27 @@ impl BenchArgs {
         })
     }
 
+    /// `--placement`, or the default: a protocol that keeps a copy per region (Calvin, SLOG,
+    /// Detock) runs as its paper ran it, a copy in every region, whenever the run has several
+    /// regions; with one copy every region's reads would cross the WAN.
+    fn placement(&self, variant: &Variant, node_region: &[u16]) -> anyhow::Result<crate::cluster::Placement> {
+        use crate::cluster::Placement;
+        if let Some(p) = &self.placement {
+            return Placement::parse(p).context("--placement");
+        }
+        let several_regions = node_region.iter().any(|r| Some(r) != node_region.first());
+        Ok(if several_regions && variant.make().keeps_copies(Placement::PerRegion) {
+            Placement::PerRegion
+        } else {
+            Placement::Single
+        })
+    }
+
+    /// `--same-process`.
+    pub fn same_process(&self) -> bool {
+        self.same_process
+    }
+
     fn spec(&self, variant: &Variant) -> anyhow::Result<BenchSpec> {
         let protocol = variant.name.as_str();
         if let Some(path) = &self.cluster {
@@ -686,6 +720,7 @@ impl BenchArgs {
             let log_ns_per_kib = c.get(4).copied().unwrap_or(cost.log_ns_per_kib);
             cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3], log_ns_per_kib };
         }
+        let placement = self.placement(variant, &latency.node_region)?;
         let spec = BenchSpec {
             protocol: protocol.to_string(),
             workload: WorkloadParams {
@@ -721,6 +756,7 @@ impl BenchArgs {
             workers: self.workers() + variant.make().service_workers(),
             partitions_per_node: self.partitions_per_node,
             inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
+            rate_per_node: self.rate.unwrap_or(0.0),
             max_unacked: self.max_unacked,
             duration_us: secs_us(&self.duration, "duration")?,
             warmup_us: secs_us(&self.warmup, "warmup")?,
@@ -763,7 +799,7 @@ impl BenchArgs {
             node_roles,
             clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
             clock_drift_ppm: self.clock_drift,
-            placement: crate::cluster::Placement::parse(&self.placement).context("--placement")?,
+            placement,
         };
         spec.validate()?;
         Ok(spec)
@@ -786,5 +822,41 @@ impl From<BenchArgs> for super::BenchRequest {
             workload: a.workload,
             json_stdout: a.json_stdout,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Placement;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn placement_of(flags: &[&str]) -> Placement {
+        let args = Line::try_parse_from(std::iter::once("bench").chain(flags.iter().copied())).expect("flags").args;
+        args.spec(&args.protocol.variants()[0]).expect("a spec").placement
+    }
+
+    /// A protocol that keeps a copy per region runs as its paper ran it when the run has
+    /// several regions (a new user's `--protocol detock --regions 0,1,2` once ran one copy,
+    /// every region's reads crossing the WAN); one region, a protocol with one copy, or a
+    /// placement given by name keep what they say.
+    #[test]
+    fn a_protocol_with_a_copy_per_region_takes_per_region_when_regions_are_several() {
+        let three = ["--nodes", "3", "--regions", "0,1,2"];
+        for p in ["detock", "slog", "calvin"] {
+            let flags: Vec<&str> = ["--protocol", p].iter().chain(&three).copied().collect();
+            assert_eq!(placement_of(&flags), Placement::PerRegion, "{p}");
+        }
+        assert_eq!(placement_of(&["--protocol", "occ", "--nodes", "3", "--regions", "0,1,2"]), Placement::Single);
+        assert_eq!(placement_of(&["--protocol", "detock", "--nodes", "3", "--regions", "1,1,1"]), Placement::Single);
+        assert_eq!(placement_of(&["--protocol", "calvin", "--nodes", "2"]), Placement::Single);
+        let named = ["--protocol", "detock", "--nodes", "3", "--regions", "0,1,2", "--placement", "single"];
+        assert_eq!(placement_of(&named), Placement::Single);
     }
 }

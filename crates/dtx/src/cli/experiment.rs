@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use dtx_report::experiment::html::{self, ExtraTable};
 use dtx_report::experiment::{
-    def::point_text, render_claims, svg, Experiment, ExperimentReport, Provenance, Verdict, POINT_KEY, REPEAT_KEY,
+    def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance, Verdict, POINT_KEY, REPEAT_KEY,
 };
 use dtx_report::RunReport;
 use std::path::{Path, PathBuf};
@@ -57,7 +57,8 @@ pub struct RunArgs {
     /// Override a bench flag for every run, e.g. `--set duration=0.5` (repeatable).
     #[arg(long = "set", value_name = "FLAG=VALUE")]
     pub set: Vec<String>,
-    /// Write the experiment's JSON here (default: in its results folder).
+    /// Also write the experiment's JSON here (it is always in its results folder too, where
+    /// `dtx experiment report` finds it).
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// The results folder (default `results/<time>-experiment-<name>`).
@@ -373,7 +374,8 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     let parallel = runs_at_once(a, &parsed)?;
     let specs: Vec<(Option<&Path>, &crate::host::BenchSpec)> =
         parsed.iter().map(|(req, spec)| (req.cluster.as_deref(), spec)).collect();
-    let finished = run_jobs(e, &jobs, &specs, &out, parallel, &bar);
+    let peak = e.peak.as_ref().map(|p| (p, p.loads(a.quick)));
+    let finished = run_jobs(e, (&jobs, peak), &specs, &out, parallel, &bar);
     let mut runs = Vec::new();
     let mut run_wall_s = Vec::new();
     let mut failures = Vec::new();
@@ -414,12 +416,18 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         definition: e.clone(),
     };
     report.claims = report.evaluate();
-    let json = a.json.clone().unwrap_or_else(|| out.join("experiment.json"));
     let plot = out.join("experiment.svg");
-    // The plot always goes into the results folder, also when the JSON goes elsewhere (--json):
-    // make it, so that a finished run is never lost for want of a folder.
+    // The results folder always holds the JSON and the plot, also when --json asks for a copy
+    // elsewhere: `dtx experiment report` finds a run by its folder's experiment.json.
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    report.write(&json)?;
+    report.write(&out.join("experiment.json"))?;
+    let json = match &a.json {
+        Some(copy) => {
+            report.write(copy)?;
+            copy.clone()
+        }
+        None => out.join("experiment.json"),
+    };
     std::fs::write(&plot, svg::render(&report)?).with_context(|| format!("writing {}", plot.display()))?;
     print_result(&report);
     println!("results: {} (json: {}, plot: {})", out.display(), json.display(), plot.display());
@@ -456,7 +464,7 @@ type JobResult = (anyhow::Result<(RunReport, bool, bool)>, f64);
 /// finished in.
 fn run_jobs(
     e: &Experiment,
-    jobs: &[Job],
+    (jobs, peak): (&[Job], Option<(&Peak, &[f64])>),
     specs: &[(Option<&Path>, &crate::host::BenchSpec)],
     out: &Path,
     parallel: usize,
@@ -472,7 +480,10 @@ fn run_jobs(
         });
         bar.set_message(format!("{at}{} #{}", j.protocol, j.repeat + 1));
         let t = Instant::now();
-        let result = run_spec(spec, cluster, history.as_deref());
+        let result = match peak {
+            Some((p, loads)) => run_at_peak(spec, p, loads, cluster),
+            None => run_spec(spec, cluster, history.as_deref()),
+        };
         *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some((result, t.elapsed().as_secs_f64()));
         bar.inc(1);
     };
@@ -489,6 +500,75 @@ fn run_jobs(
     });
     let taken = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()));
     taken.map(|r| r.expect("every job ran")).collect()
+}
+
+/// A run of `spec` at its peak ([`Peak`]): `spec` again at each load of `loads` in turn until
+/// one adds less than [`Peak::MIN_GROWTH`] to the best throughput so far; the best run, with
+/// the load that reached it (`extra.peak_load`) and the loads tried (`extra.peak_runs`). A
+/// failed check or run at any load is the result's.
+fn run_at_peak(
+    spec: &crate::host::BenchSpec,
+    peak: &Peak,
+    loads: &[f64],
+    cluster: Option<&Path>,
+) -> anyhow::Result<(RunReport, bool, bool)> {
+    anyhow::ensure!(!spec.record_history, "a run at its peak keeps no history: leave out --verify and --history");
+    let mut best: Option<(RunReport, f64)> = None;
+    let (mut passed, mut whole, mut tried) = (true, true, 0);
+    for &load in loads {
+        let mut at = spec.clone();
+        match peak.param.as_str() {
+            "inflight" => at.inflight = load.round() as u32,
+            _ => at.rate_per_node = load,
+        }
+        at.validate()?;
+        let (run, ok, complete) = run_spec(&at, cluster, None)?;
+        (passed, whole, tried) = (passed && ok, whole && complete, tried + 1);
+        let best_tps = best.as_ref().map_or(0.0, |b| b.0.throughput_tps);
+        let grew = run.throughput_tps > best_tps * (1.0 + Peak::MIN_GROWTH);
+        if run.throughput_tps > best_tps {
+            best = Some((run, load));
+        }
+        if !grew {
+            break;
+        }
+    }
+    let (mut run, load) = best.context("a peak climbs at least one load")?;
+    run.extra.insert("peak_load".into(), load);
+    run.extra.insert("peak_runs".into(), tried as f64);
+    if let Some(share) = peak.latency_at {
+        // Enough clients that arrivals seldom wait for one: the peak's own, at least.
+        let clients = if peak.param == "inflight" { load.round() as u32 } else { spec.inflight };
+        let (open, ok, complete) = latency_at_share_of_peak(spec, (&run, clients), share, cluster)?;
+        (passed, whole) = (passed && ok, whole && complete);
+        run.latency_us = open.latency_us;
+        run.latency_us_by_class = open.latency_us_by_class;
+        run.latency_us_by_region = open.latency_us_by_region;
+        run.latency_us_by_region_class = open.latency_us_by_region_class;
+        for key in ["offered_tps", "backlog"] {
+            run.extra.insert(format!("latency_run_{key}"), open.extra.get(key).copied().unwrap_or(0.0));
+        }
+        run.extra.insert("latency_at_share".into(), share);
+    }
+    Ok((run, passed, whole))
+}
+
+/// The open-loop run whose latencies a peak run reports: `spec` at `share` of the throughput
+/// `peak` reached, split evenly over the client nodes, with at least `clients` per worker.
+fn latency_at_share_of_peak(
+    spec: &crate::host::BenchSpec,
+    (peak, clients): (&RunReport, u32),
+    share: f64,
+    cluster: Option<&Path>,
+) -> anyhow::Result<(RunReport, bool, bool)> {
+    let topo = spec.topology();
+    let client_nodes = (0..spec.nodes).filter(|n| topo.runs_clients(*n)).count();
+    anyhow::ensure!(client_nodes > 0, "{}: no node runs clients", spec.protocol);
+    let mut open = spec.clone();
+    open.rate_per_node = share * peak.throughput_tps / client_nodes as f64;
+    open.inflight = open.inflight.max(clients);
+    open.validate()?;
+    run_spec(&open, cluster, None)
 }
 
 /// Names a run by its point and repeat in its params, as the experiment JSON's contract says,

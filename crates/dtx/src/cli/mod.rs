@@ -2,6 +2,7 @@
 
 mod bench_args;
 pub mod experiment;
+pub mod fresh_process;
 
 pub use bench_args::{BenchArgs, ProtocolList};
 
@@ -136,8 +137,21 @@ fn history_path(spec: &BenchSpec, req: &BenchRequest, dir: &Path) -> Option<Path
 
 /// Runs one spec on its runtime and checks it as it asks (its history written to `history`);
 /// the report, false when a check failed, and false when the run could not end whole
-/// ([`Outcome::failed`]: said on stderr).
+/// ([`Outcome::failed`]: said on stderr). In a process of its own when the command asks
+/// ([`fresh_process`]), so that no run inherits another's state.
 pub(crate) fn run_spec(
+    spec: &BenchSpec,
+    cluster: Option<&Path>,
+    history: Option<&Path>,
+) -> anyhow::Result<(RunReport, bool, bool)> {
+    if fresh_process::applies_to(spec) {
+        return fresh_process::run(spec, cluster, history, host::run_progress_hidden());
+    }
+    run_spec_here(spec, cluster, history)
+}
+
+/// [`run_spec`] in this process.
+fn run_spec_here(
     spec: &BenchSpec,
     cluster: Option<&Path>,
     history: Option<&Path>,
@@ -158,7 +172,26 @@ pub(crate) fn run_spec(
         _ if spec.run_checks => Some(print_findings(spec, &outcome.totals.findings)),
         _ => None,
     };
-    Ok((bench::report(spec, &outcome, verified), verified != Some(false), outcome.failed.is_none()))
+    let report = bench::report(spec, &outcome, verified);
+    if let Some(behind) = open_loop_fell_behind(&report) {
+        eprintln!("dtx: {}: {behind}", spec.protocol);
+    }
+    Ok((report, verified != Some(false), outcome.failed.is_none()))
+}
+
+/// An open-loop run (`--rate`) whose clients fell behind its arrivals: more than 1% of the
+/// window's arrivals still waited for a client as it closed. Its throughput is then what the
+/// protocol sustained, not what was offered, and its latency grows with the run's length.
+fn open_loop_fell_behind(r: &RunReport) -> Option<String> {
+    let (offered, backlog) = (r.extra.get("offered_tps")?, r.extra.get("backlog")?);
+    let arrived = offered * r.duration_s;
+    (*backlog > 0.01 * arrived).then(|| {
+        format!(
+            "could not keep up with --rate: {backlog:.0} of {arrived:.0} arrivals still waited as the window closed \
+             (offered {offered:.0}/s, committed {:.0}/s); lower --rate or raise --inflight",
+            r.throughput_tps
+        )
+    })
 }
 
 /// Write the run's history and check it; true when it is serializable and complete.

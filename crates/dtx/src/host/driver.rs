@@ -1,6 +1,9 @@
-//! The closed-loop driver that runs on every worker: `inflight` client tasks, each issuing a
-//! transaction, retrying it after an abort (with randomized exponential backoff) until it
-//! commits, then issuing the next. A commit that waits only for the log is handed to the
+//! The driver that runs on every worker: `inflight` client tasks, each issuing a transaction,
+//! retrying it after an abort (with randomized exponential backoff) until it commits, then
+//! issuing the next. Closed loop by default: the next transaction starts when the last one
+//! ended. Open loop with `--rate` ([`Arrivals`]): transactions arrive as a Poisson process, a
+//! free client takes the oldest arrival, and its latency runs from the arrival, so the time an
+//! arrival queued for a client counts (no coordinated omission). A commit that waits only for the log is handed to the
 //! worker's ack queue ([`super::acks`], at most `max_unacked`) and acknowledged from there, so
 //! its client goes on at once. Metrics count what is acknowledged inside the measured window.
 
@@ -93,7 +96,12 @@ pub fn read_history_file(path: &std::path::Path) -> std::io::Result<Vec<HistLine
 }
 
 pub struct DriverConfig {
+    /// Clients on this worker: in a closed loop, the transactions in flight; in an open loop,
+    /// the most that run at once (arrivals beyond wait for one).
     pub inflight: u32,
+    /// Open-loop arrivals at this worker per second (`--rate` split over the node's client
+    /// workers); 0: closed loop.
+    pub arrivals_per_s: f64,
     /// Commits that may wait for the log while their clients go on ([`super::acks`]).
     pub max_unacked: u32,
     pub max_retries: u32,
@@ -107,6 +115,82 @@ pub struct DriverConfig {
 
 /// How often, past the window, a client of an abandonable run looks whether the run gave up.
 const ABANDON_POLL_US: u64 = 20_000;
+
+/// One worker's open-loop arrivals: a Poisson process (exponential gaps) drawn lazily, one
+/// arrival ahead, from a generator of its own, so that a closed-loop run's draws stay as they
+/// were. A client takes the next arrival and waits for its time, or, when the arrival is past
+/// (every client was busy), starts at once with its latency counted from the arrival.
+pub struct Arrivals {
+    next_ns: u64,
+    mean_gap_ns: f64,
+    rng: crate::util::Rng,
+    window: Window,
+    /// Arrivals in the window that a client took.
+    taken_in_window: u64,
+}
+
+impl Arrivals {
+    pub fn new(per_s: f64, seed: u64, start_ns: u64, window: Window) -> Self {
+        assert!(per_s > 0.0 && per_s.is_finite(), "an arrival rate is positive");
+        let mut a = Arrivals {
+            next_ns: start_ns,
+            mean_gap_ns: 1e9 / per_s,
+            rng: crate::util::rng_from_seed(seed),
+            window,
+            taken_in_window: 0,
+        };
+        a.next_ns += a.gap_ns();
+        a
+    }
+
+    fn gap_ns(&mut self) -> u64 {
+        // Inverse transform: -ln(U) of U in (0, 1] is exponential with mean 1.
+        let u: f64 = 1.0 - self.rng.gen::<f64>();
+        (-u.ln() * self.mean_gap_ns) as u64
+    }
+
+    /// The next arrival's time (ns); the one after it is drawn.
+    pub fn take(&mut self) -> u64 {
+        let t = self.next_ns;
+        if (self.window.start_ns..self.window.end_ns).contains(&t) {
+            self.taken_in_window += 1;
+        }
+        self.next_ns += self.gap_ns();
+        t
+    }
+
+    /// Arrivals due by `now_ns` inside the window that no client has taken yet (drawn on a
+    /// copy of the generator: the arrivals themselves are not consumed).
+    pub fn backlog_at(&self, now_ns: u64) -> u64 {
+        let mut probe = Arrivals { rng: self.rng.clone(), taken_in_window: 0, ..*self };
+        let until = now_ns.min(self.window.end_ns);
+        let mut waiting = 0;
+        while probe.next_ns < until {
+            waiting += u64::from(probe.next_ns >= self.window.start_ns);
+            probe.next_ns += probe.gap_ns();
+        }
+        waiting
+    }
+
+    /// Arrivals in the window by its end: taken, and waiting for a client.
+    pub fn offered_in_window(&self) -> u64 {
+        self.taken_in_window + self.backlog_at(self.window.end_ns)
+    }
+}
+
+/// At the window's end, what the open loop offered and what was left waiting, as the worker's
+/// counters `arrivals-offered` and `arrivals-backlog`.
+fn count_arrivals_at_window_end(w: &Rc<Worker>, m: &Rc<RefCell<Metrics>>, arrivals: &Rc<RefCell<Arrivals>>) {
+    let (w2, m, arrivals) = (w.clone(), m.clone(), arrivals.clone());
+    w.spawn(async move {
+        let end_ns = arrivals.borrow().window.end_ns;
+        w2.sleep_us(end_ns.saturating_sub(w2.now_ns()) / 1000).await;
+        let a = arrivals.borrow();
+        let mut m = m.borrow_mut();
+        m.counters.insert("arrivals-offered", a.offered_in_window());
+        m.counters.insert("arrivals-backlog", a.backlog_at(end_ns));
+    });
+}
 
 /// Polls `a`, and `b` while `a` is not done: `Some` of `a`'s output, or `None` once `b` is ready.
 struct Race<A, B> {
@@ -153,6 +237,13 @@ pub fn start(
         let (w2, m2, win) = (w.clone(), metrics.clone(), cfg.window);
         w.spawn(async move { measure_window(&w2, &m2, win).await });
     }
+    let arrivals = (cfg.arrivals_per_s > 0.0).then(|| {
+        let seed = w.rng.borrow_mut().gen::<u64>();
+        Rc::new(RefCell::new(Arrivals::new(cfg.arrivals_per_s, seed, w.now_ns(), cfg.window)))
+    });
+    if let Some(a) = &arrivals {
+        count_arrivals_at_window_end(w, &metrics, a);
+    }
     let cfg = Rc::new(cfg);
     let attempts: Attempts = Rc::new(RefCell::new(vec![None; cfg.inflight as usize]));
     let acks = proto.ack_source().filter(|_| cfg.max_unacked > 0).map(|source| {
@@ -164,10 +255,11 @@ pub fn start(
         let home = homes[i % homes.len()];
         let (w2, p2, wl2, m2, live2, sh2, cfg2) =
             (w.clone(), proto.clone(), wl.clone(), metrics.clone(), live.clone(), shared.clone(), cfg.clone());
-        let (at2, acks2) = (attempts.clone(), acks.clone());
+        let (at2, acks2, arrivals2) = (attempts.clone(), acks.clone(), arrivals.clone());
         w.spawn(async move {
             let acks = acks2.as_ref();
-            let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2, acks };
+            let arrivals = arrivals2.as_deref();
+            let me = Client { w: &w2, proto: &*p2, wl: &*wl2, m: &m2, home, cfg: &cfg2, shared: &sh2, acks, arrivals };
             if cfg2.abandonable {
                 // A client stuck on the log when the run gives up leaves its attempt in
                 // `attempts`, reported below as of unknown outcome.
@@ -301,7 +393,7 @@ fn report_unknown(
     }
 }
 
-/// One closed-loop client.
+/// One client: closed loop, or open loop taking [`Arrivals`].
 struct Client<'a> {
     w: &'a Rc<Worker>,
     proto: &'a dyn WorkerProtocol,
@@ -312,6 +404,8 @@ struct Client<'a> {
     shared: &'a RunShared,
     /// Where commits wait for the disk, when the protocol defers acknowledgements.
     acks: Option<&'a Rc<Acks>>,
+    /// The worker's open-loop arrivals (`--rate`); none in a closed loop.
+    arrivals: Option<&'a RefCell<Arrivals>>,
 }
 
 impl Client<'_> {
@@ -324,8 +418,8 @@ impl Client<'_> {
             attempts.borrow_mut()[i] = start.map(|us| (wl.attempted_ops(req), us));
         };
         while w.now_ns() < cfg.window.end_ns {
+            let Some(first_ns) = self.next_start_ns().await else { break };
             let mut req = wl.next(&mut w.rng.borrow_mut(), self.home);
-            let first_ns = w.now_ns();
             let mut number = 0;
             loop {
                 let defer_ack = self.acks.is_some();
@@ -403,6 +497,24 @@ impl Client<'_> {
                 }
             }
         }
+    }
+}
+
+impl Client<'_> {
+    /// When the next transaction starts, as its latency counts it: now in a closed loop; in an
+    /// open loop, the next arrival's time, waited for if it is still ahead (none once arrivals
+    /// pass the window).
+    async fn next_start_ns(&self) -> Option<u64> {
+        let Some(arrivals) = self.arrivals else { return Some(self.w.now_ns()) };
+        let t = arrivals.borrow_mut().take();
+        // Past the window, the client still waits for its end, as a closed-loop client runs
+        // to it: the worker reports once its clients end, and the window's counters come first.
+        let wake_ns = t.min(self.cfg.window.end_ns);
+        let now = self.w.now_ns();
+        if wake_ns > now {
+            self.w.sleep_us((wake_ns - now).div_ceil(1000)).await;
+        }
+        (t < self.cfg.window.end_ns).then_some(t)
     }
 }
 

@@ -72,6 +72,10 @@ impl std::fmt::Display for Runtime {
     }
 }
 
+/// The most open-loop arrivals per second a client node takes (`--rate`): far above what one
+/// node commits, low enough that counting a backlog stays cheap.
+pub const MAX_RATE_PER_NODE: f64 = 100_000_000.0;
+
 /// Everything that defines one protocol's run. It crosses process boundaries (tcp runtime).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchSpec {
@@ -82,6 +86,10 @@ pub struct BenchSpec {
     pub workers: u16,
     pub partitions_per_node: u32,
     pub inflight: u32,
+    /// Open-loop arrivals per second at each client node (`--rate`, Poisson); 0: closed loop,
+    /// `inflight` transactions always in flight per worker.
+    #[serde(default)]
+    pub rate_per_node: f64,
     /// Commits per worker that may wait for the log while their clients go on (`--max-unacked`,
     /// see `host::acks`); 0: every client waits for its own commit's flush.
     pub max_unacked: u32,
@@ -128,6 +136,7 @@ impl BenchSpec {
             workers: 1 + service_workers(protocol),
             partitions_per_node: 1,
             inflight: 64,
+            rate_per_node: 0.0,
             max_unacked: DEFAULT_MAX_UNACKED,
             duration_us: 1_000_000,
             warmup_us: 100_000,
@@ -203,6 +212,12 @@ impl BenchSpec {
         if self.inflight == 0 || self.inflight > 100_000 {
             bail!("--inflight {} must be between 1 and 100000", self.inflight);
         }
+        if !(0.0..=MAX_RATE_PER_NODE).contains(&self.rate_per_node) {
+            bail!(
+                "--rate {} must be between 0 (closed loop) and {MAX_RATE_PER_NODE} transactions a second",
+                self.rate_per_node
+            );
+        }
         if self.max_unacked > MAX_UNACKED_LIMIT {
             bail!("--max-unacked {} must be at most {MAX_UNACKED_LIMIT}", self.max_unacked);
         }
@@ -273,9 +288,11 @@ impl BenchSpec {
         WorkerConfig { seed: self.seed, cost: self.cost, rpc: self.rpc, clocks }
     }
 
-    fn driver_config(&self, window: Window) -> DriverConfig {
+    /// The driver of one worker, `client_workers` of whose node run clients.
+    fn driver_config(&self, window: Window, client_workers: u16) -> DriverConfig {
         DriverConfig {
             inflight: self.inflight,
+            arrivals_per_s: self.rate_per_node / f64::from(client_workers.max(1)),
             max_unacked: self.max_unacked,
             max_retries: self.max_retries,
             record_history: self.record_history,
@@ -618,7 +635,13 @@ pub fn start_clients(
         return driver::observe(w, window, shared.clone());
     }
     let homes = homes(&node.topo, w.addr);
-    driver::start(w, proto.clone(), node.workload.clone(), homes, spec.driver_config(window), shared.clone());
+    let is_client = |worker| {
+        let addr = crate::net::Addr { node: w.addr.node, worker };
+        node.proto.worker_roles(&node.topo, addr).contains(crate::cluster::Role::Client)
+    };
+    let client_workers = (0..node.topo.workers_per_node).filter(|k| is_client(*k)).count() as u16;
+    let cfg = spec.driver_config(window, client_workers);
+    driver::start(w, proto.clone(), node.workload.clone(), homes, cfg, shared.clone());
 }
 
 /// Attach a worker to its node's protocol and start its clients.
@@ -678,6 +701,11 @@ static PROGRESS_HIDDEN: std::sync::atomic::AtomicBool = std::sync::atomic::Atomi
 /// Hide (or show again) the progress bar of each run.
 pub fn hide_run_progress(hidden: bool) {
     PROGRESS_HIDDEN.store(hidden, Ordering::Relaxed);
+}
+
+/// Whether each run's progress bar is hidden ([`hide_run_progress`]).
+pub fn run_progress_hidden() -> bool {
+    PROGRESS_HIDDEN.load(Ordering::Relaxed)
 }
 
 /// A progress bar over `total` (seconds of run), hidden when stderr is not a terminal.

@@ -2,8 +2,8 @@
 //! tests run it with every other ready protocol: contention, loss, partitions, crashes with and
 //! without logs, interactive execution, TPC-C's conditions and the bank total.
 
-use crate::protocols::twopc::testing::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::testkit::checked_run as checked;
+use crate::testkit::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::workloads::WorkloadParams;
 
 #[test]

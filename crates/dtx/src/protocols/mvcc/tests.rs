@@ -1,8 +1,8 @@
 //! Static-timestamp MVCC's own properties in the simulator. The shared sweeps in `tests/` and
 //! the workloads' tests run it with every other ready protocol (with synchronized clocks).
 
-use crate::protocols::twopc::testing::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::testkit::checked_run as checked;
+use crate::testkit::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::workloads::WorkloadParams;
 
 fn hot_append() -> WorkloadParams {

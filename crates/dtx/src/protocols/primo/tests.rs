@@ -6,8 +6,8 @@
 use super::meta::{self, PrimoMeta};
 use crate::protocols::twopc::lease::{Lease, RenewFailure};
 use crate::protocols::twopc::record_lock::{Acquire, Mode, Policy, Prio};
-use crate::protocols::twopc::testing::durable_run_with_crashes;
 use crate::storage::{Layout, RowKey, Storage, TableDef, Value};
+use crate::testkit::durable_run_with_crashes;
 use crate::testkit::{checked_run as checked, contended_append, protocol_spec};
 use crate::workloads::WorkloadParams;
 

@@ -96,6 +96,11 @@ struct StreamPart {
     /// Transactions replayed and dropped (for the report).
     replayed: u64,
     dropped: u64,
+    /// Records that did not decode as a stream entry: refused, counted, never applied (a
+    /// corrupt or foreign record must not take the replica down; the stream's next entries
+    /// still replay, each with the TIDs it carries).
+    #[serde(default)]
+    undecodable: u64,
 }
 
 /// A node's replica over all of its streams (Rolis's replica state, §4.1): every stream's part
@@ -268,8 +273,17 @@ fn handles(node: Arc<Mutex<NodeReplica>>, streams: usize) -> Vec<StreamMachine> 
 
 impl crate::rt::log::LogMachine for StreamMachine {
     fn apply(&mut self, record: &[u8]) {
-        let entry = crate::net::decode(record).expect("a silo stream entry");
-        self.node.lock().apply(self.stream, entry);
+        match crate::net::decode(record) {
+            Ok(entry) => self.node.lock().apply(self.stream, entry),
+            Err(e) => {
+                self.node.lock().streams[self.stream as usize].undecodable += 1;
+                crate::rt::log_warn(&format!(
+                    "silo: stream {}: refused a log record of {} bytes that is no stream entry: {e}",
+                    self.stream,
+                    record.len()
+                ));
+            }
+        }
     }
 
     fn snapshot(&self) -> Vec<u8> {
@@ -287,7 +301,7 @@ impl crate::rt::log::LogMachine for StreamMachine {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let r = self.node.lock();
         let part = &r.streams[self.stream as usize];
-        vec![("replayed", part.replayed), ("replay-dropped", part.dropped)]
+        vec![("replayed", part.replayed), ("replay-dropped", part.dropped), ("replay-undecodable", part.undecodable)]
     }
 
     /// None for a replica of a node that logged nothing (a replica-only host's own logs).
@@ -365,6 +379,22 @@ mod tests {
 
     fn rows(m: &StreamMachine) -> BTreeMap<u64, u64> {
         m.node.lock().rows.iter().map(|(k, (tid, _, _))| (k.key, *tid)).collect()
+    }
+
+    /// A record that is no stream entry is refused and counted; the replica keeps replaying
+    /// the entries after it.
+    #[test]
+    fn an_undecodable_record_is_counted_and_refused_and_replay_goes_on() {
+        let mut machines = StreamMachine::fresh(true, 1);
+        let m = &mut machines[0];
+        batch(m, &[(at(1, 1), 1)]);
+        m.apply(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
+        m.apply(&[]);
+        batch(m, &[(at(1, 2), 2)]);
+        let counters: BTreeMap<_, _> = m.counters().into_iter().collect();
+        assert_eq!(counters["replay-undecodable"], 2);
+        assert_eq!(counters["replayed"], 2, "{counters:?}");
+        assert_eq!(rows(m), BTreeMap::from([(1, at(1, 1)), (2, at(1, 2))]));
     }
 
     /// Rolis's Fig. 8: five streams whose last durable entries of the old epoch are 34, 27, 41,

@@ -5,9 +5,9 @@
 
 use super::meta::{self, TicTocMeta};
 use crate::protocols::twopc::lease::{Lease, RenewFailure};
-use crate::protocols::twopc::testing::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::storage::{Layout, RowKey, Storage, TableDef, Value};
 use crate::testkit::{checked_run as checked, contended_append, protocol_spec};
+use crate::testkit::{durable_run_with_crashes, messages_per_commit, read_only_distributed_ycsb};
 use crate::workloads::WorkloadParams;
 
 fn store() -> Storage<TicTocMeta> {

@@ -11,8 +11,6 @@ pub mod lease;
 pub mod lease_log;
 pub mod record_lock;
 pub mod skeleton;
-#[cfg(test)]
-pub mod testing;
 pub mod wm_commit;
 pub mod wm_worker;
 
