@@ -12,7 +12,8 @@ use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use dtx_report::experiment::html::{self, ExtraTable};
 use dtx_report::experiment::{
-    def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance, Verdict, POINT_KEY, REPEAT_KEY,
+    count_verdicts, counts_text, def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance,
+    POINT_KEY, REPEAT_KEY,
 };
 use dtx_report::RunReport;
 use std::path::{Path, PathBuf};
@@ -87,6 +88,12 @@ pub struct ReportArgs {
     /// The COCO comparison's JSON (`scripts/compare-coco.sh` writes it), shown as a table.
     #[arg(long)]
     pub coco: Option<PathBuf>,
+    /// Judge the stored runs by the experiment files in this folder as they are now (their
+    /// claims, bands and verdict rules), not by the definitions stored with the runs: a changed
+    /// rule or band is then seen without running again. A result whose file would now run
+    /// something else is still judged, and said so.
+    #[arg(long, value_name = "DIR")]
+    pub definitions: Option<PathBuf>,
 }
 
 /// `dtx bench`'s flags, parsed from an experiment's lines.
@@ -314,15 +321,13 @@ fn run(a: &RunArgs, commit: &str) -> anyhow::Result<bool> {
     let mut summary = Vec::new();
     for e in chosen {
         let report = run_one(e, a, commit)?;
-        let count = |v: Verdict| report.claims.iter().filter(|c| c.verdict == v).count();
         summary.push(format!(
-            "{:<26} {} reproduced, {} same direction, {} not reproduced{}",
+            "{:<26} {}{}",
             e.name,
-            count(Verdict::Reproduced),
-            count(Verdict::SameDirection),
-            count(Verdict::NotReproduced),
+            counts_text(count_verdicts(&report.claims)),
             if report.failures.is_empty() { String::new() } else { format!(", {} FAILED runs", report.failures.len()) }
         ));
+        summary.extend(report.claims.iter().filter_map(|c| c.headline_warning(&e.name)).map(|w| format!("  {w}")));
         ok &= report.failures.is_empty();
     }
     if summary.len() > 1 {
@@ -414,6 +419,7 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         failures,
         provenance: provenance(e, a, commit, started.elapsed().as_secs_f64()),
         definition: e.clone(),
+        rejudged: None,
     };
     report.claims = report.evaluate();
     let plot = out.join("experiment.svg");
@@ -602,7 +608,7 @@ fn print_result(r: &ExperimentReport) {
     if !rows.is_empty() {
         print!("{}", dtx_report::render_table(&rows));
     }
-    print!("\n{}", render_claims(&r.claims));
+    print!("\n{}", render_claims(&r.experiment, &r.claims));
     if let Some(speed) = r.sim_txn_per_wall_s() {
         println!("simulated {:.0} committed transactions per wall second", speed);
     }
@@ -694,6 +700,9 @@ fn report(a: &ReportArgs) -> anyhow::Result<bool> {
     if reports.is_empty() {
         bail!("no experiment results found in {}: run `dtx experiment run NAME` first", roots[0].display());
     }
+    if let Some(dir) = &a.definitions {
+        rejudge_all(&mut reports, dir)?;
+    }
     let mut extras = Vec::new();
     if let Some(c) = &a.coco {
         extras.push(coco_table(c)?);
@@ -710,24 +719,80 @@ fn report(a: &ReportArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// The claims of every experiment as one Markdown table.
+/// Judges each stored result by its experiment's file in `dir` as it is now; a result whose
+/// file is gone keeps its stored definition, and each is said on stderr.
+fn rejudge_all(reports: &mut [ExperimentReport], dir: &Path) -> anyhow::Result<()> {
+    let current = load_all(dir)?;
+    for r in reports {
+        match current.iter().find(|e| e.name == r.experiment) {
+            Some(e) => {
+                r.rejudge(e);
+                if let Some(j) = r.rejudged.as_ref().filter(|j| j.contains("not re-run")) {
+                    eprintln!("{}: {j}", r.experiment);
+                }
+            }
+            None => eprintln!("{}: no such file in {}: judged by the stored definition", r.experiment, dir.display()),
+        }
+    }
+    Ok(())
+}
+
+/// The claims of every experiment as one Markdown table (docs/experiments.md's "Current
+/// figures"), each with the day it was measured, then the verdicts counted per paper.
 fn markdown(reports: &[ExperimentReport]) -> String {
     use dtx_report::experiment::sig3;
-    let mut s = String::from("| experiment | claim | paper | measured | verdict |\n|---|---|---|---|---|\n");
+    let mut s =
+        String::from("| experiment | claim | paper | measured | verdict | measured on |\n|---|---|---|---|---|---|\n");
+    let mut by_paper: Vec<(String, [usize; 5])> = Vec::new();
     for r in reports {
-        for c in r.evaluate() {
+        let claims = r.evaluate();
+        for c in &claims {
+            let headline = match c.headline_warning(&r.experiment) {
+                Some(_) => format!(" (headline, short of its band: {})", c.short_of.as_deref().unwrap_or("no value")),
+                None if c.headline => " (headline)".to_string(),
+                None => String::new(),
+            };
             s.push_str(&format!(
-                "| {}{} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {}{headline} | {} |\n",
                 r.experiment,
-                if r.quick { " (quick)" } else { "" },
                 c.text,
                 c.paper.map(sig3).unwrap_or_else(|| "-".into()),
                 c.measured.map(sig3).unwrap_or_else(|| "-".into()),
-                c.verdict.text()
+                c.verdict.text(),
+                measured_on(r),
             ));
         }
+        let key = paper_key(&r.paper);
+        let n = count_verdicts(&claims);
+        match by_paper.iter_mut().find(|(p, _)| *p == key) {
+            Some((_, total)) => total.iter_mut().zip(n).for_each(|(t, k)| *t += k),
+            None => by_paper.push((key, n)),
+        }
+    }
+    s.push_str("\n| paper | reproduced | same direction | not reproduced | not tested | calibrated |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    for (paper, n) in by_paper {
+        let cells: Vec<String> = n.iter().map(|k| k.to_string()).collect();
+        s.push_str(&format!("| {paper} | {} |\n", cells.join(" | ")));
     }
     s
+}
+
+/// The day a result's runs were made, `(quick)` when they were, and `not re-run` when its
+/// file now runs something else.
+fn measured_on(r: &ExperimentReport) -> String {
+    let day = r.provenance.date.get(..10).unwrap_or(&r.provenance.date);
+    let mut out = format!("{day}{}", if r.quick { " (quick)" } else { "" });
+    if r.rejudged.as_ref().is_some_and(|j| j.contains("not re-run")) {
+        out.push_str("; not re-run since its file's runs changed");
+    }
+    out
+}
+
+/// The paper an experiment counts under: its `paper` up to the first parenthesis or comma
+/// (`Primo (Lai et al., ...), COCO's curves` is Primo's).
+fn paper_key(paper: &str) -> String {
+    paper.split(['(', ',']).next().unwrap_or(paper).trim().to_string()
 }
 
 /// The table of `scripts/compare-coco.sh`'s JSON: `{"date": ..., "rounds": [{"coco": tps,
