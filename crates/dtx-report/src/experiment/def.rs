@@ -679,7 +679,7 @@ impl Experiment {
         if c.band[0].is_nan() || c.band[1].is_nan() || c.band[0] > c.band[1] {
             bail!("band: [{}, {}] is empty: give [low, high]", c.band[0], c.band[1]);
         }
-        // A band is drawn around the paper's value (docs/experiments.md, "Verdicts"): one that
+        // A band is drawn around the paper's value (docs/experiments.md, "Rules for a verdict"): one that
         // leaves it out was drawn around something else, such as the project's own parameter.
         if let Some(p) = c.paper.filter(|p| !(c.band[0] <= *p && *p <= c.band[1])) {
             bail!(
@@ -752,6 +752,17 @@ impl Experiment {
         out
     }
 
+    /// Every run of the experiment is simulated (`runtime = "sim"` for each protocol, full and
+    /// quick, and the runtime is not swept): its figures count virtual time from a seed, the
+    /// same on any machine, so its quick verdicts can be pinned (`pins`).
+    pub fn runs_only_in_sim(&self) -> bool {
+        let sweeps_runtime = self.sweep.as_ref().is_some_and(|s| !s.option && s.param == "runtime");
+        let in_sim = |protocol: &str, quick: bool| {
+            self.flags_of(protocol, quick).iter().any(|(k, v)| k == "runtime" && v == "sim")
+        };
+        !sweeps_runtime && self.protocols.iter().all(|p| in_sim(p, false) && in_sim(p, true))
+    }
+
     /// The points a run visits: the sweep's values (or its quick ones), or one point.
     pub fn points(&self, quick: bool) -> Vec<Option<PointValue>> {
         match &self.sweep {
@@ -775,7 +786,10 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
         Some(toml::Value::Array(a)) => a.iter().map(point_value).collect::<anyhow::Result<_>>().context("at")?,
         Some(v) => vec![point_value(v).context("at")?],
     };
-    let baseline = c.baseline.or(c.over.as_ref().map(|_| 1.0));
+    let metric = Metric::parse(&c.metric).context("metric")?;
+    // A ratio, of two protocols or of two metrics of one run, is read against 1.
+    let ratio = c.over.is_some() || matches!(metric, Metric::Ratio(..));
+    let baseline = c.baseline.or(ratio.then_some(1.0));
     if c.over_metric.is_some() && c.over.is_none() {
         bail!("over_metric: it is what is read of `over`; give `over` too");
     }
@@ -784,7 +798,7 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
     Ok(Claim {
         text: c.text,
         kind,
-        metric: Metric::parse(&c.metric).context("metric")?,
+        metric,
         of: c.of,
         over: c.over,
         over_metric,
@@ -799,13 +813,17 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
 }
 
 /// A claim is `not tested` or `calibrated`, never both (a run that cannot exercise a mechanism
-/// has nothing to fit), and says why in words.
+/// has nothing to fit), and says why in words; a headline claim gives the paper's value.
 fn check_exemption(c: &RawClaim) -> anyhow::Result<()> {
     if c.not_tested.is_some() && c.calibrated.is_some() {
         bail!(
             "not_tested and calibrated: give one (not_tested when the run cannot exercise the mechanism, \
              calibrated when a cost was fitted to the paper's number)"
         );
+    }
+    // A headline is said short of its band "against the paper's" value: it needs one.
+    if c.headline && c.paper.is_none() {
+        bail!("headline: a headline claim gives the paper's value (`paper`), which its band is drawn around");
     }
     for (field, why) in [("not_tested", &c.not_tested), ("calibrated", &c.calibrated)] {
         if why.as_deref().is_some_and(|w| w.trim().is_empty()) {

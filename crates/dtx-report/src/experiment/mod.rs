@@ -10,6 +10,7 @@
 
 pub mod def;
 pub mod html;
+pub mod pins;
 pub mod svg;
 pub mod verdict;
 

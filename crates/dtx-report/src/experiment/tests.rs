@@ -1,5 +1,6 @@
 use super::*;
 use crate::RunReport;
+use std::collections::BTreeMap;
 
 const FILE: &str = r#"
 name = "toy"
@@ -432,4 +433,105 @@ fn stored_runs_are_judged_again_by_the_current_file() {
     let moved = Experiment::parse(&FILE.replace("workload = \"ycsb\"", "workload = \"ycsb\"\nnodes = 3")).unwrap();
     r.rejudge(&moved);
     assert!(r.rejudged.as_deref().unwrap().contains("[bench] changed: not re-run"), "{:?}", r.rejudged);
+}
+
+#[test]
+fn a_ratio_of_two_metrics_is_read_against_1() {
+    // A value claim of `a / b` of one run, with no `over`: short of a band above 1 is `same
+    // direction` as for a ratio of protocols; without the default it had no side at all.
+    let claim = "kind = \"value\"\nmetric = \"throughput\"\nof = \"a\"\nover = \"b\"\nat = 0.9";
+    let own = "kind = \"value\"\nmetric = \"throughput / abort_rate\"\nof = \"a\"\nat = 0.9";
+    let e = Experiment::parse(&FILE.replacen(claim, own, 1)).unwrap();
+    assert_eq!(e.claims[0].baseline, Some(1.0));
+    let plain = "kind = \"value\"\nmetric = \"throughput\"\nof = \"a\"\nat = 0.9";
+    let e = Experiment::parse(&FILE.replacen(claim, plain, 1)).unwrap();
+    assert_eq!(e.claims[0].baseline, None, "a protocol's own value has no side unless the file gives one");
+}
+
+#[test]
+fn a_headline_claim_gives_the_papers_value() {
+    let no_paper = FILE.replacen("paper = 2.0\nband = [1.5, 2.5]", "band = [1.5, 2.5]\nheadline = true", 1);
+    let err = format!("{:#}", Experiment::parse(&no_paper).unwrap_err());
+    assert!(err.contains("headline: a headline claim gives the paper's value"), "{err}");
+}
+
+#[test]
+fn only_an_experiment_all_in_sim_can_be_pinned() {
+    assert!(!Experiment::parse(FILE).unwrap().runs_only_in_sim(), "no runtime given: local");
+    let sim = FILE.replace("workload = \"ycsb\"", "workload = \"ycsb\"\nruntime = \"sim\"");
+    assert!(Experiment::parse(&sim).unwrap().runs_only_in_sim());
+    let quick_local = format!("{sim}\n[quick]\nruntime = \"local\"\n");
+    assert!(!Experiment::parse(&quick_local).unwrap().runs_only_in_sim(), "its quick runs are on threads");
+}
+
+/// The toy experiment in sim, judged on runs where a/b at 0.9 is `last`.
+fn sim_report(last: f64) -> ExperimentReport {
+    let mut r = report(&[last]);
+    r.definition =
+        Experiment::parse(&FILE.replace("workload = \"ycsb\"", "workload = \"ycsb\"\nruntime = \"sim\"")).unwrap();
+    r.claims = r.evaluate();
+    r
+}
+
+#[test]
+fn pins_round_trip_and_a_flipped_verdict_names_its_claim_and_values() {
+    let mut pins = pins::Pins::default();
+    pins.record(&sim_report(2.0));
+    let order = BTreeMap::from([("toy".to_string(), sim_report(2.0).claims.iter().map(|c| c.text.clone()).collect())]);
+    let text = pins.to_toml(&order);
+    assert!(text.contains("[toy]\n\"a beats b at 0.9\" = { verdict = \"reproduced\", measured = 2.0 }"), "{text}");
+    assert_eq!(pins::Pins::parse(&text).unwrap(), pins);
+    assert!(pins.flips(&sim_report(2.2)).is_empty(), "a value that moves inside its band flips nothing");
+    let flips = pins.flips(&sim_report(1.2));
+    assert_eq!(flips.len(), 1, "{flips:?}");
+    let said = flips[0].to_string();
+    assert_eq!(said, "toy: \"a beats b at 0.9\" is same direction at 1.20, pinned reproduced at 2.00");
+}
+
+#[test]
+fn pins_name_only_existing_sim_experiments_and_every_claim_of_each() {
+    let sim =
+        Experiment::parse(&FILE.replace("workload = \"ycsb\"", "workload = \"ycsb\"\nruntime = \"sim\"")).unwrap();
+    let mut local = Experiment::parse(FILE).unwrap();
+    local.name = "on-threads".into();
+    let all = [sim, local];
+    let mut pins = pins::Pins::default();
+    assert_eq!(pins.unpinned(&all), ["toy"], "only the simulated one is waiting for its pins");
+    pins.record(&sim_report(2.0));
+    assert!(pins.problems(&all).is_empty(), "{:?}", pins.problems(&all));
+    assert!(pins.unpinned(&all).is_empty());
+    let toy = pins.experiments.get_mut("toy").unwrap();
+    let kept = toy.remove("a crosses b").unwrap();
+    toy.insert("a crosses b somewhere".into(), kept);
+    let mut wrong = pins.clone();
+    let mut other = wrong.experiments["toy"].clone();
+    other.retain(|k, _| k == "a beats b at 0.9");
+    wrong.experiments.insert("on-threads".into(), other);
+    wrong.experiments.insert("gone".into(), BTreeMap::new());
+    let problems = wrong.problems(&all).join("\n");
+    for said in [
+        "gone: no such experiment",
+        "on-threads: its runs are not all in sim",
+        "on-threads: claim \"a over b rises\" has no pin",
+        "toy: no claim \"a crosses b somewhere\"",
+        "toy: claim \"a crosses b\" has no pin",
+    ] {
+        assert!(problems.contains(said), "{said}:\n{problems}");
+    }
+}
+
+#[test]
+fn a_band_that_starts_at_the_baseline_keeps_its_side() {
+    // "one ratio above the other" (rolis-ratio's YCSB++ ratio over its TPC-C ratio): the band
+    // [1, 1.51] starts at 1. Read as an agreement of two ratios (a band holding 1), a quotient
+    // below 1 with both ratios on one side of 1 would have been `same direction`, though it is
+    // the paper's order reversed.
+    let between = "[[claim]]\ntext = \"above\"\nkind = \"between\"\nmetric = \"throughput\"\nof = \"a\"\n\
+                   over = \"b\"\nat = [0.9, 0.5]\nband = [1.0, 1.51]\n[[claim]]\ntext = \"a beats b at 0.9\"";
+    let judge =
+        |last: f64| report_with(&[last], "[[claim]]\ntext = \"a beats b at 0.9\"", between).evaluate()[0].clone();
+    assert_eq!(judge(1.8).verdict, Verdict::Reproduced, "1.2");
+    let reversed = judge(1.2);
+    assert_eq!(reversed.verdict, Verdict::NotReproduced, "0.8: a/b at 0.9 below a/b at 0.5");
+    assert_eq!(judge(3.0).verdict, Verdict::NotReproduced, "2.0: beyond the far edge");
 }

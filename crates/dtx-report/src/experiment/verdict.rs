@@ -4,21 +4,22 @@
 //! time, so a ratio within a repeat is a comparison within one run of the machine), and the
 //! claim's measured value is the median over repeats, with the minimum and maximum beside it.
 //!
-//! Verdicts (docs/experiments.md, "Verdicts", says why each rule is what it is):
+//! Verdicts (docs/experiments.md, "Rules for a verdict", says why each rule is what it is):
 //! - `reproduced`: the measured value lies in the claim's band (drawn around the paper's value);
 //! - `same direction`: outside the band, on the paper's side of the baseline and short of the
 //!   band: between the baseline and the band's near edge. The baseline is 1 for a ratio (of
-//!   protocols, or of `rising`/`falling`'s last point over its first) and the claim's `baseline`
-//!   otherwise. A value beyond the band's far edge overshoots: `not reproduced`, as is any value
-//!   when the band holds the baseline itself (a claim of "about equal" has no side to fall short
-//!   on);
+//!   protocols, of two metrics of a run, or of `rising`/`falling`'s last point over its first)
+//!   and the claim's `baseline` otherwise (none when it gives none). A value beyond the band's
+//!   far edge overshoots: `not reproduced`, as is any value when the band holds the baseline
+//!   inside it (a claim of "about equal" has no side to fall short on); a band that starts at
+//!   the baseline (`[1, inf]`) lies on the side it extends to;
 //! - two kinds have no baseline to be short of. A `crossing` found outside its band is `same
 //!   direction` (the ratio does turn over, at another point); one never found is `not
 //!   reproduced`. A `between` of two ratios between protocols whose band holds 1 (an agreement:
 //!   sim's ratio against local's) is `same direction` when both ratios lie on the same side of 1
 //!   (the two order the protocols alike) and their quotient is outside the band; a `between` of
-//!   ratios whose band lies on one side of 1 (one ratio above the other) follows the baseline
-//!   rule with baseline 1;
+//!   ratios whose band lies on one side of 1, or starts at 1 (one ratio above the other),
+//!   follows the baseline rule with baseline 1;
 //! - `not tested`: the claim names (`not_tested`) why the run cannot exercise its mechanism;
 //! - `calibrated`: the claim names (`calibrated`) a cost fitted to the paper's number, so that
 //!   matching it reproduces nothing.
@@ -310,10 +311,11 @@ fn evaluate_claim(c: &Claim, points: &[Option<PointValue>], obs: &[Observation],
 /// Where a claim's band lies from its baseline.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Side {
-    /// The band lies above the baseline: values between the two fall short.
+    /// The band lies above the baseline, or starts at it (`[1, inf]`: "a beats b"): values
+    /// between the two fall short, values below the baseline are the other side.
     Above,
     Below,
-    /// The band holds (or touches) the baseline, or there is none: nothing is short of it.
+    /// The band holds the baseline inside it, or there is none: nothing is short of it.
     Around,
 }
 
@@ -330,8 +332,8 @@ fn baseline_of(c: &Claim) -> Option<f64> {
 
 fn side_of(c: &Claim) -> Side {
     match baseline_of(c) {
-        Some(b) if c.band[0] > b => Side::Above,
-        Some(b) if c.band[1] < b => Side::Below,
+        Some(b) if c.band[0] >= b && c.band[1] > b => Side::Above,
+        Some(b) if c.band[1] <= b && c.band[0] < b => Side::Below,
         _ => Side::Around,
     }
 }

@@ -11,6 +11,7 @@ use super::{check_request, run_spec, utc_stamp, BenchArgs, BenchRequest};
 use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use dtx_report::experiment::html::{self, ExtraTable};
+use dtx_report::experiment::pins::{Pins, PINS_FILE};
 use dtx_report::experiment::{
     count_verdicts, counts_text, def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance,
     POINT_KEY, REPEAT_KEY,
@@ -30,6 +31,30 @@ pub enum ExperimentCmd {
     /// One self-contained HTML page of experiment results: plots, claims, verdicts, machine,
     /// commit and the command that reproduces each.
     Report(ReportArgs),
+    /// The pinned quick verdicts of the simulated experiments (experiments/pins.toml): --check
+    /// runs each pinned experiment --quick and fails naming a claim whose verdict flipped;
+    /// --update runs and records them.
+    Pins(PinsArgs),
+}
+
+#[derive(Args)]
+pub struct PinsArgs {
+    /// Run every pinned experiment (or those named) --quick and compare each claim's verdict
+    /// with its pin; exits non-zero naming each flipped claim and its measured value. The
+    /// simulated experiments without pins yet are listed, and fail nothing.
+    #[arg(long, conflicts_with = "update", required_unless_present = "update")]
+    pub check: bool,
+    /// Run the named simulated experiments (or every one) --quick and write their verdicts
+    /// into the pins file.
+    #[arg(long)]
+    pub update: bool,
+    /// Only these experiments.
+    pub names: Vec<String>,
+    /// Runs at once (default: one per core; every pinned run is simulated).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub dir: DirArg,
 }
 
 #[derive(Args)]
@@ -110,6 +135,7 @@ pub fn experiment(cmd: ExperimentCmd, commit: &str) -> anyhow::Result<bool> {
         ExperimentCmd::List(d) => list(&experiments_dir(d.dir.as_deref())?),
         ExperimentCmd::Run(r) => run(&r, commit),
         ExperimentCmd::Report(r) => report(&r),
+        ExperimentCmd::Pins(p) => pins(&p, commit),
     }
 }
 
@@ -133,11 +159,12 @@ pub fn experiments_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// Every experiment in `dir`, by name; a malformed file is an error naming the file and field.
+/// The pins file beside them is no experiment.
 pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml") && !p.ends_with(PINS_FILE))
         .collect();
     paths.sort();
     paths
@@ -148,6 +175,82 @@ pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
             Ok(e)
         })
         .collect()
+}
+
+/// `dtx experiment pins --check | --update`: see [`ExperimentCmd::Pins`] and
+/// `dtx_report::experiment::pins`.
+fn pins(a: &PinsArgs, commit: &str) -> anyhow::Result<bool> {
+    let dir = experiments_dir(a.dir.dir.as_deref())?;
+    let all = load_all(&dir)?;
+    let path = dir.join(PINS_FILE);
+    let mut pinned = Pins::load(&path)?;
+    for n in &a.names {
+        match all.iter().find(|e| e.name == *n) {
+            None => bail!("no experiment `{n}` in {}", dir.display()),
+            Some(e) if !e.runs_only_in_sim() => {
+                bail!("{n}: its runs are not all in sim, so its verdicts follow the machine and are not pinned")
+            }
+            Some(_) => {}
+        }
+    }
+    let named = |e: &&Experiment| a.names.is_empty() || a.names.contains(&e.name);
+    let chosen: Vec<&Experiment> = if a.update {
+        all.iter().filter(|e| e.runs_only_in_sim()).filter(named).collect()
+    } else {
+        let problems = pinned.problems(&all);
+        if !problems.is_empty() {
+            bail!("{} does not match the experiment files:\n{}", path.display(), problems.join("\n"));
+        }
+        all.iter().filter(|e| pinned.experiments.contains_key(&e.name)).filter(named).collect()
+    };
+    let out = PathBuf::from("results").join(format!("{}-pins", utc_stamp(now_s())));
+    let mut flips = Vec::new();
+    let mut ok = true;
+    for e in &chosen {
+        let args = RunArgs {
+            name: Some(e.name.clone()),
+            all: false,
+            quick: true,
+            repeat: 1,
+            runtime: None,
+            set: Vec::new(),
+            json: None,
+            out: Some(out.join(&e.name)),
+            jobs: a.jobs,
+            dir: DirArg { dir: Some(dir.clone()) },
+        };
+        let report = run_one(e, &args, commit)?;
+        if !report.failures.is_empty() {
+            // A failed run measures nothing to pin or compare: it fails the command either way.
+            eprintln!("{}: {} failed run(s): {}", e.name, report.failures.len(), report.failures.join("; "));
+            ok = false;
+            continue;
+        }
+        if a.update {
+            pinned.record(&report);
+        } else {
+            flips.extend(pinned.flips(&report));
+        }
+    }
+    if a.update {
+        let order = all.iter().map(|e| (e.name.clone(), e.claims.iter().map(|c| c.text.clone()).collect())).collect();
+        std::fs::write(&path, pinned.to_toml(&order)).with_context(|| format!("writing {}", path.display()))?;
+        println!("pinned {} experiment(s) in {}", chosen.len(), path.display());
+    } else {
+        println!("\nchecked the pinned verdicts of {} experiment(s)", chosen.len());
+        for f in &flips {
+            println!("FLIPPED {f}");
+        }
+    }
+    let unpinned = pinned.unpinned(&all);
+    if !unpinned.is_empty() {
+        println!(
+            "not pinned yet ({}; record with `dtx experiment pins --update NAME`): {}",
+            unpinned.len(),
+            unpinned.join(", ")
+        );
+    }
+    Ok(ok && flips.is_empty())
 }
 
 fn list(dir: &Path) -> anyhow::Result<bool> {
@@ -738,31 +841,41 @@ fn rejudge_all(reports: &mut [ExperimentReport], dir: &Path) -> anyhow::Result<(
 }
 
 /// The claims of every experiment as one Markdown table (docs/experiments.md's "Current
-/// figures"), each with the day it was measured, then the verdicts counted per paper.
+/// figures", whose columns it has), each with the day it was measured and, for a result judged
+/// again by its current file, that it was not re-run; then the verdicts counted per paper. The
+/// page's "moved" column says what moved and why, which only its writer knows.
 fn markdown(reports: &[ExperimentReport]) -> String {
     use dtx_report::experiment::sig3;
-    let mut s =
-        String::from("| experiment | claim | paper | measured | verdict | measured on |\n|---|---|---|---|---|---|\n");
+    let mut s = String::from(
+        "| paper | experiment | claim | the paper's | band | measured | verdict | measured on | moved, and why |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
     let mut by_paper: Vec<(String, [usize; 5])> = Vec::new();
     for r in reports {
         let claims = r.evaluate();
+        let key = paper_key(&r.paper);
+        let moved = if r.rejudged.is_some() { "re-judged under the rules, not re-run" } else { "" };
         for c in &claims {
-            let headline = match c.headline_warning(&r.experiment) {
-                Some(_) => format!(" (headline, short of its band: {})", c.short_of.as_deref().unwrap_or("no value")),
-                None if c.headline => " (headline)".to_string(),
-                None => String::new(),
+            let verdict = match c.headline_warning(&r.experiment) {
+                Some(_) => format!(
+                    "{}; headline short of its band ({})",
+                    c.verdict.text(),
+                    c.short_of.as_deref().unwrap_or("no value")
+                ),
+                None if c.headline => format!("{}; headline", c.verdict.text()),
+                None => c.verdict.text().to_string(),
             };
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {}{headline} | {} |\n",
+                "| {key} | {} | {} | {} | {}..{} | {} | {verdict} | {} | {moved} |\n",
                 r.experiment,
                 c.text,
                 c.paper.map(sig3).unwrap_or_else(|| "-".into()),
-                c.measured.map(sig3).unwrap_or_else(|| "-".into()),
-                c.verdict.text(),
+                sig3(c.band[0]),
+                sig3(c.band[1]),
+                c.measured.map(sig3).unwrap_or_else(|| "no value".into()),
                 measured_on(r),
             ));
         }
-        let key = paper_key(&r.paper);
         let n = count_verdicts(&claims);
         match by_paper.iter_mut().find(|(p, _)| *p == key) {
             Some((_, total)) => total.iter_mut().zip(n).for_each(|(t, k)| *t += k),
@@ -782,7 +895,7 @@ fn markdown(reports: &[ExperimentReport]) -> String {
 /// file now runs something else.
 fn measured_on(r: &ExperimentReport) -> String {
     let day = r.provenance.date.get(..10).unwrap_or(&r.provenance.date);
-    let mut out = format!("{day}{}", if r.quick { " (quick)" } else { "" });
+    let mut out = format!("{day}, {}", if r.quick { "quick" } else { "full" });
     if r.rejudged.as_ref().is_some_and(|j| j.contains("not re-run")) {
         out.push_str("; not re-run since its file's runs changed");
     }
