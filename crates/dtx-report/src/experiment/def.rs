@@ -35,7 +35,11 @@
 //! over_metric = "throughput"               # optional: what is read of `over` (default: metric)
 //! at = 0.99                                # the point (ratio), or two points (between)
 //! paper = 1.27                             # the paper's value, if it gives one
-//! band = [1.1, 1.5]                        # what counts as reproduced
+//! band = [1.1, 1.5]                        # what counts as reproduced: from the paper's value
+//! headline = true                          # optional: the paper's main claim; the summary says
+//!                                          #   so when it falls short of its band
+//! # not_tested = "why the run cannot exercise the mechanism"   (at most one of these two)
+//! # calibrated = "which cost was fitted to which of the paper's numbers"
 //! ```
 
 use anyhow::{anyhow, bail, Context as _};
@@ -228,6 +232,18 @@ pub struct Claim {
     pub band: [f64; 2],
     /// Which side of this value counts as the same direction (ratios: 1).
     pub baseline: Option<f64>,
+    /// The paper's main claim: a value short of its band is said so in the run's summary and
+    /// on the page, whatever the verdict's word.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub headline: bool,
+    /// Why the run cannot exercise the claim's mechanism: the verdict is `not tested`, whatever
+    /// the measured value (which is still printed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_tested: Option<String>,
+    /// Which cost was fitted to which of the paper's numbers: a value measured under it matches
+    /// the paper by construction, so the verdict is `calibrated`, not `reproduced`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<String>,
 }
 
 impl Metric {
@@ -453,6 +469,10 @@ struct RawClaim {
     paper: Option<f64>,
     band: [f64; 2],
     baseline: Option<f64>,
+    #[serde(default)]
+    headline: bool,
+    not_tested: Option<String>,
+    calibrated: Option<String>,
 }
 
 /// A TOML scalar as the text of a flag value; tables and arrays are refused.
@@ -659,6 +679,15 @@ impl Experiment {
         if c.band[0].is_nan() || c.band[1].is_nan() || c.band[0] > c.band[1] {
             bail!("band: [{}, {}] is empty: give [low, high]", c.band[0], c.band[1]);
         }
+        // A band is drawn around the paper's value (docs/experiments.md, "Rules for a verdict"): one that
+        // leaves it out was drawn around something else, such as the project's own parameter.
+        if let Some(p) = c.paper.filter(|p| !(c.band[0] <= *p && *p <= c.band[1])) {
+            bail!(
+                "band: [{}, {}] leaves out the paper's {p}: draw the band around the paper's value",
+                c.band[0],
+                c.band[1]
+            );
+        }
         let values = self.sweep.as_ref().map(|s| (&s.values, &s.quick));
         let needs_at = match c.kind {
             ClaimKind::Value => usize::from(values.is_some()),
@@ -723,6 +752,17 @@ impl Experiment {
         out
     }
 
+    /// Every run of the experiment is simulated (`runtime = "sim"` for each protocol, full and
+    /// quick, and the runtime is not swept): its figures count virtual time from a seed, the
+    /// same on any machine, so its quick verdicts can be pinned (`pins`).
+    pub fn runs_only_in_sim(&self) -> bool {
+        let sweeps_runtime = self.sweep.as_ref().is_some_and(|s| !s.option && s.param == "runtime");
+        let in_sim = |protocol: &str, quick: bool| {
+            self.flags_of(protocol, quick).iter().any(|(k, v)| k == "runtime" && v == "sim")
+        };
+        !sweeps_runtime && self.protocols.iter().all(|p| in_sim(p, false) && in_sim(p, true))
+    }
+
     /// The points a run visits: the sweep's values (or its quick ones), or one point.
     pub fn points(&self, quick: bool) -> Vec<Option<PointValue>> {
         match &self.sweep {
@@ -746,15 +786,19 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
         Some(toml::Value::Array(a)) => a.iter().map(point_value).collect::<anyhow::Result<_>>().context("at")?,
         Some(v) => vec![point_value(v).context("at")?],
     };
-    let baseline = c.baseline.or(c.over.as_ref().map(|_| 1.0));
+    let metric = Metric::parse(&c.metric).context("metric")?;
+    // A ratio, of two protocols or of two metrics of one run, is read against 1.
+    let ratio = c.over.is_some() || matches!(metric, Metric::Ratio(..));
+    let baseline = c.baseline.or(ratio.then_some(1.0));
     if c.over_metric.is_some() && c.over.is_none() {
         bail!("over_metric: it is what is read of `over`; give `over` too");
     }
     let over_metric = c.over_metric.as_deref().map(Metric::parse).transpose().context("over_metric")?;
+    check_exemption(&c)?;
     Ok(Claim {
         text: c.text,
         kind,
-        metric: Metric::parse(&c.metric).context("metric")?,
+        metric,
         of: c.of,
         over: c.over,
         over_metric,
@@ -762,7 +806,31 @@ fn parse_claim(c: RawClaim) -> anyhow::Result<Claim> {
         paper: c.paper,
         band: c.band,
         baseline,
+        headline: c.headline,
+        not_tested: c.not_tested,
+        calibrated: c.calibrated,
     })
+}
+
+/// A claim is `not tested` or `calibrated`, never both (a run that cannot exercise a mechanism
+/// has nothing to fit), and says why in words; a headline claim gives the paper's value.
+fn check_exemption(c: &RawClaim) -> anyhow::Result<()> {
+    if c.not_tested.is_some() && c.calibrated.is_some() {
+        bail!(
+            "not_tested and calibrated: give one (not_tested when the run cannot exercise the mechanism, \
+             calibrated when a cost was fitted to the paper's number)"
+        );
+    }
+    // A headline is said short of its band "against the paper's" value: it needs one.
+    if c.headline && c.paper.is_none() {
+        bail!("headline: a headline claim gives the paper's value (`paper`), which its band is drawn around");
+    }
+    for (field, why) in [("not_tested", &c.not_tested), ("calibrated", &c.calibrated)] {
+        if why.as_deref().is_some_and(|w| w.trim().is_empty()) {
+            bail!("{field}: say why in words");
+        }
+    }
+    Ok(())
 }
 
 fn parse_plot(p: RawPlot, protocols: &[String]) -> anyhow::Result<PlotSpec> {

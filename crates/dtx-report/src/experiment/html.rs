@@ -2,6 +2,7 @@
 //! verdict, its runs, and how to reproduce it, in one HTML file with the plots inline (no
 //! network, no scripts), readable in any browser.
 
+use super::verdict::count_verdicts;
 use super::{sig3, ExperimentReport, Verdict};
 use crate::human;
 use std::fmt::Write as _;
@@ -29,6 +30,8 @@ th, td { border: 1px solid #ddd; padding: 4px 9px; text-align: right; vertical-a
 th { background: #f4f4f4; } td:first-child, th:first-child, th.text { text-align: left; }
 td.text { text-align: left; max-width: 520px; }
 .v-reproduced { background: #dcefd9; } .v-same { background: #fbeecb; } .v-not { background: #f6d5d5; }
+.v-untested { background: #e4e4e4; } .v-calibrated { background: #dde6f4; }
+.headline { color: #8a4b00; font-weight: bold; }
 .failed { color: #b02a2a; font-weight: bold; }
 svg { max-width: 100%; height: auto; border: 1px solid #eee; }
 code { background: #f4f4f4; padding: 1px 4px; font-size: 13px; }
@@ -40,6 +43,8 @@ fn verdict_class(v: Verdict) -> &'static str {
         Verdict::Reproduced => "v-reproduced",
         Verdict::SameDirection => "v-same",
         Verdict::NotReproduced => "v-not",
+        Verdict::NotTested => "v-untested",
+        Verdict::Calibrated => "v-calibrated",
     }
 }
 
@@ -73,8 +78,11 @@ pub fn render(reports: &[ExperimentReport], extras: &[ExtraTable], generated: &s
     let _ = writeln!(
         h,
         "<p class=\"meta\">Generated {} from {} experiment result(s). Each experiment prints the measured value beside \
-         the paper's and a verdict per claim: <b>reproduced</b> (inside the band the experiment file gives), \
-         <b>same direction</b> (outside it, on the paper's side), or <b>not reproduced</b>.</p>",
+         the paper's and a verdict per claim: <b>reproduced</b> (inside the band drawn around the paper's value), \
+         <b>same direction</b> (on the paper's side of the baseline, short of the band), <b>not reproduced</b> \
+         (the other side, or beyond the band's far edge), <b>not tested</b> (the run cannot exercise the \
+         mechanism the claim names) or <b>calibrated</b> (a cost was fitted to the paper's number, so matching \
+         it reproduces nothing); the rules are in docs/experiments.md.</p>",
         esc(generated),
         reports.len()
     );
@@ -90,30 +98,49 @@ pub fn render(reports: &[ExperimentReport], extras: &[ExtraTable], generated: &s
 }
 
 fn summary(h: &mut String, reports: &[ExperimentReport]) {
-    h.push_str(
-        "<table><tr><th>experiment</th><th class=\"text\">paper</th><th class=\"text\">figure</th><th>reproduced</th><th>same direction</th>\
-                <th>not reproduced</th><th>runs</th><th>ran</th></tr>\n",
-    );
+    headlines(h, reports);
+    h.push_str("<table><tr><th>experiment</th><th class=\"text\">paper</th><th class=\"text\">figure</th>");
+    for v in Verdict::ALL {
+        let _ = write!(h, "<th>{}</th>", v.text());
+    }
+    h.push_str("<th>runs</th><th>ran</th></tr>\n");
     for r in reports {
-        let claims = r.evaluate();
-        let count = |v: Verdict| claims.iter().filter(|c| c.verdict == v).count();
-        let _ = writeln!(
+        let counts = count_verdicts(&r.evaluate());
+        let _ = write!(
             h,
-            "<tr><td><a href=\"#{n}\">{n}</a></td><td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}{}</td><td class=\"text\">{}{}</td></tr>",
+            "<tr><td><a href=\"#{n}\">{n}</a></td><td class=\"text\">{}</td><td class=\"text\">{}</td>",
             esc(&r.paper),
             esc(&r.figure),
-            count(Verdict::Reproduced),
-            count(Verdict::SameDirection),
-            count(Verdict::NotReproduced),
+            n = esc(&r.experiment),
+        );
+        for k in counts {
+            let _ = write!(h, "<td>{k}</td>");
+        }
+        let _ = writeln!(
+            h,
+            "<td>{}{}</td><td class=\"text\">{}{}</td></tr>",
             r.runs.len(),
-            if r.failures.is_empty() { String::new() } else { format!(" <span class=\"failed\">{} failed</span>", r.failures.len()) },
+            if r.failures.is_empty() {
+                String::new()
+            } else {
+                format!(" <span class=\"failed\">{} failed</span>", r.failures.len())
+            },
             esc(&r.provenance.date),
             if r.quick { " (quick)" } else { "" },
-            n = esc(&r.experiment),
         );
     }
     h.push_str("</table>\n");
+}
+
+/// Every headline claim short of its band, said plainly above the tables.
+fn headlines(h: &mut String, reports: &[ExperimentReport]) {
+    let warnings: Vec<String> = reports
+        .iter()
+        .flat_map(|r| r.evaluate().into_iter().filter_map(|c| c.headline_warning(&r.experiment)))
+        .collect();
+    for w in warnings {
+        let _ = writeln!(h, "<p class=\"headline\">{}</p>", esc(&w));
+    }
 }
 
 fn section(h: &mut String, r: &ExperimentReport) {
@@ -128,6 +155,12 @@ fn section(h: &mut String, r: &ExperimentReport) {
     for f in &r.failures {
         let _ = writeln!(h, "<p class=\"failed\">FAILED: {}</p>", esc(f));
     }
+    if let Some(j) = &r.rejudged {
+        let _ = writeln!(h, "<p class=\"meta\">{}</p>", esc(j));
+    }
+    for w in r.evaluate().iter().filter_map(|c| c.headline_warning(&r.experiment)) {
+        let _ = writeln!(h, "<p class=\"headline\">{}</p>", esc(&w));
+    }
     match super::svg::render(r) {
         Ok(svg) => h.push_str(&inline_svg(&svg)),
         Err(e) => {
@@ -139,9 +172,10 @@ fn section(h: &mut String, r: &ExperimentReport) {
         let num = |v: Option<f64>| v.map(sig3).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             h,
-            "<tr><td class=\"text\">{}<br><small>{} {}</small>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}..{}</td>\
+            "<tr><td class=\"text\">{}{}<br><small>{} {}</small>{}</td><td>{}</td><td>{}</td><td>{}..{}</td><td>{}..{}</td>\
              <td class=\"{}\">{}</td></tr>",
             esc(&c.text),
+            if c.headline { " <b>(headline)</b>" } else { "" },
             esc(&c.kind),
             esc(&c.metric),
             c.note.as_ref().map(|n| format!("<br><small>{}</small>", esc(n))).unwrap_or_default(),

@@ -10,11 +10,12 @@
 
 pub mod def;
 pub mod html;
+pub mod pins;
 pub mod svg;
 pub mod verdict;
 
 pub use def::{Claim, ClaimKind, Experiment, Metric, Panel, Peak, PlotKind, PointValue};
-pub use verdict::{evaluate, metric_value, ClaimResult, Observation, Verdict};
+pub use verdict::{count_verdicts, counts_text, evaluate, metric_value, ClaimResult, Observation, Verdict};
 
 use crate::RunReport;
 use anyhow::Context as _;
@@ -63,8 +64,13 @@ pub struct ExperimentReport {
     #[serde(default)]
     pub failures: Vec<String>,
     pub provenance: Provenance,
-    /// The experiment's definition as it was run.
+    /// The experiment's definition as it was run, or, once [`ExperimentReport::rejudge`] has
+    /// run, the current file's (whose claims are then judged on these runs).
     pub definition: Experiment,
+    /// Set by [`ExperimentReport::rejudge`]: whose claims judge these runs, and what of the runs'
+    /// setup changed since they were made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudged: Option<String>,
 }
 
 impl ExperimentReport {
@@ -83,6 +89,26 @@ impl ExperimentReport {
     /// Judges every claim again on the runs (the report does so rather than trust a file).
     pub fn evaluate(&self) -> Vec<ClaimResult> {
         evaluate(&self.definition, &self.points, &self.observations())
+    }
+
+    /// Takes `current`'s claims (the experiment file as it is now) to judge these stored runs,
+    /// so that a change of the rules or of a band is seen without running again. The runs stay
+    /// as they were made: when `current` would run something else (its flags, sweep, peak or
+    /// protocols changed), `rejudged` says what, and the claims it judges are on the old runs.
+    pub fn rejudge(&mut self, current: &Experiment) {
+        let changed = runs_changed(&self.definition, current);
+        let file = current.file.display().to_string();
+        self.rejudged = Some(if changed.is_empty() {
+            format!("claims judged by {file} as it is now, on runs made with the same setup")
+        } else {
+            format!(
+                "claims judged by {file} as it is now, on runs made before its {} changed: not re-run",
+                changed.join(", ")
+            )
+        });
+        self.definition = current.clone();
+        self.notes = current.notes.clone();
+        self.claims = self.evaluate();
     }
 
     /// Virtual committed transactions per wall second over the sim runs, if any ran in sim.
@@ -112,8 +138,26 @@ impl ExperimentReport {
     }
 }
 
+/// The parts of `old` that decide its runs and differ in `new`, by the file's names for them.
+fn runs_changed(old: &Experiment, new: &Experiment) -> Vec<&'static str> {
+    fn json<T: Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+    let parts = [
+        ("[bench]", json(&old.bench) == json(&new.bench)),
+        ("[bench.protocol]", json(&old.bench_by_protocol) == json(&new.bench_by_protocol)),
+        ("[quick]", json(&old.quick) == json(&new.quick)),
+        ("[quick.protocol]", json(&old.quick_by_protocol) == json(&new.quick_by_protocol)),
+        ("[sweep]", json(&old.sweep) == json(&new.sweep)),
+        ("[peak]", json(&old.peak) == json(&new.peak)),
+        ("protocols", old.protocols == new.protocols),
+    ];
+    parts.into_iter().filter(|(_, same)| !same).map(|(name, _)| name).collect()
+}
+
 /// The terminal table of an experiment's claims: measured beside the paper's value, a verdict each.
-pub fn render_claims(claims: &[ClaimResult]) -> String {
+/// Notes and headline claims short of their band follow the table.
+pub fn render_claims(experiment: &str, claims: &[ClaimResult]) -> String {
     let num = |v: Option<f64>| v.map(sig3).unwrap_or_else(|| "-".into());
     let rows: Vec<[String; 5]> = claims
         .iter()
@@ -123,7 +167,7 @@ pub fn render_claims(claims: &[ClaimResult]) -> String {
                 _ => num(c.measured),
             };
             [
-                c.text.clone(),
+                if c.headline { format!("{} (headline)", c.text) } else { c.text.clone() },
                 num(c.paper),
                 spread,
                 format!("{}..{}", num(Some(c.band[0])), num(Some(c.band[1]))),
@@ -155,6 +199,9 @@ pub fn render_claims(claims: &[ClaimResult]) -> String {
     }
     for c in claims.iter().filter(|c| c.note.is_some()) {
         out.push_str(&format!("  {}: {}\n", c.text, c.note.as_deref().unwrap_or_default()));
+    }
+    for w in claims.iter().filter_map(|c| c.headline_warning(experiment)) {
+        out.push_str(&format!("{w}\n"));
     }
     out
 }

@@ -11,8 +11,10 @@ use super::{check_request, run_spec, utc_stamp, BenchArgs, BenchRequest};
 use anyhow::{anyhow, bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use dtx_report::experiment::html::{self, ExtraTable};
+use dtx_report::experiment::pins::{Pins, PINS_FILE};
 use dtx_report::experiment::{
-    def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance, Verdict, POINT_KEY, REPEAT_KEY,
+    count_verdicts, counts_text, def::point_text, render_claims, svg, Experiment, ExperimentReport, Peak, Provenance,
+    POINT_KEY, REPEAT_KEY,
 };
 use dtx_report::RunReport;
 use std::path::{Path, PathBuf};
@@ -29,6 +31,30 @@ pub enum ExperimentCmd {
     /// One self-contained HTML page of experiment results: plots, claims, verdicts, machine,
     /// commit and the command that reproduces each.
     Report(ReportArgs),
+    /// The pinned quick verdicts of the simulated experiments (experiments/pins.toml): --check
+    /// runs each pinned experiment --quick and fails naming a claim whose verdict flipped;
+    /// --update runs and records them.
+    Pins(PinsArgs),
+}
+
+#[derive(Args)]
+pub struct PinsArgs {
+    /// Run every pinned experiment (or those named) --quick and compare each claim's verdict
+    /// with its pin; exits non-zero naming each flipped claim and its measured value. The
+    /// simulated experiments without pins yet are listed, and fail nothing.
+    #[arg(long, conflicts_with = "update", required_unless_present = "update")]
+    pub check: bool,
+    /// Run the named simulated experiments (or every one) --quick and write their verdicts
+    /// into the pins file.
+    #[arg(long)]
+    pub update: bool,
+    /// Only these experiments.
+    pub names: Vec<String>,
+    /// Runs at once (default: one per core; every pinned run is simulated).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub dir: DirArg,
 }
 
 #[derive(Args)]
@@ -87,6 +113,12 @@ pub struct ReportArgs {
     /// The COCO comparison's JSON (`scripts/compare-coco.sh` writes it), shown as a table.
     #[arg(long)]
     pub coco: Option<PathBuf>,
+    /// Judge the stored runs by the experiment files in this folder as they are now (their
+    /// claims, bands and verdict rules), not by the definitions stored with the runs: a changed
+    /// rule or band is then seen without running again. A result whose file would now run
+    /// something else is still judged, and said so.
+    #[arg(long, value_name = "DIR")]
+    pub definitions: Option<PathBuf>,
 }
 
 /// `dtx bench`'s flags, parsed from an experiment's lines.
@@ -103,6 +135,7 @@ pub fn experiment(cmd: ExperimentCmd, commit: &str) -> anyhow::Result<bool> {
         ExperimentCmd::List(d) => list(&experiments_dir(d.dir.as_deref())?),
         ExperimentCmd::Run(r) => run(&r, commit),
         ExperimentCmd::Report(r) => report(&r),
+        ExperimentCmd::Pins(p) => pins(&p, commit),
     }
 }
 
@@ -126,11 +159,12 @@ pub fn experiments_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// Every experiment in `dir`, by name; a malformed file is an error naming the file and field.
+/// The pins file beside them is no experiment.
 pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml") && !p.ends_with(PINS_FILE))
         .collect();
     paths.sort();
     paths
@@ -141,6 +175,82 @@ pub fn load_all(dir: &Path) -> anyhow::Result<Vec<Experiment>> {
             Ok(e)
         })
         .collect()
+}
+
+/// `dtx experiment pins --check | --update`: see [`ExperimentCmd::Pins`] and
+/// `dtx_report::experiment::pins`.
+fn pins(a: &PinsArgs, commit: &str) -> anyhow::Result<bool> {
+    let dir = experiments_dir(a.dir.dir.as_deref())?;
+    let all = load_all(&dir)?;
+    let path = dir.join(PINS_FILE);
+    let mut pinned = Pins::load(&path)?;
+    for n in &a.names {
+        match all.iter().find(|e| e.name == *n) {
+            None => bail!("no experiment `{n}` in {}", dir.display()),
+            Some(e) if !e.runs_only_in_sim() => {
+                bail!("{n}: its runs are not all in sim, so its verdicts follow the machine and are not pinned")
+            }
+            Some(_) => {}
+        }
+    }
+    let named = |e: &&Experiment| a.names.is_empty() || a.names.contains(&e.name);
+    let chosen: Vec<&Experiment> = if a.update {
+        all.iter().filter(|e| e.runs_only_in_sim()).filter(named).collect()
+    } else {
+        let problems = pinned.problems(&all);
+        if !problems.is_empty() {
+            bail!("{} does not match the experiment files:\n{}", path.display(), problems.join("\n"));
+        }
+        all.iter().filter(|e| pinned.experiments.contains_key(&e.name)).filter(named).collect()
+    };
+    let out = PathBuf::from("results").join(format!("{}-pins", utc_stamp(now_s())));
+    let mut flips = Vec::new();
+    let mut ok = true;
+    for e in &chosen {
+        let args = RunArgs {
+            name: Some(e.name.clone()),
+            all: false,
+            quick: true,
+            repeat: 1,
+            runtime: None,
+            set: Vec::new(),
+            json: None,
+            out: Some(out.join(&e.name)),
+            jobs: a.jobs,
+            dir: DirArg { dir: Some(dir.clone()) },
+        };
+        let report = run_one(e, &args, commit)?;
+        if !report.failures.is_empty() {
+            // A failed run measures nothing to pin or compare: it fails the command either way.
+            eprintln!("{}: {} failed run(s): {}", e.name, report.failures.len(), report.failures.join("; "));
+            ok = false;
+            continue;
+        }
+        if a.update {
+            pinned.record(&report);
+        } else {
+            flips.extend(pinned.flips(&report));
+        }
+    }
+    if a.update {
+        let order = all.iter().map(|e| (e.name.clone(), e.claims.iter().map(|c| c.text.clone()).collect())).collect();
+        std::fs::write(&path, pinned.to_toml(&order)).with_context(|| format!("writing {}", path.display()))?;
+        println!("pinned {} experiment(s) in {}", chosen.len(), path.display());
+    } else {
+        println!("\nchecked the pinned verdicts of {} experiment(s)", chosen.len());
+        for f in &flips {
+            println!("FLIPPED {f}");
+        }
+    }
+    let unpinned = pinned.unpinned(&all);
+    if !unpinned.is_empty() {
+        println!(
+            "not pinned yet ({}; record with `dtx experiment pins --update NAME`): {}",
+            unpinned.len(),
+            unpinned.join(", ")
+        );
+    }
+    Ok(ok && flips.is_empty())
 }
 
 fn list(dir: &Path) -> anyhow::Result<bool> {
@@ -314,15 +424,13 @@ fn run(a: &RunArgs, commit: &str) -> anyhow::Result<bool> {
     let mut summary = Vec::new();
     for e in chosen {
         let report = run_one(e, a, commit)?;
-        let count = |v: Verdict| report.claims.iter().filter(|c| c.verdict == v).count();
         summary.push(format!(
-            "{:<26} {} reproduced, {} same direction, {} not reproduced{}",
+            "{:<26} {}{}",
             e.name,
-            count(Verdict::Reproduced),
-            count(Verdict::SameDirection),
-            count(Verdict::NotReproduced),
+            counts_text(count_verdicts(&report.claims)),
             if report.failures.is_empty() { String::new() } else { format!(", {} FAILED runs", report.failures.len()) }
         ));
+        summary.extend(report.claims.iter().filter_map(|c| c.headline_warning(&e.name)).map(|w| format!("  {w}")));
         ok &= report.failures.is_empty();
     }
     if summary.len() > 1 {
@@ -414,6 +522,7 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         failures,
         provenance: provenance(e, a, commit, started.elapsed().as_secs_f64()),
         definition: e.clone(),
+        rejudged: None,
     };
     report.claims = report.evaluate();
     let plot = out.join("experiment.svg");
@@ -602,7 +711,7 @@ fn print_result(r: &ExperimentReport) {
     if !rows.is_empty() {
         print!("{}", dtx_report::render_table(&rows));
     }
-    print!("\n{}", render_claims(&r.claims));
+    print!("\n{}", render_claims(&r.experiment, &r.claims));
     if let Some(speed) = r.sim_txn_per_wall_s() {
         println!("simulated {:.0} committed transactions per wall second", speed);
     }
@@ -694,6 +803,9 @@ fn report(a: &ReportArgs) -> anyhow::Result<bool> {
     if reports.is_empty() {
         bail!("no experiment results found in {}: run `dtx experiment run NAME` first", roots[0].display());
     }
+    if let Some(dir) = &a.definitions {
+        rejudge_all(&mut reports, dir)?;
+    }
     let mut extras = Vec::new();
     if let Some(c) = &a.coco {
         extras.push(coco_table(c)?);
@@ -710,24 +822,90 @@ fn report(a: &ReportArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// The claims of every experiment as one Markdown table.
-fn markdown(reports: &[ExperimentReport]) -> String {
-    use dtx_report::experiment::sig3;
-    let mut s = String::from("| experiment | claim | paper | measured | verdict |\n|---|---|---|---|---|\n");
+/// Judges each stored result by its experiment's file in `dir` as it is now; a result whose
+/// file is gone keeps its stored definition, and each is said on stderr.
+fn rejudge_all(reports: &mut [ExperimentReport], dir: &Path) -> anyhow::Result<()> {
+    let current = load_all(dir)?;
     for r in reports {
-        for c in r.evaluate() {
-            s.push_str(&format!(
-                "| {}{} | {} | {} | {} | {} |\n",
-                r.experiment,
-                if r.quick { " (quick)" } else { "" },
-                c.text,
-                c.paper.map(sig3).unwrap_or_else(|| "-".into()),
-                c.measured.map(sig3).unwrap_or_else(|| "-".into()),
-                c.verdict.text()
-            ));
+        match current.iter().find(|e| e.name == r.experiment) {
+            Some(e) => {
+                r.rejudge(e);
+                if let Some(j) = r.rejudged.as_ref().filter(|j| j.contains("not re-run")) {
+                    eprintln!("{}: {j}", r.experiment);
+                }
+            }
+            None => eprintln!("{}: no such file in {}: judged by the stored definition", r.experiment, dir.display()),
         }
     }
+    Ok(())
+}
+
+/// The claims of every experiment as one Markdown table (docs/experiments.md's "Current
+/// figures", whose columns it has), each with the day it was measured and, for a result judged
+/// again by its current file, that it was not re-run; then the verdicts counted per paper. The
+/// page's "moved" column says what moved and why, which only its writer knows.
+fn markdown(reports: &[ExperimentReport]) -> String {
+    use dtx_report::experiment::sig3;
+    let mut s = String::from(
+        "| paper | experiment | claim | the paper's | band | measured | verdict | measured on | moved, and why |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut by_paper: Vec<(String, [usize; 5])> = Vec::new();
+    for r in reports {
+        let claims = r.evaluate();
+        let key = paper_key(&r.paper);
+        let moved = if r.rejudged.is_some() { "re-judged under the rules, not re-run" } else { "" };
+        for c in &claims {
+            let verdict = match c.headline_warning(&r.experiment) {
+                Some(_) => format!(
+                    "{}; headline short of its band ({})",
+                    c.verdict.text(),
+                    c.short_of.as_deref().unwrap_or("no value")
+                ),
+                None if c.headline => format!("{}; headline", c.verdict.text()),
+                None => c.verdict.text().to_string(),
+            };
+            s.push_str(&format!(
+                "| {key} | {} | {} | {} | {}..{} | {} | {verdict} | {} | {moved} |\n",
+                r.experiment,
+                c.text,
+                c.paper.map(sig3).unwrap_or_else(|| "-".into()),
+                sig3(c.band[0]),
+                sig3(c.band[1]),
+                c.measured.map(sig3).unwrap_or_else(|| "no value".into()),
+                measured_on(r),
+            ));
+        }
+        let n = count_verdicts(&claims);
+        match by_paper.iter_mut().find(|(p, _)| *p == key) {
+            Some((_, total)) => total.iter_mut().zip(n).for_each(|(t, k)| *t += k),
+            None => by_paper.push((key, n)),
+        }
+    }
+    s.push_str("\n| paper | reproduced | same direction | not reproduced | not tested | calibrated |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    for (paper, n) in by_paper {
+        let cells: Vec<String> = n.iter().map(|k| k.to_string()).collect();
+        s.push_str(&format!("| {paper} | {} |\n", cells.join(" | ")));
+    }
     s
+}
+
+/// The day a result's runs were made, `(quick)` when they were, and `not re-run` when its
+/// file now runs something else.
+fn measured_on(r: &ExperimentReport) -> String {
+    let day = r.provenance.date.get(..10).unwrap_or(&r.provenance.date);
+    let mut out = format!("{day}, {}", if r.quick { "quick" } else { "full" });
+    if r.rejudged.as_ref().is_some_and(|j| j.contains("not re-run")) {
+        out.push_str("; not re-run since its file's runs changed");
+    }
+    out
+}
+
+/// The paper an experiment counts under: its `paper` up to the first parenthesis or comma
+/// (`Primo (Lai et al., ...), COCO's curves` is Primo's).
+fn paper_key(paper: &str) -> String {
+    paper.split(['(', ',']).next().unwrap_or(paper).trim().to_string()
 }
 
 /// The table of `scripts/compare-coco.sh`'s JSON: `{"date": ..., "rounds": [{"coco": tps,
