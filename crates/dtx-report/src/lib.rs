@@ -65,6 +65,10 @@ pub struct RunReport {
     /// CPU microseconds (user+system) spent per committed transaction, when measured
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_us_per_txn: Option<f64>,
+    /// `sim`: `cpu_us_per_txn` split by what it paid for (op, message, packet, txn, log,
+    /// decode, graph, raft: the simulator's charges, `rt::CpuKind`)
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cpu_us_per_txn_by_kind: BTreeMap<String, f64>,
     /// committed transactions in each second of the measured period
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub throughput_per_s: Vec<f64>,
@@ -177,6 +181,7 @@ pub(crate) mod test_support {
             params,
             verified: Some(true),
             cpu_us_per_txn: None,
+            cpu_us_per_txn_by_kind: BTreeMap::new(),
             throughput_per_s: (0..10)
                 .map(|s| tps * (0.9 + 0.02 * s as f64).min(1.02 - 0.01 * (s % 3) as f64))
                 .collect(),

@@ -124,6 +124,23 @@ pub fn render_table(runs: &[RunReport]) -> String {
     }
     out += &counter_lines(runs, widths[0]);
     out += &gauge_lines(runs, widths[0]);
+    out += &cpu_split_lines(runs, widths[0]);
+    out
+}
+
+/// `sim`'s CPU per committed transaction by what it paid for, largest first, one line per run
+/// that has it: where each protocol spends.
+fn cpu_split_lines(runs: &[RunReport], name_width: usize) -> String {
+    if runs.iter().all(|r| r.cpu_us_per_txn_by_kind.is_empty()) {
+        return String::new();
+    }
+    let mut out = String::from("simulated CPU per committed transaction, by kind:\n");
+    for r in runs.iter().filter(|r| !r.cpu_us_per_txn_by_kind.is_empty()) {
+        let mut kinds: Vec<(&String, &f64)> = r.cpu_us_per_txn_by_kind.iter().collect();
+        kinds.sort_by(|a, b| b.1.total_cmp(a.1));
+        let cells: Vec<String> = kinds.iter().map(|(k, us)| format!("{k} {us:.2}µs")).collect();
+        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
+    }
     out
 }
 
@@ -286,6 +303,18 @@ mod tests {
         let line = t.lines().find(|l| l.contains("detock-graph-vertices-max")).expect("a gauge line");
         assert!(t.contains("protocol gauges, the largest value over the window:"), "{t}");
         assert!(line.starts_with(&runs[1].protocol) && line.ends_with("detock-graph-vertices-max 159"), "{line}");
+    }
+
+    /// The simulator's CPU split prints largest first, only for runs that have one.
+    #[test]
+    fn the_cpu_split_prints_largest_first() {
+        let mut runs = fake_runs();
+        assert!(!render_table(&runs).contains("by kind"));
+        runs[0].cpu_us_per_txn_by_kind = [("op".to_string(), 1.5), ("message".to_string(), 4.25)].into();
+        let t = render_table(&runs);
+        let line = t.lines().find(|l| l.contains("message 4.25µs")).expect("a split line");
+        assert!(t.contains("simulated CPU per committed transaction, by kind:"), "{t}");
+        assert!(line.starts_with(&runs[0].protocol) && line.ends_with("message 4.25µs, op 1.50µs"), "{line}");
     }
 
     #[test]

@@ -166,6 +166,10 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         params,
         verified,
         cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
+        cpu_us_per_txn_by_kind: match t.committed {
+            0 => BTreeMap::new(),
+            n => t.cpu_by_kind_ns.iter().map(|(k, ns)| (k.clone(), *ns as f64 / 1000.0 / n as f64)).collect(),
+        },
         throughput_per_s: per_second(&t.per_tick),
         throughput_per_100ms: t.per_tick.iter().map(|c| *c as f64 * (1e9 / TICK_NS as f64)).collect(),
         extra,

@@ -237,9 +237,11 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s")]
     rpc_timeout: String,
     /// Simulated CPU cost per record-level step, message, packet and transaction attempt, in
-    /// ns, as OP,MSG,PACKET,TXN (default 170,800,8000,1000; scripts/calibrate-sim.sh measures them),
-    /// and optionally per KiB of log records appended, LOG (default 150).
-    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG]")]
+    /// ns, as OP,MSG,PACKET,TXN (default 100,800,8000,600; scripts/calibrate-sim.sh measures them),
+    /// and optionally per KiB of log records appended, LOG (default 150), per KiB decoded,
+    /// DECODE (default 850), per key added to a dependency graph, GRAPH (default 250), and per
+    /// idle worker woken by its own timer, WAKE (default 14000).
+    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG[,DECODE[,GRAPH[,WAKE]]]]")]
     sim_cost_ns: Option<Vec<u64>>,
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
@@ -714,11 +716,19 @@ impl BenchArgs {
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
             anyhow::ensure!(
-                matches!(c.len(), 4 | 5),
-                "--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN, and a fifth, LOG per KiB of log records, if you like (e.g. 170,800,8000,1000,150)"
+                (4..=8).contains(&c.len()),
+                "--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN, then if you like LOG per KiB of log records, DECODE per KiB decoded, GRAPH per key added to a dependency graph and WAKE per idle worker woken by its timer (e.g. 100,800,8000,600,150,850,250,14000)"
             );
-            let log_ns_per_kib = c.get(4).copied().unwrap_or(cost.log_ns_per_kib);
-            cost = CpuCost { op_ns: c[0], msg_ns: c[1], packet_ns: c[2], txn_ns: c[3], log_ns_per_kib };
+            cost = CpuCost {
+                op_ns: c[0],
+                msg_ns: c[1],
+                packet_ns: c[2],
+                txn_ns: c[3],
+                log_ns_per_kib: c.get(4).copied().unwrap_or(cost.log_ns_per_kib),
+                decode_ns_per_kib: c.get(5).copied().unwrap_or(cost.decode_ns_per_kib),
+                graph_key_ns: c.get(6).copied().unwrap_or(cost.graph_key_ns),
+                wake_ns: c.get(7).copied().unwrap_or(cost.wake_ns),
+            };
         }
         let placement = self.placement(variant, &latency.node_region)?;
         let spec = BenchSpec {

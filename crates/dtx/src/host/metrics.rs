@@ -152,6 +152,9 @@ pub struct Totals {
     pub msgs: u64,
     pub bytes: u64,
     pub cpu_us: u64,
+    /// `sim`: the CPU charged over the window by what it paid for (`rt::CpuKind`), ns.
+    #[serde(default)]
+    pub cpu_by_kind_ns: BTreeMap<String, u64>,
     #[serde(default)]
     pub log_waits: u64,
     #[serde(default)]
@@ -256,6 +259,9 @@ impl Totals {
         self.msgs += o.msgs;
         self.bytes += o.bytes;
         self.cpu_us += o.cpu_us;
+        for (k, ns) in &o.cpu_by_kind_ns {
+            *self.cpu_by_kind_ns.entry(k.clone()).or_default() += ns;
+        }
         self.log_waits += o.log_waits;
         self.log_wait_ns += o.log_wait_ns;
         for (k, c) in &o.by_kind {

@@ -58,6 +58,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     totals.findings.extend(replay_finding(totals.replay.as_ref()));
     // Simulated CPU: the work charged to all workers during the window.
     totals.cpu_us = used.cpu_ns / 1000;
+    totals.cpu_by_kind_ns = used.cpu_by_kind.named().map(|(k, ns)| (k.to_string(), ns)).collect();
     totals.resident_mib = resident_mib;
     // Every message between hosts, replication's included (`bytes/txn` counts the protocol's).
     if used.wire_bytes > 0 {
@@ -158,6 +159,8 @@ fn build_sim_node(
 struct WindowUse {
     /// CPU charged to every worker.
     cpu_ns: u64,
+    /// `cpu_ns` by what it paid for.
+    cpu_by_kind: crate::rt::CpuSplit,
     /// Bytes sent from one host to another.
     wire_bytes: u64,
     /// Per host, how long its link was busy sending (with `--bandwidth`).
@@ -166,12 +169,22 @@ struct WindowUse {
 
 impl WindowUse {
     fn of(world: &SimWorld) -> Self {
-        WindowUse { cpu_ns: world.busy_ns, wire_bytes: world.wire_bytes, link_busy_ns: world.link_busy_ns.clone() }
+        WindowUse {
+            cpu_ns: world.busy_ns,
+            cpu_by_kind: world.busy_by_kind,
+            wire_bytes: world.wire_bytes,
+            link_busy_ns: world.link_busy_ns.clone(),
+        }
     }
 
     fn since(&self, start: &WindowUse) -> WindowUse {
         let link_busy_ns = self.link_busy_ns.iter().zip(&start.link_busy_ns).map(|(end, at)| end - at).collect();
-        WindowUse { cpu_ns: self.cpu_ns - start.cpu_ns, wire_bytes: self.wire_bytes - start.wire_bytes, link_busy_ns }
+        WindowUse {
+            cpu_ns: self.cpu_ns - start.cpu_ns,
+            cpu_by_kind: self.cpu_by_kind.since(&start.cpu_by_kind),
+            wire_bytes: self.wire_bytes - start.wire_bytes,
+            link_busy_ns,
+        }
     }
 
     /// With `--bandwidth`: how busy the busiest host's link was over the window.

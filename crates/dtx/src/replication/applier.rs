@@ -123,8 +123,9 @@ impl Machines {
         self.applied_index.insert(group, index);
     }
 
-    /// Apply `entries` of `group` to its machine (made on first use). Returns the records
-    /// applied; none without a machine (the protocol's factory failed, which is logged).
+    /// Apply `entries` of `group` to its machine (made on first use). Returns the record-level
+    /// steps that took (the writes it replayed where the machine counts them
+    /// ([`LogMachine::take_steps`]), else one per record applied); none without a machine (the protocol's factory failed, which is logged).
     fn apply(&mut self, group: u32, entries: &[Entry]) -> usize {
         let Some(last) = entries.last() else { return 0 };
         self.applied_index.insert(group, last.index);
@@ -144,7 +145,7 @@ impl Machines {
             debug_assert!(is_framed_entry(&e.data), "an entry of group {group} with an unknown tag");
             records += apply_records(&e.data, pieces, |record| machine.apply(record));
         }
-        records
+        records.max(machine.take_steps())
     }
 
     /// What `group`'s applied records amount to (a fresh machine's state if none applied yet;
@@ -246,7 +247,8 @@ impl Applier {
         }
     }
 
-    /// Apply `group`'s committed `entries`. Returns the records applied inline (0 on a thread).
+    /// Apply `group`'s committed `entries`. Returns the record-level steps applying took inline
+    /// (0 on a thread).
     pub fn apply(&mut self, group: u32, entries: Vec<Entry>) -> usize {
         if entries.is_empty() {
             return 0;

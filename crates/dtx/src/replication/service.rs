@@ -34,7 +34,7 @@ use super::raft_log::{RaftConfig, RaftGroup, RaftGroups, RaftLogError, ReplicaId
 use super::store::ReplicaStore;
 use crate::net::{Addr, NodeId};
 use crate::rt::log::{LogMachine, NodeLog};
-use crate::rt::{log_warn, Worker};
+use crate::rt::{log_warn, CpuKind, Worker};
 use crate::wal::Lsn;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
@@ -1234,7 +1234,7 @@ impl Replicator {
                 let (bytes, last_piece) = (front.entry.len(), front.entry[0] == TAG_LAST_PIECE);
                 match g.propose(front.entry) {
                     Ok(()) => {
-                        w.charge(raft_cost::leader_ns(bytes));
+                        w.charge(CpuKind::Raft, raft_cost::leader_ns(bytes));
                         // A piece before a record's last makes nothing more durable.
                         lsn += front.records as Lsn;
                         s.inflight.push_back((g.last_index(), g.term(), lsn));
@@ -1413,7 +1413,7 @@ impl Replicator {
             let w = &self.lanes[self.lane_of(group)];
             if !self.served.contains_key(&group) {
                 // A follower's share of the entries (a leader was charged as it proposed them).
-                w.charge(fresh.iter().map(|e| raft_cost::follower_ns(e.data.len())).sum());
+                w.charge(CpuKind::Raft, fresh.iter().map(|e| raft_cost::follower_ns(e.data.len())).sum());
             }
             if let Some(last) = fresh.last() {
                 match last.data.first() == Some(&TAG_PIECE) {

@@ -175,3 +175,25 @@ pub fn run_worker(net: &Arc<LocalNet>, w: &Rc<Worker>) {
         std::thread::park_timeout(wait);
     }
 }
+
+#[cfg(test)]
+mod calibration {
+    use std::time::{Duration, Instant};
+
+    /// What a worker of `local` pays each time it parks with a short timeout and its timer wakes
+    /// it: the simulator's `CpuCost::wake_ns`.
+    #[test]
+    #[ignore = "a measurement, not a test: run it to calibrate the simulator's charge per wake of an idle worker"]
+    fn a_park_and_a_wake_by_timeout() {
+        let waits = 20_000;
+        for _ in 0..3 {
+            let (cpu_us, t0) = (crate::util::process_cpu_us(), Instant::now());
+            for _ in 0..waits {
+                std::thread::park_timeout(Duration::from_micros(5));
+            }
+            let cpu_ns = (crate::util::process_cpu_us() - cpu_us) as f64 * 1000.0 / waits as f64;
+            let wall_ns = t0.elapsed().as_nanos() as f64 / waits as f64;
+            println!("park_timeout(5 µs): {cpu_ns:.0} ns of CPU and {wall_ns:.0} ns of wall time a wake");
+        }
+    }
+}

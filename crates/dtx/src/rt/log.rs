@@ -219,6 +219,12 @@ impl Lane {
 /// give the state that applying every record from the start gives.
 pub trait LogMachine: Send {
     fn apply(&mut self, record: &[u8]);
+    /// The record-level steps (writes replayed) applying has taken since the last call, for
+    /// the simulator's charge: a record of a thousand transactions' writes costs its writes,
+    /// not one step. A machine that does not count them is charged one step per record.
+    fn take_steps(&mut self) -> usize {
+        0
+    }
     fn snapshot(&self) -> Vec<u8>;
     /// What the machine counts of what it applied (a replica that executes its log: the
     /// transactions it ran), for the report; summed over every replica of every log.

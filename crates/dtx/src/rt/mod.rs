@@ -188,22 +188,157 @@ pub struct CpuCost {
     /// size and buffer; every protocol's records pay it alike).
     #[serde(default = "default_log_ns_per_kib")]
     pub log_ns_per_kib: u64,
+    /// Per KiB a worker decodes: every message body it receives (a sequencer's batch of a
+    /// hundred requests costs its bytes, not one message's), and what a protocol decodes
+    /// again inside one. Every protocol's messages pay it alike.
+    #[serde(default = "default_decode_ns_per_kib")]
+    pub decode_ns_per_kib: u64,
+    /// Per key a transaction adds to a dependency graph (Detock, at every node of every
+    /// region).
+    #[serde(default = "default_graph_key_ns")]
+    pub graph_key_ns: u64,
+    /// Per wake of an idle worker by a timer of its own (nothing arrived, nothing was ready):
+    /// a real worker parked and the kernel woke it. A protocol that polls (MVCC's waiting
+    /// access looks again every 5 µs) pays it at each look, as it does on threads.
+    #[serde(default = "default_wake_ns")]
+    pub wake_ns: u64,
 }
 
 fn default_log_ns_per_kib() -> u64 {
     150
 }
 
+fn default_decode_ns_per_kib() -> u64 {
+    DECODE_NS_PER_KIB
+}
+
+fn default_graph_key_ns() -> u64 {
+    GRAPH_KEY_NS
+}
+
+fn default_wake_ns() -> u64 {
+    WAKE_NS
+}
+
+/// Per wake of an idle worker by its own timer: what `local`'s worker pays to park with a
+/// timeout and run again (`rt::local::calibration`, 2026-12-07: a 5 µs `park_timeout` costs
+/// 14 µs of CPU on this virtual machine, and 78 µs of wall time).
+const WAKE_NS: u64 = 14_000;
+
+/// Per KiB decoded: postcard decoding a sequencer's batch of requests on this machine
+/// (`protocols::calvin::calibration`, 2026-12-07: 860-900 ns a KiB for YCSB-sized requests of
+/// 90 bytes, 415 for 200-byte ones; small entries cost more per byte).
+const DECODE_NS_PER_KIB: u64 = 850;
+
+/// Per key a transaction adds to a dependency graph (`protocols::calvin::calibration`,
+/// 2026-12-07: 165-290 ns a key into Detock's graph, by how often keys repeat).
+const GRAPH_KEY_NS: u64 = 250;
+
 impl CpuCost {
     /// What appending `bytes` of log records costs.
     pub fn log_ns(&self, bytes: u64) -> u64 {
         bytes * self.log_ns_per_kib / 1024
     }
+
+    /// What decoding `bytes` costs.
+    pub fn decode_ns(&self, bytes: u64) -> u64 {
+        bytes * self.decode_ns_per_kib / 1024
+    }
 }
 
 impl Default for CpuCost {
     fn default() -> Self {
-        CpuCost { op_ns: 170, msg_ns: 800, packet_ns: 8_000, txn_ns: 1_000, log_ns_per_kib: default_log_ns_per_kib() }
+        CpuCost {
+            op_ns: 100,
+            msg_ns: 800,
+            packet_ns: 8_000,
+            txn_ns: 600,
+            log_ns_per_kib: default_log_ns_per_kib(),
+            decode_ns_per_kib: default_decode_ns_per_kib(),
+            graph_key_ns: default_graph_key_ns(),
+            wake_ns: default_wake_ns(),
+        }
+    }
+}
+
+/// What a charge of simulated CPU paid for: `dtx bench --runtime sim` shows each protocol's
+/// CPU per committed transaction split by these, so a reader sees where it spends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuKind {
+    /// Record-level steps ([`CpuCost::op_ns`]): reads, locks (a deterministic scheduler's
+    /// too), validations, installs, writes replayed at a replica.
+    Op,
+    /// Messages sent or received ([`CpuCost::msg_ns`]).
+    Message,
+    /// Packets, a system call each ([`CpuCost::packet_ns`]).
+    Packet,
+    /// Running a transaction's procedure ([`CpuCost::txn_ns`]): once per attempt where one
+    /// node runs it, at every participant of every copy where each runs it (the
+    /// deterministic family).
+    Txn,
+    /// Log records appended ([`CpuCost::log_ns_per_kib`]).
+    Log,
+    /// Bytes decoded ([`CpuCost::decode_ns_per_kib`]): every message body received, and what a
+    /// protocol decodes again inside one (a request from a sequencer's batch).
+    Decode,
+    /// Keys added to a dependency graph ([`CpuCost::graph_key_ns`]).
+    Graph,
+    /// Raft's work per replicated entry, beyond its messages (`replication::service`).
+    Raft,
+    /// An idle worker woken by its own timer ([`CpuCost::wake_ns`]).
+    Wake,
+}
+
+impl CpuKind {
+    pub const ALL: [CpuKind; 9] = [
+        CpuKind::Op,
+        CpuKind::Message,
+        CpuKind::Packet,
+        CpuKind::Txn,
+        CpuKind::Log,
+        CpuKind::Decode,
+        CpuKind::Graph,
+        CpuKind::Raft,
+        CpuKind::Wake,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuKind::Op => "op",
+            CpuKind::Message => "message",
+            CpuKind::Packet => "packet",
+            CpuKind::Txn => "txn",
+            CpuKind::Log => "log",
+            CpuKind::Decode => "decode",
+            CpuKind::Graph => "graph",
+            CpuKind::Raft => "raft",
+            CpuKind::Wake => "wake",
+        }
+    }
+}
+
+/// Simulated CPU (ns) by [`CpuKind`], indexed by the kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuSplit(pub [u64; CpuKind::ALL.len()]);
+
+impl CpuSplit {
+    /// Add `other`, scaled by `factor` (a `cpu` fault's).
+    pub fn add_scaled(&mut self, other: &CpuSplit, factor: f64) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine += if factor == 1.0 { theirs } else { (theirs as f64 * factor) as u64 };
+        }
+    }
+
+    /// What was charged since `start`.
+    pub fn since(&self, start: &CpuSplit) -> CpuSplit {
+        let mut out = *self;
+        out.0.iter_mut().zip(start.0).for_each(|(end, at)| *end -= at);
+        out
+    }
+
+    /// Each kind's name and ns, the kinds charged nothing left out.
+    pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        CpuKind::ALL.iter().map(|k| (k.name(), self.0[*k as usize])).filter(|(_, ns)| *ns > 0)
     }
 }
 
@@ -338,6 +473,8 @@ pub struct Worker {
     /// Gauges a protocol reports (`gauge_max`): the largest value each reached, over the window.
     gauges: RefCell<Vec<(&'static str, u64)>>,
     charged_ns: Cell<u64>,
+    /// What `charged_ns` holds, split by what it paid for ([`CpuKind`]).
+    charged_by_kind: Cell<CpuSplit>,
     pub cost: CpuCost,
     pub rpc: RpcConfig,
     clocks: ClockSkew,
@@ -379,6 +516,7 @@ impl Worker {
             counters: RefCell::new(Vec::new()),
             gauges: RefCell::new(Vec::new()),
             charged_ns: Cell::new(0),
+            charged_by_kind: Cell::new(CpuSplit::default()),
             cost: cfg.cost,
             rpc: cfg.rpc,
             clocks: cfg.clocks,
@@ -484,15 +622,26 @@ impl Worker {
         self.clocks.offset_us(self.clocks.nodes.saturating_sub(1), elapsed_us)
     }
 
-    /// Charge simulated CPU time for work just done.
+    /// Charge simulated CPU time for work of `kind` just done.
     #[inline]
-    pub fn charge(&self, ns: u64) {
+    pub fn charge(&self, kind: CpuKind, ns: u64) {
         self.charged_ns.set(self.charged_ns.get() + ns);
+        let mut split = self.charged_by_kind.get();
+        split.0[kind as usize] += ns;
+        self.charged_by_kind.set(split);
     }
 
+    /// Charge `n` record-level steps ([`CpuCost::op_ns`]).
     #[inline]
     pub fn charge_ops(&self, n: usize) {
-        self.charge(self.cost.op_ns * n as u64);
+        self.charge(CpuKind::Op, self.cost.op_ns * n as u64);
+    }
+
+    /// Charge decoding `bytes` a protocol decodes beyond its messages' envelopes (a request a
+    /// scheduler decodes from its batch, a record replayed; [`CpuCost::decode_ns`]).
+    #[inline]
+    pub fn charge_decode(&self, bytes: usize) {
+        self.charge(CpuKind::Decode, self.cost.decode_ns(bytes as u64));
     }
 
     /// Add `n` to the protocol counter `name` (kebab-case, reported per committed transaction).
@@ -539,9 +688,10 @@ impl Worker {
         st.log_wait_ns += ns;
     }
 
-    /// Take the CPU time charged since the last call (the simulator turns it into busy time).
-    pub fn take_charged_ns(&self) -> u64 {
-        self.charged_ns.replace(0)
+    /// Take the CPU time charged since the last call (the simulator turns it into busy time),
+    /// and its split by kind.
+    pub fn take_charged_ns(&self) -> (u64, CpuSplit) {
+        (self.charged_ns.replace(0), self.charged_by_kind.take())
     }
 
     /// A future that completes `delay_us` from now.
@@ -624,7 +774,8 @@ impl Worker {
         let mut st = self.stats.borrow_mut();
         st.msgs_sent += 1;
         st.bytes_sent += (out[idx].1.buf.len() - before) as u64;
-        self.charge(self.cost.msg_ns);
+        drop(st);
+        self.charge(CpuKind::Message, self.cost.msg_ns);
     }
 
     /// Send a message that expects no reply.
@@ -678,7 +829,7 @@ impl Worker {
             let mut st = self.stats.borrow_mut();
             st.packets_sent += n as u64;
             drop(st);
-            self.charge(self.cost.packet_ns * n as u64);
+            self.charge(CpuKind::Packet, self.cost.packet_ns * n as u64);
         }
     }
 
@@ -687,7 +838,10 @@ impl Worker {
     pub fn deliver(&self, src: Addr, bytes: &[u8]) -> Result<(), net::DecodeError> {
         let handler = self.handler.borrow().as_ref().and_then(|h| h.upgrade());
         let res = net::for_each_envelope(bytes, |env| {
-            self.charge(self.cost.msg_ns);
+            self.charge(CpuKind::Message, self.cost.msg_ns);
+            // A handler decodes the body whole: per byte, a 100 KB batch of a sequencer costs
+            // what its bytes do, not what one vote does.
+            self.charge(CpuKind::Decode, self.cost.decode_ns(env.body.len() as u64));
             match env.kind {
                 Kind::Reply => {
                     let mut rpcs = self.rpcs.borrow_mut();

@@ -13,7 +13,7 @@
 //! log; the node restarts on fresh workers, rebuilt from what its simulated disk kept.
 
 use super::log::{NodeLog, SimImage};
-use super::{Clock, Executor, Worker, STEP_TASKS};
+use super::{Clock, CpuKind, CpuSplit, Executor, Worker, STEP_TASKS};
 use crate::net::{Addr, FaultPlan, FaultTarget, LatencyModel, Packet, TargetedKind};
 use crate::util::Rng;
 use parking_lot::Mutex;
@@ -158,6 +158,8 @@ pub struct SimWorld {
     pub packets_delivered: u64,
     /// CPU time charged to all workers so far (virtual ns).
     pub busy_ns: u64,
+    /// `busy_ns` split by what it paid for.
+    pub busy_by_kind: CpuSplit,
     /// Payload bytes that left a host for another so far (every kind of message).
     pub wire_bytes: u64,
     /// Per host, with `--bandwidth`: when its link is free of what it sent (virtual ns), and
@@ -229,6 +231,7 @@ impl SimWorld {
             packets_dropped: 0,
             packets_delivered: 0,
             busy_ns: 0,
+            busy_by_kind: CpuSplit::default(),
             wire_bytes: 0,
             link_free_ns: vec![0; nodes as usize],
             link_busy_ns: vec![0; nodes as usize],
@@ -505,21 +508,28 @@ impl SimWorld {
         super::log::enter_lane(w.addr.worker);
         w.take_charged_ns();
         super::log::take_appended_bytes();
+        // Nothing arrived and nothing was ready: a real worker had parked, and only its own
+        // timer wakes it, which costs a park and a wake (`CpuCost::wake_ns`).
+        let idle = inbox.is_empty() && !w.executor().has_ready();
         for p in inbox {
             let _ = w.deliver(p.src, &p.bytes);
         }
         // A bounded slice of work, like a scheduler quantum: packets that arrive meanwhile are
         // handled at the next step instead of waiting behind an unbounded run of tasks.
         w.fire_timers();
+        if idle && w.executor().has_ready() {
+            w.charge(CpuKind::Wake, w.cost.wake_ns);
+        }
         w.executor().run_ready(STEP_TASKS);
         let mut out = Vec::new();
         w.take_outbox(&mut out);
-        w.charge(w.cost.log_ns(super::log::take_appended_bytes()));
-        let mut charged = w.take_charged_ns();
+        w.charge(CpuKind::Log, w.cost.log_ns(super::log::take_appended_bytes()));
+        let (mut charged, split) = w.take_charged_ns();
         if factor != 1.0 {
             charged = (charged as f64 * factor) as u64;
         }
         self.busy_ns += charged;
+        self.busy_by_kind.add_scaled(&split, factor);
         let busy_until = now + charged;
         self.slots[i].busy_until = busy_until;
         for p in out {

@@ -244,10 +244,11 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
     }
 
     /// Release every lock `txn` holds; the transactions that now hold all theirs are pushed to
-    /// `ready`, in log order.
-    pub fn release(&mut self, txn: T, ready: &mut Vec<T>) {
+    /// `ready`, in log order. Returns how many locks (keys and ranges) it released.
+    pub fn release(&mut self, txn: T, ready: &mut Vec<T>) -> usize {
         let done = self.txns.remove(&txn).expect("a transaction releases the locks it requested");
         assert!(done.waits == 0 && done.pieces_left == 0, "{txn:?} releases before it held all its locks");
+        let released = done.keys.len() + done.ranges.len();
         for (key, mode) in done.keys {
             let queue = self.queues.get_mut(&key).expect("a requested key has a queue");
             let at = queue.iter().position(|r| r.txn == txn).expect("the request is queued");
@@ -282,6 +283,7 @@ impl<T: Copy + Ord + Hash + std::fmt::Debug> OrderedLocks<T> {
             }
         }
         ready[first..].sort_unstable();
+        released
     }
 
     /// Whether `txn` requested and has not released.

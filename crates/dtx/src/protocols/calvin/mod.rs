@@ -41,6 +41,8 @@
 //! and sequencer's state and the rows written since the last one, so that its log, its
 //! replicas' snapshots and a restart's replay stay bounded by the data and the work in flight.
 
+#[cfg(test)]
+mod calibration;
 pub mod checkpoint;
 pub mod homes;
 pub mod input_log;
@@ -58,7 +60,7 @@ use crate::protocols::{
     load_storage, Attempt, MachineEnv, NodeEnv, NodeProtocol, OptionKind, OptionSpec, Options, Protocol, WorkerProtocol,
 };
 use crate::rt::log::LogMachine;
-use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
+use crate::rt::{log_warn, CpuKind, Handler, LocalBoxFuture, Worker};
 use crate::storage::Value;
 use crate::storage::{RowKey, Storage};
 use crate::txn::recon::{self, SnapshotReader};
@@ -768,7 +770,7 @@ impl CalvinWorker {
     }
 
     async fn run(&self, req: &TxnRequest) -> TxnResult<TxnOutput> {
-        self.w.charge(self.w.cost.txn_ns);
+        self.w.charge(CpuKind::Txn, self.w.cost.txn_ns);
         let procs = &self.node.env.workload;
         let (keys, reconnoitred) = self.keys_of(req).await?;
         if keys.is_empty() && keys.scans.is_empty() {

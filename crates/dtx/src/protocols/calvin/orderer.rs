@@ -244,6 +244,8 @@ pub(super) fn homes_of(wk: &CalvinWorker, entry: &Entry) -> Vec<u16> {
     let mut keys = KeySet::default();
     if entry.movement.is_none() {
         let procs = &wk.node.env.workload;
+        // The orderer's intake decodes every multi-home request to find its homes.
+        wk.w.charge_decode(entry.req.len());
         let Ok(req) = procs.decode_request(&entry.req) else { return Vec::new() };
         procs.declare(&req, &mut keys);
     }

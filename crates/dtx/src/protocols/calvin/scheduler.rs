@@ -27,6 +27,7 @@ use crate::net::{Addr, NodeId};
 use crate::protocols::calvin::NodeState;
 use crate::protocols::depgraph::{DependencyGraph, Use};
 use crate::rt::log::NodeLog;
+use crate::rt::CpuKind;
 use crate::storage::TableId;
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::{Abort, Access, Ctx, KeySet, Procedures, Scan, Step, TxnOutput, TxnRequest, TxnResult};
@@ -498,6 +499,9 @@ pub fn spawn_admitter(me: &Rc<CalvinWorker>) {
 fn admit(me: &Rc<CalvinWorker>, at: Slot, entry: Entry) {
     let node = &me.node;
     let here = me.w.addr.node;
+    // Every scheduler of every region decodes every request of every batch, to learn its keys
+    // (the batch's envelope was charged as its message arrived).
+    me.w.charge_decode(entry.req.len());
     let admitted = match admission(node, here, entry) {
         Ok(admitted) => admitted,
         Err(entry) => {
@@ -534,7 +538,10 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, entry: Entry) {
     let (wanted, ranges) = local_requests(node, entry, keys, copy, here, home);
     let s = me.scheduler.as_ref().expect("a scheduler admits");
     let first = !s.locks.borrow().contains(&slot);
+    let requests = std::cell::Cell::new(0);
+    let (wanted, ranges) = (counted(wanted, &requests), counted(ranges, &requests));
     let holds_all = s.locks.borrow_mut().request_piece(slot, pieces, wanted, ranges);
+    me.w.charge_ops(requests.get());
     me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
     let admitted = match first {
         true => admitted,
@@ -548,6 +555,12 @@ fn admit(me: &Rc<CalvinWorker>, at: Slot, entry: Entry) {
         }
         s.waiting.borrow_mut().insert(slot, admitted);
     }
+}
+
+/// `items`, adding one to `count` for each taken: a lock request is a record-level step, as a
+/// lock is in every protocol.
+fn counted<'a, I: Iterator + 'a>(items: I, count: &'a std::cell::Cell<usize>) -> impl Iterator<Item = I::Item> + 'a {
+    items.inspect(move |_| count.set(count.get() + 1))
 }
 
 /// What running `entry` at node `here` needs: its procedure, its keys (its client's
@@ -593,6 +606,8 @@ fn admit_to_graph(me: &Rc<CalvinWorker>, at: Slot, admitted: Admitted) {
         }
     };
     let keys = graph_keys(node, &admitted.entry, &admitted.keys, home);
+    // At every node of every region, whether it holds the keys or not.
+    me.w.charge(CpuKind::Graph, me.w.cost.graph_key_ns * keys.len() as u64);
     let runs_here = admitted.participants.contains(&here);
     s.in_graph.borrow_mut().entry(txn).or_insert_with(|| runs_here.then_some(admitted));
     let mut emitted = Vec::new();
@@ -645,7 +660,10 @@ fn lock_emitted(me: &Rc<CalvinWorker>, emitted: Vec<Slot>) {
     for txn in emitted {
         let Some(Some(admitted)) = s.in_graph.borrow_mut().remove(&txn) else { continue };
         let (wanted, ranges) = local_requests(node, &admitted.entry, &admitted.keys, copy, here, None);
+        let requests = std::cell::Cell::new(0);
+        let (wanted, ranges) = (counted(wanted, &requests), counted(ranges, &requests));
         let holds_all = s.locks.borrow_mut().request(txn, wanted, ranges);
+        me.w.charge_ops(requests.get());
         me.w.gauge_max("calvin-locked-txns-max", s.locks.borrow().len() as u64);
         if holds_all {
             spawn_run(me, txn, admitted);
@@ -768,23 +786,29 @@ async fn run(me: &Rc<CalvinWorker>, slot: Slot, txn: &Admitted) {
             me.w.count("calvin-home-moved-aborts", 1);
             Err(Abort::Protocol(HOME_MOVED))
         }
-        (Some(req), _) => node.env.workload.run(req, &mut Ctx::with_declared(&mut access, keys)).await,
+        (Some(req), _) => {
+            // Every participant of every copy runs the procedure (its client only sent it).
+            me.w.charge(CpuKind::Txn, me.w.cost.txn_ns);
+            node.env.workload.run(req, &mut Ctx::with_declared(&mut access, keys)).await
+        }
         (None, Some(m)) => {
             move_home(me, m, copy);
             Ok(TxnOutput::default())
         }
         (None, None) => unreachable!("an entry without a procedure is a movement"),
     };
+    let mut installed = 0;
     if result.is_ok() {
         for (k, v) in access.writes.into_iter().filter(|(k, _)| node.holder(*k, copy) == here) {
-            me.w.charge_ops(1);
+            installed += 1;
             node.store.get_or_create(k).lock().value = v;
             if s.checkpoints {
                 s.dirty.borrow_mut().insert(k);
             }
         }
     }
-    release(me, s, slot);
+    me.w.charge_ops(installed);
+    release(me, s, slot, installed);
     // Every copy runs it; the client hears from its own copy's first participant.
     if here == participants[0] && node.copy_of(entry.client.node) == copy {
         let outcome = result.map(|out| serde_json::to_vec(&out).expect("an output encodes as JSON"));
@@ -893,7 +917,9 @@ pub async fn run_untouched(
     procs.run(req, &mut Ctx::with_declared(&mut access, keys)).await
 }
 
-fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
+/// Release `slot`'s locks: an install released its record's lock in its own step
+/// (`installed` of them), any other lock released is a step of its own.
+fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot, installed: usize) {
     s.running.set(s.running.get() - 1);
     if s.checkpoints {
         s.running_txns.borrow_mut().remove(&slot);
@@ -908,7 +934,8 @@ fn release(me: &Rc<CalvinWorker>, s: &Scheduler, slot: Slot) {
         }
     }
     let mut ready = Vec::new();
-    s.locks.borrow_mut().release(slot, &mut ready);
+    let released = s.locks.borrow_mut().release(slot, &mut ready);
+    me.w.charge_ops(released.saturating_sub(installed));
     for next in ready {
         let txn = s.waiting.borrow_mut().remove(&next).expect("a transaction granted its locks was waiting");
         spawn_run(me, next, txn);

@@ -11,7 +11,7 @@ use crate::cluster::{Role, Roles, Topology};
 use crate::net::Addr;
 use crate::protocols::{Attempt, Layout, MachineEnv, OptionKind, OptionSpec, ProtocolInfo, WorkerProtocol};
 use crate::rt::log::{LogMachine, NodeLog};
-use crate::rt::Worker;
+use crate::rt::{CpuKind, Worker};
 use crate::storage::{RowKey, Storage, Value};
 use crate::testkit::{now, Direct};
 use crate::txn::{Abort, Ctx, TxnRequest, TxnResult};
@@ -376,7 +376,7 @@ impl WorkerProtocol for MultiWorker {
         attempt: Attempt,
     ) -> crate::rt::LocalBoxFuture<'a, TxnResult<crate::txn::TxnOutput>> {
         Box::pin(async move {
-            self.w.charge(self.w.cost.txn_ns);
+            self.w.charge(CpuKind::Txn, self.w.cost.txn_ns);
             match &self.s.epochs {
                 None => self.run_acked_by_logs(req).await,
                 Some(e) => e.run(self, req, attempt).await,

@@ -91,6 +91,9 @@ pub async fn waiting<T>(w: &Rc<Worker>, mut op: impl FnMut() -> TxnResult<Found<
                 }
                 w.sleep_us(WAIT_POLL_US).await;
                 waited_us += WAIT_POLL_US;
+                // Each look at the record again is a record-level step, as a validation is:
+                // a wait of a millisecond looks 200 times, which a real core pays for.
+                w.charge_ops(1);
             }
         }
     }

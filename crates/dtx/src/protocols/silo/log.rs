@@ -119,6 +119,9 @@ pub struct NodeReplica {
     rows: Rows,
     /// Epochs closed, with their final watermark.
     closed: BTreeMap<u64, u64>,
+    /// Writes replayed since [`crate::rt::log::LogMachine::take_steps`] last took them (the simulator charges
+    /// each as a record-level step).
+    steps: usize,
 }
 
 impl NodeReplica {
@@ -129,6 +132,7 @@ impl NodeReplica {
             streams: vec![StreamPart::default(); streams],
             rows: Rows::new(),
             closed: BTreeMap::new(),
+            steps: 0,
         }
     }
 
@@ -188,6 +192,7 @@ impl NodeReplica {
                 let (tid, writes) = part.pending.pop_front().expect("a front entry");
                 if keep {
                     part.replayed += 1;
+                    self.steps += writes.len();
                     writes.into_iter().for_each(|(k, v)| apply_write(&mut self.rows, tid, s as u16, k, v));
                 } else {
                     part.dropped += 1;
@@ -284,6 +289,10 @@ impl crate::rt::log::LogMachine for StreamMachine {
                 ));
             }
         }
+    }
+
+    fn take_steps(&mut self) -> usize {
+        std::mem::take(&mut self.node.lock().steps)
     }
 
     fn snapshot(&self) -> Vec<u8> {

@@ -35,7 +35,7 @@ use crate::protocols::{Attempt, Layout, MachineEnv, NodeEnv, OptionKind, OptionS
 use crate::replication::Durability;
 use crate::rt::log::{LogMachine, NodeLog};
 use crate::rt::release::Release as Outcome;
-use crate::rt::Worker;
+use crate::rt::{CpuKind, Worker};
 use crate::storage::Storage;
 use crate::txn::{Abort, Ctx, TxnOutput, TxnRequest, TxnResult};
 use meta::{epoch_start, SiloMeta, Stamper};
@@ -420,7 +420,7 @@ impl WorkerProtocol for SiloWorker {
         attempt: Attempt,
     ) -> crate::rt::LocalBoxFuture<'a, TxnResult<TxnOutput>> {
         Box::pin(async move {
-            self.w.charge(self.w.cost.txn_ns);
+            self.w.charge(CpuKind::Txn, self.w.cost.txn_ns);
             let (mut out, release) = match &self.s.snapshots {
                 Some(snapshots) if self.s.workload.read_only(req) => self.snapshot_txn(snapshots, req).await?,
                 _ => {

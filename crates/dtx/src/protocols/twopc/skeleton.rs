@@ -18,7 +18,7 @@ use super::wm_commit::WatermarkGate;
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
-use crate::rt::{log_warn, Handler, LocalBoxFuture, Worker};
+use crate::rt::{log_warn, CpuKind, Handler, LocalBoxFuture, Worker};
 use crate::storage::{RowKey, Value};
 use crate::txn::{recon, Abort, Access, Ctx, KeySet, Scan, TxnOutput, TxnRequest, TxnResult};
 use serde::de::DeserializeOwned;
@@ -477,7 +477,7 @@ impl<C: Cc> CcWorker<C> {
     /// Run one attempt under the node's commit policy's first half: everything up to the
     /// acknowledgement, which a deferring caller (the driver, or `run` under epochs) takes.
     async fn run_attempt(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
-        self.w.charge(self.w.cost.txn_ns);
+        self.w.charge(CpuKind::Txn, self.w.cost.txn_ns);
         let wl = self.node.workload.clone();
         let mut txn = C::begin(self, self.coord.new_txn(self.w.addr), attempt);
         let result = if self.node.opts.one_shot {
