@@ -157,7 +157,9 @@ pub struct BenchArgs {
     /// same host); `role=R`, the first node with role R
     /// (as --roles gives them), `role=R#I` the I-th from 0. KIND: `crash` (with --durability
     /// wal or replicated it loses the node's memory; tcp: kill -9, then started again), `pause`
-    /// (tcp: SIGSTOP, then SIGCONT), `delay:node=N,by=5ms` (every message the node sends is held
+    /// (tcp: SIGSTOP, then SIGCONT), `partition` (the node is cut off from every other node; tcp:
+    /// by firewall rules), `logfail` (sim: the node's logs refuse every record appended
+    /// meanwhile), `delay:node=N,by=5ms` (every message the node sends is held
     /// that much longer; `worker=W`: only what its worker W sends, such as a protocol's stream of
     /// its own; `messages=control`: only its control messages, group commit's watermarks and
     /// epochs), `cpu:node=N,factor=3` (sim: the node's
@@ -461,10 +463,10 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
     let (mut by_us, mut factor, mut worker, mut control) = (None, None, None, false);
     let kind_name = kind_name.trim();
     let keys: &[&str] = match kind_name {
-        "crash" | "pause" => &["node", "leader", "role"],
+        "crash" | "pause" | "partition" | "logfail" => &["node", "leader", "role"],
         "delay" => &["node", "leader", "role", "by", "worker", "messages"],
         "cpu" => &["node", "leader", "role", "factor"],
-        other => anyhow::bail!("unknown kind `{other}` (use crash, pause, delay or cpu)"),
+        other => anyhow::bail!("unknown kind `{other}` (use crash, pause, partition, delay, cpu or logfail)"),
     };
     for kv in params.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
         let Some((k, v)) = kv.split_once('=') else {
@@ -502,6 +504,8 @@ fn parse_one_fault(f: &str, targets: &FaultTargets) -> anyhow::Result<TargetedFa
     let kind = match kind_name {
         "crash" => TargetedKind::Crash,
         "pause" => TargetedKind::Pause,
+        "partition" => TargetedKind::Partition,
+        "logfail" => TargetedKind::LogFail,
         "delay" => {
             let by_us = by_us.ok_or_else(|| anyhow::anyhow!("how long? add by=DURATION"))?;
             TargetedKind::Delay { by_us, worker, control }
@@ -679,6 +683,9 @@ impl BenchArgs {
                 && faults.targeted.iter().any(|f| matches!(f.kind, TargetedKind::Cpu { .. }))
             {
                 anyhow::bail!("--fault-at cpu multiplies simulated CPU costs: it needs --runtime sim");
+            }
+            if self.runtime == Runtime::Tcp && faults.targeted.iter().any(|f| f.kind == TargetedKind::LogFail) {
+                anyhow::bail!("--fault-at logfail makes a simulated log refuse records: it needs --runtime sim");
             }
             let end_us = secs_us(&self.warmup, "warmup")? + secs_us(&self.duration, "duration")?;
             if let Some(f) = faults.targeted.iter().find(|f| f.at_us >= end_us) {

@@ -190,6 +190,12 @@ pub enum TargetedKind {
     },
     /// `sim` only: the CPU the node's workers are charged is multiplied by this factor.
     Cpu { factor: f64 },
+    /// The node is cut off from every other node (both ways; its own workers still talk to each
+    /// other): `sim` drops what crosses the cut, `tcp` firewalls its server off. Nothing crashes.
+    Partition,
+    /// `sim` only: the node's logs refuse every record appended while it lasts, as a log refuses
+    /// a record it cannot take (one over its size limit), and take records again after it.
+    LogFail,
 }
 
 impl TargetedKind {
@@ -200,6 +206,8 @@ impl TargetedKind {
             TargetedKind::Pause => "pause",
             TargetedKind::Delay { .. } => "delay",
             TargetedKind::Cpu { .. } => "cpu",
+            TargetedKind::Partition => "partition",
+            TargetedKind::LogFail => "logfail",
         }
     }
 }

@@ -31,11 +31,33 @@
 //! undo) stays below every later agreement, since a partition counts only watermarks of its own
 //! term or older ones (a watermark only grows, so an older one stays true).
 //!
-//! **What detects a crash.** [`Heartbeats`]: every partition's leader beats every `beat_us`; a
-//! partition silent for `suspect_after_us` is suspected, and its recovery (a new leader elected
-//! by its Raft group, or the restarted node) starts the agreement. The paper uses ZooKeeper for
-//! both; dtx has no ZooKeeper, so the coordinator of the agreement is node 0 (itself replicated
-//! by its log), and its term is logged before it asks.
+//! **What detects a failure.** The paper uses ZooKeeper; dtx has none, so the coordinator of
+//! the agreement is node 0 (itself replicated by its log), and its term is logged before it
+//! asks. An agreement is started by either of:
+//! - the partition that lost something: a node that restarted from its log, or one taken over
+//!   by another host under `--durability replicated` (its log's Raft group detects the silent
+//!   leader by its election timeout and a follower takes the node over), serves nothing and
+//!   calls node 0 until it is through an agreement;
+//! - node 0's [`Heartbeats`], fed by every watermark message (a live partition sends its W_p
+//!   every interval) and every other gate message: a partition silent for the suspect timeout
+//!   (ten intervals, at least 100 ms) is suspected and an agreement begins (in a run with a
+//!   log and more than one node: otherwise nothing is ever rolled back). That is what
+//!   catches a partition cut off without crashing: it lost nothing, so it never calls, while what the cut left hanging (a lock it took for a transaction whose abort the
+//!   cut lost) holds its W_p, and so W_g, until the orphan sweeper asks about it.
+//!
+//! The agreement still needs every partition's report, so it completes once the silent one
+//! answers again (the cut heals, it restarts, or it is taken over): W_g cannot pass a silent
+//! partition safely without it. The agreed value must lie at or above every view of W_g that
+//! acknowledged a commit, the silent partition's own included, and at or below its persisted
+//! W_p; only its report tells either. (If the others last heard W_p 4 from P1, while P1 heard
+//! 8 from each of them and then persisted 10, P1's view is 8: it may have acknowledged a commit
+//! at 6, which an agreement on 4 would roll back elsewhere. And an agreement on the others'
+//! minimum could keep a commit whose install the cut kept from P1: its coordinator's W_p does
+//! not wait for its installs.) Until then the other partitions broadcast nothing (W_g is stuck
+//! anyway) and keep what a rollback needs; once it answers, everything at or above the
+//! minimum persisted W_p is rolled back, the cut-off node included (it puts back what it
+//! installed there, as any partition does), and every node releases what older terms'
+//! transactions hold: W_g moves with the new term's first watermarks.
 
 use crate::net::NodeId;
 use serde::{Deserialize, Serialize};
@@ -331,7 +353,8 @@ impl RecoveryPartition {
     }
 }
 
-/// Crash detection: the partitions' leaders beat, and one silent for too long is suspected.
+/// Failure detection at node 0: every message from a partition is a beat (its watermarks come
+/// every interval), and one silent for too long is suspected.
 #[derive(Debug, Clone)]
 pub struct Heartbeats {
     last_us: Vec<u64>,
@@ -349,6 +372,14 @@ impl Heartbeats {
         if let Some(last) = self.last_us.get_mut(p) {
             *last = (*last).max(now_us);
             self.suspected[p] = false;
+        }
+    }
+
+    /// Every partition counts as heard at `now_us` (silence before says nothing: an agreement
+    /// was under way, during which partitions do not broadcast).
+    pub fn reset(&mut self, now_us: u64) {
+        for p in 0..self.last_us.len() {
+            self.beat(p, now_us);
         }
     }
 
@@ -551,5 +582,8 @@ mod tests {
         h.beat(0, 190);
         assert_eq!(h.tick(200), vec![1], "0 beat again; 1 has been silent 110 us");
         assert_eq!(h.tick(290), vec![0], "silent again");
+        h.reset(300);
+        assert_eq!(h.tick(399), Vec::<usize>::new(), "every partition counts as heard at 300");
+        assert_eq!(h.tick(400), vec![0, 1, 2]);
     }
 }

@@ -423,6 +423,9 @@ pub struct NodeLog {
     sim_checkpointer: Mutex<Option<SimCheckpointer>>,
     /// The simulated disk's newest checkpoint (kept across crashes in [`SimImage`]).
     sim_checkpoint: Mutex<Option<(Lsn, Vec<u8>)>>,
+    /// Every append is refused while set (`--fault-at logfail`, the simulator's): what a
+    /// protocol does with a record its log will not take.
+    refusing: std::sync::atomic::AtomicBool,
 }
 
 /// A log opened from its lanes: the log, the snapshot of its newest checkpoint (without the
@@ -522,6 +525,20 @@ impl NodeLog {
             cuts: std::sync::OnceLock::new(),
             durable: AtomicU64::new(last),
             appended_bytes: AtomicU64::new(0),
+            refusing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Refuse every append from now on (`on`), or take them again: a fault the simulator
+    /// injects (`--fault-at logfail`).
+    pub fn set_refusing(&self, on: bool) {
+        self.refusing.store(on, Ordering::Relaxed);
+    }
+
+    fn refused(&self) -> Result<(), String> {
+        match self.refusing.load(Ordering::Relaxed) {
+            true => Err("the log refused the record (an injected failure)".to_string()),
+            false => Ok(()),
         }
     }
 
@@ -566,8 +583,10 @@ impl NodeLog {
     }
 
     /// Append one record; returns its LSN. Never waits for I/O (with checkpoints on, it waits
-    /// when the checkpointer is far behind). Fails only for a record over the WAL's size limit.
+    /// when the checkpointer is far behind). Fails for a record over the WAL's size limit, a
+    /// WAL that stopped, and while an injected failure lasts.
     pub fn append(&self, rec: &[u8]) -> Result<Lsn, String> {
+        self.refused()?;
         match &self.lanes[0].device {
             Device::Replicated(_) => self.append_owned(rec.to_vec()),
             _ => self.append_to_disk(rec),
@@ -577,6 +596,7 @@ impl NodeLog {
     /// [`NodeLog::append`] of a record the caller built for it: a replicated log keeps it
     /// without a copy (Rolis's batches are hundreds of KB).
     pub fn append_owned(&self, rec: Vec<u8>) -> Result<Lsn, String> {
+        self.refused()?;
         let Device::Replicated(q) = &self.lanes[0].device else { return self.append_to_disk(&rec) };
         debug_assert!(!rec.is_empty(), "an empty record is a read fence, not a record");
         self.count_appended(&rec);

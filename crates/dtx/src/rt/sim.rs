@@ -87,7 +87,7 @@ enum FaultKind {
 /// for the run's `fault_events`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimFaultEvent {
-    /// `crash`, `pause`, `delay` or `cpu`.
+    /// `crash`, `pause`, `partition`, `delay`, `cpu` or `logfail`.
     pub kind: &'static str,
     pub node: u16,
     /// Virtual time it took effect, and how long it lasted (`None`: until the faults healed at
@@ -168,6 +168,8 @@ pub struct SimWorld {
     pub link_busy_ns: Vec<u64>,
     /// Per host: stopped by a `pause` fault (runs nothing; what reaches it waits in its inbox).
     paused: Vec<bool>,
+    /// Per host: cut off from every other host by a `partition` fault.
+    isolated: Vec<bool>,
     /// Per host: its workers' charged CPU is multiplied by this (`cpu` faults; 1.0 otherwise).
     cpu_factor: Vec<f64>,
     /// Per host: extra delay of the packets it sends (`delay` faults), ns, the worker whose
@@ -236,6 +238,7 @@ impl SimWorld {
             link_free_ns: vec![0; nodes as usize],
             link_busy_ns: vec![0; nodes as usize],
             paused: vec![false; nodes as usize],
+            isolated: vec![false; nodes as usize],
             cpu_factor: vec![1.0; nodes as usize],
             send_delay: vec![(0, None, false); nodes as usize],
             targeted_off: false,
@@ -547,7 +550,8 @@ impl SimWorld {
 
     fn send(&mut self, p: Packet, depart: u64) {
         let (s, d) = (self.host_of(p.src), self.host_of(p.dst));
-        let cut = self.side.as_ref().is_some_and(|side| side[s] != side[d]);
+        let cut = self.side.as_ref().is_some_and(|side| side[s] != side[d])
+            || (s != d && (self.isolated[s] || self.isolated[d]));
         let lost = self.faults.loss > 0.0 && self.rng.gen_bool(self.faults.loss.min(1.0));
         if self.slot_down(p.src) {
             self.packets_dropped += 1;
@@ -672,6 +676,8 @@ impl SimWorld {
             (TargetedKind::Delay { .. }, false) => self.send_delay[h] = (0, None, false),
             (TargetedKind::Cpu { factor }, true) => self.cpu_factor[h] = factor,
             (TargetedKind::Cpu { .. }, false) => self.cpu_factor[h] = 1.0,
+            (TargetedKind::Partition, on) => self.isolated[h] = on,
+            (TargetedKind::LogFail, on) => self.logs[h].iter().for_each(|l| l.log.set_refusing(on)),
         }
         self.targeted_on[i] = start.then_some(h);
         if start {
@@ -705,6 +711,8 @@ impl SimWorld {
         self.faults.crashes = false;
         self.faults.loss = 0.0;
         self.side = None;
+        self.isolated.iter_mut().for_each(|i| *i = false);
+        self.logs.iter().flatten().for_each(|l| l.log.set_refusing(false));
         self.targeted_off = true;
         self.cpu_factor.iter_mut().for_each(|f| *f = 1.0);
         self.send_delay.iter_mut().for_each(|d| *d = (0, None, false));

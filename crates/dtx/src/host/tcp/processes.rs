@@ -253,8 +253,10 @@ pub(super) fn nemesis_schedule(
             crate::net::TargetedKind::Delay { by_us, worker, control } => {
                 NemesisAction::Delay(Duration::from_micros(by_us), worker, control)
             }
-            // Refused by the CLI on tcp: simulated CPU has no meaning for a real process.
-            crate::net::TargetedKind::Cpu { .. } => continue,
+            crate::net::TargetedKind::Partition => NemesisAction::Partition,
+            // Refused by the CLI on tcp: simulated CPU and a simulated log's refusals have no
+            // meaning for a real process.
+            crate::net::TargetedKind::Cpu { .. } | crate::net::TargetedKind::LogFail => continue,
         };
         let lasts = Duration::from_micros(f.end_us(end_us) - f.at_us);
         schedule.push((Duration::from_micros(f.at_us), f.target, action, lasts));

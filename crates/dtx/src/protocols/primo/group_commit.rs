@@ -22,7 +22,7 @@ use super::PrimoWorker;
 use crate::protocols::twopc::durable::Writes;
 use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Value};
-use crate::txn::TxnResult;
+use crate::txn::{Abort, TxnResult};
 
 /// The values an install replaced, one for each write.
 pub type Replaced = Vec<(RowKey, Option<Value>)>;
@@ -109,6 +109,29 @@ impl PrimoWorker {
             true => Ok(()),
             false => self.node.log.append_commit(txn, writes, &[], ts).map(|_| ()),
         }
+    }
+
+    /// The writes `txn` had to install here could not be logged (`why`), and were not
+    /// installed. Under `wm` the node stops (fail-stop): a watermark it published from now on
+    /// could pass a commit that is in no log. Under `epoch` the epoch failed here already (its
+    /// vote is no, [`crate::protocols::twopc::epoch_commit::EpochGate::install_in`]). Returns
+    /// whether the node still answers requests.
+    pub fn not_logged(&self, txn: TxnId, why: Abort) -> bool {
+        match &self.wm {
+            Some(wm) => {
+                wm.fail_stop(&self.w, &format!("primo txn {txn:x}: its install could not be logged ({why:?})"));
+                false
+            }
+            None => {
+                self.w.count("primo-installs-not-logged", 1);
+                true
+            }
+        }
+    }
+
+    /// Has this node stopped for a write it could not log ([`Self::not_logged`])?
+    pub fn stopped(&self) -> bool {
+        self.wm.as_ref().is_some_and(|wm| wm.stopped())
     }
 
     /// Under `epoch`: has the epoch `era` failed here (an install still unanswered need not be

@@ -12,9 +12,9 @@ use crate::protocols::twopc::durable::{InDoubt, Writes};
 use crate::protocols::twopc::lease::Lease;
 use crate::protocols::twopc::record_lock::{wait_lock, Acquire, Mode, Policy, Prio};
 use crate::protocols::twopc::{Participant, TxnId};
-use crate::rt::log_warn;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, Scan, TxnResult};
+use std::cell::Cell;
 
 /// What a lock request is for: the transaction, its era, its age and the mode.
 type LockOf = (TxnId, u64, Prio, Mode);
@@ -124,29 +124,44 @@ impl PrimoWorker {
     /// here to `ts`, install its writes at `ts`, append them to the log before the locks go (log
     /// order is install order), release, and leave the watermark's active set. An `Install` of
     /// an era rolled back here releases instead.
-    fn install(&self, txn: TxnId, era: u64, ts: u64, writes: Writes) {
+    ///
+    /// Writes the log refuses are not installed, and the transaction stays active: under `wm`
+    /// the node stops ([`PrimoWorker::not_logged`]), so its watermark never passes a commit
+    /// whose writes here are in no log; the agreement that follows its silence, or its restart,
+    /// rolls the commit back everywhere. Returns whether to answer (a stopped node does not).
+    fn install(&self, txn: TxnId, era: u64, ts: u64, writes: Writes) -> bool {
+        if self.stopped() {
+            // Fail-stop: not even a resent `Install` is answered (the one whose record the log
+            // refused is no longer among the transactions here, and would read as installed).
+            return false;
+        }
         // Absent: installed already (the commit was resent).
         if !self.parts.contains(txn) {
-            return;
+            return true;
         }
         if self.begin_install(txn, era).is_err() {
-            // An agreement since rolled it back everywhere: nothing of it may install here.
-            return Primo::abort_here(self, txn);
+            // An agreement since rolled it back everywhere (nothing of it may install here), or
+            // the node stopped.
+            Primo::abort_here(self, txn);
+            return !self.stopped();
         }
         let p = self.parts.remove(txn).expect("checked");
         self.w.charge_ops(p.held.len());
-        let node = self.node.id;
-        let append = |w: &Writes| {
-            if let Err(a) = self.log_install(txn, w, ts) {
-                log_warn(&format!("node {node}: primo txn {txn:x}: its install was not logged: {a:?}"));
-            }
-            Ok(())
-        };
+        let unlogged = Cell::new(None);
+        // A refusal is noted, and fails the install (nothing of it installs here).
+        let append = |w: &Writes| self.log_install(txn, w, ts).inspect_err(|a| unlogged.set(Some(*a)));
         let install = |w: Writes| self.install_held(txn, ts, &p.held, w);
-        if self.install_logged(txn, era, ts, writes, append, install).is_err() {
-            // Its epoch failed here (and was, or will be, undone): it releases.
-            self.w.count("primo-installs-refused", 1);
-            self.release_all(txn, &p.held);
+        if self.install_logged(txn, era, ts, writes, append, install).is_ok() {
+            return true;
+        }
+        self.release_all(txn, &p.held);
+        match unlogged.get() {
+            Some(why) => self.not_logged(txn, why),
+            None => {
+                // Its epoch failed here (and was, or will be, undone): it releases.
+                self.w.count("primo-installs-refused", 1);
+                true
+            }
         }
     }
 
@@ -184,8 +199,9 @@ impl Participant for Primo {
             Request::Lock { txn, era, prio, mode, keys } => wk.serve_lock(from, rpc_id, (txn, era, prio, mode), keys),
             Request::Scan { txn, era, prio, mode, scan } => wk.serve_scan(from, rpc_id, (txn, era, prio, mode), scan),
             Request::Install { txn, era, ts, writes } => {
-                wk.install(txn, era, ts, writes);
-                wk.w.reply(from, rpc_id, &encode(&Reply::Installed));
+                if wk.install(txn, era, ts, writes) {
+                    wk.w.reply(from, rpc_id, &encode(&Reply::Installed));
+                }
             }
         }
     }

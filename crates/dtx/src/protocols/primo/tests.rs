@@ -216,3 +216,78 @@ fn durable_runs_with_crashes_roll_back_and_stay_serializable() {
     }
     assert!(rollbacks > 0, "no agreement rolled anything back");
 }
+
+/// A run with a write-ahead log in which node 1's log refuses every record for 20 ms from
+/// 100 ms (`logfail`), and node 1 restarts from its log at 150 ms (a crash, as an operator
+/// restarts a stopped server), checked under the serializability checker.
+fn unlogged_install_run(seed: u64) -> crate::host::BenchSpec {
+    use crate::net::{FaultTarget, TargetedFault, TargetedKind};
+    let mut s = protocol_spec("primo:wm_us=2000", contended_append(), seed);
+    s.durability.mode = crate::replication::Durability::Wal;
+    s.durability.cluster_id = seed;
+    let at = |kind, at_us, for_us| TargetedFault { kind, target: FaultTarget::Node(1), at_us, for_us: Some(for_us) };
+    s.faults.targeted = vec![at(TargetedKind::LogFail, 100_000, 20_000), at(TargetedKind::Crash, 150_000, 50_000)];
+    s
+}
+
+/// A participant whose log refuses an `Install` stops (fail-stop) instead of installing writes
+/// that are in no log: it publishes no watermark past them, so nothing is acknowledged from
+/// shortly after its log failed until it restarts, and its restart's agreement rolls the
+/// commit back everywhere; nothing acknowledged is lost. (It used to warn, install, and leave
+/// the active set: once its log took records again, its next W_p passed the commit, which was
+/// acknowledged, and its restart from the log lost its writes there.)
+#[test]
+fn a_participant_that_cannot_log_its_install_stops_and_loses_nothing_acknowledged() {
+    for seed in 1..=3 {
+        let out = checked(&unlogged_install_run(900 + seed));
+        assert!(out.totals.committed > 50, "seed {seed}: {} committed", out.totals.committed);
+        let stopped = 125_000..150_000;
+        let acknowledged = out.history.iter().filter(|l| l.status == "committed" && stopped.contains(&l.end_us));
+        let acknowledged = acknowledged.count();
+        assert_eq!(acknowledged, 0, "seed {seed}: commits acknowledged while node 1 should have stopped");
+        // What a stopped node answers a lock with (its own counters went with its restart).
+        let refused = out.totals.aborts.get("wm-stopped").copied().unwrap_or(0);
+        assert!(refused > 0, "seed {seed}: node 1 did not stop when its log refused an install");
+    }
+}
+
+/// A run with a write-ahead log in which node 1 is cut off from the other nodes (not crashed:
+/// it keeps running, its memory and its log) from 100 ms to 250 ms of 400 ms, as `--fault-at
+/// 'partition:node=1@100ms+150ms'` asks, checked under the serializability checker.
+fn cut_off_run(seed: u64) -> crate::host::BenchSpec {
+    use crate::net::{FaultTarget, TargetedFault, TargetedKind};
+    let mut s = protocol_spec("primo:wm_us=2000", contended_append(), seed);
+    s.duration_us = 400_000;
+    s.durability.mode = crate::replication::Durability::Wal;
+    s.durability.cluster_id = seed;
+    let cut = TargetedFault {
+        kind: TargetedKind::Partition,
+        target: FaultTarget::Node(1),
+        at_us: 100_000,
+        for_us: Some(150_000),
+    };
+    s.faults.targeted = vec![cut];
+    s
+}
+
+/// A partition cut off without crashing calls for no agreement (it lost nothing), yet the cut
+/// leaves locks it took for transactions whose coordinators gave up, whose aborts the cut lost:
+/// they hold its W_p, and so W_g everywhere, until the orphan sweeper asks about them a second
+/// later. Node 0 suspects the silent partition and starts an agreement, which completes once
+/// the cut heals: W_g moves again, commits are acknowledged after the cut, and nothing
+/// acknowledged is lost (the checker's final read sees every acknowledged append). (Before
+/// node 0 suspected silence, W_g moved for a moment as the cut healed and stuck again: no
+/// commit was acknowledged from 280 ms to 380 ms.)
+#[test]
+fn a_partition_cut_off_without_crashing_is_suspected_and_the_watermark_moves_again() {
+    for seed in 1..=3 {
+        let out = checked(&cut_off_run(800 + seed));
+        let after_cut = 280_000..380_000;
+        let acknowledged = out.history.iter().filter(|l| l.status == "committed" && after_cut.contains(&l.end_us));
+        let acknowledged = acknowledged.count();
+        assert!(acknowledged > 100, "seed {seed}: {acknowledged} commits acknowledged 30-130 ms after the cut healed");
+        let counter = |name: &str| out.totals.counters.get(name).copied().unwrap_or(0);
+        assert!(counter("wm-suspected") > 0, "seed {seed}: node 0 suspected no partition");
+        assert!(counter("wm-rollbacks") > 0, "seed {seed}: no agreement went through");
+    }
+}

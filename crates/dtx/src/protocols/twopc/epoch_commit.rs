@@ -182,6 +182,9 @@ struct GateState {
     decision_lsn: Option<u64>,
     /// A fresh node: where the record that opens its first epoch lies in its log.
     first_epoch_lsn: Option<u64>,
+    /// An epoch in which this node could not log the writes of a decision it had to install:
+    /// it votes it down, so that the epoch is undone everywhere ([`EpochGate::install_in`]).
+    unlogged: Option<u64>,
 }
 
 /// The values an epoch's writes replaced, oldest first.
@@ -254,6 +257,7 @@ impl EpochGate {
                 drained: (0, vec![false; nodes as usize], false),
                 decision_lsn: None,
                 first_epoch_lsn: None,
+                unlogged: None,
             }),
         }
     }
@@ -344,7 +348,9 @@ impl EpochGate {
     /// installs it), all under the gate's lock, so that a rollback undoes all of it or finds none
     /// of it done. Refused (`epoch-closed`) unless this node still serves `epoch`: a node seals an
     /// epoch only once every coordinator in it finished, and such a coordinator waits for its
-    /// installs, so a refusal means the epoch failed here.
+    /// installs, so a refusal means the epoch failed here. If `install` fails (its record was
+    /// not logged), the epoch fails too: this node votes it down at its seal, since the
+    /// decision's other participants installed their part.
     pub fn install_in<T>(
         &self,
         host: &dyn GateHost,
@@ -357,7 +363,11 @@ impl EpochGate {
             return Err(Abort::EpochClosed);
         }
         st.undo.extend(writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
-        install(writes)
+        let installed = install(writes);
+        if installed.is_err() {
+            st.unlogged = Some(epoch);
+        }
+        installed
     }
 
     /// A decision to commit a transaction made in `epoch` reached this participant: `commit`
@@ -650,7 +660,11 @@ impl EpochGate {
                 return;
             }
             st.stage = Stage::Sealed;
-            host.gate_log().append_epoch_sealed(epoch)
+            match st.unlogged == Some(epoch) {
+                // A decision's writes were not logged here: the epoch cannot commit.
+                true => Err(Abort::LogRefused),
+                false => host.gate_log().append_epoch_sealed(epoch),
+            }
         };
         let (gate, host) = (self.clone(), host.clone());
         host.worker().clone().spawn(async move {

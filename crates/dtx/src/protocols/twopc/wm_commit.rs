@@ -35,7 +35,10 @@
 //! above the node's view of W_g. A transaction that ran across an agreement aborts: its
 //! coordinator checks the term when it fixes the timestamp, and a partition refuses a request
 //! or an install made in another term. Acknowledgement points are `(term, ts)`, so that the
-//! commits of a new term never fall in a range rolled back in an older one.
+//! commits of a new term never fall in a range rolled back in an older one. Node 0 also starts
+//! an agreement when a partition has sent it nothing for a while (a cut, a stop): what starts
+//! one, and why it waits for the silent partition, is in [`crate::replication::wm_recovery`].
+//! A node whose log refuses a write it must install stops ([`WatermarkGate::fail_stop`]).
 //!
 //! The gate is one mutex per node, taken when a transaction enters and leaves, and at each
 //! generation: generation must see every transaction that entered before it.
@@ -46,7 +49,9 @@ use super::TxnId;
 use crate::net::{Addr, NodeId};
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::replication::watermark::PartitionWatermarks;
-use crate::replication::wm_recovery::{Decision, PartitionAction, RecoveryCoordinator, RecoveryPartition, WmMsg};
+use crate::replication::wm_recovery::{
+    Decision, Heartbeats, PartitionAction, RecoveryCoordinator, RecoveryPartition, WmMsg,
+};
 use crate::rt::log_warn;
 use crate::rt::release::ReleasePoints;
 use crate::storage::{RowKey, Value};
@@ -173,8 +178,16 @@ const UNDO_ENTRY_BYTES: usize = 64;
 /// agreement fixed in session 24, which the faster timing reached.)
 const CLOCK_SAMPLES: u64 = 8;
 
-/// How often a restarting node calls for an agreement, and node 0 resends its messages.
+/// How often a restarting node calls for an agreement, and node 0 resends its messages (and
+/// looks for a silent partition).
 const RECOVERY_RESEND_US: u64 = 20_000;
+
+/// Node 0 suspects a partition none of whose gate messages reached it for this many watermark
+/// intervals, and at least [`SUSPECT_MIN_US`]: a live partition sends its W_p every interval,
+/// so only a cut, a stop or a crash silences it for that long (a slow one, or a pause, too;
+/// the agreement that follows is then merely unneeded, never unsafe).
+const SUSPECT_INTERVALS: u64 = 10;
+const SUSPECT_MIN_US: u64 = 100_000;
 
 /// While a rollback waits for the commits in progress to append their records, it looks this
 /// often (they append without waiting for anything).
@@ -276,18 +289,34 @@ struct WmState {
     recovering: bool,
     /// Rolling back to an agreed W_g: serves nothing until done.
     rolling_back: bool,
+    /// Could not log a write it had to install ([`WatermarkGate::fail_stop`]): serves nothing,
+    /// publishes no watermark and answers no agreement until the node restarts from its log.
+    stopped: bool,
     /// Transactions between fixing their timestamp (or starting an install) here and appending
     /// their record: the rollback's record must follow all of theirs.
     committing: rustc_hash::FxHashSet<TxnId>,
     partition: RecoveryPartition,
     /// Node 0's side of agreements.
     coordinator: Option<RecoveryCoordinator>,
+    /// Node 0: when each partition was last heard from (any gate message), to suspect one that
+    /// went silent without restarting (cut off, stopped, or down and not back yet). Set when
+    /// the gate starts, from its worker's clock.
+    heartbeats: Option<Heartbeats>,
 }
 
 impl WmState {
     /// Serving transactions of `term`: not recovering, not rolling back, in that term.
     fn open(&self, term: u64) -> bool {
-        !self.recovering && !self.rolling_back && self.term == term
+        !self.recovering && !self.rolling_back && !self.stopped && self.term == term
+    }
+
+    /// Why a transaction of `term` is refused here, if it is.
+    fn refusal(&self, term: u64) -> Option<Abort> {
+        match (self.stopped, self.open(term)) {
+            (true, _) => Some(Abort::Protocol(STOPPED)),
+            (false, false) => Some(Abort::Protocol(RECOVERED)),
+            (false, true) => None,
+        }
     }
 
     fn insert(&mut self, txn: TxnId, bound: u64) {
@@ -358,6 +387,7 @@ impl WatermarkGate {
             term: recovered.term,
             recovering: restarted,
             rolling_back: false,
+            stopped: false,
             committing: Default::default(),
             partition: RecoveryPartition::new(COORDINATOR, recovered.persisted, recovered.term),
             coordinator: (node == COORDINATOR).then(|| {
@@ -365,6 +395,7 @@ impl WatermarkGate {
                 let last_term = recovered.coordinator_term.max(recovered.term);
                 RecoveryCoordinator::new(partitions, last_term, &recovered.decided, RECOVERY_RESEND_US)
             }),
+            heartbeats: None,
         };
         let gate = WatermarkGate {
             node,
@@ -419,10 +450,31 @@ impl WatermarkGate {
         self.interval_us
     }
 
-    /// Restarted and not yet through an agreement, or rolling back: serving nothing.
+    /// Restarted and not yet through an agreement, rolling back, or stopped: serving nothing.
     pub fn recovering(&self) -> bool {
         let st = self.state.lock();
-        st.recovering || st.rolling_back
+        st.recovering || st.rolling_back || st.stopped
+    }
+
+    /// This node could not log a write it had to install (`why`), so a watermark it publishes
+    /// from now on could pass a commit that is in no log: it stops (fail-stop), as a
+    /// write-ahead log whose write failed does. It serves no transaction, publishes no W_p (so
+    /// no commit is acknowledged past what it persisted) and answers no agreement, until the
+    /// node restarts from its log and goes through an agreement like any restarted node.
+    pub fn fail_stop(&self, w: &crate::rt::Worker, why: &str) {
+        let first = !std::mem::replace(&mut self.state.lock().stopped, true);
+        if first {
+            w.count("wm-fail-stops", 1);
+            log_warn(&format!(
+                "node {}: {why}: it stops serving (fail-stop) until it restarts from its log",
+                self.node
+            ));
+        }
+    }
+
+    /// Has this node stopped ([`WatermarkGate::fail_stop`])?
+    pub fn stopped(&self) -> bool {
+        self.state.lock().stopped
     }
 
     /// A transaction of term `term` becomes active here as a participant, with every timestamp
@@ -431,8 +483,8 @@ impl WatermarkGate {
     /// another term or recovering. A transaction already active keeps its bound.
     pub fn enter(&self, txn: TxnId, term: u64, lower: u64) -> Result<u64, Abort> {
         let mut st = self.state.lock();
-        if !st.open(term) {
-            return Err(Abort::Protocol(RECOVERED));
+        if let Some(refused) = st.refusal(term) {
+            return Err(refused);
         }
         let bound = lower.max(st.ts_floor() + 1);
         if let Some(&(held, _)) = st.bound_of.get(&txn) {
@@ -450,8 +502,8 @@ impl WatermarkGate {
             return Err(Abort::Protocol(UNDO_FULL));
         }
         let mut st = self.state.lock();
-        if !st.open(term) {
-            return Err(Abort::Protocol(RECOVERED));
+        if let Some(refused) = st.refusal(term) {
+            return Err(refused);
         }
         st.committing.insert(txn);
         let ts = candidate.max(st.ts_floor() + 1);
@@ -467,8 +519,8 @@ impl WatermarkGate {
     /// agreement came between, which rolled it back everywhere.
     pub fn begin_install(&self, txn: TxnId, term: u64) -> Result<(), Abort> {
         let mut st = self.state.lock();
-        if !st.open(term) {
-            return Err(Abort::Protocol(RECOVERED));
+        if let Some(refused) = st.refusal(term) {
+            return Err(refused);
         }
         st.committing.insert(txn);
         Ok(())
@@ -574,7 +626,7 @@ impl WatermarkGate {
                 let generated = {
                     let mut st = gate.state.lock();
                     let due = (wall_us / step_us) % CLOCK_SAMPLES == 0;
-                    match due && st.partition.may_broadcast() && !st.recovering {
+                    match due && st.partition.may_broadcast() && !st.recovering && !st.stopped {
                         // `generate` samples the clock itself.
                         true => Some((st.generate(wall_us), st.marks.global(), st.term)),
                         false => {
@@ -592,23 +644,73 @@ impl WatermarkGate {
                 gate.persisted(&h, w_p, term);
             }
         });
+        // Not in a run that never rolls back (no log, or one node): its installs keep nothing
+        // an agreement could put back, and nothing was lost that one should recover.
+        if self.node == COORDINATOR && self.keeps_undo {
+            let suspect_after_us = (SUSPECT_INTERVALS * self.interval_us).max(SUSPECT_MIN_US);
+            let heartbeats = Heartbeats::new(self.nodes as usize, host.worker().now_us(), suspect_after_us);
+            self.state.lock().heartbeats = Some(heartbeats);
+        }
         let (gate, h, w) = (self.clone(), host.clone(), host.worker().clone());
         w.clone().spawn(async move {
             // A restarted node calls at once (it serves nothing until the agreement is through),
-            // then again every resend interval, as node 0 resends what is unanswered.
+            // then again every resend interval, as node 0 resends what is unanswered and looks
+            // for a partition gone silent.
             loop {
-                let (recovering, after) = {
+                let (recovering, stopped, after) = {
                     let st = gate.state.lock();
-                    (st.recovering, st.term)
+                    (st.recovering, st.stopped, st.term)
                 };
-                if recovering {
+                if recovering && !stopped {
                     gate.send(&h, COORDINATOR, WmGateMsg::Recover { after });
                 }
-                let resend = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
-                gate.dispatch(&h, resend);
+                if !stopped {
+                    let resend = gate.state.lock().coordinator.as_mut().map(|c| c.tick(w.now_us())).unwrap_or_default();
+                    gate.dispatch(&h, resend);
+                    gate.suspect(&h);
+                }
                 w.sleep_us(RECOVERY_RESEND_US).await;
             }
         });
+    }
+
+    /// Node 0: a partition silent for the suspect timeout starts an agreement, as a restarted
+    /// node's call does. A partition cut off without crashing calls for none (it lost nothing
+    /// and does not know it is cut off), yet what the cut left hanging holds W_g everywhere: a
+    /// lock it took for a transaction whose coordinator gave up, whose abort the cut lost,
+    /// keeps it active there, and so its W_p below every later commit, until the orphan
+    /// sweeper asks, `orphan_after_us` later. The agreement (which needs every partition's
+    /// report, so it completes once the partition answers again) rolls back what no partition's
+    /// view of W_g passed and starts a new term, whose first W_p's pass everything kept, and
+    /// every worker releases what the older terms' transactions hold.
+    ///
+    /// While an agreement is under way no partition broadcasts (each is frozen from its report
+    /// to its rollback, and a restarted one sends none before), so silence then says nothing:
+    /// every partition counts as heard until the agreement is through.
+    fn suspect<H: GateHost>(self: &Arc<Self>, host: &Rc<H>) {
+        let now_us = host.worker().now_us();
+        let (silent, term) = {
+            let mut st = self.state.lock();
+            let quiet = st.recovering || st.rolling_back || st.coordinator.as_ref().is_none_or(|c| c.busy());
+            let Some(hb) = st.heartbeats.as_mut() else { return };
+            hb.beat(self.node as usize, now_us);
+            if quiet {
+                hb.reset(now_us);
+                return;
+            }
+            let silent = hb.tick(now_us);
+            if silent.is_empty() {
+                return;
+            }
+            (silent, st.coordinator.as_ref().map_or(0, |c| c.term()))
+        };
+        host.worker().count("wm-suspected", silent.len() as u64);
+        log_warn(&format!(
+            "node {}: partitions {silent:?} silent for the suspect timeout: starting agreement {}",
+            self.node,
+            term + 1
+        ));
+        self.begin_agreement(host, term);
     }
 
     /// Own W_p, generated in `term`, is durable: count it, and tell every other node (unless an
@@ -616,7 +718,7 @@ impl WatermarkGate {
     fn persisted<H: GateHost>(&self, host: &Rc<H>, w_p: u64, term: u64) {
         {
             let mut st = self.state.lock();
-            if !st.partition.may_broadcast() {
+            if !st.partition.may_broadcast() || st.stopped {
                 return;
             }
             st.partition.on_persisted(w_p);
@@ -637,6 +739,13 @@ impl WatermarkGate {
     }
 
     fn receive<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, from: NodeId, msg: WmGateMsg) {
+        if self.stopped() {
+            // Fail-stop: silent until the node restarts.
+            return;
+        }
+        if let Some(hb) = self.state.lock().heartbeats.as_mut() {
+            hb.beat(from as usize, host.worker().now_us());
+        }
         match msg {
             WmGateMsg::Mark { w_p, term } => self.heard(from, w_p, term),
             WmGateMsg::Recover { after } => self.begin_agreement(host, after),
@@ -656,8 +765,9 @@ impl WatermarkGate {
         }
     }
 
-    /// Node 0: a restarted node whose last agreement was `after` asks for one; start the next
-    /// term (logged before anyone hears of it) unless one is under way or already past `after`.
+    /// Node 0: a restarted node whose last agreement was `after` asks for one (or a partition
+    /// went silent: `after` is the current term); start the next term (logged before anyone
+    /// hears of it) unless one is under way or already past `after`.
     fn begin_agreement<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, after: u64) {
         let out = {
             let mut st = self.state.lock();
@@ -798,7 +908,7 @@ impl WatermarkGate {
 
     fn release(&self, st: &WmState) {
         let global = st.marks.global();
-        if global > 0 && !st.recovering {
+        if global > 0 && !st.recovering && !st.stopped {
             self.acks.release_through(point(st.term, global - 1));
         }
     }
@@ -807,6 +917,10 @@ impl WatermarkGate {
 /// The abort of a transaction that ran across a recovery agreement, or reached a node that is
 /// recovering.
 pub const RECOVERED: crate::txn::Reason = crate::txn::Reason::new("wm-recovered");
+
+/// The abort of a transaction that reached a node that stopped: it could not log a write it had
+/// to install ([`WatermarkGate::fail_stop`]) and serves nothing until it restarts.
+pub const STOPPED: crate::txn::Reason = crate::txn::Reason::new("wm-stopped");
 
 /// A commit refused while the node keeps as much to roll back as it may: the global watermark
 /// has not moved for long (a partition is slow or unreachable); retried, it commits once it does.

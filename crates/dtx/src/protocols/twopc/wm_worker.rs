@@ -23,7 +23,6 @@
 use super::durable::AckAfter;
 use super::wm_commit::{point, WatermarkGate};
 use super::{Cc, CcWorker, TxnId};
-use crate::rt::log_warn;
 use crate::storage::{RowKey, Value};
 use crate::txn::{Abort, TxnResult};
 
@@ -85,12 +84,13 @@ impl<C: Cc> CcWorker<C> {
     /// A participant logs that `txn`, prepared here, commits at `ts`, before its writes install
     /// (log order is install order): under `commit=wm` its writes, as a `Commit` the watermark
     /// settles, since its vote logged nothing; else the outcome record (a decision without a
-    /// timestamp of its own). A record the log refuses is a warning: under `commit=wm` the
-    /// node's watermark then never passes it, as it never becomes durable.
+    /// timestamp of its own). Under `commit=wm` a record the log refuses stops the node
+    /// ([`WatermarkGate::fail_stop`]): the transaction leaves the gate once installed, and a
+    /// watermark published after that could pass a commit whose writes here are in no log.
     pub fn log_install_here(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)], ts: u64) {
         let Some(wm) = &self.wm else { return self.log_commit_here(txn, 0) };
         if let Err(a) = self.wm_append(wm, txn, writes, ts) {
-            log_warn(&format!("node {}: txn {txn:x}: its writes were not logged: {a:?}", self.node.id));
+            wm.fail_stop(&self.w, &format!("txn {txn:x}: its writes could not be logged ({a:?})"));
         }
     }
 
