@@ -623,7 +623,7 @@ fn run_at_peak(
 ) -> anyhow::Result<(RunReport, bool, bool)> {
     anyhow::ensure!(!spec.record_history, "a run at its peak keeps no history: leave out --verify and --history");
     let mut best: Option<(RunReport, f64)> = None;
-    let (mut passed, mut whole, mut tried) = (true, true, 0);
+    let (mut passed, mut whole, mut tried, mut reached) = (true, true, 0, false);
     for &load in loads {
         let mut at = spec.clone();
         match peak.param.as_str() {
@@ -639,12 +639,21 @@ fn run_at_peak(
             best = Some((run, load));
         }
         if !grew {
+            reached = true;
             break;
         }
     }
     let (mut run, load) = best.context("a peak climbs at least one load")?;
+    if !reached {
+        // Still growing at the largest load tried: the figure is a floor of the peak, not it.
+        eprintln!(
+            "dtx: {}: throughput still grew at the largest {} tried ({load}): its peak lies beyond; add larger values to [peak]",
+            spec.protocol, peak.param
+        );
+    }
     run.extra.insert("peak_load".into(), load);
     run.extra.insert("peak_runs".into(), tried as f64);
+    run.extra.insert("peak_reached".into(), if reached { 1.0 } else { 0.0 });
     if let Some(share) = peak.latency_at {
         // Enough clients that arrivals seldom wait for one: the peak's own, at least.
         let clients = if peak.param == "inflight" { load.round() as u32 } else { spec.inflight };
