@@ -973,6 +973,9 @@ mod tests {
             let _storage = held;
             w2.sleep_us(10_000_000).await;
         });
+        // A request it served: the reply is kept for a resent copy.
+        assert!(w.first_delivery(Addr::new(0, 0), 42));
+        let old = w.clone();
         drop(w);
         world.run_until(1_000_000, || false);
         assert!(weak.upgrade().is_some(), "the task runs, holding it");
@@ -980,6 +983,7 @@ mod tests {
         assert!(weak.upgrade().is_some(), "a crashed node's tasks are not dropped before it is replaced");
         world.restart_node(0);
         assert!(weak.upgrade().is_none(), "the ended incarnation's task still holds its memory");
+        assert!(old.dedup.borrow().is_empty(), "the ended incarnation keeps the replies it served");
         assert!(world.woken.lock().is_empty(), "the new incarnation is not woken by the old one's tasks");
     }
 }
