@@ -25,16 +25,12 @@ pub enum Status {
 
 /// One micro-operation of a transaction.
 ///
-/// On the wire: `["r", key, [v1, v2, ...]]` (or `["r", key, null]` if the read never returned),
-/// `["append", key, value]`, and `["retire", key, [v1, v2, ...]]`, a read by the transaction
-/// that retires the key (see [`Op::Read`]'s `retires`).
+/// On the wire: `["r", key, [v1, v2, ...]]` (or `["r", key, null]` if the read never returned)
+/// and `["append", key, value]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Read of the whole list stored under `key`; `None` if the read did not return.
-    /// `retires`: the reader retires the key (a workload that reuses its storage for a fresh
-    /// key): no append to it may follow, so every committed append to it must be in `list`,
-    /// as in the final read.
-    Read { key: u64, list: Option<Vec<u64>>, retires: bool },
+    Read { key: u64, list: Option<Vec<u64>> },
     /// Append of `value` to the list stored under `key`.
     Append { key: u64, value: u64 },
 }
@@ -52,8 +48,8 @@ impl Serialize for Op {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(3))?;
         match self {
-            Op::Read { key, list, retires } => {
-                seq.serialize_element(if *retires { "retire" } else { "r" })?;
+            Op::Read { key, list } => {
+                seq.serialize_element("r")?;
                 seq.serialize_element(key)?;
                 seq.serialize_element(list)?;
             }
@@ -73,8 +69,6 @@ enum OpName {
     Read,
     #[serde(rename = "append")]
     Append,
-    #[serde(rename = "retire")]
-    Retire,
 }
 
 struct OpVisitor;
@@ -83,19 +77,16 @@ impl<'de> Visitor<'de> for OpVisitor {
     type Value = Op;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(
-            r#"an operation ["r", key, [values...] or null], ["append", key, value] or ["retire", key, [values...]]"#,
-        )
+        f.write_str(r#"an operation ["r", key, [values...] or null] or ["append", key, value]"#)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Op, A::Error> {
         let name: OpName = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
         let key: u64 = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
         let op = match name {
-            OpName::Read | OpName::Retire => Op::Read {
+            OpName::Read => Op::Read {
                 key,
                 list: seq.next_element::<Option<Vec<u64>>>()?.ok_or_else(|| de::Error::invalid_length(2, &self))?,
-                retires: matches!(name, OpName::Retire),
             },
             OpName::Append => {
                 Op::Append { key, value: seq.next_element()?.ok_or_else(|| de::Error::invalid_length(2, &self))? }
