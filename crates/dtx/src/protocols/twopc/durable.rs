@@ -249,10 +249,6 @@ pub struct ReplayState<L: CcLog> {
     pub epochs: EpochReplay,
     /// Watermark group commit: the commits a recovery may still roll back.
     pub wm: WmReplay,
-    /// Writes installed since [`crate::rt::log::LogMachine::take_steps`] last took them (a
-    /// replica's record-level steps, which the simulator charges).
-    #[serde(skip)]
-    steps: usize,
 }
 
 /// Replaying a log of watermark group commit (`commit=wm`): from its first `Watermark` record
@@ -310,7 +306,6 @@ impl<L: CcLog> ReplayState<L> {
             own: L::default(),
             epochs: EpochReplay::default(),
             wm: WmReplay::default(),
-            steps: 0,
         }
     }
 
@@ -345,7 +340,6 @@ impl<L: CcLog> ReplayState<L> {
         if ts > 0 {
             self.own.on_commit_at(ts);
         }
-        self.steps += writes.len();
         for (k, v) in writes {
             if ts > 0 {
                 if self.row_ts.get(&k).is_some_and(|&old| ts <= old) {
@@ -573,10 +567,6 @@ pub fn replay_keeping<L: CcLog>(
 impl<L: CcLog> crate::rt::log::LogMachine for ReplayState<L> {
     fn apply(&mut self, record: &[u8]) {
         ReplayState::apply(self, record);
-    }
-
-    fn take_steps(&mut self) -> usize {
-        std::mem::take(&mut self.steps)
     }
 
     fn snapshot(&self) -> Vec<u8> {
