@@ -128,20 +128,35 @@ pub fn render_table(runs: &[RunReport]) -> String {
     out
 }
 
+/// A section of one line per run: `title`, then each run's protocol and the cells `cells_of`
+/// gives it, for the runs that have any; nothing when none has.
+fn run_lines(
+    runs: &[RunReport],
+    name_width: usize,
+    title: &str,
+    cells_of: impl Fn(&RunReport) -> Vec<String>,
+) -> String {
+    let mut out = String::new();
+    for r in runs {
+        let cells = cells_of(r);
+        if !cells.is_empty() {
+            out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
+        }
+    }
+    match out.is_empty() {
+        true => out,
+        false => format!("{title}\n{out}"),
+    }
+}
+
 /// `sim`'s CPU per committed transaction by what it paid for, largest first, one line per run
 /// that has it: where each protocol spends.
 fn cpu_split_lines(runs: &[RunReport], name_width: usize) -> String {
-    if runs.iter().all(|r| r.cpu_us_per_txn_by_kind.is_empty()) {
-        return String::new();
-    }
-    let mut out = String::from("simulated CPU per committed transaction, by kind:\n");
-    for r in runs.iter().filter(|r| !r.cpu_us_per_txn_by_kind.is_empty()) {
+    run_lines(runs, name_width, "simulated CPU per committed transaction, by kind:", |r| {
         let mut kinds: Vec<(&String, &f64)> = r.cpu_us_per_txn_by_kind.iter().collect();
         kinds.sort_by(|a, b| b.1.total_cmp(a.1));
-        let cells: Vec<String> = kinds.iter().map(|(k, us)| format!("{k} {us:.2}µs")).collect();
-        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
-    }
-    out
+        kinds.iter().map(|(k, us)| format!("{k} {us:.2}µs")).collect()
+    })
 }
 
 /// A per-transaction rate with three significant digits, however small (a rare event is
@@ -156,29 +171,17 @@ fn per_txn(v: f64) -> String {
 
 /// The protocols' own counters, per committed transaction, one line per run that has any.
 fn counter_lines(runs: &[RunReport], name_width: usize) -> String {
-    if runs.iter().all(|r| r.counters.is_empty()) {
-        return String::new();
-    }
-    let mut out = String::from("protocol counters, per committed transaction:\n");
-    for r in runs.iter().filter(|r| !r.counters.is_empty()) {
+    run_lines(runs, name_width, "protocol counters, per committed transaction:", |r| {
         let per = |n: u64| if r.committed > 0 { n as f64 / r.committed as f64 } else { 0.0 };
-        let cells: Vec<String> = r.counters.iter().map(|(k, n)| format!("{k} {}", per_txn(per(*n)))).collect();
-        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
-    }
-    out
+        r.counters.iter().map(|(k, n)| format!("{k} {}", per_txn(per(*n)))).collect()
+    })
 }
 
 /// The protocols' gauges, their largest values, one line per run that has any.
 fn gauge_lines(runs: &[RunReport], name_width: usize) -> String {
-    if runs.iter().all(|r| r.gauges.is_empty()) {
-        return String::new();
-    }
-    let mut out = String::from("protocol gauges, the largest value over the window:\n");
-    for r in runs.iter().filter(|r| !r.gauges.is_empty()) {
-        let cells: Vec<String> = r.gauges.iter().map(|(k, n)| format!("{k} {n}")).collect();
-        out += &format!("{:<name_width$}  {}\n", r.protocol, cells.join(", "));
-    }
-    out
+    run_lines(runs, name_width, "protocol gauges, the largest value over the window:", |r| {
+        r.gauges.iter().map(|(k, n)| format!("{k} {n}")).collect()
+    })
 }
 
 /// `lock-conflict 80%, validation 20%`: the two most frequent abort reasons with their share of
