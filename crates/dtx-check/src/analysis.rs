@@ -219,7 +219,8 @@ pub(crate) fn check(txns: &[Txn], realtime: bool) -> CheckReport {
         order_info: Vec::new(),
         status: txns.iter().map(|t| t.status).collect(),
         final_txn: txns.last().and_then(|t| {
-            let read_only = !t.ops.is_empty() && t.ops.iter().all(|op| matches!(op, Op::Read { list: Some(_), .. }));
+            let read_only = !t.ops.is_empty()
+                && t.ops.iter().all(|op| matches!(op, Op::Read { list: Some(_), retires: false, .. }));
             (t.status == Status::Committed && read_only).then_some(txns.len() as u32 - 1)
         }),
         incompatible: FxSet::default(),
@@ -297,7 +298,7 @@ impl<'a> Ctx<'a> {
                             st.appends.push(*value);
                         }
                     }
-                    Op::Read { key, list } => {
+                    Op::Read { key, list, .. } => {
                         let kid = self.intern(*key);
                         let Some(list) = list else { continue };
                         if !committed {
@@ -407,7 +408,7 @@ impl<'a> Ctx<'a> {
         let mut final_other: Vec<(u32, &[u64])> = Vec::new();
         if let Some(fi) = self.final_txn {
             for op in txns.get(fi as usize).map_or(&[][..], |t| &t.ops[..]) {
-                if let Op::Read { key, list: Some(list) } = op {
+                if let Op::Read { key, list: Some(list), .. } = op {
                     let Some(&kid) = self.keys.get(key) else {
                         continue;
                     };
@@ -923,6 +924,7 @@ impl<'a> Ctx<'a> {
     /// transaction (that finished before it started, when both times are known) to a key it
     /// read must appear in that read.
     fn lost_appends(&mut self) {
+        self.appends_missing_from_retires();
         let txns = self.txns;
         let Some(fin) = self.final_txn.and_then(|f| txns.get(f as usize)) else {
             return;
@@ -930,7 +932,7 @@ impl<'a> Ctx<'a> {
         // Keys the final transaction read, with the length of its (longest) read of each.
         let mut final_len: Vec<Option<usize>> = vec![None; self.key_names.len()];
         for op in &fin.ops {
-            if let Op::Read { key, list: Some(list) } = op {
+            if let Op::Read { key, list: Some(list), .. } = op {
                 if let Some(l) = self.keys.get(key).and_then(|&k| final_len.get_mut(k as usize)) {
                     *l = Some(l.map_or(list.len(), |n| n.max(list.len())));
                 }
@@ -967,6 +969,50 @@ impl<'a> Ctx<'a> {
                 format!(
                     "lost append: T{w} committed appending {value} to key {key}, but the final \
                      read of key {key} by T{f} ({len} values) does not contain it"
+                ),
+            );
+        }
+    }
+
+    /// Every committed append to a key a committed transaction retired must be in that
+    /// transaction's read of it (whatever the times: no append may follow a retire).
+    fn appends_missing_from_retires(&mut self) {
+        let txns = self.txns;
+        let mut retires: Vec<(u32, u32, &[u64])> = Vec::new();
+        for (ti, t) in txns.iter().enumerate().filter(|(_, t)| t.status == Status::Committed) {
+            for op in &t.ops {
+                if let (Op::Read { list: Some(list), retires: true, .. }, Some(&kid)) = (op, self.keys.get(&op.key())) {
+                    retires.push((kid, ti as u32, list));
+                }
+            }
+        }
+        if retires.is_empty() {
+            return;
+        }
+        let mut by_key: FxMap<u32, Vec<(u32, FxSet<u64>)>> = FxMap::default();
+        for (kid, ti, list) in retires {
+            by_key.entry(kid).or_default().push((ti, list.iter().copied().collect()));
+        }
+        let mut lost: Vec<(u32, u32, u64, u32)> = Vec::new();
+        for (&(kid, v), i) in &self.vals {
+            if self.status(i.writer) != Some(Status::Committed) {
+                continue;
+            }
+            for (reader, held) in by_key.get(&kid).map_or(&[][..], |r| &r[..]) {
+                if !held.contains(&v) {
+                    lost.push((i.writer, kid, v, *reader));
+                }
+            }
+        }
+        lost.sort_unstable();
+        for (w, kid, value, r) in lost {
+            let (w, r, key) = (self.id(w), self.id(r), self.key(kid));
+            self.report(
+                AnomalyKind::LostAppend,
+                vec![w, r],
+                format!(
+                    "lost append: T{w} committed appending {value} to key {key}, but T{r}, which \
+                     retired key {key}, read it without {value}"
                 ),
             );
         }

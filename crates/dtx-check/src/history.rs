@@ -25,12 +25,16 @@ pub enum Status {
 
 /// One micro-operation of a transaction.
 ///
-/// On the wire: `["r", key, [v1, v2, ...]]` (or `["r", key, null]` if the read never returned)
-/// and `["append", key, value]`.
+/// On the wire: `["r", key, [v1, v2, ...]]` (or `["r", key, null]` if the read never returned),
+/// `["append", key, value]`, and `["retire", key, [v1, v2, ...]]`, a read by the transaction
+/// that retires the key (see [`Op::Read`]'s `retires`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Read of the whole list stored under `key`; `None` if the read did not return.
-    Read { key: u64, list: Option<Vec<u64>> },
+    /// `retires`: the reader retires the key (a workload that reuses its storage for a fresh
+    /// key): no append to it may follow, so every committed append to it must be in `list`,
+    /// as in the final read.
+    Read { key: u64, list: Option<Vec<u64>>, retires: bool },
     /// Append of `value` to the list stored under `key`.
     Append { key: u64, value: u64 },
 }
@@ -48,8 +52,8 @@ impl Serialize for Op {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(3))?;
         match self {
-            Op::Read { key, list } => {
-                seq.serialize_element("r")?;
+            Op::Read { key, list, retires } => {
+                seq.serialize_element(if *retires { "retire" } else { "r" })?;
                 seq.serialize_element(key)?;
                 seq.serialize_element(list)?;
             }
@@ -69,6 +73,8 @@ enum OpName {
     Read,
     #[serde(rename = "append")]
     Append,
+    #[serde(rename = "retire")]
+    Retire,
 }
 
 struct OpVisitor;
@@ -77,16 +83,19 @@ impl<'de> Visitor<'de> for OpVisitor {
     type Value = Op;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(r#"an operation ["r", key, [values...] or null] or ["append", key, value]"#)
+        f.write_str(
+            r#"an operation ["r", key, [values...] or null], ["append", key, value] or ["retire", key, [values...]]"#,
+        )
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Op, A::Error> {
         let name: OpName = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
         let key: u64 = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
         let op = match name {
-            OpName::Read => Op::Read {
+            OpName::Read | OpName::Retire => Op::Read {
                 key,
                 list: seq.next_element::<Option<Vec<u64>>>()?.ok_or_else(|| de::Error::invalid_length(2, &self))?,
+                retires: matches!(name, OpName::Retire),
             },
             OpName::Append => {
                 Op::Append { key, value: seq.next_element()?.ok_or_else(|| de::Error::invalid_length(2, &self))? }

@@ -8,6 +8,9 @@
 //!
 //! Every key holds a list; `["append", k, v]` appends `v` (unique per key across the whole
 //! history) and `["r", k, list]` returns the whole list (`null` if the read never returned).
+//! `["retire", k, list]` is a read too, by a transaction that retires the key: a workload that
+//! bounds its lists moves on to a fresh key and reuses the old one's storage, so no append to
+//! `k` may follow it.
 //! Status is `committed`, `aborted` or `unknown` (the client never learned the outcome).
 //!
 //! # Inference (Kingsbury & Alvaro, "Elle", VLDB 2020)
@@ -53,7 +56,10 @@
 //! * `lost-append` (durability): when the last line is a committed read-only transaction, each
 //!   append of a `committed` transaction to a key it read must be in that read. If both
 //!   `end_us` of the writer and `start_us` of the final read are known, only writers that ended
-//!   before the final read started are checked;
+//!   before the final read started are checked. And each append of a `committed` transaction
+//!   to a key that a committed transaction retired must be in its retire read, whatever the
+//!   times (nothing may append after it), so a key retired during the run is checked as one
+//!   the final read read;
 //! * `realtime` (strict serializability, only when asked: [`check_file_realtime`], `dtx check
 //!   --realtime`): a cycle of dependencies and real-time order, `T1 -rt-> T2` when T1's `end_us`
 //!   is before T2's `start_us` (committed transactions; transitively reduced as Elle does). The
@@ -97,7 +103,7 @@ pub enum AnomalyKind {
     GarbageRead,
     /// Reads of one key that are not prefixes of one another, or internally inconsistent reads.
     IncompatibleOrder,
-    /// A committed append missing from the final read of its key.
+    /// A committed append missing from the final read of its key, or from its retire read.
     LostAppend,
     /// A cycle through real-time order (checked with `realtime` only): not strictly
     /// serializable.

@@ -55,7 +55,7 @@ fn serial_history(
             let key = key_of(rng, i);
             let list = state.entry(key).or_default();
             if rng.percent(50) {
-                ops.push(Op::Read { key, list: Some(list.clone()) });
+                ops.push(Op::Read { key, list: Some(list.clone()), retires: false });
             } else {
                 let value = next_value;
                 next_value += 1;
@@ -104,7 +104,7 @@ fn serial_history(
     txns.push(Txn {
         id: 1000 + n as u64,
         status: Status::Committed,
-        ops: keys.iter().map(|&key| Op::Read { key, list: Some(state[&key].clone()) }).collect(),
+        ops: keys.iter().map(|&key| Op::Read { key, list: Some(state[&key].clone()), retires: false }).collect(),
         start_us: with_time.then_some(t),
         end_us: with_time.then_some(t + 5),
     });
@@ -237,7 +237,7 @@ fn corrupt(rng: &mut Rng, txns: &mut [Txn], c: Corruption) -> Option<Vec<Anomaly
             let last = txns.len() - 1;
             let mut options = Vec::new();
             for (oi, op) in txns[last].ops.iter().enumerate() {
-                if let Op::Read { key, list: Some(l) } = op {
+                if let Op::Read { key, list: Some(l), .. } = op {
                     for (p, v) in l.iter().enumerate() {
                         if writers.get(&(*key, *v)) == Some(&Status::Committed) {
                             options.push((oi, p));
@@ -262,7 +262,7 @@ fn corrupt(rng: &mut Rng, txns: &mut [Txn], c: Corruption) -> Option<Vec<Anomaly
                     continue;
                 }
                 for (oi, op) in t.ops.iter().enumerate() {
-                    let Op::Read { key, list: Some(l) } = op else {
+                    let Op::Read { key, list: Some(l), .. } = op else {
                         continue;
                     };
                     let first = t.ops[..oi].iter().all(|o| o.key() != *key);

@@ -243,6 +243,136 @@ fn a_short_sim_bench_writes_json_and_a_plot() {
     assert!(svg.starts_with("<svg") || svg.contains("<svg"));
 }
 
+/// Issue 75: keys came round after 64 generations, so a fast process's lists grew at its rate
+/// for as long as the run lasted: this command at 0.5 s (after the default 0.5 s warm-up) wrote
+/// a 5.7 GB history, reads about 1,000 values long. Each round is now a key of its own: the
+/// longest list and the longest line stay where a short run leaves them however long the run,
+/// and the history still checks (a retired key's appends all in the read that retired it, the
+/// others in the final read).
+#[test]
+fn a_fast_append_run_s_history_lines_do_not_grow_with_its_length() {
+    use dtx::workloads::append::APPENDS_PER_KEY;
+    let dir = tempfile::tempdir().unwrap();
+    // (Longest list of any read, longest line but the final read's, committed lines, retires.)
+    let measure = |duration: &str| {
+        let history = dir.path().join(format!("h-{duration}.jsonl"));
+        let out_dir = dir.path().join(format!("out-{duration}"));
+        let (code, out, err) = dtx(&[
+            "bench",
+            "--protocol",
+            "silo",
+            "--workload",
+            "append",
+            "--runtime",
+            "sim",
+            "--nodes",
+            "3",
+            "--keys",
+            "8",
+            "--delay",
+            "200us",
+            "--jitter",
+            "100us",
+            "--warmup",
+            "0",
+            "--duration",
+            duration,
+            "--history",
+            history.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "--duration {duration}: the run or its check failed:\n{out}\n{err}");
+        let text = std::fs::read_to_string(&history).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let (mut longest_list, mut committed, mut retires) = (0, 0, 0);
+        for line in &lines {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            committed += (v["status"] == "committed") as u64;
+            for op in v["ops"].as_array().unwrap() {
+                retires += (op[0] == "retire") as u64;
+                longest_list = longest_list.max(op[2].as_array().map_or(0, Vec::len));
+            }
+        }
+        let longest_line = lines[..lines.len() - 1].iter().map(|l| l.len()).max().unwrap_or(0);
+        eprintln!(
+            "--duration {duration}: {} bytes, {committed} committed lines, {retires} retires, longest list \
+             {longest_list}, longest line {longest_line} bytes",
+            text.len()
+        );
+        (longest_list, longest_line, committed, retires)
+    };
+    let (short_list, short_line, short_committed, _) = measure("0.05");
+    let (long_list, long_line, long_committed, retires) = measure("0.15");
+    assert!(
+        long_committed > 2 * short_committed,
+        "the longer run committed {long_committed}, not thrice {short_committed}"
+    );
+    assert!(retires > 0, "the 0.15 s run never came round to a slot: it tests nothing");
+    // A key takes a generation's appends, 8 keys' worth shared among 8: about APPENDS_PER_KEY
+    // each (a binomial spread, and a straddling transaction's few beyond).
+    let bound = 2 * APPENDS_PER_KEY as usize;
+    assert!(long_list <= bound, "a read of {long_list} values, past {bound}");
+    assert!(
+        long_list <= short_list + short_list / 2,
+        "lists grew with the run: {short_list} at 0.05 s, {long_list} at 0.15 s"
+    );
+    assert!(
+        long_line <= 2 * short_line,
+        "lines grew with the run: {short_line} bytes at 0.05 s, {long_line} at 0.15 s"
+    );
+}
+
+/// Issue 75's Primo command: its replicated logs were never compacted. A host that crashed
+/// (every second or so) reopened its replicas with the bytes applied since their snapshot
+/// counted from 0, so no log reached `--snapshot-log-bytes`, and the logs and their journals
+/// grew with the commits: no snapshot in 5 s at a 1 MiB threshold. A reopened log now counts
+/// what it holds.
+#[test]
+fn logs_whose_hosts_keep_crashing_are_compacted_all_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap();
+    let (code, out, err) = dtx(&[
+        "bench",
+        "--protocol",
+        "primo",
+        "--workload",
+        "append",
+        "--runtime",
+        "sim",
+        "--nodes",
+        "3",
+        "--replicas",
+        "3",
+        "--durability",
+        "replicated",
+        "--faults",
+        "crash,loss",
+        "--keys",
+        "8",
+        "--delay",
+        "200us",
+        "--jitter",
+        "100us",
+        "--duration",
+        "5",
+        "--seed",
+        "24",
+        "--snapshot-log-bytes",
+        "1048576",
+        "--out",
+        out_dir,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let json = std::fs::read_to_string(dir.path().join("bench.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let run = &v["runs"][0];
+    let failovers = run["extra"]["failovers"].as_f64().unwrap_or(0.0);
+    assert!(failovers >= 10.0, "only {failovers} hosts crashed: the run tests nothing");
+    let taken = run["counters"]["raft-snapshots-taken"].as_u64().unwrap_or(0);
+    assert!(taken >= 9, "{taken} snapshots, fewer than one a replica: {}", run["counters"]);
+}
+
 /// Run a short simulated bench (0.2 s, no warm-up) with `args`; assert it succeeded and return
 /// its stdout and JSON report.
 fn short_sim_bench(args: &[&str]) -> (String, serde_json::Value) {

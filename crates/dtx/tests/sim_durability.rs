@@ -289,16 +289,20 @@ fn a_crashy_durable_run_replays_exactly_from_its_seed() {
     assert_eq!(lines(&a), lines(&b));
 }
 
-/// Key -> list, from a final read.
+/// Key -> list as the run left it: as its final read read it, or, for a key the run retired
+/// (list-append moves a slot on to a fresh key, and no append to the old one may follow), as the
+/// committed transaction that retired it read it.
 fn final_state(o: &host::Outcome) -> BTreeMap<u64, Vec<u64>> {
     let line = o.final_read.as_ref().expect("a final read ran").as_ref().expect("the final read committed");
-    line.ops
-        .iter()
-        .filter_map(|op| match op {
-            HistOp::Read(k, Some(list)) => Some((*k, list.clone())),
-            _ => None,
-        })
-        .collect()
+    let retired = o.history.iter().filter(|l| l.status == "committed").flat_map(|l| &l.ops).filter_map(|op| match op {
+        HistOp::Retire(k, list) => Some((*k, list.clone())),
+        _ => None,
+    });
+    let read = line.ops.iter().filter_map(|op| match op {
+        HistOp::Read(k, Some(list)) => Some((*k, list.clone())),
+        _ => None,
+    });
+    retired.chain(read).collect()
 }
 
 #[test]

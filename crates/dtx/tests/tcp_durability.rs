@@ -246,19 +246,32 @@ fn failure_lines(stderr: &str) -> String {
     picked.join("\n")
 }
 
-/// The last line of a history file (the final read-all transaction): its status and key -> list.
+/// The last line of a history file (the final read-all transaction): its status, and key -> list
+/// as the run left it: as the final read read it, or, for a key the run retired (list-append
+/// moves a slot on to a fresh key, and no append to the old one may follow), as the committed
+/// transaction that retired it read it.
 fn final_read(history: &Path) -> (String, BTreeMap<u64, Vec<u64>>) {
     let text = read(history);
     let last =
         text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_else(|| panic!("{} is empty", history.display()));
     let v: Value =
         serde_json::from_str(last).unwrap_or_else(|e| panic!("{}: last line: {e}: {last}", history.display()));
+    let list_of = |op: &Value| -> Vec<u64> {
+        op[2].as_array().map(|l| l.iter().map(|x| x.as_u64().unwrap()).collect()).unwrap_or_default()
+    };
     let mut lists = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("\"retire\"")) {
+        let t: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", history.display()));
+        if t["status"] != "committed" {
+            continue;
+        }
+        for op in t["ops"].as_array().into_iter().flatten().filter(|op| op[0] == "retire") {
+            lists.insert(op[1].as_u64().unwrap(), list_of(op));
+        }
+    }
     for op in v["ops"].as_array().unwrap_or_else(|| panic!("no ops in the final read: {last}")) {
         assert_eq!(op[0], "r", "the final read has a non-read op: {last}");
-        let key = op[1].as_u64().unwrap();
-        let list = op[2].as_array().map(|l| l.iter().map(|x| x.as_u64().unwrap()).collect()).unwrap_or_default();
-        lists.insert(key, list);
+        lists.insert(op[1].as_u64().unwrap(), list_of(op));
     }
     (v["status"].as_str().unwrap_or("").to_string(), lists)
 }

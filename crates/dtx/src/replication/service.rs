@@ -516,7 +516,13 @@ impl ReplicaState {
                 }
                 state.applier.restore(owner, commit, machine, pieces);
             }
-            state.compacted.insert(owner, Compacted::at(store.snapshot_index(), 0));
+            // What the log holds since its snapshot counts towards the next compaction, as if
+            // applied since: counted from 0 at every reopen, a log whose host crashed before it
+            // had applied `snapshot_log_bytes` was never compacted, and its entries, and the
+            // journal that holds them, grew with the run's commits (a Primo run whose hosts
+            // crashed every second or so took no snapshot in 5 s at a 1 MiB threshold; 42 now).
+            let (log_bytes, snapshot_bytes) = store.held_bytes_up_to(commit)?;
+            state.compacted.insert(owner, Compacted { index: store.snapshot_index(), snapshot_bytes, log_bytes });
             let group = state.open_group(owner, &voters, store, commit)?;
             state.groups.add(group)?;
         }

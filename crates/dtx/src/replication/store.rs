@@ -163,6 +163,24 @@ impl ReplicaStore {
         Ok(entries.iter().map(to_journal_entry).collect())
     }
 
+    /// The bytes of the entries this store still holds up to `commit`, and of its snapshot's
+    /// data: what a compaction would free, and what it would keep instead.
+    pub fn held_bytes_up_to(&self, commit: u64) -> Result<(u64, u64), RaftLogError> {
+        let (first, last) = (self.mem.first_index().map_err(storage_err)?, self.mem.last_index().map_err(storage_err)?);
+        let to = commit.min(last);
+        let entries = match first > to {
+            true => 0,
+            false => self
+                .mem
+                .entries(first, to + 1, None, GetEntriesContext::empty(false))
+                .map_err(storage_err)?
+                .iter()
+                .map(|e| e.get_data().len() as u64)
+                .sum(),
+        };
+        Ok((entries, self.snapshot.get_data().len() as u64))
+    }
+
     fn hard_state_op(&self, hs: &HardState) -> JournalOp {
         JournalOp::HardState { group: self.group, term: hs.term, vote: hs.vote, commit: hs.commit }
     }

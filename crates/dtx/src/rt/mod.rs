@@ -550,6 +550,11 @@ impl Worker {
         self.timers.borrow_mut().clear();
         self.rpcs.borrow_mut().clear();
         self.outbox.borrow_mut().clear();
+        // The replies kept for resent requests: two RPC timeouts' worth (a node serving 50k
+        // requests a second keeps ~10 MB), which a crashed incarnation's worker held for the
+        // rest of the run.
+        self.dedup.borrow_mut().clear();
+        self.dedup_fifo.borrow_mut().clear();
         self.crash_hooks.borrow_mut().clear();
         *self.service.borrow_mut() = None;
         *self.handler.borrow_mut() = None;

@@ -62,6 +62,11 @@ pub enum Abort {
     /// A reason a protocol defines for itself (its registry entry lists it with its meaning);
     /// retried like the shared ones.
     Protocol(Reason),
+    /// The procedure found that its request names what the workload has since moved past
+    /// (list-append: a key whose slot a newer round took, so the key is retired); retried once
+    /// `Workload::before_retry` has moved the request on. The workload's doing, not the
+    /// protocol's. (Last, so that the reasons before it keep their numbers on the wire.)
+    Stale,
 }
 
 /// An abort reason a protocol defines: its name as reports show it (kebab-case). Names cross
@@ -134,6 +139,7 @@ impl Abort {
             Abort::RolledBack => "rolled-back",
             Abort::OutcomeUnknown => "outcome-unknown",
             Abort::EpochClosed => "epoch-closed",
+            Abort::Stale => "stale-request",
             Abort::Protocol(r) => r.name(),
         }
     }
@@ -595,6 +601,9 @@ pub fn decode_args<T: serde::de::DeserializeOwned + Any + Send + Sync>(
 pub enum HistOp {
     Read(u64, Option<Vec<u64>>),
     Append(u64, u64),
+    /// A read of a key's whole list by the transaction that retires the key: no append to it
+    /// may follow, so every committed append to it must be in the list (`["retire", k, list]`).
+    Retire(u64, Vec<u64>),
 }
 
 impl Serialize for HistOp {
@@ -612,6 +621,11 @@ impl Serialize for HistOp {
                 t.serialize_element(k)?;
                 t.serialize_element(v)?;
             }
+            HistOp::Retire(k, v) => {
+                t.serialize_element("retire")?;
+                t.serialize_element(k)?;
+                t.serialize_element(v)?;
+            }
         }
         t.end()
     }
@@ -623,6 +637,7 @@ impl<'de> Deserialize<'de> for HistOp {
         match op.as_str() {
             "r" => Ok(HistOp::Read(k, serde_json::from_value(v).map_err(serde::de::Error::custom)?)),
             "append" => Ok(HistOp::Append(k, serde_json::from_value(v).map_err(serde::de::Error::custom)?)),
+            "retire" => Ok(HistOp::Retire(k, serde_json::from_value(v).map_err(serde::de::Error::custom)?)),
             other => Err(serde::de::Error::custom(format!("unknown history op `{other}`"))),
         }
     }
