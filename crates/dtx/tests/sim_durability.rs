@@ -294,15 +294,21 @@ fn a_crashy_durable_run_replays_exactly_from_its_seed() {
 /// committed transaction that retired it read it.
 fn final_state(o: &host::Outcome) -> BTreeMap<u64, Vec<u64>> {
     let line = o.final_read.as_ref().expect("a final read ran").as_ref().expect("the final read committed");
-    let retired = o.history.iter().filter(|l| l.status == "committed").flat_map(|l| &l.ops).filter_map(|op| match op {
-        HistOp::Retire(k, list) => Some((*k, list.clone())),
-        _ => None,
-    });
     let read = line.ops.iter().filter_map(|op| match op {
         HistOp::Read(k, Some(list)) => Some((*k, list.clone())),
         _ => None,
     });
-    retired.chain(read).collect()
+    retired_keys(o).into_iter().chain(read).collect()
+}
+
+/// Key -> list of each key a committed transaction of the run retired, as it read it.
+fn retired_keys(o: &host::Outcome) -> BTreeMap<u64, Vec<u64>> {
+    let committed = o.history.iter().filter(|l| l.status == "committed");
+    let retired = committed.flat_map(|l| &l.ops).filter_map(|op| match op {
+        HistOp::Retire(k, list) => Some((*k, list.clone())),
+        _ => None,
+    });
+    retired.collect()
 }
 
 #[test]
@@ -370,6 +376,9 @@ fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec
         let t0 = std::time::Instant::now();
         let (mut runs, mut committed, mut most, mut log_waits) = (0, 0, 0, 0);
         let mut before: Option<BTreeMap<u64, Vec<u64>>> = None;
+        // Keys retired by an earlier run: no later run reads them (their slots hold newer
+        // rounds) nor retires them again, and their lists are final.
+        let mut retired_earlier = BTreeMap::new();
         while runs < 2 || most < min_commits {
             assert!(
                 t0.elapsed() < COMMITS_TIME_CAP,
@@ -390,13 +399,14 @@ fn restart_and_compare(tag: &str, min_commits: u64, tune: impl Fn(&mut BenchSpec
             log_waits += out.totals.log_waits;
             let after = final_state(&out);
             for (k, list) in before.iter().flatten() {
-                let now = after.get(k).cloned().unwrap_or_default();
+                let now = after.get(k).or_else(|| retired_earlier.get(k)).cloned().unwrap_or_default();
                 assert!(
                     now.starts_with(list),
                     "{}: key {k} had {list:?} before restart {runs} and {now:?} after",
                     p.name
                 );
             }
+            retired_earlier.extend(retired_keys(&out));
             before = Some(after);
         }
         assert!(log_waits > 0, "{}: no commit waited for the log in {runs} runs", p.name);

@@ -9,7 +9,7 @@
 mod reap;
 use reap::Reap;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::TcpStream;
@@ -249,8 +249,8 @@ fn failure_lines(stderr: &str) -> String {
 /// The last line of a history file (the final read-all transaction): its status, and key -> list
 /// as the run left it: as the final read read it, or, for a key the run retired (list-append
 /// moves a slot on to a fresh key, and no append to the old one may follow), as the committed
-/// transaction that retired it read it.
-fn final_read(history: &Path) -> (String, BTreeMap<u64, Vec<u64>>) {
+/// transaction that retired it read it; and the keys the run retired.
+fn final_read(history: &Path) -> (String, BTreeMap<u64, Vec<u64>>, BTreeSet<u64>) {
     let text = read(history);
     let last =
         text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_else(|| panic!("{} is empty", history.display()));
@@ -259,7 +259,7 @@ fn final_read(history: &Path) -> (String, BTreeMap<u64, Vec<u64>>) {
     let list_of = |op: &Value| -> Vec<u64> {
         op[2].as_array().map(|l| l.iter().map(|x| x.as_u64().unwrap()).collect()).unwrap_or_default()
     };
-    let mut lists = BTreeMap::new();
+    let (mut lists, mut retired) = (BTreeMap::new(), BTreeSet::new());
     for line in text.lines().filter(|l| l.contains("\"retire\"")) {
         let t: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}: {line}", history.display()));
         if t["status"] != "committed" {
@@ -267,13 +267,14 @@ fn final_read(history: &Path) -> (String, BTreeMap<u64, Vec<u64>>) {
         }
         for op in t["ops"].as_array().into_iter().flatten().filter(|op| op[0] == "retire") {
             lists.insert(op[1].as_u64().unwrap(), list_of(op));
+            retired.insert(op[1].as_u64().unwrap());
         }
     }
     for op in v["ops"].as_array().unwrap_or_else(|| panic!("no ops in the final read: {last}")) {
         assert_eq!(op[0], "r", "the final read has a non-read op: {last}");
         lists.insert(op[1].as_u64().unwrap(), list_of(op));
     }
-    (v["status"].as_str().unwrap_or("").to_string(), lists)
+    (v["status"].as_str().unwrap_or("").to_string(), lists, retired)
 }
 
 #[test]
@@ -284,7 +285,7 @@ fn kill_9_servers_lose_no_acknowledged_commit() {
         let h1 = cluster.dir.path().join(format!("h1-{protocol}.jsonl"));
         let out = cluster.bench(protocol, id, "1", &h1, true);
         assert!(out.status.success(), "{protocol}: first run failed: {}", describe(&out));
-        let (status, before) = final_read(&h1);
+        let (status, before, retired_before) = final_read(&h1);
         assert_eq!(status, "committed", "{protocol}: the first final read did not commit");
         let appended: usize = before.values().map(Vec::len).sum();
         assert!(appended > 0, "{protocol}: the first run appended nothing");
@@ -303,7 +304,7 @@ fn kill_9_servers_lose_no_acknowledged_commit() {
             "{protocol}: the run after the restart failed: {}",
             describe(&out)
         );
-        let (status, after) = final_read(&h2);
+        let (status, after, _) = final_read(&h2);
         assert_eq!(
             status,
             "committed",
@@ -311,7 +312,10 @@ fn kill_9_servers_lose_no_acknowledged_commit() {
             describe(&out)
         );
         for (key, list) in &before {
-            let now = after.get(key).map(Vec::as_slice).unwrap_or(&[]);
+            // A key run 1 retired is final: run 2 neither reads it (its slot holds a newer
+            // round) nor appends to it.
+            let kept = retired_before.contains(key).then_some(list.as_slice());
+            let now = after.get(key).map(Vec::as_slice).or(kept).unwrap_or(&[]);
             assert!(
                 now.starts_with(list),
                 "{protocol}: key {key} lost acknowledged appends across kill -9 and restart:\n  \
@@ -452,7 +456,7 @@ fn a_server_killed_during_a_run_comes_back_and_loses_no_acknowledged_commit() {
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("waiting up to"), "{protocol}: the bench never lost node 1: {}", describe(&out));
-        let (status, lists) = final_read(&h);
+        let (status, lists, _) = final_read(&h);
         assert_eq!(status, "committed");
         assert!(lists.values().any(|l| !l.is_empty()), "{protocol}: nothing was appended");
         assert!(read(&cluster.server_log(1)).contains("resuming the unfinished run"));
@@ -717,7 +721,7 @@ fn assert_node_1_moved(cluster: &Cluster, bench: Child, history: &Path, protocol
     for e in expect.iter().chain(&["took node 1 over"]) {
         assert!(logs.contains(e), "{protocol}: no server log says `{e}`:\n{logs}");
     }
-    let (status, lists) = final_read(history);
+    let (status, lists, _) = final_read(history);
     assert_eq!(status, "committed");
     assert!(lists.values().any(|l| !l.is_empty()), "{protocol}: nothing was appended");
 }
@@ -913,7 +917,7 @@ fn cut_link_mid_run(ns: &Netns, config: &Path, dir: &Path, protocol: &str, worke
         "{protocol}: the run with a cut link failed: {}\nserver logs:\n{logs}",
         describe(&out)
     );
-    let (status, lists) = final_read(&h);
+    let (status, lists, _) = final_read(&h);
     assert_eq!(status, "committed");
     assert!(lists.values().any(|l| !l.is_empty()), "nothing was appended");
     // The cut did bite: some second of the run committed far less than the best one.
@@ -1036,7 +1040,7 @@ fn take_node_1_over_on_a_lan(vanish: bool) {
     for e in ["took node 1 over", "node 1 listens at", "node 1 now listens at"].iter().chain(moved) {
         assert!(logs.contains(e), "no server log says `{e}`:\n{logs}");
     }
-    let (status, lists) = final_read(&h);
+    let (status, lists, _) = final_read(&h);
     assert_eq!(status, "committed");
     assert!(lists.values().any(|l| !l.is_empty()), "nothing was appended");
 }
