@@ -44,5 +44,5 @@ per_msg = max(cpu("dist4") - cpu("local4"), 0) / max(msgs, 1e-9)
 msg, packet = per_msg / 11, per_msg * 10 / 11
 print(f"per transaction: {cpu('ops1'):.0f} ns with 1 op, {cpu('ops10'):.0f} ns with 10; "
       f"distributed over tcp: {msgs:.1f} messages, {per_msg:.0f} ns each beyond a local transaction")
-print(f"--sim-cost-ns {op:.0f},{msg:.0f},{packet:.0f},{txn:.0f}   (OP,MSG,PACKET,TXN; the default is 170,800,8000,1000)")
+print(f"--sim-cost-ns {op:.0f},{msg:.0f},{packet:.0f},{txn:.0f}   (OP,MSG,PACKET,TXN; the default is 100,800,8000,600)")
 PY

@@ -527,6 +527,33 @@ fn a_crashed_node_fails_over_to_a_replica_of_its_log_and_loses_no_acknowledged_c
     }
 }
 
+/// The failover sweep's run of `multilog:logs=2:epoch_us=2000` at seed 6011 with the measured
+/// costs of 2026-12-07 (`100,800,8000,600,150,850,250,14000`), whose timing meets this case:
+/// epoch 17 fails and its clients hear "rolled back" before its `Decided(17, false)` is
+/// durable; node 0's host crashes and the record is lost; the node, taken over, resumes at epoch
+/// 19 and logs 19 and 20 aborted; at the next takeover, recovery took 17 for committed (below a
+/// log's last decision, not among its aborts) and its writes became visible (G1a). Recovery now
+/// keeps only the epochs a log holds a decision to commit.
+#[test]
+fn an_epoch_commit_that_fails_over_never_reports_a_visible_transaction_as_aborted() {
+    let mut spec = replicated_spec("multilog:logs=2:epoch_us=2000", 6011).with_faults(true, true, 0.02);
+    spec.faults.fault_interval_us = 100_000;
+    spec.cost = dtx::rt::CpuCost {
+        op_ns: 100,
+        msg_ns: 800,
+        packet_ns: 8_000,
+        txn_ns: 600,
+        log_ns_per_kib: 150,
+        decode_ns_per_kib: 850,
+        graph_key_ns: 250,
+        wake_ns: 14_000,
+    };
+    let out = common::run_and_check(&spec, "epoch-failover");
+    assert!(out.restarts > 0, "no host crashed");
+    let rolled_back = out.totals.aborts.get("rolled-back").copied().unwrap_or(0);
+    assert!(rolled_back > 0, "no epoch was rolled back: the run no longer meets the case");
+}
+
 /// How many committed entries the end-of-run check compared between replicas (it passed:
 /// `run_and_check` fails a run whose check failed).
 fn replicas_compared(out: &dtx::host::Outcome) -> u64 {

@@ -239,10 +239,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s")]
     rpc_timeout: String,
     /// Simulated CPU cost per record-level step, message, packet and transaction attempt, in
-    /// ns, as OP,MSG,PACKET,TXN (default 170,800,8000,1000; scripts/calibrate-sim.sh measures them),
+    /// ns, as OP,MSG,PACKET,TXN (default 100,800,8000,600; scripts/calibrate-sim.sh measures them),
     /// and optionally per KiB of log records appended, LOG (default 150), per KiB decoded,
-    /// DECODE (default 0, measured 850), per key added to a dependency graph, GRAPH (default 250), and per
-    /// idle worker woken by its own timer, WAKE (default 0, measured 14000).
+    /// DECODE (default 850), per key added to a dependency graph, GRAPH (default 250), and per
+    /// idle worker woken by its own timer, WAKE (default 14000).
     #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG[,DECODE[,GRAPH[,WAKE]]]]")]
     sim_cost_ns: Option<Vec<u64>>,
     /// Machine-readable output on stdout instead of the table.

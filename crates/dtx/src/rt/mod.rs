@@ -165,10 +165,11 @@ pub enum Clock {
 }
 
 /// Simulated CPU cost of work, charged to the worker that does it (only the simulator turns it
-/// into time). Calibrated on this project's 2-core machine (docs/architecture.md): `dtx bench
-/// --runtime local --nodes 1 --protocol occ,2pl-nowait` with `--ops 1` and `--ops 10` gives
-/// ~1 µs per transaction plus 0.33-0.45 µs per record access; a batch costs a system call at
-/// each end (~5.5 µs per `write()`, docs/machine.md) and each message its encoding and dispatch.
+/// into time). Calibrated on this project's 2-core machine (docs/architecture.md): one node with
+/// one worker in `local` costs 2.2-2.7 µs a YCSB transaction for the 2PL, OCC, TicToc, Sundial,
+/// Primo and Silo family, which 100 ns a record-level step and 600 ns an attempt match (2026-12-07);
+/// a batch costs a system call at each end (~5.5 µs per `write()`, docs/machine.md) and each
+/// message its encoding and dispatch.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct CpuCost {
     /// Per record-level step: a read, a lock, a validation (a record checked again, or a lease
@@ -208,21 +209,16 @@ fn default_log_ns_per_kib() -> u64 {
     150
 }
 
-/// Off by default (0) for now, as are wakes: with them on, the failover sweep's
-/// `multilog:logs=2:epoch_us=2000` seed 6011 reports an aborted transaction whose appends are
-/// visible (G1a), a bug in that path their timing exposes and which is not yet found. Measured
-/// rate: [`DECODE_NS_PER_KIB`]; `--sim-cost-ns` turns them on.
 fn default_decode_ns_per_kib() -> u64 {
-    0
+    DECODE_NS_PER_KIB
 }
 
 fn default_graph_key_ns() -> u64 {
     GRAPH_KEY_NS
 }
 
-/// Off by default for now: [`default_decode_ns_per_kib`] says why. Measured rate: [`WAKE_NS`].
 fn default_wake_ns() -> u64 {
-    0
+    WAKE_NS
 }
 
 /// Per wake of an idle worker by its own timer: what `local`'s worker pays to park with a
@@ -254,10 +250,10 @@ impl CpuCost {
 impl Default for CpuCost {
     fn default() -> Self {
         CpuCost {
-            op_ns: 170,
+            op_ns: 100,
             msg_ns: 800,
             packet_ns: 8_000,
-            txn_ns: 1_000,
+            txn_ns: 600,
             log_ns_per_kib: default_log_ns_per_kib(),
             decode_ns_per_kib: default_decode_ns_per_kib(),
             graph_key_ns: default_graph_key_ns(),

@@ -9,7 +9,9 @@
 //! The epoch is a barrier: a transaction joins the open epoch, and none runs while one closes.
 //! A coordinator that failed over resumes two epochs past the last its node's logs name (the
 //! epoch it may have been closing can never be decided by it now); participants that were in an
-//! earlier one catch up at its first `Close`.
+//! earlier one catch up at its first `Close`. An epoch whose decision it finds in no log counts
+//! as aborted, whatever it decides later: a failed epoch's clients hear "rolled back" before its
+//! `Decided` record is durable, so a crash can lose the record of an abort already reported.
 
 use super::{MultiRecord, MultiState, MultiWorker};
 use crate::net::{Addr, NodeId};

@@ -15,7 +15,7 @@ use crate::rt::{CpuKind, Worker};
 use crate::storage::{RowKey, Storage, Value};
 use crate::testkit::{now, Direct};
 use crate::txn::{Abort, Ctx, TxnRequest, TxnResult};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -50,7 +50,11 @@ pub const INFO: ProtocolInfo = ProtocolInfo {
 /// - (`epoch_us > 0`) once its epoch committed: every node made what it logged in the epoch
 ///   durable and node 0 logged the decision (`Decided`) in every log. A failed epoch (a node
 ///   that crashed, or did not answer in time) is undone at node 0 and its transactions reach
-///   their clients as rolled back. Recovery keeps the epochs decided committed.
+///   their clients as rolled back. Recovery keeps the epochs a log holds `Decided(e, true)`
+///   for, and no other: an epoch whose decision a crash lost was never acknowledged, and may
+///   have been reported rolled back (its abort is not waited for). Node 0 logs again, when it
+///   starts, the fate recovery found for each epoch a log holds records of without its
+///   decision, so that every log settles them.
 ///
 /// The rows recovered are, per row, its write of the latest `(boot, seq)`.
 pub struct MultiLog {
@@ -90,7 +94,15 @@ impl crate::protocols::Protocol for MultiLog {
         let exec = parking_lot::Mutex::new(Sequence { next: 1, stable_logged: 0 });
         let epochs = (self.epoch_us > 0)
             .then(|| epochs::Epochs::new(env.node, env.topo.nodes, self.epoch_us, recovered.last_epoch));
-        Arc::new(MultiNode(Arc::new(MultiState { store, env, logs, boot: recovered.boot, exec, epochs })))
+        let state = MultiState { store, env, logs, boot: recovered.boot, exec, epochs };
+        // Each log folds or drops those records at this decision, so that its snapshot stays
+        // as large as the data. It is the fate recovery found, and nothing logged later can
+        // change that (a decision names only its own epoch), so it need not be durable before
+        // the node serves.
+        for (&epoch, &committed) in &recovered.unsettled {
+            state.append_everywhere(&MultiRecord::Decided(epoch, committed));
+        }
+        Arc::new(MultiNode(Arc::new(state)))
     }
 
     fn check_topology(&self, topo: &Topology) -> anyhow::Result<()> {
@@ -124,6 +136,10 @@ struct Recovered {
     rows: BTreeMap<RowKey, Versioned>,
     /// The highest epoch the logs name (0: none).
     last_epoch: u64,
+    /// The epochs some log holds writes of without their decision, and whether recovery found
+    /// them committed (another log holds the decision) or not (left out of `rows`: their
+    /// decision, if one was made, was lost in a crash).
+    unsettled: BTreeMap<u64, bool>,
 }
 
 fn recover(env: &crate::protocols::NodeEnv) -> Recovered {
@@ -135,11 +151,14 @@ fn recover(env: &crate::protocols::NodeEnv) -> Recovered {
         records.iter().for_each(|r| m.apply(r));
         machines.push(m);
     }
-    let committed = |e: u64| machines.iter().any(|m| e <= m.last_decided && !m.aborted.contains(&e));
+    // Only an explicit decision counts: an epoch below a later decision may have had its own
+    // lost in a crash (the coordinator that took over skipped it), and its clients may have
+    // been told it rolled back.
+    let committed = |e: u64| machines.iter().any(|m| m.committed_epoch(e));
     let mut stable: BTreeMap<u32, u64> = BTreeMap::new();
     let mut rows: BTreeMap<RowKey, Versioned> = BTreeMap::new();
     let mut pending: Vec<&Logged> = Vec::new();
-    let (mut boot, mut last_epoch) = (0, 0);
+    let (mut boot, mut last_epoch, mut unsettled) = (0, 0, BTreeMap::new());
     for m in &machines {
         for (&b, &s) in &m.stable {
             let e = stable.entry(b).or_default();
@@ -164,13 +183,13 @@ fn recover(env: &crate::protocols::NodeEnv) -> Recovered {
                 true
             }
             0 => false,
-            e => committed(*e),
+            e => *unsettled.entry(*e).or_insert_with(|| committed(*e)),
         };
         if valid {
             writes.iter().for_each(|(k, v)| latest(&mut rows, *k, ((*b, *seq), v.clone())));
         }
     }
-    Recovered { boot, rows, last_epoch }
+    Recovered { boot, rows, last_epoch, unsettled }
 }
 
 /// Keep `write` as `key`'s value unless the one kept is later (a transaction that wrote a row
@@ -186,7 +205,7 @@ fn latest(rows: &mut BTreeMap<RowKey, Versioned>, key: RowKey, write: Versioned)
 
 /// A log's state machine: the latest write per row of its records known valid (folded at a
 /// `Stable` marker, or at its epoch's `Decided` if it committed; dropped if it aborted), and its
-/// records after them.
+/// records after them (an epoch's records whose decision is in another log, or was lost).
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 struct FoldingMachine {
     rows: BTreeMap<RowKey, Versioned>,
@@ -195,11 +214,12 @@ struct FoldingMachine {
     stable: BTreeMap<u32, u64>,
     /// One past the highest boot a record of this log names.
     next_boot: u32,
-    /// The highest epoch a record of this log names, and the highest decided (decisions are
-    /// logged in epoch order), and the epochs decided aborted (rare).
+    /// The highest epoch a record of this log names.
     last_epoch: u64,
-    last_decided: u64,
-    aborted: BTreeSet<u64>,
+    /// The epochs this log holds a decision to commit for, as inclusive ranges (a run of
+    /// commits is one range: only a failed epoch or a takeover starts another). An epoch
+    /// outside them is not known committed, whatever later epochs this log saw decided.
+    committed: Vec<(u64, u64)>,
 }
 
 impl FoldingMachine {
@@ -208,6 +228,10 @@ impl FoldingMachine {
             Some(bytes) => crate::net::decode(bytes).map_err(|e| anyhow::anyhow!("not a multilog checkpoint: {e}")),
             None => Ok(FoldingMachine::default()),
         }
+    }
+
+    fn committed_epoch(&self, epoch: u64) -> bool {
+        self.committed.iter().any(|&(from, to)| (from..=to).contains(&epoch))
     }
 
     /// Fold the pending records `valid` picks into the rows; drop those `gone` picks.
@@ -237,9 +261,11 @@ impl LogMachine for FoldingMachine {
             MultiRecord::EpochEnd(e) => self.last_epoch = self.last_epoch.max(e),
             MultiRecord::Decided(e, committed) => {
                 self.last_epoch = self.last_epoch.max(e);
-                self.last_decided = self.last_decided.max(e);
-                if !committed {
-                    self.aborted.insert(e);
+                if committed && !self.committed_epoch(e) {
+                    match self.committed.last_mut() {
+                        Some((_, to)) if *to + 1 == e => *to = e,
+                        _ => self.committed.push((e, e)),
+                    }
                 }
                 self.settle(|r| committed && r.2 == e, |r| !committed && r.2 == e);
             }
