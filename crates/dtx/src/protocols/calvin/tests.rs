@@ -338,11 +338,12 @@ fn a_failed_over_node_runs_its_replicated_inputs_again() {
 fn a_submission_resent_to_a_failed_over_sequencer_runs_once() {
     let detock = checked(&crate::testkit::replicated_failover_spec("detock", 24));
     assert!(detock.totals.failovers > 0, "detock seed 24: no node was taken over");
-    // The seeds that met it before, then the first 400: a few in a hundred meet it.
+    // The seeds that met it before, then the first 400: a few in a hundred meet it. Every
+    // seed's history checks; a seed whose faults took no node over cannot meet it (seed 15
+    // since the list-append keys retire) and the search goes on.
     let met = [155, 30, 105, 343, 12, 183].into_iter().chain(1..=400).find(|&seed| {
         let out = checked(&crate::testkit::replicated_failover_spec("slog", seed));
-        assert!(out.totals.failovers > 0, "slog seed {seed}: no node was taken over");
-        out.totals.counters.get("resubmissions-dropped").is_some_and(|&n| n > 0)
+        out.totals.failovers > 0 && out.totals.counters.get("resubmissions-dropped").is_some_and(|&n| n > 0)
     });
     assert!(met.is_some(), "slog: no seed's resent copy reached a failed-over sequencer: search the seeds again");
 }
