@@ -62,8 +62,10 @@
 //!   the final read read;
 //! * `realtime` (strict serializability, only when asked: [`check_file_realtime`], `dtx check
 //!   --realtime`): a cycle of dependencies and real-time order, `T1 -rt-> T2` when T1's `end_us`
-//!   is before T2's `start_us` (committed transactions; transitively reduced as Elle does). The
-//!   times must share one clock: a history merged from several processes needs a common base.
+//!   is before T2's `start_us` (committed transactions; the graph holds it as edges through
+//!   nodes that stand for instants between events, linear in the transactions however many
+//!   overlap). The times must share one clock: a history merged from several processes needs a
+//!   common base.
 //!
 //! Everything is linear in the size of the history (1e6 transactions check in about 1.5 s
 //! after parsing) except the G-single/G2 classification inside large components, which runs
