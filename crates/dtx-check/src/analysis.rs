@@ -115,6 +115,13 @@ struct Edge {
     x: u64,
 }
 
+impl Edge {
+    /// `from` ended before `to` started (either may be a point of real time).
+    fn realtime(from: u32, to: u32) -> Edge {
+        Edge { from, to, kind: RT, kid: 0, x: 0 }
+    }
+}
+
 /// Per-key state while walking one transaction.
 #[derive(Default)]
 struct KeyState {
@@ -811,7 +818,6 @@ impl<'a> Ctx<'a> {
             }
         }
         events.sort_unstable();
-        let rt = |from: u32, to: u32| Edge { from, to, kind: RT, kid: 0, x: 0 };
         let first_point = self.txns.len() as u32;
         let (mut points, mut last_point, mut ended) = (0u32, None, Vec::new());
         for (_, kind, t) in events {
@@ -823,11 +829,11 @@ impl<'a> Ctx<'a> {
             if !ended.is_empty() {
                 let p = first_point + points;
                 points += 1;
-                edges.extend(last_point.map(|l| rt(l, p)));
-                edges.extend(ended.drain(..).map(|a| rt(a, p)));
+                edges.extend(last_point.map(|l| Edge::realtime(l, p)));
+                edges.extend(ended.drain(..).map(|a| Edge::realtime(a, p)));
                 last_point = Some(p);
             }
-            edges.extend(last_point.map(|p| rt(p, t)));
+            edges.extend(last_point.map(|p| Edge::realtime(p, t)));
         }
         points as usize
     }
@@ -846,7 +852,7 @@ impl<'a> Ctx<'a> {
                 (false, false) => {}
                 (false, true) => {
                     let from = entered.take().expect("a run through points is entered from a transaction");
-                    out.push(Edge { from, to: e.to, kind: RT, kid: 0, x: 0 });
+                    out.push(Edge::realtime(from, e.to));
                 }
             }
         }
@@ -1254,7 +1260,7 @@ mod tests {
                 let (Some(sa), Some(ea), Status::Committed) = (ta.start_us, ta.end_us, ta.status) else { continue };
                 for (b, tb) in txns.iter().enumerate().filter(|(b, _)| cx.graph_node(*b as u32)) {
                     if tb.start_us.is_some_and(|sb| ea.max(sa) < sb) {
-                        every_pair.push(Edge { from: a as u32, to: b as u32, kind: RT, kid: 0, x: 0 });
+                        every_pair.push(Edge::realtime(a as u32, b as u32));
                     }
                 }
             }
