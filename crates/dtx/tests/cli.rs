@@ -28,7 +28,7 @@ fn bad_flags_are_rejected_with_a_reason() {
         (&["bench", "--rate=-5"], "--rate -5 must be between 0"),
         (&["bench", "--rate", "NaN"], "--rate NaN must be between 0"),
         (&["bench", "--sim-cost-ns", "1,2,3"], "--sim-cost-ns: give four costs"),
-        (&["bench", "--sim-cost-ns", "1,2,3,4,5,6,7,8,9"], "WAKE per idle worker woken by its timer"),
+        (&["bench", "--sim-cost-ns", "1,2,3,4,5,6,7,8,9,10"], "GRAPH-STEP per step of a wait-for graph's search"),
         (&["bench", "--workload", "tpcx"], "unknown workload `tpcx`"),
         (&["bench", "--runtime", "cloud"], "unknown runtime `cloud`: use sim, local or tcp"),
         (&["bench", "--faults", "meteor", "--runtime", "sim"], "unknown fault `meteor`"),

@@ -546,6 +546,7 @@ fn an_epoch_commit_that_fails_over_never_reports_a_visible_transaction_as_aborte
         log_ns_per_kib: 150,
         decode_ns_per_kib: 850,
         graph_key_ns: 250,
+        graph_step_ns: 20,
         wake_ns: 14_000,
     };
     let out = common::run_and_check(&spec, "epoch-failover");

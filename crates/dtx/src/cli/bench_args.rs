@@ -241,9 +241,10 @@ pub struct BenchArgs {
     /// Simulated CPU cost per record-level step, message, packet and transaction attempt, in
     /// ns, as OP,MSG,PACKET,TXN (default 100,800,8000,600; scripts/calibrate-sim.sh measures them),
     /// and optionally per KiB of log records appended, LOG (default 150), per KiB decoded,
-    /// DECODE (default 850), per key added to a dependency graph, GRAPH (default 250), and per
-    /// idle worker woken by its own timer, WAKE (default 14000).
-    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG[,DECODE[,GRAPH[,WAKE]]]]")]
+    /// DECODE (default 850), per key added to a dependency graph, GRAPH (default 250), per
+    /// idle worker woken by its own timer, WAKE (default 14000), and per step of a wait-for
+    /// graph's search, GRAPH-STEP (default 20).
+    #[arg(long, value_delimiter = ',', value_name = "OP,MSG,PACKET,TXN[,LOG[,DECODE[,GRAPH[,WAKE[,GRAPH-STEP]]]]]")]
     sim_cost_ns: Option<Vec<u64>>,
     /// Machine-readable output on stdout instead of the table.
     #[arg(long = "json-stdout")]
@@ -723,8 +724,8 @@ impl BenchArgs {
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
             anyhow::ensure!(
-                (4..=8).contains(&c.len()),
-                "--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN, then if you like LOG per KiB of log records, DECODE per KiB decoded, GRAPH per key added to a dependency graph and WAKE per idle worker woken by its timer (e.g. 100,800,8000,600,150,850,250,14000)"
+                (4..=9).contains(&c.len()),
+                "--sim-cost-ns: give four costs in ns, OP,MSG,PACKET,TXN, then if you like LOG per KiB of log records, DECODE per KiB decoded, GRAPH per key added to a dependency graph, WAKE per idle worker woken by its timer and GRAPH-STEP per step of a wait-for graph's search (e.g. 100,800,8000,600,150,850,250,14000,20)"
             );
             cost = CpuCost {
                 op_ns: c[0],
@@ -735,6 +736,7 @@ impl BenchArgs {
                 decode_ns_per_kib: c.get(5).copied().unwrap_or(cost.decode_ns_per_kib),
                 graph_key_ns: c.get(6).copied().unwrap_or(cost.graph_key_ns),
                 wake_ns: c.get(7).copied().unwrap_or(cost.wake_ns),
+                graph_step_ns: c.get(8).copied().unwrap_or(cost.graph_step_ns),
             };
         }
         let placement = self.placement(variant, &latency.node_region)?;

@@ -21,17 +21,21 @@ pub struct Graph<T> {
     edges: usize,
     max_edges: usize,
     refused: usize,
+    /// The work done on it so far, in steps: an edge offered, an edge or node visited by a
+    /// search, a node's successors scanned by a removal ([`Graph::steps`]).
+    steps: std::cell::Cell<usize>,
 }
 
 impl<T: Copy + Ord + Hash> Graph<T> {
     /// An empty graph that takes at most `max_edges` edges.
     pub fn bounded(max_edges: usize) -> Self {
-        Graph { succ: BTreeMap::new(), edges: 0, max_edges, refused: 0 }
+        Graph { succ: BTreeMap::new(), edges: 0, max_edges, refused: 0, steps: Default::default() }
     }
 
     /// Add the edge `from -> to`; false if it was there already, is a self-edge (ignored), or
     /// the graph is full (refused, counted in [`Graph::refused`]).
     pub fn add_edge(&mut self, from: T, to: T) -> bool {
+        self.step(1);
         if from == to {
             return false;
         }
@@ -52,6 +56,19 @@ impl<T: Copy + Ord + Hash> Graph<T> {
         self.edges
     }
 
+    /// The work done on this graph so far, in steps (an edge offered, an edge or node a search
+    /// visited, a node a removal scanned; a sub-graph's work counts in the graph it came from),
+    /// each a map lookup or two: what the simulator charges for it
+    /// ([`crate::rt::CpuCost::graph_step_ns`]), since the work of one search grows with the
+    /// whole graph's edges, not with the transaction that started it.
+    pub fn steps(&self) -> usize {
+        self.steps.get()
+    }
+
+    fn step(&self, n: usize) {
+        self.steps.set(self.steps.get() + n);
+    }
+
     /// Edges refused because the graph was full.
     pub fn refused(&self) -> usize {
         self.refused
@@ -63,6 +80,7 @@ impl<T: Copy + Ord + Hash> Graph<T> {
 
     /// Take `v` out with every edge into and out of it.
     pub fn remove_node(&mut self, v: T) {
+        self.step(self.succ.len());
         if let Some(out) = self.succ.remove(&v) {
             self.edges -= out.len();
         }
@@ -73,19 +91,6 @@ impl<T: Copy + Ord + Hash> Graph<T> {
         }
     }
 
-    /// The graph restricted to `members` (sorted).
-    fn restricted(&self, members: &[T]) -> Graph<T> {
-        let mut g = Graph::bounded(self.max_edges);
-        for &v in members {
-            for &s in self.succ.get(&v).into_iter().flatten() {
-                if members.binary_search(&s).is_ok() {
-                    g.add_edge(v, s);
-                }
-            }
-        }
-        g
-    }
-
     /// The strongly connected components of two nodes or more (the ones that hold a cycle),
     /// each sorted, in the order of their smallest member. Tarjan's algorithm, with an explicit
     /// stack (a long chain of waits must not overflow the thread's).
@@ -93,6 +98,7 @@ impl<T: Copy + Ord + Hash> Graph<T> {
         let nodes: Vec<T> = self.succ.keys().copied().collect();
         let index_of: FxHashMap<T, usize> = nodes.iter().enumerate().map(|(i, v)| (*v, i)).collect();
         let succ: Vec<Vec<usize>> = self.succ.values().map(|s| s.iter().map(|t| index_of[t]).collect()).collect();
+        self.step(nodes.len() + self.edges);
         const UNSEEN: usize = usize::MAX;
         let n = nodes.len();
         let (mut index, mut low, mut on_stack) = (vec![UNSEEN; n], vec![0; n], vec![false; n]);
@@ -163,6 +169,7 @@ impl<T: Copy + Ord + Hash> Graph<T> {
             }
             at.insert(v, path.len());
             path.push(v);
+            self.step(1);
             v = *self
                 .succ
                 .get(&v)
@@ -179,26 +186,89 @@ impl<T: Copy + Ord + Hash> Graph<T> {
     }
 
     /// Break every cycle: take a cycle, let `pick` choose one of its nodes as the victim
-    /// (it must return a member of the cycle it is given), remove the victim, and go on in what
-    /// is left of the component until no cycle remains. Returns each victim with the cycle it
-    /// broke, components in order and, inside one, in the order the victims were taken. The
-    /// graph keeps no victim. Each step removes a node, so it ends.
+    /// (it must return a member of the cycle it is given), remove the victim, and go on until
+    /// no cycle remains. Returns each victim with the cycle it broke, in the order found. The
+    /// graph keeps no victim.
+    ///
+    /// One depth-first search, nodes and successors in ascending order: an edge back to a node
+    /// on the search's path closes a cycle (the path from that node on); its victim leaves the
+    /// graph, and the nodes above it on the path are searched again later (they may lie on
+    /// other cycles without it). A node the search has finished leads only to finished or
+    /// removed nodes, so what is left when every node is finished is acyclic. Searching the
+    /// strongly connected components again after each victim, as this did, cost the square of
+    /// a component's size per round: under contention on threads a component holds hundreds of
+    /// waits, and the detector's rounds took the worker that runs them.
     pub fn break_cycles(&mut self, mut pick: impl FnMut(&[T]) -> T) -> Vec<(T, Vec<T>)> {
-        let mut broken = Vec::new();
-        let mut work: Vec<Graph<T>> = self.components().iter().rev().map(|c| self.restricted(c)).collect();
-        while let Some(mut g) = work.pop() {
-            let comp: Vec<T> = g.succ.keys().copied().collect();
-            let cycle = g.cycle_in(&comp);
-            let victim = pick(&cycle);
-            assert!(cycle.contains(&victim), "the victim must be one of the cycle's nodes");
-            g.remove_node(victim);
-            self.remove_node(victim);
-            broken.push((victim, cycle));
-            // What is left of the component may still hold cycles: search them before the
-            // next component, smallest first.
-            work.extend(g.components().iter().rev().map(|c| g.restricted(c)));
+        #[derive(Clone, Copy, PartialEq, Eq)]
+        enum Mark {
+            Unseen,
+            OnPath,
+            Finished,
+            Removed,
         }
+        let nodes: Vec<T> = self.succ.keys().copied().collect();
+        let index_of: FxHashMap<T, usize> = nodes.iter().enumerate().map(|(i, v)| (*v, i)).collect();
+        let succ: Vec<Vec<usize>> = self.succ.values().map(|s| s.iter().map(|t| index_of[t]).collect()).collect();
+        self.step(nodes.len() + self.edges);
+        let mut mark = vec![Mark::Unseen; nodes.len()];
+        // Each node's place on the path while it is on it.
+        let mut depth = vec![0; nodes.len()];
+        // The path: each node with its next successor to follow.
+        let mut path: Vec<(usize, usize)> = Vec::new();
+        let mut broken = Vec::new();
+        for root in 0..nodes.len() {
+            if mark[root] != Mark::Unseen {
+                continue;
+            }
+            mark[root] = Mark::OnPath;
+            depth[root] = 0;
+            path.push((root, 0));
+            while let Some((v, next)) = path.last_mut() {
+                let Some(&w) = succ[*v].get(*next) else {
+                    mark[*v] = Mark::Finished;
+                    path.pop();
+                    continue;
+                };
+                *next += 1;
+                self.step(1);
+                match mark[w] {
+                    Mark::Unseen => {
+                        mark[w] = Mark::OnPath;
+                        depth[w] = path.len();
+                        path.push((w, 0));
+                    }
+                    Mark::OnPath => {
+                        let cycle: Vec<T> = path[depth[w]..].iter().map(|(u, _)| nodes[*u]).collect();
+                        let victim = pick(&cycle);
+                        let offset = cycle.iter().position(|v| *v == victim);
+                        let offset = offset.expect("the victim must be one of the cycle's nodes");
+                        for (u, _) in path.drain(depth[w] + offset..) {
+                            mark[u] = Mark::Unseen;
+                        }
+                        mark[index_of[&victim]] = Mark::Removed;
+                        broken.push((victim, cycle));
+                    }
+                    Mark::Finished | Mark::Removed => {}
+                }
+            }
+        }
+        debug_assert!(mark.iter().all(|m| matches!(m, Mark::Finished | Mark::Removed)));
+        self.remove_nodes(&broken.iter().map(|(v, _)| *v).collect::<Vec<_>>());
         broken
+    }
+
+    /// Take every node of `gone` out with its edges, in one pass.
+    fn remove_nodes(&mut self, gone: &[T]) {
+        if gone.is_empty() {
+            return;
+        }
+        let gone: rustc_hash::FxHashSet<T> = gone.iter().copied().collect();
+        self.step(self.succ.len() + self.edges);
+        self.succ.retain(|v, _| !gone.contains(v));
+        for s in self.succ.values_mut() {
+            s.retain(|t| !gone.contains(t));
+        }
+        self.edges = self.succ.values().map(BTreeSet::len).sum();
     }
 }
 
@@ -271,6 +341,28 @@ mod tests {
     }
 
     #[test]
+    fn breaking_cycles_leaves_random_graphs_acyclic_with_each_victim_on_a_real_cycle() {
+        use rand::Rng as _;
+        let mut rng = crate::util::rng_from_seed(11);
+        for round in 0..200 {
+            let txns = rng.gen_range(2..60u64);
+            let edges: Vec<(u64, u64)> =
+                (0..rng.gen_range(1..3 * txns)).map(|_| (rng.gen_range(0..txns), rng.gen_range(0..txns))).collect();
+            let original = graph(&edges);
+            let mut g = original.clone();
+            let broken = g.break_cycles(|c| c[(c[0] as usize + round) % c.len()]);
+            assert!(g.components().is_empty(), "round {round}: a cycle is left after {broken:?}");
+            for (victim, cycle) in &broken {
+                assert!(cycle.contains(victim) && !g.contains(*victim));
+                for (i, v) in cycle.iter().enumerate() {
+                    let next = cycle[(i + 1) % cycle.len()];
+                    assert!(original.succ[v].contains(&next), "round {round}: {v} -> {next} is no edge");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_full_graph_refuses_edges() {
         let mut g: Graph<u64> = Graph::bounded(2);
         assert!(g.add_edge(1, 2) && g.add_edge(2, 1));
@@ -300,5 +392,50 @@ mod tests {
         let comps = g.components();
         assert_eq!(comps.len(), 1);
         assert_eq!(comps[0].len(), n as usize + 1);
+    }
+}
+
+/// A measurement, not a test: what a step of a wait-for graph's search costs on this machine
+/// (`rt::CpuCost::graph_step_ns`). Run with
+/// `cargo test --release -p dtx --lib graph::calibration -- --ignored --nocapture`.
+#[cfg(test)]
+mod calibration {
+    use super::Graph;
+    use rand::Rng as _;
+    use std::time::Instant;
+
+    /// A detector's graph: `waiters` transactions out of `txns`, each waiting for `blockers`
+    /// others (a queue's holders and those ahead), which under contention joins most of them in
+    /// one large strongly connected component.
+    fn waits(txns: u64, waiters: u64, blockers: usize, seed: u64) -> Vec<(u64, u64)> {
+        let mut rng = crate::util::rng_from_seed(seed);
+        let mut edges = Vec::new();
+        for w in 0..waiters {
+            for _ in 0..blockers {
+                edges.push((w, rng.gen_range(0..txns)));
+            }
+        }
+        edges
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a test: run it to calibrate the simulator's charge per step of a wait-for graph's search"]
+    fn graph_search_cost_per_step() {
+        for (txns, waiters, blockers) in [(128, 40, 1), (128, 100, 2), (512, 400, 2), (2048, 1500, 3)] {
+            let edges = waits(txns, waiters, blockers, 7);
+            let (mut best, mut steps) = (f64::MAX, 0);
+            for _ in 0..7 {
+                let t0 = Instant::now();
+                let mut g = Graph::bounded(1 << 16);
+                for &(a, b) in &edges {
+                    g.add_edge(a, b);
+                }
+                let broken = g.break_cycles(|c| c[0]);
+                std::hint::black_box(broken);
+                steps = g.steps();
+                best = best.min(t0.elapsed().as_nanos() as f64 / steps as f64);
+            }
+            println!("{waiters} waiters of {txns}, {blockers} blockers each: {steps} steps, {best:.0} ns a step");
+        }
     }
 }

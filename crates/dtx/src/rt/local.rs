@@ -196,4 +196,43 @@ mod calibration {
             println!("park_timeout(5 µs): {cpu_ns:.0} ns of CPU and {wall_ns:.0} ns of wall time a wake");
         }
     }
+
+    /// What a worker of `local` pays when a packet from another thread finds it parked: two
+    /// threads hand a token back and forth, each parking until the other unparks it, so every
+    /// hand-off is an unpark (the sender's system call) and a wake (the receiver's).
+    #[test]
+    #[ignore = "a measurement, not a test: run it to calibrate the simulator's charge per wake of an idle worker by a packet"]
+    fn a_park_and_a_wake_by_another_thread() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+        let hand_offs = 20_000u64;
+        for _ in 0..3 {
+            let turn = Arc::new(AtomicU64::new(0));
+            let (cpu_us, t0) = (crate::util::process_cpu_us(), Instant::now());
+            let main = std::thread::current();
+            let other = {
+                let (turn, main) = (turn.clone(), main.clone());
+                std::thread::spawn(move || {
+                    for i in (1..hand_offs).step_by(2) {
+                        while turn.load(Ordering::Acquire) != i {
+                            std::thread::park();
+                        }
+                        turn.store(i + 1, Ordering::Release);
+                        main.unpark();
+                    }
+                })
+            };
+            for i in (0..hand_offs).step_by(2) {
+                while turn.load(Ordering::Acquire) != i {
+                    std::thread::park();
+                }
+                turn.store(i + 1, Ordering::Release);
+                other.thread().unpark();
+            }
+            other.join().expect("the other thread ends");
+            let cpu_ns = (crate::util::process_cpu_us() - cpu_us) as f64 * 1000.0 / hand_offs as f64;
+            let wall_ns = t0.elapsed().as_nanos() as f64 / hand_offs as f64;
+            println!("a hand-off to a parked thread: {cpu_ns:.0} ns of CPU and {wall_ns:.0} ns of wall time");
+        }
+    }
 }

@@ -198,6 +198,11 @@ pub struct CpuCost {
     /// region).
     #[serde(default = "default_graph_key_ns")]
     pub graph_key_ns: u64,
+    /// Per step of a search over a wait-for graph (2PL DETECT's detector and the search at a
+    /// wait's start: an edge offered or followed, a node visited or scanned;
+    /// [`crate::protocols::graph::Graph::steps`]).
+    #[serde(default = "default_graph_step_ns")]
+    pub graph_step_ns: u64,
     /// Per wake of an idle worker by a timer of its own (nothing arrived, nothing was ready):
     /// a real worker parked and the kernel woke it. A protocol that polls (MVCC's waiting
     /// access looks again every 5 µs) pays it at each look, as it does on threads.
@@ -220,6 +225,13 @@ fn default_graph_key_ns() -> u64 {
 fn default_wake_ns() -> u64 {
     WAKE_NS
 }
+
+fn default_graph_step_ns() -> u64 {
+    GRAPH_STEP_NS
+}
+
+/// Per step of a wait-for graph's search (`protocols::graph::calibration`, 2026-12-07: 13-25 ns a step, by the graph's size, from 176 steps to 36,000 a round).
+const GRAPH_STEP_NS: u64 = 20;
 
 /// Per wake of an idle worker by its own timer: what `local`'s worker pays to park with a
 /// timeout and run again (`rt::local::calibration`, 2026-12-07: a 5 µs `park_timeout` costs
@@ -257,6 +269,7 @@ impl Default for CpuCost {
             log_ns_per_kib: default_log_ns_per_kib(),
             decode_ns_per_kib: default_decode_ns_per_kib(),
             graph_key_ns: default_graph_key_ns(),
+            graph_step_ns: default_graph_step_ns(),
             wake_ns: default_wake_ns(),
         }
     }
@@ -282,7 +295,8 @@ pub enum CpuKind {
     /// Bytes decoded ([`CpuCost::decode_ns_per_kib`]): every message body received, and what a
     /// protocol decodes again inside one (a request from a sequencer's batch).
     Decode,
-    /// Keys added to a dependency graph ([`CpuCost::graph_key_ns`]).
+    /// Keys added to a dependency graph ([`CpuCost::graph_key_ns`]) and steps of a search
+    /// over a wait-for graph ([`CpuCost::graph_step_ns`]).
     Graph,
     /// Raft's work per replicated entry, beyond its messages (`replication::service`).
     Raft,

@@ -57,6 +57,7 @@ use crate::protocols::twopc::record_lock::{LockMeta, WaitSlot, DEADLOCK_VICTIM, 
 use crate::protocols::twopc::skeleton::FromNode;
 use crate::protocols::twopc::{NodeShared, TxnId, MAX_TABLE_ENTRIES};
 use crate::protocols::{OptionKind, OptionSpec};
+use crate::rt::CpuKind;
 use crate::storage::{RowKey, Storage};
 use parking_lot::Mutex;
 use rand::Rng as _;
@@ -340,6 +341,24 @@ impl WaitTable {
     }
 }
 
+/// The latest answers' waits by waiter: the node, how long the wait had stood, the wait.
+type WaitsByWaiter<'a> = rustc_hash::FxHashMap<TxnId, Vec<(NodeId, u64, &'a Wait)>>;
+
+/// Where `txn` waits, as the latest answers say: node and key.
+fn waits_of(index: &WaitsByWaiter<'_>, txn: TxnId) -> Vec<(NodeId, RowKey)> {
+    index.get(&txn).into_iter().flatten().map(|(n, _, w)| (*n, w.key)).collect()
+}
+
+/// How long `cycle` had stood, as the latest answers tell: since the newest of the waits that
+/// make its edges started.
+fn age_us(index: &WaitsByWaiter<'_>, cycle: &[TxnId]) -> u64 {
+    let edge_age = |from: TxnId, to: TxnId| {
+        let waits = index.get(&from).into_iter().flatten();
+        waits.filter(|(_, _, w)| w.blockers.contains(&to)).map(|(_, waited_us, _)| *waited_us).max().unwrap_or(0)
+    };
+    (0..cycle.len()).map(|i| edge_age(cycle[i], cycle[(i + 1) % cycle.len()])).min().unwrap_or(0)
+}
+
 /// The detector's state, on node 0's first worker.
 struct Detector {
     /// Each node's latest answer: the round it was asked in, when it came (the detector's clock,
@@ -350,8 +369,10 @@ struct Detector {
     /// Victims chosen lately, oldest first (answers gathered before their abort still name them).
     /// With each, the last round whose answers may have been gathered before its waits were
     /// ended (`u64::MAX` until the detector hears they were): its edges in those answers are
-    /// left out, and a wait it starts later (a request that was on its way) counts again.
-    victims: VecDeque<(TxnId, u64)>,
+    /// left out, and a wait it starts later (a request that was on its way) counts again. Kept
+    /// as a map beside the order of choice: every round looks up each edge's ends in it.
+    victims: VecDeque<TxnId>,
+    victim_until: rustc_hash::FxHashMap<TxnId, u64>,
     /// The round being gathered, the answers to it still awaited, and the detector's waker
     /// (woken when the last one lands, so that a round takes a round trip, not an interval).
     round: u64,
@@ -365,6 +386,7 @@ impl Detector {
             latest: vec![None; nodes as usize],
             asking: vec![0; nodes as usize],
             victims: VecDeque::new(),
+            victim_until: Default::default(),
             round: 0,
             missing: 0,
             waker: None,
@@ -391,10 +413,9 @@ impl Detector {
     /// The wait-for graph of the latest answers, recent victims left out of the answers that
     /// may predate their end, with the edges it refused.
     fn graph(&self) -> Graph<TxnId> {
-        let recent: BTreeMap<TxnId, u64> = self.victims.iter().copied().collect();
         let mut g = Graph::bounded(MAX_GRAPH_EDGES);
         for (round, _, waits) in self.latest.iter().flatten() {
-            let stale = |t: &TxnId| recent.get(t).is_some_and(|until| round <= until);
+            let stale = |t: &TxnId| self.victim_until.get(t).is_some_and(|until| round <= until);
             for wait in waits.iter().filter(|w| !stale(&w.waiter)) {
                 for b in wait.blockers.iter().filter(|b| !stale(b)) {
                     g.add_edge(wait.waiter, *b);
@@ -404,48 +425,49 @@ impl Detector {
         g
     }
 
-    /// Where `txn` waits, as the latest answers say: node and key.
-    fn waits_of(&self, txn: TxnId) -> Vec<(NodeId, RowKey)> {
-        let mut out = Vec::new();
+    /// The latest answers' waits by waiter: each with the node that reported it and how long
+    /// it had waited at `now_us`. Built once a round, so that finding a victim's waits and its
+    /// cycle's age costs its own waits, not a scan of every answer.
+    fn by_waiter(&self, now_us: u64) -> WaitsByWaiter<'_> {
+        let mut index: WaitsByWaiter<'_> = Default::default();
         for (n, answer) in self.latest.iter().enumerate() {
-            for w in answer.iter().flat_map(|(_, _, ws)| ws).filter(|w| w.waiter == txn) {
-                out.push((n as NodeId, w.key));
+            if let Some((_, at, waits)) = answer {
+                for w in waits {
+                    let waited_us = w.waited_us + now_us.saturating_sub(*at);
+                    index.entry(w.waiter).or_default().push((n as NodeId, waited_us, w));
+                }
             }
         }
-        out
-    }
-
-    /// How long `cycle` had stood at `now_us`, as the latest answers tell: since the newest of
-    /// the waits that make its edges started.
-    fn age_us(&self, cycle: &[TxnId], now_us: u64) -> u64 {
-        let edge_age = |from: TxnId, to: TxnId| {
-            let waits = self.latest.iter().flatten().flat_map(|(_, at, ws)| ws.iter().map(move |w| (*at, w)));
-            waits
-                .filter(|(_, w)| w.waiter == from && w.blockers.contains(&to))
-                .map(|(at, w)| w.waited_us + now_us.saturating_sub(at))
-                .max()
-                .unwrap_or(0)
-        };
-        (0..cycle.len()).map(|i| edge_age(cycle[i], cycle[(i + 1) % cycle.len()])).min().unwrap_or(0)
+        index
     }
 
     fn chose(&mut self, victim: TxnId) {
-        if self.victims.len() >= RECENT_VICTIMS {
-            self.victims.pop_front();
+        if self.victim_until.insert(victim, u64::MAX).is_some() {
+            return;
         }
-        self.victims.push_back((victim, u64::MAX));
+        if self.victims.len() >= RECENT_VICTIMS {
+            if let Some(oldest) = self.victims.pop_front() {
+                self.victim_until.remove(&oldest);
+            }
+        }
+        self.victims.push_back(victim);
+        debug_assert_eq!(self.victims.len(), self.victim_until.len());
     }
 
     /// The victim's waits were ended: answers to the rounds asked from now on see it as it is.
     fn ended(&mut self, victim: TxnId) {
         let round = self.round;
-        if let Some(v) = self.victims.iter_mut().find(|v| v.0 == victim) {
-            v.1 = round;
+        if let Some(until) = self.victim_until.get_mut(&victim) {
+            *until = round;
         }
     }
 
+    /// A victim none of whose waits was left to end (rare: a stale cycle, or a wait granted
+    /// meanwhile), taken back into the graph.
     fn forget_victim(&mut self, victim: TxnId) {
-        self.victims.retain(|v| v.0 != victim);
+        if self.victim_until.remove(&victim).is_some() {
+            self.victims.retain(|v| *v != victim);
+        }
     }
 }
 
@@ -519,6 +541,7 @@ pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
             det.borrow_mut().waker = None;
             // This node's waits as they are now.
             let (here, dropped) = me.state.snapshot(&me.node.store, me.w.now_us());
+            charge_snapshot(&me.w, &here);
             me.w.count(EDGES_DROPPED, dropped);
             let now_us = me.w.now_us();
             det.borrow_mut().latest[me.node.id as usize] = Some((round, now_us, here));
@@ -527,17 +550,39 @@ pub fn spawn_detector(me: &Rc<TwoPlWorker>) {
                 let mut rng = me.w.rng.borrow_mut();
                 let broken = g.break_cycles(|cycle| cycle[rng.gen_range(0..cycle.len())]);
                 me.w.count(EDGES_DROPPED, g.refused() as u64);
+                me.w.charge(CpuKind::Graph, me.w.cost.graph_step_ns * g.steps() as u64);
                 broken
             };
             found = !broken.is_empty();
-            for (victim, cycle) in broken {
-                me.w.count(DEADLOCKS_FOUND, 1);
-                me.w.count(CYCLE_LEN, cycle.len() as u64);
-                me.w.count(DEADLOCK_AGE_US, det.borrow().age_us(&cycle, now_us));
-                end_victim(&me, &det, victim);
+            let victims: Vec<(TxnId, Vec<(NodeId, RowKey)>)> = {
+                let d = det.borrow();
+                let index = d.by_waiter(now_us);
+                // The index's making, and each victim's waits and cycle looked up in it.
+                let answered: usize = index.values().map(Vec::len).sum();
+                me.w.charge(CpuKind::Graph, me.w.cost.graph_step_ns * answered as u64);
+                let mut victims = Vec::with_capacity(broken.len());
+                for (victim, cycle) in broken {
+                    me.w.charge(CpuKind::Graph, me.w.cost.graph_step_ns * (cycle.len() + 1) as u64);
+                    me.w.count(DEADLOCKS_FOUND, 1);
+                    me.w.count(CYCLE_LEN, cycle.len() as u64);
+                    me.w.count(DEADLOCK_AGE_US, age_us(&index, &cycle));
+                    victims.push((victim, waits_of(&index, victim)));
+                }
+                victims
+            };
+            for (victim, waits) in victims {
+                end_victim(&me, &det, victim, waits);
             }
         }
     });
+}
+
+/// What taking a node's waits costs: a record's lock for each wait, and a step for each of its
+/// blockers.
+pub fn charge_snapshot(w: &crate::rt::Worker, waits: &[Wait]) {
+    w.charge_ops(waits.len());
+    let blockers: usize = waits.iter().map(|wt| wt.blockers.len()).sum();
+    w.charge(CpuKind::Graph, w.cost.graph_step_ns * blockers as u64);
 }
 
 /// Ask every other node for its waits (the answers land later), at most [`MAX_ASKING`]
@@ -570,14 +615,10 @@ fn gather(me: &Rc<TwoPlWorker>, det: &Rc<RefCell<Detector>>, round: u64) {
     }
 }
 
-/// End every wait of `victim` the latest answers name; if none was left to end, take it back
-/// into the graph.
-fn end_victim(me: &Rc<TwoPlWorker>, det: &Rc<RefCell<Detector>>, victim: TxnId) {
-    let waits = {
-        let mut d = det.borrow_mut();
-        d.chose(victim);
-        d.waits_of(victim)
-    };
+/// End every wait of `victim` the latest answers name (`waits`); if none was left to end, take
+/// it back into the graph.
+fn end_victim(me: &Rc<TwoPlWorker>, det: &Rc<RefCell<Detector>>, victim: TxnId, waits: Vec<(NodeId, RowKey)>) {
+    det.borrow_mut().chose(victim);
     let (me2, det) = (me.clone(), det.clone());
     me.w.spawn(async move {
         let mut ended = false;
@@ -623,7 +664,7 @@ mod tests {
         d.answered(2, 3, 0, Some(vec![wait(3, &[1])]));
         d.chose(2);
         assert!(d.graph().cycles().is_empty(), "a victim's edges are left out");
-        assert_eq!(d.waits_of(2), vec![(1, RowKey::new(0, 2))]);
+        assert_eq!(waits_of(&d.by_waiter(0), 2), vec![(1, RowKey::new(0, 2))]);
         // Its waits ended during round 3: answers to round 3 still leave it out, later ones not.
         d.round = 3;
         d.ended(2);

@@ -205,6 +205,7 @@ impl Participant for TwoPl {
             Request::Waits => {
                 wk.state.asked();
                 let (waits, dropped) = wk.state.snapshot(store, wk.w.now_us());
+                super::deadlock::charge_snapshot(&wk.w, &waits);
                 wk.w.count(super::deadlock::EDGES_DROPPED, dropped);
                 Reply::Waits(waits)
             }
