@@ -91,13 +91,21 @@ impl<T: Copy + Ord + Hash> Graph<T> {
         }
     }
 
+    /// The nodes in order, each one's index, and each index's successors as indices: what the
+    /// searches walk instead of the maps.
+    #[allow(clippy::type_complexity)]
+    fn indexed(&self) -> (Vec<T>, FxHashMap<T, usize>, Vec<Vec<usize>>) {
+        let nodes: Vec<T> = self.succ.keys().copied().collect();
+        let index_of: FxHashMap<T, usize> = nodes.iter().enumerate().map(|(i, v)| (*v, i)).collect();
+        let succ = self.succ.values().map(|s| s.iter().map(|t| index_of[t]).collect()).collect();
+        (nodes, index_of, succ)
+    }
+
     /// The strongly connected components of two nodes or more (the ones that hold a cycle),
     /// each sorted, in the order of their smallest member. Tarjan's algorithm, with an explicit
     /// stack (a long chain of waits must not overflow the thread's).
     pub fn components(&self) -> Vec<Vec<T>> {
-        let nodes: Vec<T> = self.succ.keys().copied().collect();
-        let index_of: FxHashMap<T, usize> = nodes.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-        let succ: Vec<Vec<usize>> = self.succ.values().map(|s| s.iter().map(|t| index_of[t]).collect()).collect();
+        let (nodes, _, succ) = self.indexed();
         self.step(nodes.len() + self.edges);
         const UNSEEN: usize = usize::MAX;
         let n = nodes.len();
@@ -206,9 +214,7 @@ impl<T: Copy + Ord + Hash> Graph<T> {
             Finished,
             Removed,
         }
-        let nodes: Vec<T> = self.succ.keys().copied().collect();
-        let index_of: FxHashMap<T, usize> = nodes.iter().enumerate().map(|(i, v)| (*v, i)).collect();
-        let succ: Vec<Vec<usize>> = self.succ.values().map(|s| s.iter().map(|t| index_of[t]).collect()).collect();
+        let (nodes, index_of, succ) = self.indexed();
         self.step(nodes.len() + self.edges);
         let mut mark = vec![Mark::Unseen; nodes.len()];
         // Each node's place on the path while it is on it.
