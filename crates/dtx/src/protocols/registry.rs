@@ -167,7 +167,7 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         options: &[twopc::ORPHAN_OPTION, EPOCH],
         aborts: &[],
         make: |o| {
-            let commit = twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) };
+            let commit = twopc::commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) };
             two_pc_committing(occ::Occ, o, commit)
         },
     },
@@ -264,9 +264,9 @@ pub fn checkpointing_every(name: &str, every_us: u64) -> String {
     }
 }
 
-/// The skeleton's commit policy options ([`twopc::epoch_commit`]).
-const COMMIT: OptionSpec = twopc::epoch_commit::COMMIT_OPTION;
-const EPOCH: OptionSpec = twopc::epoch_commit::EPOCH_OPTION;
+/// The skeleton's commit policy options ([`twopc::commit`]).
+const COMMIT: OptionSpec = twopc::commit::epoch::COMMIT_OPTION;
+const EPOCH: OptionSpec = twopc::commit::epoch::EPOCH_OPTION;
 
 /// A concurrency control over the 2PC skeleton, with the skeleton's options from `o`.
 fn two_pc<C: twopc::Cc>(cc: C, o: &Options) -> Arc<dyn Protocol>
@@ -274,22 +274,22 @@ where
     twopc::CcWorker<C>: crate::txn::recon::SnapshotReader,
 {
     let commit = match o.has(COMMIT.name).then(|| o.choice(COMMIT.name)) {
-        Some("epoch") => twopc::epoch_commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
+        Some("epoch") => twopc::commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) },
         Some("wm") => {
-            let floor = match o.choice(twopc::wm_commit::FLOOR_OPTION.name) {
-                "watermark" => twopc::wm_commit::Floor::Watermark,
-                "time" => twopc::wm_commit::Floor::Time,
-                _ => twopc::wm_commit::Floor::Clock,
+            let floor = match o.choice(twopc::commit::watermark::FLOOR_OPTION.name) {
+                "watermark" => twopc::commit::watermark::Floor::Watermark,
+                "time" => twopc::commit::watermark::Floor::Time,
+                _ => twopc::commit::watermark::Floor::Clock,
             };
-            twopc::epoch_commit::CommitPolicy::Watermark { wm_us: o.u64(twopc::wm_commit::WM_OPTION.name), floor }
+            twopc::commit::CommitPolicy::Watermark { wm_us: o.u64(twopc::commit::watermark::WM_OPTION.name), floor }
         }
-        _ => twopc::epoch_commit::CommitPolicy::TwoPc,
+        _ => twopc::commit::CommitPolicy::TwoPc,
     };
     two_pc_committing(cc, o, commit)
 }
 
 /// [`two_pc`] with its commit policy given.
-fn two_pc_committing<C: twopc::Cc>(cc: C, o: &Options, commit: twopc::epoch_commit::CommitPolicy) -> Arc<dyn Protocol>
+fn two_pc_committing<C: twopc::Cc>(cc: C, o: &Options, commit: twopc::commit::CommitPolicy) -> Arc<dyn Protocol>
 where
     twopc::CcWorker<C>: crate::txn::recon::SnapshotReader,
 {
@@ -353,11 +353,11 @@ impl Variant {
             // `commit=` or `epoch_us=` on a protocol that lacks it: say which ones take it.
             let lacks_commit_option = overrides.iter().any(|o| {
                 let key = o.split('=').next().unwrap_or("").trim();
-                let commit = [twopc::epoch_commit::COMMIT_OPTION.name, twopc::epoch_commit::EPOCH_OPTION.name];
+                let commit = [twopc::commit::epoch::COMMIT_OPTION.name, twopc::commit::epoch::EPOCH_OPTION.name];
                 commit.contains(&key) && !info.options.iter().any(|spec| spec.name == key)
             });
             let takes_watermark = info.options.iter().any(|spec| {
-                spec.name == twopc::wm_commit::COMMIT_OPTION.name
+                spec.name == twopc::commit::watermark::COMMIT_OPTION.name
                     && matches!(spec.kind, options::OptionKind::Choice(choices) if choices.contains(&"wm"))
             });
             let asks_watermark = !takes_watermark && overrides.iter().any(|o| o.replace(' ', "") == "commit=wm");
@@ -365,10 +365,10 @@ impl Variant {
                 (true, _) => anyhow::anyhow!(
                     "protocol `{name}` does not take commit=wm: watermark group commit needs a logical commit \
                      timestamp fixed before validation, which only {} have",
-                    twopc::wm_commit::ACCEPTED_BY
+                    twopc::commit::watermark::ACCEPTED_BY
                 ),
                 (false, true) => {
-                    anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::epoch_commit::ACCEPTED_BY)
+                    anyhow::anyhow!("{e}; commit=epoch is accepted by {}", twopc::commit::epoch::ACCEPTED_BY)
                 }
                 (false, false) => e,
             }

@@ -69,8 +69,10 @@ const SEGMENT_MAGIC: &[u8; 8] = b"DTXWAL01";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"DTXCKP01";
 /// 2: a record's checksum covers its payload, then its LSN (1 had the LSN first). 3: the 2PC
 /// protocols' records changed layout (a protocol's own records and votes, a checkpoint that
-/// names its protocol): read by version 2 they would not decode and be skipped.
-const FORMAT_VERSION: u32 = 3;
+/// names its protocol): read by version 2 they would not decode and be skipped. 4: a commit
+/// policy's records are one variant of the 2PC protocols' records (`Policy`), and a checkpoint
+/// names the policy after the protocol.
+const FORMAT_VERSION: u32 = 4;
 const SEGMENT_PREFIX: &str = "wal-";
 const SEGMENT_SUFFIX: &str = ".log";
 const CHECKPOINT_PREFIX: &str = "checkpoint-";

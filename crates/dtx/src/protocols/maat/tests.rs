@@ -82,12 +82,13 @@ fn a_recovered_vote_answers_with_the_range_it_sent() {
     // committed it after that writer. The vote logs its range, and the recovered one keeps it.
     use super::range::OPEN;
     use super::{Latched, MaatNode};
+    use crate::protocols::twopc::commit::two_pc::TwoPcLog;
     use crate::protocols::twopc::durable::{replay, LogRecord, ReplayState};
     use crate::storage::{Layout, RowKey, Storage, TableDef};
     let (txn, key, range) = (9, RowKey::new(0, 3), (5, 40));
-    let vote = LogRecord::<super::log::MaatLog>::Prepared { txn, writes: vec![(key, None)], vote: range };
-    let recovery =
-        replay(ReplayState::<super::log::MaatLog>::new("maat"), &[crate::net::encode(&vote)], &mut |_, _, _, _| {});
+    let vote = LogRecord::<super::log::MaatLog, TwoPcLog>::Prepared { txn, writes: vec![(key, None)], vote: range };
+    let from = ReplayState::<super::log::MaatLog, TwoPcLog>::new("maat");
+    let (recovery, ()) = replay(from, &[crate::net::encode(&vote)], &mut |_, _, _, _| {});
     assert_eq!(recovery.in_doubt[0].2, range);
     let def = TableDef { name: "t", ordered: false, expected_rows: 1, dense: Vec::new(), layout: Layout::Tree };
     let store = Storage::<super::meta::MaatMeta>::new(&[def]);

@@ -1,12 +1,12 @@
 //! How Primo's commits become durable, one of two ways (`commit=`):
 //!
-//! - **`wm`, watermark group commit (§5, the paper's).** `twopc::wm_commit`: a transaction is
+//! - **`wm`, watermark group commit (§5, the paper's).** `twopc::commit::watermark`: a transaction is
 //!   active in a partition's watermark from its first lock there (or from when its coordinator
 //!   fixes its timestamp) until its install is logged; its client hears of it once the global
 //!   watermark passes its timestamp. A recovery agreement starts a new term, and a request or an
 //!   install of an older term is refused.
 //! - **`epoch`, COCO's epoch group commit (the paper's comparison, Fig. 11-13: the same
-//!   concurrency control under each scheme).** `twopc::epoch_commit`: a transaction runs in its
+//!   concurrency control under each scheme).** `twopc::commit::epoch`: a transaction runs in its
 //!   node's open epoch and its client hears of it when the epoch commits on every node. Its
 //!   requests carry the epoch (a participant in another refuses them). Its `Install`s carry it
 //!   too and are not refused: a participant installs one under its gate's lock if it still
@@ -19,6 +19,7 @@
 //! is the agreement term under `wm` and the epoch under `epoch`.
 
 use super::PrimoWorker;
+use crate::protocols::twopc::commit::Gate;
 use crate::protocols::twopc::durable::Writes;
 use crate::protocols::twopc::TxnId;
 use crate::storage::{RowKey, Value};
@@ -30,12 +31,10 @@ pub type Replaced = Vec<(RowKey, Option<Value>)>;
 impl PrimoWorker {
     /// The era the transactions this worker starts now run in.
     pub fn era(&self) -> u64 {
-        match &self.wm {
-            Some(wm) => wm.term(),
-            None => {
-                debug_assert!(self.gate.is_some(), "Primo commits by watermark or by epoch");
-                self.coord.epoch.get()
-            }
+        match &self.gate {
+            Gate::Watermark(wm) => wm.term(),
+            Gate::Epoch(_) => self.coord.epoch.get(),
+            Gate::TwoPc => unreachable!("Primo commits by watermark or by epoch"),
         }
     }
 
@@ -43,7 +42,7 @@ impl PrimoWorker {
     /// active here from now, and the floor its records are raised past is returned (0 under
     /// `epoch`, whose requests the skeleton refuses outside their epoch).
     pub fn enter(&self, txn: TxnId, era: u64) -> TxnResult<u64> {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => wm.enter(txn, era, 0),
             None => Ok(0),
         }
@@ -58,7 +57,7 @@ impl PrimoWorker {
     /// An `Install` of `era` arrived: may it install? (Under `epoch`, [`Self::install_logged`]
     /// decides, under the gate's lock.)
     pub fn begin_install(&self, txn: TxnId, era: u64) -> TxnResult<()> {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => wm.begin_install(txn, era),
             None => Ok(()),
         }
@@ -66,7 +65,7 @@ impl PrimoWorker {
 
     /// `txn` is no longer active here (under `wm`), its record at `logged_ts` if it has one.
     pub fn leave(&self, txn: TxnId, logged_ts: Option<u64>) {
-        if let Some(wm) = &self.wm {
+        if let Some(wm) = self.gate.watermark() {
             wm.leave(txn, logged_ts);
         }
     }
@@ -85,8 +84,8 @@ impl PrimoWorker {
         append: impl FnOnce(&Writes) -> TxnResult<()>,
         install: impl FnOnce(Writes) -> Replaced,
     ) -> TxnResult<()> {
-        match (&self.wm, &self.gate) {
-            (Some(wm), _) => {
+        match &self.gate {
+            Gate::Watermark(wm) => {
                 append(&writes)?;
                 wm.keep_undo(ts, install(writes));
                 // Installed here at `ts` (its writes logged, or its leases extended): the node's
@@ -94,12 +93,12 @@ impl PrimoWorker {
                 wm.leave(txn, Some(ts));
                 Ok(())
             }
-            (None, Some(gate)) => gate.install_in(self, era, writes, |writes| {
+            Gate::Epoch(gate) => gate.install_in(self, era, writes, |writes| {
                 append(&writes)?;
                 install(writes);
                 Ok(())
             }),
-            (None, None) => unreachable!("Primo commits by watermark or by epoch"),
+            Gate::TwoPc => unreachable!("Primo commits by watermark or by epoch"),
         }
     }
 
@@ -114,10 +113,10 @@ impl PrimoWorker {
     /// The writes `txn` had to install here could not be logged (`why`), and were not
     /// installed. Under `wm` the node stops (fail-stop): a watermark it published from now on
     /// could pass a commit that is in no log. Under `epoch` the epoch failed here already (its
-    /// vote is no, [`crate::protocols::twopc::epoch_commit::EpochGate::install_in`]). Returns
+    /// vote is no, [`crate::protocols::twopc::commit::epoch::EpochGate::install_in`]). Returns
     /// whether the node still answers requests.
     pub fn not_logged(&self, txn: TxnId, why: Abort) -> bool {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => {
                 wm.fail_stop(&self.w, &format!("primo txn {txn:x}: its install could not be logged ({why:?})"));
                 false
@@ -131,17 +130,17 @@ impl PrimoWorker {
 
     /// Has this node stopped for a write it could not log ([`Self::not_logged`])?
     pub fn stopped(&self) -> bool {
-        self.wm.as_ref().is_some_and(|wm| wm.stopped())
+        self.gate.watermark().is_some_and(|wm| wm.stopped())
     }
 
     /// Under `epoch`: has the epoch `era` failed here (an install still unanswered need not be
     /// resent: its participant releases on its own)?
     pub fn era_rolled_back(&self, era: u64) -> bool {
-        self.gate.as_ref().is_some_and(|g| g.rolled_back(era))
+        matches!(&self.gate, Gate::Epoch(g) if g.rolled_back(era))
     }
 
     /// Under `epoch`: the coordinator waits for its `Install`s inside its epoch.
     pub fn installs_wait(&self) -> bool {
-        self.wm.is_none()
+        self.gate.watermark().is_none()
     }
 }

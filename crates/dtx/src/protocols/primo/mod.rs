@@ -31,7 +31,7 @@
 //! - Aborted attempts retry after the driver's backoff (dtx's, shared by every protocol), not the
 //!   paper's own 0.5 ms doubling, so that the comparison is of the protocols.
 //!
-//! **Watermark group commit (§5).** `twopc::wm_commit`: a client hears of its commit once the
+//! **Watermark group commit (§5).** `twopc::commit::watermark`: a client hears of its commit once the
 //! global watermark passes its timestamp; a participant holds a transaction active (and its
 //! watermark below it) from its first lock there until its install is logged. `commit=epoch`
 //! runs the same concurrency control under COCO's epoch group commit instead, the paper's
@@ -140,9 +140,9 @@ pub const OPTIONS: &[OptionSpec] = &[
     WCF_OPTION,
     DUMMY_READS_OPTION,
     COMMIT_OPTION,
-    crate::protocols::twopc::wm_commit::WM_OPTION,
-    crate::protocols::twopc::wm_commit::FLOOR_OPTION,
-    crate::protocols::twopc::epoch_commit::EPOCH_OPTION,
+    crate::protocols::twopc::commit::watermark::WM_OPTION,
+    crate::protocols::twopc::commit::watermark::FLOOR_OPTION,
+    crate::protocols::twopc::commit::epoch::EPOCH_OPTION,
     crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,
     crate::protocols::twopc::ORPHAN_OPTION,
 ];

@@ -229,10 +229,10 @@ pub const OPTIONS: &[OptionSpec] = &[
     TABLE_LEASES_OPTION,
     crate::protocols::twopc::record_lock::LOCK_WAIT_OPTION,
     crate::protocols::twopc::ORPHAN_OPTION,
-    crate::protocols::twopc::wm_commit::COMMIT_OPTION,
-    crate::protocols::twopc::epoch_commit::EPOCH_OPTION,
-    crate::protocols::twopc::wm_commit::WM_OPTION,
-    crate::protocols::twopc::wm_commit::FLOOR_OPTION,
+    crate::protocols::twopc::commit::watermark::COMMIT_OPTION,
+    crate::protocols::twopc::commit::epoch::EPOCH_OPTION,
+    crate::protocols::twopc::commit::watermark::WM_OPTION,
+    crate::protocols::twopc::commit::watermark::FLOOR_OPTION,
 ];
 
 pub const READ_THEN_WRITE_CHANGED: Reason = Reason::new("read-then-write-changed");

@@ -111,10 +111,10 @@ impl TicTocNode {
 /// Its options beside the 2PC skeleton's: none.
 pub const OPTIONS: &[OptionSpec] = &[
     crate::protocols::twopc::ORPHAN_OPTION,
-    crate::protocols::twopc::wm_commit::COMMIT_OPTION,
-    crate::protocols::twopc::epoch_commit::EPOCH_OPTION,
-    crate::protocols::twopc::wm_commit::WM_OPTION,
-    crate::protocols::twopc::wm_commit::FLOOR_OPTION,
+    crate::protocols::twopc::commit::watermark::COMMIT_OPTION,
+    crate::protocols::twopc::commit::epoch::EPOCH_OPTION,
+    crate::protocols::twopc::commit::watermark::WM_OPTION,
+    crate::protocols::twopc::commit::watermark::FLOOR_OPTION,
 ];
 
 pub const VERSION_CHANGED: Reason = Reason::new("tictoc-version-changed");

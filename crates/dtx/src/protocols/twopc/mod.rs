@@ -5,19 +5,19 @@
 //! locking protocols, and ([`buffered`]) the execution phase of those that buffer their writes.
 
 pub mod buffered;
+pub mod commit;
 pub mod durable;
-pub mod epoch_commit;
 pub mod lease;
 pub mod lease_log;
 pub mod record_lock;
 pub mod skeleton;
-pub mod wm_commit;
+pub mod wire;
 pub mod wm_worker;
 
+pub use commit::Stamp;
 pub use skeleton::{
     Cc, CcWorker, CoordTxn, Coordinator, FromNode, Messages, Participant, TwoPc, TwoPcConfig, ORPHAN_OPTION,
 };
-pub use wm_worker::Stamp;
 
 use crate::cluster::Topology;
 use crate::net::{Addr, NodeId};
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use super::ProtoOptions;
 
 /// A transaction attempt's id: node (12 bits) | worker (6 bits) | boot (10 bits) | sequence
-/// (36 bits). The boot number (from the node's log, [`durable::LogRecord::Boot`]) keeps ids of a
+/// (36 bits). The boot number (from the node's log, [`durable::Record::Boot`]) keeps ids of a
 /// restarted node from repeating ones that participants may still hold state for; it wraps after
 /// 1,024 restarts of one node, and a worker's sequence after 2^36 transactions of one boot.
 pub type TxnId = u64;
@@ -112,14 +112,17 @@ pub struct NodeShared<M> {
 
 impl<M: TxnMeta> NodeShared<M> {
     /// Build the node's storage, load the partitions it owns, and replay its log, if any, as
-    /// `protocol`'s (whose own records are `L`'s); returns what recovery left undecided.
-    pub fn load<L: durable::CcLog>(env: super::NodeEnv, protocol: &'static str) -> (Self, durable::Recovery<L>) {
+    /// `protocol`'s (whose own records are `L`'s) under the commit policy `P`; returns what
+    /// recovery left undecided, and what the policy's gate recovers from.
+    pub fn load<L: durable::CcLog, P: durable::PolicyLog>(
+        env: super::NodeEnv,
+        protocol: &'static str,
+    ) -> (Self, durable::Recovery<L>, P::Recovered) {
         let store: Storage<M> = super::load_storage(&env);
         // The host refused a checkpoint that does not decode (`Protocol::log_machine`), with a message.
         let from = match env.checkpoint.as_deref() {
-            Some(bytes) => {
-                durable::ReplayState::decode(protocol, bytes).unwrap_or_else(|e| panic!("node {}: {e}", env.node))
-            }
+            Some(bytes) => durable::ReplayState::<L, P>::decode(protocol, bytes)
+                .unwrap_or_else(|e| panic!("node {}: {e}", env.node)),
             None => durable::ReplayState::new(protocol),
         };
         let replayed = |k: RowKey, v: Option<Value>, writes: u64, ts: u64| {
@@ -134,27 +137,13 @@ impl<M: TxnMeta> NodeShared<M> {
             }
             old
         };
-        let (mut recovery, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
+        let (recovery, mut policy, state) = durable::replay_keeping(from, &env.recovered, &mut |k, v, writes, ts| {
             replayed(k, v, writes, ts);
         });
-        // An epoch sealed without a known fate is applied last, keeping what it replaces.
-        let epochs = &mut recovery.epochs;
-        for (k, v, writes, ts) in std::mem::take(&mut epochs.limbo_rows) {
-            let old = replayed(k, v, writes, ts);
-            epochs.limbo_undo.push((k, old));
-        }
-        for (_, writes, _) in recovery.in_doubt.iter().filter(|e| epochs.limbo_txns.contains(&e.0)) {
-            epochs.limbo_undo.extend(writes.iter().map(|(k, _)| (*k, committed_value(&store, *k))));
-        }
-        // Commits a watermark recovery may still roll back are applied last, keeping what they
-        // replace.
-        let wm = &mut recovery.wm;
-        for (ts, writes) in std::mem::take(&mut wm.limbo) {
-            for (k, v) in writes {
-                let old = replayed(k, v, 1, ts);
-                wm.undo.push((ts, k, old));
-            }
-        }
+        // What the policy may still roll back is applied last, keeping what it replaces.
+        P::apply_limbo(&mut policy, &recovery.in_doubt, &mut |k, v, writes, ts| replayed(k, v, writes, ts), &|k| {
+            committed_value(&store, k)
+        });
         if recovery.undecodable > 0 {
             crate::rt::log_warn(&format!(
                 "node {}: {} log records did not decode and were skipped",
@@ -173,11 +162,11 @@ impl<M: TxnMeta> NodeShared<M> {
                     // Before the boot record, so that the checkpointer sees every record.
                     log.set_checkpointer(Box::new(state), env.checkpoint_every);
                 }
-                durable::TxnLog::start::<L>(env.log, boot)
+                durable::TxnLog::start::<L, P>(env.log, boot)
             },
             boot,
         };
-        (node, recovery)
+        (node, recovery, policy)
     }
 
     /// The node holding `key`, if it is not this one.

@@ -12,9 +12,12 @@
 //! participant.rs), and the requests and replies between them ([`Messages`], its messages.rs).
 //! OCC, 2PL, TicToc, Sundial, MaaT and MVCC plug in this way.
 
+use super::commit::epoch::EpochLog;
+use super::commit::two_pc::TwoPcLog;
+use super::commit::watermark::{WatermarkGate, WmLog};
+use super::commit::{CommitPolicy, Gate, GateHost, GateNode, Policy};
 use super::durable::{AckAfter, CcLog, InDoubt, Recovery, TxnLog};
-use super::epoch_commit::{CommitPolicy, EpochGate, GateHost, GateRecovery};
-use super::wm_commit::WatermarkGate;
+use super::wire::{framed, framed_in_era, split_era, TAG_CC, TAG_CC_IN_ERA, TAG_PEEK, TAG_TERMINATION};
 use super::{resend_unended, spawn_sweeper, CoordTable, NodeShared, PartTable, TxnId, TxnMeta, TxnStatus};
 use crate::net::{decode, Addr, NodeId};
 use crate::protocols::{Attempt, NodeEnv, NodeProtocol, Protocol, WorkerProtocol};
@@ -32,7 +35,7 @@ use std::sync::Arc;
 pub struct TwoPcConfig {
     /// A participant asks the coordinator about a transaction it has not heard of this long.
     pub orphan_after_us: u64,
-    /// When a commit is safe to acknowledge ([`super::epoch_commit`]).
+    /// When a commit is safe to acknowledge ([`super::commit`]).
     pub commit: CommitPolicy,
 }
 
@@ -83,21 +86,6 @@ pub fn commit_with_early_release<T, C: Cc>(
     Ok(wk.ack_after(stamp, lsn))
 }
 
-/// A message to a worker of a protocol over the skeleton is the concurrency control's own
-/// request, one of the skeleton's termination protocol, or a reconnaissance read, told apart by
-/// its first byte.
-const TAG_CC: u8 = 0;
-const TAG_TERMINATION: u8 = 1;
-const TAG_PEEK: u8 = 2;
-/// `commit=epoch`: the concurrency control's request, after the epoch it was made in (8 bytes,
-/// little-endian); `commit=wm`: after the agreement term. A participant in another epoch or
-/// term, or recovering, answers [`REFUSED_FOR_EPOCH`].
-const TAG_CC_IN_EPOCH: u8 = 3;
-/// `commit=epoch`: a message between epoch gates ([`super::epoch_commit::GateMsg`]), one-way.
-const TAG_EPOCH: u8 = 4;
-/// `commit=wm`: a message between watermark gates ([`super::wm_commit::WmGateMsg`]), one-way.
-const TAG_WM: u8 = 5;
-
 /// The reply to a request made in an epoch (or term) the participant is not in: empty, which no encoded
 /// reply is (every reply type is an enum, one byte at least).
 const REFUSED_FOR_EPOCH: &[u8] = &[];
@@ -140,14 +128,6 @@ pub enum TerminationReply {
     Status(TxnStatus, u64, u64),
 }
 
-/// `value` encoded behind a one-byte tag, in one allocation (every remote request goes through
-/// here).
-pub(super) fn framed(tag: u8, value: &impl Serialize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.push(tag);
-    postcard::to_extend(value, out).expect("a message encodes into memory")
-}
-
 /// A termination message, as the skeleton sends it.
 pub(super) fn termination(t: &Termination) -> Vec<u8> {
     framed(TAG_TERMINATION, t)
@@ -159,24 +139,6 @@ pub(super) fn parse_status(reply: &[u8]) -> Option<(TxnStatus, u64, u64)> {
         Ok(TerminationReply::Status(s, ts, epoch)) => Some((s, ts, epoch)),
         _ => None,
     }
-}
-
-/// A message between nodes' epoch gates, as the skeleton sends it.
-pub(super) fn gate_message(msg: &super::epoch_commit::GateMsg) -> Vec<u8> {
-    framed(TAG_EPOCH, msg)
-}
-
-/// A message between nodes' watermark gates, as the skeleton sends it.
-pub(super) fn wm_message(msg: &super::wm_commit::WmGateMsg) -> Vec<u8> {
-    framed(TAG_WM, msg)
-}
-
-/// A concurrency control's request made in `epoch`.
-fn framed_in_epoch(epoch: u64, value: &impl Serialize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.push(TAG_CC_IN_EPOCH);
-    out.extend_from_slice(&epoch.to_le_bytes());
-    postcard::to_extend(value, out).expect("a message encodes into memory")
 }
 
 /// A concurrency control over two-phase commit: what its records and nodes carry, here; how
@@ -286,7 +248,7 @@ pub trait Participant: Messages + Sized {
     where
         Self: Cc,
     {
-        let Some(wm) = &wk.wm else { return };
+        let Some(wm) = wk.gate.watermark() else { return };
         let stale: Vec<TxnId> = wk.parts.txns.borrow().keys().copied().filter(|t| wm.active_before(*t, term)).collect();
         wk.w.count("wm-stale-released", stale.len() as u64);
         for txn in stale {
@@ -319,38 +281,11 @@ pub struct TwoPc<C: Cc> {
 
 impl<C: Cc> Protocol for TwoPc<C> {
     fn build_node(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
-        let (shared, mut recovery) = NodeShared::load::<C::Log>(env, C::NAME);
-        let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
-        let wm = match self.config.commit {
-            CommitPolicy::Watermark { wm_us, floor } => {
-                let recovered = std::mem::take(&mut recovery.wm);
-                let restarted = recovery.boot > 1;
-                let mut gate = WatermarkGate::new(shared.id, shared.topo.nodes, wm_us, floor, recovered, restarted);
-                if !shared.log.enabled() || shared.topo.nodes == 1 {
-                    gate = gate.never_rolls_back();
-                }
-                gate.log_start(&shared.log);
-                Some(Arc::new(gate))
-            }
-            _ => None,
-        };
-        let gate = match self.config.commit {
-            CommitPolicy::TwoPc | CommitPolicy::Watermark { .. } => None,
-            CommitPolicy::Epoch { epoch_us } => {
-                let e = &mut recovery.epochs;
-                let recovered = GateRecovery {
-                    last_epoch: e.last_epoch,
-                    last_committed: e.last_committed,
-                    limbo: e.limbo.map(|epoch| (epoch, std::mem::take(&mut e.limbo_undo))),
-                };
-                let gate = EpochGate::new(shared.id, shared.topo.nodes, epoch_us, recovered);
-                gate.log_first_epoch(&shared.log);
-                Some(Arc::new(gate))
-            }
-        };
-        let recovered = parking_lot::Mutex::new(recovery);
-        let shared = Arc::new(shared);
-        Arc::new(CcNode { shared, state, cc: self.cc.clone(), config: self.config, recovered, gate, wm })
+        match self.config.commit {
+            CommitPolicy::TwoPc => self.build_under::<TwoPcLog>(env),
+            CommitPolicy::Epoch { .. } => self.build_under::<EpochLog>(env),
+            CommitPolicy::Watermark { .. } => self.build_under::<WmLog>(env),
+        }
     }
 
     fn log_machine(
@@ -358,7 +293,24 @@ impl<C: Cc> Protocol for TwoPc<C> {
         _env: &crate::protocols::MachineEnv,
         checkpoint: Option<&[u8]>,
     ) -> anyhow::Result<Box<dyn crate::rt::log::LogMachine>> {
-        super::durable::machine::<C::Log>(C::NAME, checkpoint)
+        match self.config.commit {
+            CommitPolicy::TwoPc => super::durable::machine::<C::Log, TwoPcLog>(C::NAME, checkpoint),
+            CommitPolicy::Epoch { .. } => super::durable::machine::<C::Log, EpochLog>(C::NAME, checkpoint),
+            CommitPolicy::Watermark { .. } => super::durable::machine::<C::Log, WmLog>(C::NAME, checkpoint),
+        }
+    }
+}
+
+impl<C: Cc> TwoPc<C> {
+    /// The node, its log replayed under the commit policy `P`, whose gate it then builds.
+    fn build_under<P: Policy>(&self, env: NodeEnv) -> Arc<dyn NodeProtocol> {
+        let (shared, recovery, policy) = NodeShared::load::<C::Log, P>(env, C::NAME);
+        let state = Arc::new(C::NodeState::from_node(&self.cc, &shared, &recovery.own));
+        let node = GateNode { id: shared.id, nodes: shared.topo.nodes, log: &shared.log, restarted: recovery.boot > 1 };
+        let gate = P::gate(policy, node, self.config.commit);
+        let recovered = parking_lot::Mutex::new(recovery);
+        let shared = Arc::new(shared);
+        Arc::new(CcNode { shared, state, cc: self.cc.clone(), config: self.config, recovered, gate })
     }
 }
 
@@ -369,10 +321,8 @@ struct CcNode<C: Cc> {
     config: TwoPcConfig,
     /// What recovery left undecided, claimed by the workers that own it as they start.
     recovered: parking_lot::Mutex<Recovery<C::Log>>,
-    /// The node's side of epoch group commit (`commit=epoch`).
-    gate: Option<Arc<EpochGate>>,
-    /// The node's side of watermark group commit (`commit=wm`).
-    wm: Option<Arc<WatermarkGate>>,
+    /// The node's side of its commit policy.
+    gate: Gate,
 }
 
 impl<C: Cc> NodeProtocol for CcNode<C> {
@@ -390,7 +340,6 @@ impl<C: Cc> NodeProtocol for CcNode<C> {
             last_outcome_lsn: Cell::new(0),
             unended: RefCell::new(unended),
             gate: self.gate.clone(),
-            wm: self.wm.clone(),
         });
         C::adopt_in_doubt(&wk, in_doubt);
         let handler: Weak<dyn Handler> = Rc::downgrade(&(wk.clone() as Rc<dyn Handler>));
@@ -416,62 +365,17 @@ pub struct CcWorker<C: Cc> {
     pub last_outcome_lsn: Cell<u64>,
     /// Commits this worker coordinated before a crash that not every participant acknowledged.
     unended: RefCell<super::durable::Unended>,
-    /// The node's side of epoch group commit (`commit=epoch`).
-    pub gate: Option<Arc<EpochGate>>,
-    /// The node's side of watermark group commit (`commit=wm`).
-    pub wm: Option<Arc<WatermarkGate>>,
+    /// The node's side of its commit policy ([`super::commit`]).
+    pub gate: Gate,
 }
 
 impl<C: Cc> CcWorker<C> {
-    /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit.
+    /// Run one attempt: declare (or discover) the keys, prefetch, execute, commit, under the
+    /// node's commit policy.
     async fn run(&self, req: &TxnRequest, attempt: Attempt) -> TxnResult<TxnOutput> {
         self.node.log.booted().await;
-        if let Some(wm) = &self.wm {
-            // A restarted node serves nothing until its recovery agreement is through.
-            while wm.recovering() {
-                self.w.sleep_us(1_000).await;
-            }
-            return self.run_until_watermark(wm, req, attempt).await;
-        }
-        let Some(gate) = &self.gate else { return self.run_attempt(req, attempt).await };
-        let admitted = gate.admit(&self.w).await?;
-        let epoch = admitted.epoch;
-        self.coord.epoch.set(epoch);
-        let mut out = self.run_attempt(req, Attempt { defer_ack: true, ..attempt }).await?;
-        // Its records precede the epoch's seal: it leaves the epoch before waiting for it.
-        drop(admitted);
-        if attempt.defer_ack {
-            out.ack_after = Some(epoch);
-            return Ok(out);
-        }
-        out.ack_after = None;
-        let t0 = self.w.now_ns();
-        gate.outcome(epoch).await?;
-        self.w.note_log_wait(self.w.now_ns() - t0);
-        Ok(out)
-    }
-
-    /// Run one attempt under `commit=wm`: the commit names its timestamp, which is safe once the
-    /// global watermark passes it.
-    async fn run_until_watermark(
-        &self,
-        wm: &WatermarkGate,
-        req: &TxnRequest,
-        attempt: Attempt,
-    ) -> TxnResult<TxnOutput> {
-        let mut out = self.run_attempt(req, Attempt { defer_ack: true, ..attempt }).await?;
-        if attempt.defer_ack {
-            return Ok(out);
-        }
-        let Some(ts) = out.ack_after.take() else { return Ok(out) };
-        let t0 = self.w.now_ns();
-        let acks = wm.acks();
-        crate::rt::release::AckSource::decided(&*acks, ts).await;
-        self.w.note_log_wait(self.w.now_ns() - t0);
-        match crate::rt::release::AckSource::outcome(&*acks, ts) {
-            crate::rt::release::Release::RolledBack => Err(Abort::RolledBack),
-            _ => Ok(out),
-        }
+        let set_era = |epoch| self.coord.epoch.set(epoch);
+        self.gate.run(&self.w, attempt, set_era, |attempt| self.run_attempt(req, attempt)).await
     }
 
     /// Run one attempt under the node's commit policy's first half: everything up to the
@@ -525,7 +429,7 @@ impl<C: Cc> CcWorker<C> {
     /// `commit=epoch`, where the epoch's seal makes it durable before anything it decided is
     /// acknowledged).
     pub fn reply_when_durable(&self, to: Addr, rpc_id: u64, lsn: Option<u64>, body: Vec<u8>) {
-        if self.gate.is_some() || self.wm.is_some() {
+        if self.gate.answers_at_once() {
             return self.w.reply(to, rpc_id, &body);
         }
         self.reply_after_log(to, rpc_id, lsn, body)
@@ -560,7 +464,7 @@ impl<C: Cc> CcWorker<C> {
     /// Presumed abort: nobody waits for this record, and a lost one reads as abort anyway.
     /// Under `commit=wm` a vote logs nothing, so neither does its abort.
     pub fn log_abort_here(&self, txn: TxnId) {
-        if self.wm.is_none() {
+        if self.gate.logs_votes() {
             let _ = self.node.log.append_outcome(txn, false, 0);
         }
     }
@@ -574,98 +478,57 @@ impl<C: Cc> CcWorker<C> {
         }
     }
 
-    /// The coordinator decided to commit `txn` (made in `epoch` under `commit=epoch`): install
-    /// it here, or, if its epoch was rolled back here, release it.
-    ///
-    /// Under `commit=wm`, `epoch` is the agreement term it ran in: a participant that has moved
-    /// to another (the agreement rolled it back everywhere) releases it, and one that installs
-    /// takes it out of its gate once installed.
-    fn commit_decided(&self, txn: TxnId, ts: u64, epoch: u64) {
-        match (&self.gate, &self.wm) {
-            (Some(gate), _) => gate.decided(epoch, || C::commit_here(self, txn, ts), || C::abort_here(self, txn)),
-            (None, Some(wm)) if C::DECISION_INSTALLS && self.parts.contains(txn) => {
-                match wm.begin_install(txn, epoch) {
-                    Ok(()) => {
-                        C::commit_here(self, txn, ts);
-                        wm.leave(txn, None);
-                    }
-                    Err(_) => C::abort_here(self, txn),
-                }
-            }
-            (None, _) => C::commit_here(self, txn, ts),
-        }
+    /// The coordinator decided to commit `txn` (in `era`, the epoch or agreement term it ran
+    /// in): install it here, unless the commit policy rolled its era back here (the policy's
+    /// [`Gate::decided`]).
+    fn commit_decided(&self, txn: TxnId, ts: u64, era: u64) {
+        let installs_here = C::DECISION_INSTALLS && self.parts.contains(txn);
+        self.gate.decided(txn, era, installs_here, || C::commit_here(self, txn, ts), || C::abort_here(self, txn));
     }
 
     /// Append a yes vote's record (`writes` install if `txn` commits, `vote` is the protocol's
-    /// own part): under `commit=epoch`, only before the node's epoch is sealed, saving the
-    /// values the writes will replace.
+    /// own part), as the commit policy has it ([`Gate::append_vote`]).
     pub fn append_prepared<V: Serialize + 'static>(
         &self,
         txn: TxnId,
         writes: &[(RowKey, Option<Value>)],
         vote: &V,
     ) -> Result<Option<u64>, Abort> {
-        match (&self.gate, &self.wm) {
-            (Some(gate), _) => gate.append_writes(self, writes, || self.node.log.append_prepared(txn, writes, vote)),
-            // Nothing to log: a crash rolls back every partition past the transaction, which
-            // stays active here (and the watermark below it) until its install is logged.
-            (None, Some(_)) => Ok(None),
-            (None, None) => self.node.log.append_prepared(txn, writes, vote),
-        }
+        self.gate.append_vote(self, writes, || self.node.log.append_prepared(txn, writes, vote))
     }
 
     /// Append the commit decision of a transaction coordinated here: its writes to this node
-    /// and the participants that must hear it (as [`CcWorker::append_prepared`] under epochs).
+    /// and the participants that must hear it ([`Gate::append_decision`]).
     pub fn append_commit(
         &self,
         txn: TxnId,
         writes: &[(RowKey, Option<Value>)],
         participants: &[NodeId],
     ) -> Result<Option<u64>, Abort> {
-        match &self.gate {
-            None => self.node.log.append_commit(txn, writes, participants, 0),
-            Some(gate) => {
-                gate.append_writes(self, writes, || self.node.log.append_commit(txn, writes, participants, 0))
-            }
-        }
+        self.gate.append_decision(self, writes, || self.node.log.append_commit(txn, writes, participants, 0))
     }
 
     /// What a transaction that touched only this node waits for before it is acknowledged
-    /// (see [`TxnLog::local_commit_lsn`]); under `commit=epoch`, its epoch instead, and under
-    /// `commit=wm` the watermark ([`CcWorker::ack_after`]: its writes are appended at
-    /// `stamp.ts`).
+    /// ([`Gate::local_commit_lsn`]).
     pub fn local_commit_lsn(
         &self,
         txn: TxnId,
         stamp: super::Stamp,
         writes: &[(RowKey, Option<Value>)],
     ) -> Result<Option<u64>, Abort> {
-        match (&self.gate, &self.wm) {
-            (None, Some(wm)) => self.wm_append(wm, txn, writes, stamp.ts).map(|_| None),
-            (None, None) => self.node.log.local_commit_lsn(txn, writes),
-            (Some(_), _) if writes.is_empty() => Ok(None),
-            (Some(_), _) => self.append_commit(txn, writes, &[]).map(|_| None),
-        }
+        self.gate.local_commit_lsn(self, txn, stamp, writes)
     }
 
-    /// Log a distributed transaction's commit decision and wait until it is durable (see
-    /// [`TxnLog::log_decision`]); under `commit=epoch`, append it and go on: the epoch's seal
-    /// waits for it.
-    /// Under `commit=wm`, only this node's writes are appended (at `stamp.ts`): the decision
-    /// need not survive a crash, which rolls the transaction back everywhere.
+    /// Log a distributed transaction's commit decision as the commit policy has it
+    /// ([`Gate::log_decision`]).
     pub async fn log_decision(
         &self,
-        (txn, stamp): (TxnId, super::Stamp),
+        txn: (TxnId, super::Stamp),
         local_writes: &[(RowKey, Option<Value>)],
         writers: &[NodeId],
         read_here: bool,
     ) -> TxnResult<()> {
-        match (&self.gate, &self.wm) {
-            (None, Some(wm)) => self.wm_append(wm, txn, local_writes, stamp.ts),
-            (None, None) => self.node.log.log_decision(&self.w, txn, local_writes, writers, read_here).await,
-            (Some(_), _) if local_writes.is_empty() && writers.is_empty() => Ok(()),
-            (Some(_), _) => self.append_commit(txn, local_writes, writers).map(|_| ()),
-        }
+        self.gate.log_decision(self, txn, local_writes, writers, read_here).await
     }
 
     /// One request to the participant on `node`, decoded; a timeout or a garbled reply aborts
@@ -689,17 +552,13 @@ impl<C: Cc> CcWorker<C> {
     }
 
     async fn ask_tagged<Q: Serialize, R: DeserializeOwned>(&self, node: NodeId, tag: u8, req: &Q) -> TxnResult<R> {
-        let framed = match (&self.gate, &self.wm) {
-            (Some(gate), _) if tag == TAG_CC => framed_in_epoch(gate.epoch_now(), req),
-            (None, Some(wm)) if tag == TAG_CC => framed_in_epoch(wm.term(), req),
+        let framed = match self.gate.request_era() {
+            Some(era) if tag == TAG_CC => framed_in_era(era, req),
             _ => framed(tag, req),
         };
         let body = self.w.call(self.participant_addr(node), framed).await.map_err(|_| Abort::Timeout)?;
         if body.is_empty() {
-            return Err(match self.wm {
-                Some(_) => Abort::Protocol(super::wm_commit::RECOVERED),
-                None => Abort::EpochClosed,
-            });
+            return Err(self.gate.refusal());
         }
         decode(&body).map_err(|_| Abort::BadReply)
     }
@@ -752,8 +611,8 @@ impl<C: Cc> CcWorker<C> {
         if writers.is_empty() {
             self.coord.forget(txn);
         } else {
-            match self.wm {
-                Some(_) => self.coord.set_committed_in(txn, stamp.ts, stamp.era),
+            match self.gate.decision_era(stamp) {
+                Some(era) => self.coord.set_committed_in(txn, stamp.ts, era),
                 None => self.coord.set(txn, TxnStatus::Committed),
             }
             self.tell_commit(txn, writers);
@@ -781,7 +640,7 @@ impl<C: Cc> CcWorker<C> {
     fn serve_termination(&self, from: Addr, rpc_id: u64, t: Termination) {
         let reply = match t {
             Termination::Commit { txn, ts, epoch } => {
-                if self.gate.as_ref().is_some_and(|g| g.restarting()) {
+                if self.gate.holds_decisions() {
                     // Restarted, and not yet told what became of the epoch it ran in: the
                     // coordinator resends until we answer.
                     return;
@@ -799,21 +658,8 @@ impl<C: Cc> CcWorker<C> {
             Termination::Status { txn } => {
                 // "Aborted" is also what a coordinator answers for a transaction it never heard
                 // of: only an incarnation that still leads the node's log may say so.
-                let (mut status, ts, epoch) = self.coord.get_at(txn);
-                if let Some(gate) = &self.gate {
-                    if gate.rolled_back(epoch) {
-                        status = TxnStatus::Aborted;
-                    } else if status == TxnStatus::Aborted && gate.restarting() {
-                        // Restarted: a commit of the epoch it has not settled may be unknown to
-                        // this table yet.
-                        status = TxnStatus::Active;
-                    }
-                }
-                if self.wm.as_ref().is_some_and(|wm| wm.recovering()) {
-                    // Restarted: the agreement decides what became of the transactions it
-                    // coordinated; until then, hold on.
-                    status = TxnStatus::Active;
-                }
+                let (status, ts, epoch) = self.coord.get_at(txn);
+                let status = self.gate.status(status, epoch);
                 let fence = self.node.log.read_fence();
                 let reply = crate::net::encode(&TerminationReply::Status(status, ts, epoch));
                 return self.reply_after_log(from, rpc_id, fence, reply);
@@ -829,22 +675,16 @@ impl<C: Cc> WorkerProtocol for CcWorker<C> {
     }
 
     fn ack_source(&self) -> Option<Arc<dyn crate::rt::release::AckSource>> {
-        if let Some(gate) = &self.gate {
-            return Some(gate.acks() as Arc<dyn crate::rt::release::AckSource>);
-        }
-        if let Some(wm) = &self.wm {
-            return Some(wm.acks() as Arc<dyn crate::rt::release::AckSource>);
+        if let Some(acks) = self.gate.acks() {
+            return Some(acks);
         }
         self.node.log.node_log().map(|log| log.clone() as Arc<dyn crate::rt::release::AckSource>)
     }
 
     fn start(&self) {
         if let Some(me) = self.me.upgrade() {
-            if let Some(gate) = &self.gate {
-                gate.start(&me);
-            }
-            if let Some(wm) = &self.wm {
-                wm.start(&me);
+            self.gate.start(&me);
+            if let Some(wm) = self.gate.watermark() {
                 spawn_term_watch(&me, wm.clone());
             }
             spawn_sweeper(&me, self.config.orphan_after_us);
@@ -909,15 +749,9 @@ impl<C: Cc> Handler for CcWorker<C> {
     fn on_request(&self, from: Addr, rpc_id: u64, body: &[u8]) {
         let decoded = match body.split_first() {
             Some((&TAG_CC, rest)) => decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r)),
-            Some((&TAG_CC_IN_EPOCH, rest)) if rest.len() >= 8 => {
-                let (epoch, rest) = rest.split_at(8);
-                let epoch = u64::from_le_bytes(epoch.try_into().expect("eight bytes"));
-                let serves = match (&self.gate, &self.wm) {
-                    (Some(gate), _) => gate.serves(epoch),
-                    (None, Some(wm)) => wm.serves(epoch),
-                    (None, None) => false,
-                };
-                if !serves || !self.node.log.is_booted() {
+            Some((&TAG_CC_IN_ERA, rest)) if rest.len() >= 8 => {
+                let (era, rest) = split_era(rest).expect("eight bytes");
+                if !self.gate.serves(era) || !self.node.log.is_booted() {
                     return self.w.reply(from, rpc_id, REFUSED_FOR_EPOCH);
                 }
                 decode::<C::Request>(rest).map(|r| C::serve(self, from, rpc_id, r))
@@ -932,17 +766,17 @@ impl<C: Cc> Handler for CcWorker<C> {
     }
 
     fn on_oneway(&self, from: Addr, body: &[u8]) {
-        match (body.split_first(), &self.gate, self.me.upgrade()) {
-            (Some((&TAG_EPOCH, rest)), Some(gate), Some(me)) => gate.on_message(&me, from, rest),
-            (Some((&TAG_WM, rest)), _, Some(me)) if self.wm.is_some() => {
-                self.wm.as_ref().expect("checked").on_message(&me, from, rest)
-            }
-            _ => log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME)),
+        let handled = match (body.split_first(), self.me.upgrade()) {
+            (Some((&tag, rest)), Some(me)) => self.gate.on_message(&me, from, tag, rest),
+            _ => false,
+        };
+        if !handled {
+            log_warn(&format!("{}: unexpected one-way message from {from}", C::NAME));
         }
     }
 }
 
-/// The node a worker runs on, as epoch group commit sees it.
+/// The node a worker runs on, as its commit policy's gate sees it.
 impl<C: Cc> GateHost for CcWorker<C> {
     fn worker(&self) -> &Rc<Worker> {
         &self.w

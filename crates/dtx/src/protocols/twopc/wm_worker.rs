@@ -1,5 +1,5 @@
 //! What a concurrency control over the skeleton calls so that `commit=wm` works for it, as
-//! Primo's does (`twopc::wm_commit` is the node's gate): every call is a no-op, or hands back
+//! Primo's does (`twopc::commit::watermark` is the node's gate): every call is a no-op, or hands back
 //! what it was given, under the other commit policies, so a protocol's code reads the same
 //! under all three.
 //!
@@ -20,32 +20,23 @@
 //! the agreed W_g, below which every record is durable, and a transaction that had not left
 //! every partition's gate lies at or above it.
 
+use super::commit::watermark::point;
 use super::durable::AckAfter;
-use super::wm_commit::{point, WatermarkGate};
-use super::{Cc, CcWorker, TxnId};
+use super::{Cc, CcWorker, Stamp, TxnId};
 use crate::storage::{RowKey, Value};
-use crate::txn::{Abort, TxnResult};
-
-/// A transaction's logical commit timestamp and the era it ran in (its recovery agreement term
-/// under `commit=wm`), for a concurrency control that has one; the default (zero) for one
-/// without (2PL, OCC), whose commits are acknowledged by log position or by epoch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stamp {
-    pub era: u64,
-    pub ts: u64,
-}
+use crate::txn::TxnResult;
 
 impl<C: Cc> CcWorker<C> {
     /// The term a transaction starting now runs in (0 without `commit=wm`).
     pub fn wm_term(&self) -> u64 {
-        self.wm.as_ref().map_or(0, |wm| wm.term())
+        self.gate.watermark().map_or(0, |wm| wm.term())
     }
 
     /// The commit timestamp of `txn`, which started in `era`, whose reads and locks allow
     /// `candidate`: under `commit=wm` raised past the node's floor (R2) and active in its gate
     /// until [`CcWorker::wm_leave`]; refused if an agreement came between. Else `candidate`.
     pub fn wm_commit_ts(&self, txn: TxnId, era: u64, candidate: u64) -> TxnResult<u64> {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => wm.commit_ts(txn, era, candidate),
             None => Ok(candidate),
         }
@@ -55,7 +46,7 @@ impl<C: Cc> CcWorker<C> {
     /// now until [`CcWorker::wm_leave`], and its timestamp must be at least the bound returned
     /// (0 otherwise). Refused while the node recovers.
     pub fn wm_enter(&self, txn: TxnId) -> TxnResult<u64> {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => wm.enter(txn, wm.term(), 0),
             None => Ok(0),
         }
@@ -63,7 +54,7 @@ impl<C: Cc> CcWorker<C> {
 
     /// `txn` holds nothing here any more (its record appended, or aborted).
     pub fn wm_leave(&self, txn: TxnId) {
-        if let Some(wm) = &self.wm {
+        if let Some(wm) = self.gate.watermark() {
             wm.leave(txn, None);
         }
     }
@@ -72,7 +63,7 @@ impl<C: Cc> CcWorker<C> {
     /// watermark passing `(era, ts)`, else `lsn` (a log position, or the epoch's under
     /// `commit=epoch`).
     pub fn ack_after(&self, stamp: Stamp, lsn: AckAfter) -> AckAfter {
-        match &self.wm {
+        match self.gate.watermark() {
             Some(wm) => {
                 wm.awaited(stamp.ts);
                 Some(point(stamp.era, stamp.ts))
@@ -85,34 +76,12 @@ impl<C: Cc> CcWorker<C> {
     /// (log order is install order): under `commit=wm` its writes, as a `Commit` the watermark
     /// settles, since its vote logged nothing; else the outcome record (a decision without a
     /// timestamp of its own). Under `commit=wm` a record the log refuses stops the node
-    /// ([`WatermarkGate::fail_stop`]): the transaction leaves the gate once installed, and a
+    /// ([`super::commit::watermark::WatermarkGate::fail_stop`]): the transaction leaves the gate once installed, and a
     /// watermark published after that could pass a commit whose writes here are in no log.
     pub fn log_install_here(&self, txn: TxnId, writes: &[(RowKey, Option<Value>)], ts: u64) {
-        let Some(wm) = &self.wm else { return self.log_commit_here(txn, 0) };
-        if let Err(a) = self.wm_append(wm, txn, writes, ts) {
+        let Some(wm) = self.gate.watermark() else { return self.log_commit_here(txn, 0) };
+        if let Err(a) = wm.append_install(self, txn, writes, ts) {
             wm.fail_stop(&self.w, &format!("txn {txn:x}: its writes could not be logged ({a:?})"));
         }
-    }
-
-    /// Under `commit=wm`: append `txn`'s writes here as a `Commit` at `ts`, and keep the values
-    /// they replace while an agreement may roll them back. The caller holds every record written
-    /// (its locks) and installs next.
-    pub(super) fn wm_append(
-        &self,
-        wm: &WatermarkGate,
-        txn: TxnId,
-        writes: &[(RowKey, Option<Value>)],
-        ts: u64,
-    ) -> Result<(), Abort> {
-        if writes.is_empty() {
-            return Ok(());
-        }
-        self.node.log.append_commit(txn, writes, &[], ts)?;
-        // The caller holds every record written: their committed values are the ones replaced.
-        if wm.keeps_undo_at(ts) {
-            wm.keep_undo(ts, writes.iter().map(|(k, _)| (*k, super::committed_value(&self.node.store, *k))));
-        }
-        wm.logged(ts);
-        Ok(())
     }
 }

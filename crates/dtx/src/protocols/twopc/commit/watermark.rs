@@ -24,7 +24,7 @@
 //!
 //! **Recovery (§5.2).** A node that restarts (or whose logs fail over to another host) rebuilt
 //! from its log everything it committed; what lies at or above its last logged view of W_g it
-//! applied with the values it replaced kept (`durable::WmReplay`), since no agreement rolls back
+//! applied with the values it replaced kept ([`WmLog`]), since no agreement rolls back
 //! below a view. It serves nothing and asks node 0 for an agreement
 //! ([`crate::replication::wm_recovery`]; the paper's ZooKeeper is node 0, whose terms are
 //! logged). Every partition reports its latest *persisted* W_p and stops broadcasting; node 0
@@ -43,10 +43,11 @@
 //! The gate is one mutex per node, taken when a transaction enters and leaves, and at each
 //! generation: generation must see every transaction that entered before it.
 
-use super::durable::WmRecovered;
-use super::epoch_commit::GateHost;
-use super::TxnId;
+use super::{CommitPolicy, Gate, GateHost, GateNode, Policy};
 use crate::net::{Addr, NodeId};
+use crate::protocols::twopc::durable::{CcLog, CoreReplay, InDoubt, LogRecord, PolicyLog, Record, TxnLog, Writes};
+use crate::protocols::twopc::wire::{framed, TAG_WM};
+use crate::protocols::twopc::TxnId;
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::replication::watermark::PartitionWatermarks;
 use crate::replication::wm_recovery::{
@@ -54,8 +55,11 @@ use crate::replication::wm_recovery::{
 };
 use crate::rt::log_warn;
 use crate::rt::release::ReleasePoints;
+use crate::rt::release::{AckSource, Release};
+use crate::rt::Worker;
 use crate::storage::{RowKey, Value};
 use crate::txn::Abort;
+use crate::txn::{TxnOutput, TxnResult};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeSet, VecDeque};
@@ -426,12 +430,12 @@ impl WatermarkGate {
     }
 
     /// The first record of a log under `commit=wm` (replay waits for what follows it).
-    pub fn log_start(&self, log: &super::durable::TxnLog) {
+    pub fn log_start(&self, log: &TxnLog) {
         let (w_p, w_g) = {
             let st = self.state.lock();
             (st.marks.own(), st.marks.global())
         };
-        let _ = log.append_watermark(w_p, w_g);
+        let _ = log.append_policy(&WmRecord::Watermark { w_p, w_g });
     }
 
     /// Where clients wait: a commit at point `(term, ts)` is released once `ts < W_g`, or
@@ -636,7 +640,7 @@ impl WatermarkGate {
                     }
                 };
                 let Some((w_p, w_g, term)) = generated else { continue };
-                match h.gate_log().append_watermark(w_p, w_g) {
+                match h.gate_log().append_policy(&WmRecord::Watermark { w_p, w_g }) {
                     Ok(lsn) => h.gate_log().durable(lsn).await,
                     // Not persisted: not broadcast either (the next interval tries again).
                     Err(_) => continue,
@@ -723,7 +727,7 @@ impl WatermarkGate {
             }
             st.partition.on_persisted(w_p);
         }
-        let body = super::skeleton::wm_message(&WmGateMsg::Mark { w_p, term });
+        let body = wm_message(&WmGateMsg::Mark { w_p, term });
         for n in (0..self.nodes).filter(|&n| n != self.node) {
             host.worker().send_control(Addr::new(n, 0), &body);
         }
@@ -778,7 +782,7 @@ impl WatermarkGate {
             c.begin(host.worker().now_us())
         };
         let term = self.state.lock().coordinator.as_ref().map_or(0, |c| c.term());
-        let lsn = host.gate_log().append_wm_term(term).unwrap_or(None);
+        let lsn = host.gate_log().append_policy(&WmRecord::Term { term }).unwrap_or(None);
         let (gate, h) = (self.clone(), host.clone());
         host.worker().clone().spawn(async move {
             h.gate_log().durable(lsn).await;
@@ -789,7 +793,11 @@ impl WatermarkGate {
     /// Node 0: every partition reported. Log the decision, then announce it: a partition that
     /// missed it (node 0 failing in between) is rolled back to it in the next term.
     fn decide<H: GateHost>(self: &Arc<Self>, host: &Rc<H>, d: Decision) {
-        let lsn = match host.gate_log().append_wm_decided(d.term, d.w_g, d.settled_through) {
+        let lsn = match host.gate_log().append_policy(&WmRecord::Decided {
+            term: d.term,
+            w_g: d.w_g,
+            settled_through: d.settled_through,
+        }) {
             Ok(lsn) => lsn,
             Err(_) => {
                 // Not logged: not announced. The node's log failed; its restart begins anew.
@@ -830,7 +838,7 @@ impl WatermarkGate {
             while !gate.state.lock().committing.is_empty() {
                 h.worker().sleep_us(DRAIN_POLL_US).await;
             }
-            let lsn = h.gate_log().append_wm_rolled_back(term, w_g).unwrap_or(None);
+            let lsn = h.gate_log().append_policy(&WmRecord::RolledBack { term, w_g }).unwrap_or(None);
             h.gate_log().durable(lsn).await;
             let old_term = {
                 let st = gate.state.lock();
@@ -881,7 +889,7 @@ impl WatermarkGate {
         if to == self.node {
             return self.receive(host, to, msg);
         }
-        host.worker().send_control(Addr::new(to, 0), &super::skeleton::wm_message(&msg));
+        host.worker().send_control(Addr::new(to, 0), &wm_message(&msg));
     }
 
     /// Partition `from`'s latest W_p, generated in `term`: release every commit below the new
@@ -925,6 +933,216 @@ pub const STOPPED: crate::txn::Reason = crate::txn::Reason::new("wm-stopped");
 /// A commit refused while the node keeps as much to roll back as it may: the global watermark
 /// has not moved for long (a partition is slow or unreachable); retried, it commits once it does.
 pub const UNDO_FULL: crate::txn::Reason = crate::txn::Reason::new("wm-undo-full");
+
+/// A message between nodes' watermark gates, framed for the skeleton's handler.
+fn wm_message(msg: &WmGateMsg) -> Vec<u8> {
+    framed(TAG_WM, msg)
+}
+
+impl WatermarkGate {
+    /// A restarted node serves nothing until its recovery agreement is through.
+    pub async fn recovered(&self, w: &Rc<Worker>) {
+        while self.recovering() {
+            w.sleep_us(1_000).await;
+        }
+    }
+
+    /// An attempt finished (its acknowledgement deferred): its commit names its timestamp, safe
+    /// once the global watermark passes it; the driver waits for that when it defers, else here.
+    pub async fn acknowledge(&self, w: &Worker, defer_ack: bool, mut out: TxnOutput) -> TxnResult<TxnOutput> {
+        if defer_ack {
+            return Ok(out);
+        }
+        let Some(point) = out.ack_after.take() else { return Ok(out) };
+        let t0 = w.now_ns();
+        let acks = self.acks();
+        AckSource::decided(&*acks, point).await;
+        w.note_log_wait(w.now_ns() - t0);
+        match AckSource::outcome(&*acks, point) {
+            Release::RolledBack => Err(Abort::RolledBack),
+            _ => Ok(out),
+        }
+    }
+
+    /// Append `txn`'s writes here as a `Commit` at `ts`, and keep the values they replace while
+    /// an agreement may roll them back. The caller holds every record written (its locks) and
+    /// installs next, so their committed values are the ones replaced.
+    pub fn append_install(
+        &self,
+        host: &dyn GateHost,
+        txn: TxnId,
+        writes: &[(RowKey, Option<Value>)],
+        ts: u64,
+    ) -> Result<(), Abort> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        host.gate_log().append_commit(txn, writes, &[], ts)?;
+        if self.keeps_undo_at(ts) {
+            self.keep_undo(ts, writes.iter().map(|(k, _)| (*k, host.read_row(*k))));
+        }
+        self.logged(ts);
+        Ok(())
+    }
+}
+
+/// What watermark group commit logs beside 2PC's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum WmRecord {
+    /// Every transaction with a timestamp below `w_p` that this node takes part in has its
+    /// records before this one; `w_g` is the node's view of the global watermark then, below
+    /// which no recovery rolls back.
+    Watermark { w_p: u64, w_g: u64 },
+    /// The recovery agreement of `term` rolled back every transaction at or above `w_g`: the
+    /// `Commit` records before this one at or above it do not count.
+    RolledBack { term: u64, w_g: u64 },
+    /// The node coordinating recovery agreements started `term`.
+    Term { term: u64 },
+    /// The coordinator decided that `term` rolls back from `w_g` (logged before any partition
+    /// hears it); every partition had carried out `settled_through` and the terms before it.
+    Decided { term: u64, w_g: u64, settled_through: u64 },
+}
+
+/// Replaying a log of watermark group commit: from its first `Watermark` record on, a `Commit`
+/// at or above the node's logged view of W_g waits, since a recovery agreement may roll it back;
+/// it counts once a later view passes it, and is dropped by a `RolledBack` at or below its
+/// timestamp (by log position: commits after that record count as usual). Bounded by what a
+/// node commits in the few intervals its view trails its commits.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct WmLog {
+    on: bool,
+    view: u64,
+    persisted: u64,
+    term: u64,
+    coordinator_term: u64,
+    /// Decisions not known to be carried out everywhere: one per agreement since the last that
+    /// finished.
+    decided: std::collections::BTreeMap<u64, u64>,
+    max_ts: u64,
+    /// Commits at or above `view`, in log order.
+    pending: Vec<(u64, Writes)>,
+}
+
+/// What a node's log says of watermark group commit, for its gate.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WmRecovered {
+    /// The latest W_p the node persisted.
+    pub persisted: u64,
+    /// The node's latest logged view of W_g: no agreement rolls back below it.
+    pub view: u64,
+    /// The latest agreement term this node rolled back in.
+    pub term: u64,
+    /// The latest term this node began as the agreements' coordinator, and the decisions it
+    /// logged that some partition may not have carried out, `(term, w_g)` oldest first.
+    pub coordinator_term: u64,
+    pub decided: Vec<(u64, u64)>,
+    /// The largest timestamp the log holds a commit of.
+    pub max_ts: u64,
+    /// Commits at or above `view` (a recovery may roll them back), in log order: applied over
+    /// the rest by the node, which keeps what they replace (`undo`).
+    pub limbo: Vec<(u64, Writes)>,
+    /// What rolling `limbo` back puts back, `(ts, key, value)` in install order.
+    pub undo: Vec<(u64, RowKey, Option<Value>)>,
+}
+
+impl WmLog {
+    /// No recovery rolls back below `w_g` any more: the commits waiting below it count, in log
+    /// order.
+    fn settle_below<L: CcLog>(&mut self, w_g: u64, core: &mut CoreReplay<L>) {
+        self.view = self.view.max(w_g);
+        let view = self.view;
+        let (settled, pending) = std::mem::take(&mut self.pending).into_iter().partition(|(ts, _)| *ts < view);
+        self.pending = pending;
+        for (ts, writes) in settled {
+            core.install(writes, ts);
+        }
+    }
+}
+
+impl PolicyLog for WmLog {
+    const NAME: &'static str = "wm";
+    type Record = WmRecord;
+    type Recovered = WmRecovered;
+
+    /// A commit at or above the node's view of W_g waits until a view passes it.
+    fn hold<L: CcLog>(&mut self, record: LogRecord<L, Self>, _bytes: &[u8]) -> Option<LogRecord<L, Self>> {
+        match record {
+            Record::Commit { ts, writes, .. } if self.on && ts >= self.view => {
+                self.max_ts = self.max_ts.max(ts);
+                self.pending.push((ts, writes));
+                None
+            }
+            Record::Commit { ts, .. } => {
+                self.max_ts = self.max_ts.max(ts);
+                Some(record)
+            }
+            record => Some(record),
+        }
+    }
+
+    fn apply<L: CcLog>(&mut self, record: WmRecord, core: &mut CoreReplay<L>) {
+        match record {
+            WmRecord::Watermark { w_p, w_g } => {
+                self.on = true;
+                self.persisted = self.persisted.max(w_p);
+                self.settle_below(w_g, core);
+            }
+            WmRecord::RolledBack { term, w_g } => {
+                self.term = self.term.max(term);
+                self.pending.retain(|(ts, _)| *ts < w_g);
+                self.settle_below(w_g, core);
+            }
+            WmRecord::Term { term } => self.coordinator_term = self.coordinator_term.max(term),
+            WmRecord::Decided { term, w_g, settled_through } => {
+                self.coordinator_term = self.coordinator_term.max(term);
+                self.decided.insert(term, w_g);
+                self.decided = self.decided.split_off(&(settled_through + 1));
+            }
+        }
+    }
+
+    fn recover<L: CcLog>(&self, _core: &CoreReplay<L>) -> (WmRecovered, Option<CoreReplay<L>>) {
+        let recovered = WmRecovered {
+            persisted: self.persisted,
+            view: self.view,
+            term: self.term,
+            coordinator_term: self.coordinator_term,
+            decided: self.decided.iter().map(|(&t, &w)| (t, w)).collect(),
+            max_ts: self.max_ts,
+            limbo: self.pending.clone(),
+            undo: Vec::new(),
+        };
+        (recovered, None)
+    }
+
+    /// Commits a recovery agreement may still roll back are applied last, keeping what they
+    /// replace.
+    fn apply_limbo<V>(
+        wm: &mut WmRecovered,
+        _in_doubt: &InDoubt<V>,
+        replayed: &mut dyn FnMut(RowKey, Option<Value>, u64, u64) -> Option<Value>,
+        _committed: &dyn Fn(RowKey) -> Option<Value>,
+    ) {
+        for (ts, writes) in std::mem::take(&mut wm.limbo) {
+            for (k, v) in writes {
+                let old = replayed(k, v, 1, ts);
+                wm.undo.push((ts, k, old));
+            }
+        }
+    }
+}
+
+impl Policy for WmLog {
+    fn gate(recovered: WmRecovered, node: GateNode<'_>, commit: CommitPolicy) -> Gate {
+        let CommitPolicy::Watermark { wm_us, floor } = commit else { panic!("the watermark gate for {commit:?}") };
+        let mut gate = WatermarkGate::new(node.id, node.nodes, wm_us, floor, recovered, node.restarted);
+        if !node.log.enabled() || node.nodes == 1 {
+            gate = gate.never_rolls_back();
+        }
+        gate.log_start(node.log);
+        Gate::Watermark(Arc::new(gate))
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -1066,5 +1284,59 @@ mod tests {
         g.heard(1, 10_000, 0);
         assert_eq!(g.undo.lock().bytes, 0, "all of it forgotten");
         assert!(g.commit_ts(1, 0, 0).is_ok(), "commits again");
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+    use crate::net::encode;
+    use crate::protocols::twopc::durable::tests::{k, same_from_every_checkpoint, v};
+    use crate::protocols::twopc::durable::{replay, PlainLog, ReplayState};
+
+    type Wm = LogRecord<PlainLog, WmLog>;
+
+    /// Watermark group commit: a commit counts once a logged view of W_g passes it, a rollback
+    /// drops the commits before it at or above its W_g (by log position: a later commit at a high
+    /// timestamp stays), and what no view passed yet comes back as limbo. A checkpoint taken
+    /// anywhere gives the same recovery.
+    #[test]
+    fn watermark_commits_wait_for_a_view_and_a_rollback_drops_by_log_position() {
+        let commit = |txn, n: u64, b, ts| Wm::Commit { txn, writes: vec![(k(n), v(b))], participants: vec![], ts };
+        let recs: Vec<Vec<u8>> = [
+            Wm::Policy(WmRecord::Watermark { w_p: 0, w_g: 0 }),
+            commit(1, 1, 1, 5),
+            commit(2, 2, 2, 12),
+            Wm::Policy(WmRecord::Watermark { w_p: 10, w_g: 8 }),
+            commit(3, 3, 3, 15),
+            commit(4, 1, 4, 20),
+            Wm::Policy(WmRecord::Term { term: 1 }),
+            Wm::Policy(WmRecord::Decided { term: 1, w_g: 14, settled_through: 0 }),
+            Wm::Policy(WmRecord::RolledBack { term: 1, w_g: 14 }),
+            commit(5, 4, 5, 30),
+            Wm::Policy(WmRecord::Watermark { w_p: 25, w_g: 11 }),
+            Wm::Policy(WmRecord::Term { term: 2 }),
+            Wm::Policy(WmRecord::Decided { term: 2, w_g: 26, settled_through: 1 }),
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let collect = |from: ReplayState<PlainLog, WmLog>, rest: &[Vec<u8>]| {
+            let mut rows = Vec::new();
+            let (_, wm) = replay(from, rest, &mut |k, v, _, ts| rows.push((k, v, ts)));
+            rows.sort_by_key(|e| e.0);
+            (rows, wm)
+        };
+        let whole = collect(ReplayState::new("occ"), &recs);
+        assert_eq!(
+            whole.0,
+            vec![(k(1), v(1), 5), (k(2), v(2), 12)],
+            "5 under the view of 8, 12 under the rollback's 14; 15 and 20 rolled back; 30 waits"
+        );
+        let wm = &whole.1;
+        assert_eq!((wm.persisted, wm.view, wm.term, wm.max_ts), (25, 14, 1, 30));
+        assert_eq!((wm.coordinator_term, &wm.decided[..]), (2, &[(2, 26)][..]), "term 1 carried out everywhere");
+        assert_eq!(wm.limbo, vec![(30, vec![(k(4), v(5))])]);
+        same_from_every_checkpoint(&recs, &whole, collect);
     }
 }

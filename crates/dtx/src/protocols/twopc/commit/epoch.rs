@@ -11,7 +11,7 @@
 //! - **The barrier.** A transaction joins the node's open epoch (`admit`). When the coordinator
 //!   closes the epoch, the node admits no more, lets the transactions it coordinates finish and
 //!   tells node 0 it has drained. Once every node has, no transaction of the epoch is running
-//!   anywhere: node 0 tells them to seal, and each appends `EpochSealed` and votes once that
+//!   anywhere: node 0 tells them to seal, and each appends `EpochRecord::Sealed` and votes once that
 //!   record is durable, so everything it did in the epoch lies before it. A transaction longer
 //!   than an epoch stretches its epoch instead of failing at its close. The next epoch opens
 //!   when the node learns this one's fate.
@@ -25,7 +25,7 @@
 //!   order; its commits reach their clients as `rolled-back`, and a decision that arrives later
 //!   for one of its transactions releases instead of installing.
 //! - **Recovery.** Replay keeps the records of committed epochs only
-//!   ([`super::durable::EpochReplay`]). An epoch the node sealed without learning its fate is
+//!   ([`EpochLog`]). An epoch the node sealed without learning its fate is
 //!   replayed as committed, with its undo kept, until the coordinator's next message settles
 //!   it; the restarted node votes down the epoch it crashed in. The coordinator logs every
 //!   decision before announcing it, and closes the next epoch (whose `Close` names the last
@@ -38,8 +38,11 @@
 //! each record that carries writes, and around each install a decision makes at a participant:
 //! the order of saved values must be the order of installs across the node's workers.
 
-use super::durable::TxnLog;
+use super::{CommitPolicy, Gate, GateHost, GateNode, Policy};
 use crate::net::{Addr, NodeId};
+use crate::protocols::twopc::durable::{CcLog, CoreReplay, InDoubt, LogRecord, PolicyLog, Record, TxnLog};
+use crate::protocols::twopc::wire::{framed, TAG_EPOCH};
+use crate::protocols::twopc::TxnId;
 use crate::protocols::{OptionKind, OptionSpec};
 use crate::replication::epoch::{
     EpochConfig, EpochCoordinator, EpochMsg, EpochOutcome, EpochParticipant, ParticipantState,
@@ -47,25 +50,13 @@ use crate::replication::epoch::{
 use crate::rt::release::{AckSource, Release, ReleasePoints};
 use crate::rt::{log_warn, Worker};
 use crate::storage::{RowKey, Value};
-use crate::txn::Abort;
+use crate::txn::{Abort, TxnOutput, TxnResult};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-
-/// How a commit becomes safe to acknowledge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommitPolicy {
-    /// Every vote and decision is durable before it is answered or acted on (2PC over the log).
-    TwoPc,
-    /// COCO's epoch group commit with epochs this long.
-    Epoch { epoch_us: u64 },
-    /// Primo's watermark group commit ([`super::wm_commit`]), each partition publishing its
-    /// watermark this often; for a concurrency control whose commits carry a logical timestamp.
-    Watermark { wm_us: u64, floor: super::wm_commit::Floor },
-}
 
 /// The skeleton's commit policy option, for the registry entries of the concurrency controls
 /// that roll back by restoring values ([`super::TxnMeta::on_rolled_back`]).
@@ -190,18 +181,6 @@ struct GateState {
 /// The values an epoch's writes replaced, oldest first.
 pub type Undo = Vec<(RowKey, Option<Value>)>;
 
-/// What the gate needs of the node it runs on.
-pub trait GateHost: 'static {
-    fn worker(&self) -> &Rc<Worker>;
-    fn gate_log(&self) -> &TxnLog;
-    /// The value `key` holds now (a write is about to replace it).
-    fn read_row(&self, key: RowKey) -> Option<Value>;
-    /// Put back the value `key` held before a failed epoch wrote it.
-    fn restore_row(&self, key: RowKey, value: Option<Value>);
-    /// Every value a rollback undid is back (after the last `restore_row` of it).
-    fn rolled_back(&self);
-}
-
 /// A transaction's place in an epoch: it leaves the epoch when dropped.
 pub struct Admitted<'a> {
     gate: &'a EpochGate,
@@ -278,7 +257,7 @@ impl EpochGate {
         let mut st = self.state.lock();
         if st.stage == Stage::Opening {
             // Refused: the node never opens, and its next incarnation starts afresh.
-            st.first_epoch_lsn = log.append_epoch_opened(st.epoch).unwrap_or(Some(u64::MAX));
+            st.first_epoch_lsn = log.append_policy(&EpochRecord::Opened { epoch: st.epoch }).unwrap_or(Some(u64::MAX));
         }
     }
 
@@ -479,8 +458,7 @@ impl EpochGate {
         if self.node == COORDINATOR {
             self.on_drained(host, self.node, epoch);
         } else {
-            host.worker()
-                .send_control(Addr::new(COORDINATOR, 0), &super::skeleton::gate_message(&GateMsg::Drained(epoch)));
+            host.worker().send_control(Addr::new(COORDINATOR, 0), &gate_message(&GateMsg::Drained(epoch)));
         }
     }
 
@@ -510,7 +488,7 @@ impl EpochGate {
             if n == self.node {
                 self.seal(host, epoch);
             } else {
-                host.worker().send_control(Addr::new(n, 0), &super::skeleton::gate_message(&GateMsg::Seal(epoch)));
+                host.worker().send_control(Addr::new(n, 0), &gate_message(&GateMsg::Seal(epoch)));
             }
         }
     }
@@ -525,7 +503,7 @@ impl EpochGate {
             _ => None,
         });
         let Some((epoch, committed)) = decision else { return self.dispatch(host, out) };
-        let Ok(lsn) = host.gate_log().append_epoch_decided(epoch, committed) else {
+        let Ok(lsn) = host.gate_log().append_policy(&EpochRecord::Decided { epoch, committed }) else {
             // The log refuses records (this incarnation no longer leads it): announce nothing
             // and close no epoch more; the node's next incarnation resumes from its log.
             self.state.lock().decision_lsn = Some(u64::MAX);
@@ -545,7 +523,7 @@ impl EpochGate {
             if to == self.node {
                 self.receive(host, to, GateMsg::Epoch(msg));
             } else {
-                host.worker().send_control(Addr::new(to, 0), &super::skeleton::gate_message(&GateMsg::Epoch(msg)));
+                host.worker().send_control(Addr::new(to, 0), &gate_message(&GateMsg::Epoch(msg)));
             }
         }
     }
@@ -594,7 +572,7 @@ impl EpochGate {
     fn commit_epoch(&self, st: &mut GateState, host: &dyn GateHost) {
         self.acks.release_through(st.epoch);
         st.undo.clear();
-        let _ = host.gate_log().append_epoch_decided(st.epoch, true);
+        let _ = host.gate_log().append_policy(&EpochRecord::Decided { epoch: st.epoch, committed: true });
     }
 
     /// Put back, newest first, every value the failed epoch replaced here.
@@ -605,7 +583,7 @@ impl EpochGate {
             host.restore_row(key, old);
         }
         host.rolled_back();
-        let _ = host.gate_log().append_epoch_decided(st.epoch, false);
+        let _ = host.gate_log().append_policy(&EpochRecord::Decided { epoch: st.epoch, committed: false });
     }
 
     /// The next epoch after one settled, as the participant stands.
@@ -616,7 +594,7 @@ impl EpochGate {
                 st.epoch = e;
                 st.stage = Stage::Open;
                 st.restarting = false;
-                let _ = host.gate_log().append_epoch_opened(e);
+                let _ = host.gate_log().append_policy(&EpochRecord::Opened { epoch: e });
                 self.opened.release_through(e);
             }
             ParticipantState::Voted { epoch, .. } => {
@@ -663,7 +641,7 @@ impl EpochGate {
             match st.unlogged == Some(epoch) {
                 // A decision's writes were not logged here: the epoch cannot commit.
                 true => Err(Abort::LogRefused),
-                false => host.gate_log().append_epoch_sealed(epoch),
+                false => host.gate_log().append_policy(&EpochRecord::Sealed { epoch }),
             }
         };
         let (gate, host) = (self.clone(), host.clone());
@@ -703,6 +681,206 @@ impl EpochGate {
     }
 }
 
+/// A message between nodes' epoch gates, framed for the skeleton's handler.
+fn gate_message(msg: &GateMsg) -> Vec<u8> {
+    framed(TAG_EPOCH, msg)
+}
+
+impl EpochGate {
+    /// An attempt that ran in the epoch `admitted` (its acknowledgement deferred) finished: it
+    /// leaves the epoch, and is acknowledged when the epoch commits, by the driver when it
+    /// defers (`ack_after` is the epoch), else here.
+    pub async fn acknowledge(
+        &self,
+        w: &Worker,
+        admitted: Admitted<'_>,
+        defer_ack: bool,
+        mut out: TxnOutput,
+    ) -> TxnResult<TxnOutput> {
+        let epoch = admitted.epoch;
+        // Its records precede the epoch's seal: it leaves the epoch before waiting for it.
+        drop(admitted);
+        if defer_ack {
+            out.ack_after = Some(epoch);
+            return Ok(out);
+        }
+        out.ack_after = None;
+        let t0 = w.now_ns();
+        self.outcome(epoch).await?;
+        w.note_log_wait(w.now_ns() - t0);
+        Ok(out)
+    }
+}
+
+/// What epoch group commit logs beside 2PC's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum EpochRecord {
+    /// The `Commit` and `Prepared` records that follow, up to `Sealed`, were made in `epoch`;
+    /// they count only if it commits.
+    Opened { epoch: u64 },
+    /// Everything this node did in `epoch` lies before this record: its vote waits for it.
+    Sealed { epoch: u64 },
+    /// What became of `epoch`, as this node learned it (the coordinator logs its commit
+    /// decision before anyone hears it).
+    Decided { epoch: u64, committed: bool },
+}
+
+/// Replaying a log of epoch group commit: a `Commit` or `Prepared` record made in an epoch, and
+/// any `Outcome` or `Ended` of its transaction, wait until the epoch's decision and count only
+/// if it committed.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct EpochLog {
+    /// The epoch whose records follow (between its `Opened` and `Sealed`).
+    open: Option<u64>,
+    /// Records of undecided epochs, in log order, and whether the epoch was sealed (voted).
+    /// Bounded: a node opens an epoch only after it learned the previous one's fate, so at
+    /// most two are undecided, each holding one epoch's records.
+    pending: std::collections::BTreeMap<u64, (Vec<Vec<u8>>, bool)>,
+    /// Transactions whose `Commit` or `Prepared` record waits in a pending epoch.
+    txns: rustc_hash::FxHashMap<TxnId, u64>,
+    last_epoch: u64,
+    last_committed: u64,
+}
+
+/// What a node's log says of its epochs, for its gate.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EpochsRecovered {
+    /// The highest epoch the log names.
+    pub last_epoch: u64,
+    /// The highest epoch the log holds a commit decision of.
+    pub last_committed: u64,
+    /// An epoch this node voted for (sealed) whose fate its log does not hold (the node
+    /// crashed before it heard): replayed as committed, and undone if it turns out aborted.
+    pub limbo: Option<u64>,
+    /// The rows the limbo epoch wrote, `(key, value, writes, ts)` as replay hands rows over,
+    /// for the node to apply over the rest, keeping the values they replace.
+    pub limbo_rows: Vec<(RowKey, Option<Value>, u64, u64)>,
+    /// The limbo epoch's transactions still in doubt here (prepared in it, no outcome).
+    pub limbo_txns: Vec<TxnId>,
+    /// What undoing the limbo epoch puts back, oldest first: filled in as the node applies
+    /// `limbo_rows` (and for the keys its in-doubt transactions may install).
+    pub limbo_undo: Vec<(RowKey, Option<Value>)>,
+}
+
+impl EpochLog {
+    /// `epoch` was decided: its records count now if it committed, and are dropped if not.
+    fn decide<L: CcLog>(&mut self, epoch: u64, committed: bool, core: &mut CoreReplay<L>) {
+        self.last_epoch = self.last_epoch.max(epoch);
+        if committed {
+            self.last_committed = self.last_committed.max(epoch);
+        }
+        if self.open == Some(epoch) {
+            self.open = None;
+        }
+        let Some((records, _)) = self.pending.remove(&epoch) else { return };
+        self.txns.retain(|_, ep| *ep != epoch);
+        if !committed {
+            return;
+        }
+        for bytes in records {
+            if let Ok(r) = crate::net::decode::<LogRecord<L, Self>>(&bytes) {
+                core.apply_core::<Self>(r, epoch);
+            }
+        }
+    }
+}
+
+impl PolicyLog for EpochLog {
+    const NAME: &'static str = "epoch";
+    type Record = EpochRecord;
+    type Recovered = EpochsRecovered;
+
+    /// A `Commit` or `Prepared` made while an epoch was open, or what follows of its
+    /// transaction, waits for that epoch's decision.
+    fn hold<L: CcLog>(&mut self, record: LogRecord<L, Self>, bytes: &[u8]) -> Option<LogRecord<L, Self>> {
+        let epoch = match &record {
+            Record::Commit { txn, .. } | Record::Prepared { txn, .. } => {
+                let Some(epoch) = self.open else { return Some(record) };
+                self.txns.insert(*txn, epoch);
+                epoch
+            }
+            Record::Outcome { txn, .. } | Record::Ended { txn } => match self.txns.get(txn) {
+                Some(&epoch) => epoch,
+                None => return Some(record),
+            },
+            _ => return Some(record),
+        };
+        self.pending.entry(epoch).or_default().0.push(bytes.to_vec());
+        None
+    }
+
+    fn apply<L: CcLog>(&mut self, record: EpochRecord, core: &mut CoreReplay<L>) {
+        match record {
+            EpochRecord::Opened { epoch } => {
+                self.open = Some(epoch);
+                self.pending.entry(epoch).or_default();
+                self.last_epoch = self.last_epoch.max(epoch);
+            }
+            EpochRecord::Sealed { epoch } => {
+                self.open = None;
+                self.pending.entry(epoch).or_default().1 = true;
+            }
+            EpochRecord::Decided { epoch, committed } => self.decide(epoch, committed, core),
+        }
+    }
+
+    /// An epoch this node sealed without learning its fate counts as committed until the node
+    /// learns otherwise; one it never sealed cannot have committed (it never voted).
+    fn recover<L: CcLog>(&self, core: &CoreReplay<L>) -> (EpochsRecovered, Option<CoreReplay<L>>) {
+        let limbo = self.pending.iter().rev().find(|(_, (_, sealed))| *sealed).map(|(e, _)| *e);
+        let mut epochs = EpochsRecovered {
+            last_epoch: self.last_epoch,
+            last_committed: self.last_committed,
+            limbo,
+            ..Default::default()
+        };
+        let Some(epoch) = limbo else { return (epochs, None) };
+        let (mut policy, mut with) = (self.clone(), core.clone());
+        policy.decide(epoch, true, &mut with);
+        for (k, (v, writes)) in &with.rows {
+            let before = core.rows.get(k).map_or(0, |e| e.1);
+            if *writes > before {
+                epochs.limbo_rows.push((*k, v.clone(), writes - before, with.row_ts.get(k).copied().unwrap_or(0)));
+            }
+        }
+        epochs.limbo_rows.sort_unstable_by_key(|e| e.0);
+        epochs.limbo_txns = with.prepared.keys().filter(|t| !core.prepared.contains_key(t)).copied().collect();
+        (epochs, Some(with))
+    }
+
+    /// The limbo epoch is applied last, keeping what it replaces, and what its transactions
+    /// still in doubt here may install.
+    fn apply_limbo<V>(
+        epochs: &mut EpochsRecovered,
+        in_doubt: &InDoubt<V>,
+        replayed: &mut dyn FnMut(RowKey, Option<Value>, u64, u64) -> Option<Value>,
+        committed: &dyn Fn(RowKey) -> Option<Value>,
+    ) {
+        for (k, v, writes, ts) in std::mem::take(&mut epochs.limbo_rows) {
+            let old = replayed(k, v, writes, ts);
+            epochs.limbo_undo.push((k, old));
+        }
+        for (_, writes, _) in in_doubt.iter().filter(|e| epochs.limbo_txns.contains(&e.0)) {
+            epochs.limbo_undo.extend(writes.iter().map(|(k, _)| (*k, committed(*k))));
+        }
+    }
+}
+
+impl Policy for EpochLog {
+    fn gate(recovered: EpochsRecovered, node: GateNode<'_>, commit: CommitPolicy) -> Gate {
+        let CommitPolicy::Epoch { epoch_us } = commit else { panic!("the epoch gate for {commit:?}") };
+        let limbo_undo = recovered.limbo_undo;
+        let recovered = GateRecovery {
+            last_epoch: recovered.last_epoch,
+            last_committed: recovered.last_committed,
+            limbo: recovered.limbo.map(|epoch| (epoch, limbo_undo)),
+        };
+        let gate = EpochGate::new(node.id, node.nodes, epoch_us, recovered);
+        gate.log_first_epoch(node.log);
+        Gate::Epoch(Arc::new(gate))
+    }
+}
+
 /// Resolves when either future does (the other is dropped).
 async fn first_of<A: Future<Output = ()>, B: Future<Output = ()>>(a: A, b: B) {
     let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
@@ -730,5 +908,89 @@ mod tests {
             let out = checked_run(&replicated_failover_spec("coco", seed));
             assert!(out.totals.failovers > 0, "seed {seed}: no node was taken over");
         }
+    }
+}
+
+#[cfg(test)]
+mod replay_tests {
+    use super::*;
+    use crate::net::encode;
+    use crate::protocols::twopc::durable::tests::{k, same_from_every_checkpoint, v};
+    use crate::protocols::twopc::durable::{replay, PlainLog, ReplayState};
+
+    type Ep = LogRecord<PlainLog, EpochLog>;
+
+    /// Epoch group commit: an epoch's `Commit` and `Prepared` records, and what follows of their
+    /// transactions, count only once the epoch is decided committed; a failed epoch's are
+    /// dropped, but not the outcome, logged in it, of a transaction of an earlier epoch.
+    #[test]
+    fn an_epochs_records_count_only_if_it_commits() {
+        let recs: Vec<Vec<u8>> = [
+            Ep::Policy(EpochRecord::Opened { epoch: 1 }),
+            Ep::Commit { txn: 1, writes: vec![(k(1), v(1))], participants: vec![], ts: 0 },
+            Ep::Prepared { txn: 2, writes: vec![(k(2), v(2))], vote: () },
+            Ep::Commit { txn: 3, writes: vec![(k(3), v(3))], participants: vec![7], ts: 0 },
+            Ep::Policy(EpochRecord::Sealed { epoch: 1 }),
+            Ep::Policy(EpochRecord::Decided { epoch: 1, committed: true }),
+            Ep::Policy(EpochRecord::Opened { epoch: 2 }),
+            Ep::Commit { txn: 4, writes: vec![(k(1), v(4))], participants: vec![8], ts: 0 },
+            Ep::Outcome { txn: 2, committed: true, ts: 0 },
+            Ep::Prepared { txn: 5, writes: vec![(k(5), v(5))], vote: () },
+            Ep::Outcome { txn: 5, committed: true, ts: 0 },
+            Ep::Policy(EpochRecord::Sealed { epoch: 2 }),
+            Ep::Policy(EpochRecord::Decided { epoch: 2, committed: false }),
+            Ep::Policy(EpochRecord::Opened { epoch: 3 }),
+            Ep::Commit { txn: 6, writes: vec![(k(6), v(6))], participants: vec![], ts: 0 },
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let mut applied = Vec::new();
+        let (r, epochs) = replay(ReplayState::<PlainLog, EpochLog>::new("occ"), &recs, &mut |key, val, n, _| {
+            applied.push((key, val, n))
+        });
+        applied.sort_by_key(|e| e.0);
+        assert_eq!(
+            applied,
+            vec![(k(1), v(1), 1), (k(2), v(2), 1), (k(3), v(3), 1)],
+            "epoch 1's commits and the outcome of its prepared 2; not epoch 2's, nor open epoch 3's"
+        );
+        assert!(r.in_doubt.is_empty(), "{:?}", r.in_doubt);
+        assert_eq!(r.unended, vec![(3, vec![7], 0, 1)], "an unended commit keeps its epoch");
+        assert_eq!(epochs, EpochsRecovered { last_epoch: 3, last_committed: 1, ..Default::default() });
+    }
+
+    /// An epoch the node sealed without learning its fate is replayed on top, as committed, with
+    /// what it wrote and its transactions still in doubt set apart: the node undoes them if the
+    /// epoch turns out aborted. A checkpoint taken anywhere gives the same recovery.
+    #[test]
+    fn a_sealed_epoch_without_a_decision_is_in_limbo() {
+        let recs: Vec<Vec<u8>> = [
+            Ep::Policy(EpochRecord::Opened { epoch: 4 }),
+            Ep::Commit { txn: 1, writes: vec![(k(1), v(1))], participants: vec![], ts: 0 },
+            Ep::Policy(EpochRecord::Sealed { epoch: 4 }),
+            Ep::Policy(EpochRecord::Decided { epoch: 4, committed: true }),
+            Ep::Policy(EpochRecord::Opened { epoch: 5 }),
+            Ep::Commit { txn: 2, writes: vec![(k(1), v(2)), (k(2), v(2))], participants: vec![3], ts: 0 },
+            Ep::Prepared { txn: 3, writes: vec![(k(3), v(3))], vote: () },
+            Ep::Policy(EpochRecord::Sealed { epoch: 5 }),
+        ]
+        .iter()
+        .map(encode)
+        .collect();
+        let collect = |from: ReplayState<PlainLog, EpochLog>, rest: &[Vec<u8>]| {
+            let mut rows = Vec::new();
+            let (r, epochs) = replay(from, rest, &mut |k, v, n, _| rows.push((k, v, n)));
+            (rows, r.in_doubt, r.unended, epochs)
+        };
+        let whole = collect(ReplayState::new("occ"), &recs);
+        assert_eq!(whole.0, vec![(k(1), v(1), 1)], "the limbo epoch is not in the rows applied first");
+        assert_eq!(whole.1, vec![(3, vec![(k(3), v(3))], ())]);
+        assert_eq!(whole.2, vec![(2, vec![3], 0, 5)]);
+        let e = &whole.3;
+        assert_eq!((e.last_epoch, e.last_committed, e.limbo), (5, 4, Some(5)));
+        assert_eq!(e.limbo_rows, vec![(k(1), v(2), 1, 0), (k(2), v(2), 1, 0)]);
+        assert_eq!(e.limbo_txns, vec![3]);
+        same_from_every_checkpoint(&recs, &whole, collect);
     }
 }
