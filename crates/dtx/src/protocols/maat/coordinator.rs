@@ -116,7 +116,9 @@ impl<'a> MaatTxn<'a> {
                     bounds.push((Some(n), bound));
                 }
                 Ok(Reply::No(a)) => return Err(self.abort(a)),
-                Ok(_) | Err(_) => return Err(self.abort(Abort::Timeout)),
+                // A reply of the wrong kind is garbled; a failed call timed out.
+                Ok(_) => return Err(self.abort(Abort::BadReply)),
+                Err(_) => return Err(self.abort(Abort::Timeout)),
             }
         }
         if lower <= upper {
@@ -143,7 +145,9 @@ impl<'a> MaatTxn<'a> {
             match reply {
                 Ok(Reply::Raised) => {}
                 Ok(Reply::No(a)) => return Err(self.abort(a)),
-                Ok(_) | Err(_) => return Err(self.abort(Abort::Timeout)),
+                // A reply of the wrong kind is garbled; a failed call timed out.
+                Ok(_) => return Err(self.abort(Abort::BadReply)),
+                Err(_) => return Err(self.abort(Abort::Timeout)),
             }
         }
         Ok(())
@@ -174,9 +178,9 @@ impl<'a> BufferedTxn for MaatTxn<'a> {
                 let mut vals = match self.wk.ask(n, &req).await? {
                     Reply::Values(vals) => vals,
                     Reply::No(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
+                    _ => return Err(Abort::BadReply),
                 };
-                let (value, wts) = vals.pop().ok_or(Abort::Timeout)?;
+                let (value, wts) = vals.pop().ok_or(Abort::BadReply)?;
                 self.reads.push(ReadEntry { key, value: value.clone(), wts, used: true });
                 Ok(value)
             })),
@@ -201,7 +205,7 @@ impl<'a> BufferedTxn for MaatTxn<'a> {
             match wk.ask(n, &Request::Scan { txn: self.id, scan: s, fresh: self.fresh }).await? {
                 Reply::Rows(rows) => rows,
                 Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
+                _ => return Err(Abort::BadReply),
             }
         };
         for (k, v, wts) in &rows {
@@ -266,10 +270,10 @@ impl<'a> CoordTxn for MaatTxn<'a> {
             let vals = match reply? {
                 Reply::Values(vals) => vals,
                 Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
+                _ => return Err(Abort::BadReply),
             };
             if vals.len() != ks.len() {
-                return Err(Abort::Timeout);
+                return Err(Abort::BadReply);
             }
             for (k, (value, wts)) in ks.iter().zip(vals) {
                 self.reads.push(ReadEntry { key: *k, value, wts, used: false });

@@ -88,7 +88,7 @@ impl<'a> MvccTxn<'a> {
             match reply? {
                 Reply::Values(vals) if vals.len() == keys.len() => self.read.extend(keys.iter().copied().zip(vals)),
                 Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
+                _ => return Err(Abort::BadReply),
             }
         }
         Ok(())
@@ -106,7 +106,7 @@ impl<'a> MvccTxn<'a> {
             match reply? {
                 Reply::Yes => {}
                 Reply::No(a) => return Err(a),
-                _ => return Err(Abort::Timeout),
+                _ => return Err(Abort::BadReply),
             }
         }
         Ok(())
@@ -154,7 +154,7 @@ impl<'a> BufferedTxn for MvccTxn<'a> {
         match wk.ask(n, &Request::Scan { txn: id, ts, scan: s }).await? {
             Reply::Rows(rows) => Ok(rows),
             Reply::No(a) => Err(a),
-            _ => Err(Abort::Timeout),
+            _ => Err(Abort::BadReply),
         }
     }
 }

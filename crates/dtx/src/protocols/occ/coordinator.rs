@@ -113,8 +113,9 @@ impl<'a> OccTxn<'a> {
             // A refusal leaves nothing held there: no need to tell it the outcome.
             Ok(Reply::Vote(false)) => return Err(self.abort(local_recs, &[], Abort::WriteLocked)),
             Ok(Reply::Stale) => return Err(self.abort(local_recs, &[], Abort::ReadValidation)),
-            // Lost or garbled: it may hold locks.
-            Ok(_) | Err(_) => return Err(self.abort(local_recs, remote_writers, Abort::Timeout)),
+            // Garbled (a reply of the wrong kind) or lost (the call timed out): it may hold locks.
+            Ok(_) => return Err(self.abort(local_recs, remote_writers, Abort::BadReply)),
+            Err(_) => return Err(self.abort(local_recs, remote_writers, Abort::Timeout)),
         }
         if !self.validate_local() {
             return Err(self.abort(local_recs, remote_writers, Abort::ReadValidation));
@@ -227,7 +228,7 @@ fn votes(replies: Vec<TxnResult<Reply>>, no: Abort) -> TxnResult<()> {
         match r? {
             Reply::Vote(true) => {}
             Reply::Vote(false) => return Err(no),
-            _ => return Err(Abort::Timeout),
+            _ => return Err(Abort::BadReply),
         }
     }
     Ok(())
@@ -252,9 +253,9 @@ impl<'a> BufferedTxn for OccTxn<'a> {
             }
             Some(n) => Step::Wait(Box::pin(async move {
                 let Reply::Values(mut vals) = self.wk.ask(n, &Request::Read { keys: vec![key] }).await? else {
-                    return Err(Abort::Timeout);
+                    return Err(Abort::BadReply);
                 };
-                let (value, tid) = vals.pop().ok_or(Abort::Timeout)?;
+                let (value, tid) = vals.pop().ok_or(Abort::BadReply)?;
                 self.reads.push(ReadEntry { key, value: value.clone(), tid, rec: None, used: true });
                 Ok(value)
             })),
@@ -273,7 +274,7 @@ impl<'a> BufferedTxn for OccTxn<'a> {
             part::scan(&self.wk.node.store, s)
         } else {
             let Reply::Rows(rows) = self.wk.ask(n, &Request::Scan { scan: s }).await? else {
-                return Err(Abort::Timeout);
+                return Err(Abort::BadReply);
             };
             rows
         };
@@ -342,7 +343,7 @@ impl<'a> CoordTxn for OccTxn<'a> {
             .collect();
         for ((_, ks), reply) in by_node.iter().zip(join_all(calls).await) {
             let Reply::Values(vals) = reply? else {
-                return Err(Abort::Timeout);
+                return Err(Abort::BadReply);
             };
             for (k, (value, tid)) in ks.iter().zip(vals) {
                 self.reads.push(ReadEntry { key: *k, value, tid, rec: None, used: false });

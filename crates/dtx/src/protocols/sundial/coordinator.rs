@@ -209,7 +209,7 @@ impl<'a> SundialTxn<'a> {
         let vals = match reply {
             Reply::Fetched(v) if v.len() == reads.len() + lock.len() => v,
             Reply::Aborted(a) => return Err(a),
-            _ => return Err(Abort::Timeout),
+            _ => return Err(Abort::BadReply),
         };
         let mut vals = vals.into_iter();
         for (asked, got) in reads.into_iter().zip(vals.by_ref()) {
@@ -219,7 +219,7 @@ impl<'a> SundialTxn<'a> {
             }
         }
         for (k, got) in lock.into_iter().zip(vals) {
-            let Fetched::Data(value, lease) = got else { return Err(Abort::Timeout) };
+            let Fetched::Data(value, lease) = got else { return Err(Abort::BadReply) };
             self.note_locked(k, value, lease, None)?;
         }
         Ok(())
@@ -248,7 +248,7 @@ impl<'a> SundialTxn<'a> {
                 });
                 Ok((value, lease))
             }
-            (Fetched::Current(_), None) => Err(Abort::Timeout),
+            (Fetched::Current(_), None) => Err(Abort::BadReply),
             (Fetched::Data(value, lease), known) => {
                 if known.is_some() {
                     node.votes.cache_was_stale();
@@ -285,7 +285,9 @@ impl<'a> SundialTxn<'a> {
                 }
                 Ok(Reply::Vote(Vote::Lost, _)) => failure = failure.or(Some(Abort::ParticipantLost)),
                 Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
-                _ => failure = failure.or(Some(Abort::Timeout)),
+                // A reply of the wrong kind is garbled; a failed call timed out.
+                Ok(_) => failure = failure.or(Some(Abort::BadReply)),
+                Err(_) => failure = failure.or(Some(Abort::Timeout)),
             }
         }
         match failure {
@@ -439,7 +441,7 @@ impl<'a> Access for SundialTxn<'a> {
                 match self.wk.ask(n, &Request::Scan { scan: s, fresh: self.fresh }).await? {
                     Reply::Rows(rows) => rows,
                     Reply::Aborted(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
+                    _ => return Err(Abort::BadReply),
                 }
             };
             let mut out = Vec::with_capacity(rows.len());

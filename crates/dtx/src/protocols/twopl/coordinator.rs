@@ -139,7 +139,7 @@ impl<'a> TplTxn<'a> {
                 Ok(vals)
             }
             Reply::Aborted(a) => Err(a),
-            _ => Err(Abort::Timeout),
+            _ => Err(Abort::BadReply),
         }
     }
 
@@ -202,7 +202,7 @@ impl<'a> TplTxn<'a> {
         } else {
             Step::Wait(Box::pin(async move {
                 let mut vals = self.lock_remote(n, vec![(key, mode)]).await?;
-                vals.pop().ok_or(Abort::Timeout)
+                vals.pop().ok_or(Abort::BadReply)
             }))
         }
     }
@@ -301,7 +301,7 @@ impl<'a> Access for TplTxn<'a> {
                         rows
                     }
                     Reply::Aborted(a) => return Err(a),
-                    _ => return Err(Abort::Timeout),
+                    _ => return Err(Abort::BadReply),
                 }
             };
             Ok(rows
@@ -369,7 +369,9 @@ impl<'a> CoordTxn for TplTxn<'a> {
                     }
                 }
                 Ok(Reply::Aborted(a)) => failure = failure.or(Some(a)),
-                Ok(_) | Err(_) => failure = failure.or(Some(Abort::Timeout)),
+                // A reply of the wrong kind is garbled; a failed call timed out.
+                Ok(_) => failure = failure.or(Some(Abort::BadReply)),
+                Err(_) => failure = failure.or(Some(Abort::Timeout)),
             }
         }
         if let Some(a) = failure {
@@ -431,7 +433,9 @@ impl<'a> CoordTxn for TplTxn<'a> {
                 Ok(Reply::Vote(Vote::Yes)) => writers.push(n),
                 Ok(Reply::Vote(Vote::ReadOnly)) => {}
                 Ok(Reply::Vote(Vote::Lost)) => return Err(self.abort(Abort::ParticipantLost)),
-                _ => return Err(self.abort(Abort::Timeout)),
+                // A reply of the wrong kind is garbled; a failed call timed out.
+                Ok(_) => return Err(self.abort(Abort::BadReply)),
+                Err(_) => return Err(self.abort(Abort::Timeout)),
             }
         }
         // With a log, the decision is durable before anyone learns it. A read-only transaction
