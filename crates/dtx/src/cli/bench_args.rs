@@ -605,6 +605,46 @@ impl BenchArgs {
             return args.spec(variant);
         }
         let append = self.workload == "append";
+        let latency = self.latency_model()?;
+        let node_roles = match &self.roles {
+            Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
+            None => Vec::new(),
+        };
+        let durability: crate::replication::Durability = self.durability.parse()?;
+        let faults = self.fault_plan(&node_roles, durability)?;
+        let spec = BenchSpec {
+            protocol: protocol.to_string(),
+            workload: self.workload_params()?,
+            runtime: self.runtime,
+            nodes: self.nodes,
+            workers: self.workers() + variant.make().service_workers(),
+            partitions_per_node: self.partitions_per_node,
+            inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
+            rate_per_node: self.rate.unwrap_or(0.0),
+            max_unacked: self.max_unacked,
+            duration_us: secs_us(&self.duration, "duration")?,
+            warmup_us: secs_us(&self.warmup, "warmup")?,
+            rpc: self.rpc_config(&faults, &latency)?,
+            placement: self.placement(variant, &latency.node_region)?,
+            latency,
+            faults,
+            seed: self.seed,
+            cost: self.sim_cost()?,
+            proto: ProtoOptions { one_shot: !self.interactive },
+            record_history: append && (self.verify || self.history.is_some()),
+            run_checks: self.verify && !append,
+            max_retries: self.max_retries,
+            durability: self.durability_config(durability, protocol)?,
+            node_roles,
+            clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
+            clock_drift_ppm: self.clock_drift,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// `--delay`, `--jitter`, `--bandwidth`, `--regions`, `--latency-matrix` and `--asymmetry`.
+    fn latency_model(&self) -> anyhow::Result<LatencyModel> {
         let mut latency = LatencyModel {
             delay_us: parse_duration_us(&self.delay).context("--delay")?,
             jitter_us: parse_duration_us(&self.jitter).context("--jitter")?,
@@ -643,6 +683,16 @@ impl BenchArgs {
         if self.asymmetry != 0.5 && self.latency_matrix.is_none() {
             anyhow::bail!("--asymmetry {} needs --latency-matrix: it reshapes the matrix's paths", self.asymmetry);
         }
+        Ok(latency)
+    }
+
+    /// `--faults`, `--fault-every`, `--fault-duration`, `--loss` and `--fault-at`, checked
+    /// against the runtime that injects them.
+    fn fault_plan(
+        &self,
+        node_roles: &[crate::cluster::roles::Roles],
+        durability: crate::replication::Durability,
+    ) -> anyhow::Result<FaultPlan> {
         let mut faults = FaultPlan {
             fault_interval_us: parse_duration_us(&self.fault_every).context("--fault-every")?,
             fault_duration_us: parse_duration_us(&self.fault_duration).context("--fault-duration")?,
@@ -662,17 +712,12 @@ impl BenchArgs {
                 }
             }
         }
-        let node_roles = match &self.roles {
-            Some(r) => crate::cluster::roles::parse_node_roles(r, self.nodes)?,
-            None => Vec::new(),
-        };
-        let durability: crate::replication::Durability = self.durability.parse()?;
         let targets = FaultTargets {
             nodes: self.nodes,
             // The fewest workers any protocol of the run has (its service workers count).
             workers: self.workers()
                 + self.protocol.variants().iter().map(|v| v.make().service_workers()).min().unwrap_or(0),
-            roles: &node_roles,
+            roles: node_roles,
             replicated: durability == crate::replication::Durability::Replicated,
         };
         faults.targeted = parse_fault_at(&self.fault_at, &targets)?;
@@ -712,6 +757,11 @@ impl BenchArgs {
         if self.runtime == Runtime::Tcp && faults.any() && self.cluster.is_some() {
             anyhow::bail!("--faults on tcp act on servers the bench starts itself: leave out --cluster");
         }
+        Ok(faults)
+    }
+
+    /// `--rpc-timeout`, and resends on lossy links.
+    fn rpc_config(&self, faults: &FaultPlan, latency: &LatencyModel) -> anyhow::Result<RpcConfig> {
         let mut rpc = RpcConfig {
             timeout_us: parse_duration_us(&self.rpc_timeout).context("--rpc-timeout")?,
             ..Default::default()
@@ -721,6 +771,11 @@ impl BenchArgs {
             rpc.retransmit_us = (latency.delay_us * 4).max(2_000);
             rpc.timeout_us = rpc.timeout_us.min(500_000);
         }
+        Ok(rpc)
+    }
+
+    /// `--sim-cost-ns`, or the costs measured on this machine.
+    fn sim_cost(&self) -> anyhow::Result<CpuCost> {
         let mut cost = CpuCost::default();
         if let Some(c) = &self.sim_cost_ns {
             anyhow::ensure!(
@@ -739,89 +794,75 @@ impl BenchArgs {
                 graph_step_ns: c.get(8).copied().unwrap_or(cost.graph_step_ns),
             };
         }
-        let placement = self.placement(variant, &latency.node_region)?;
-        let spec = BenchSpec {
-            protocol: protocol.to_string(),
-            workload: WorkloadParams {
+        Ok(cost)
+    }
+
+    /// The workload's flags, with the defaults of list-append or the others.
+    fn workload_params(&self) -> anyhow::Result<WorkloadParams> {
+        let append = self.workload == "append";
+        Ok(WorkloadParams {
                 name: self.workload.clone(),
-                keys: self.keys.unwrap_or(if append { 32 } else { 200_000 }),
-                theta: self.theta,
-                ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
-                read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
-                read_only_txns: self.read_only_txns,
-                blind_write_ratio: self.blind_write_ratio.unwrap_or(if self.blind_writes { 1.0 } else { 0.0 }),
-                distributed: self.distributed,
-                hot_keys: self.hot_keys,
-                hot_ops: self.hot_ops,
-                multi_home: self.multi_home,
-                value_bytes: self.value_bytes,
-                warehouses: self.warehouses,
-                mix: self.mix.clone(),
-                neworder_remote: self.neworder_remote,
-                payment_remote: self.payment_remote,
-                item_replicated: !self.no_item_replication,
-                remote_in_other_region: match self.remote_scope.as_str() {
-                    "any" => false,
-                    "region" => true,
-                    other => anyhow::bail!("--remote-scope `{other}`: give any (another warehouse) or region (a warehouse homed in another region)"),
-                },
-                by_last_name: self.by_last_name,
-                accounts: self.accounts,
-                audit_ratio: self.audit_ratio,
-                process: 0,
+            keys: self.keys.unwrap_or(if append { 32 } else { 200_000 }),
+            theta: self.theta,
+            ops: self.ops.unwrap_or(if append { 4 } else { 10 }),
+            read_ratio: self.read_ratio.unwrap_or(if append { 0.5 } else { 0.8 }),
+            read_only_txns: self.read_only_txns,
+            blind_write_ratio: self.blind_write_ratio.unwrap_or(if self.blind_writes { 1.0 } else { 0.0 }),
+            distributed: self.distributed,
+            hot_keys: self.hot_keys,
+            hot_ops: self.hot_ops,
+            multi_home: self.multi_home,
+            value_bytes: self.value_bytes,
+            warehouses: self.warehouses,
+            mix: self.mix.clone(),
+            neworder_remote: self.neworder_remote,
+            payment_remote: self.payment_remote,
+            item_replicated: !self.no_item_replication,
+            remote_in_other_region: match self.remote_scope.as_str() {
+                "any" => false,
+                "region" => true,
+                other => anyhow::bail!("--remote-scope `{other}`: give any (another warehouse) or region (a warehouse homed in another region)"),
             },
-            runtime: self.runtime,
-            nodes: self.nodes,
-            workers: self.workers() + variant.make().service_workers(),
-            partitions_per_node: self.partitions_per_node,
-            inflight: self.inflight.unwrap_or_else(|| self.default_inflight()),
-            rate_per_node: self.rate.unwrap_or(0.0),
-            max_unacked: self.max_unacked,
-            duration_us: secs_us(&self.duration, "duration")?,
-            warmup_us: secs_us(&self.warmup, "warmup")?,
-            latency,
-            faults,
-            seed: self.seed,
-            cost,
-            rpc,
-            proto: ProtoOptions { one_shot: !self.interactive },
-            record_history: append && (self.verify || self.history.is_some()),
-            run_checks: self.verify && !append,
-            max_retries: self.max_retries,
-            durability: DurabilityConfig {
-                mode: durability,
-                group_commit_us: parse_duration_us(&self.group_commit).context("--group-commit")?,
-                group_commit_bytes: self.group_commit_bytes,
-                fsync: !self.no_fsync,
-                sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
-                sim_lane_disks: self.sim_lane_disks,
-                data_dir: self.data_dir.clone(),
-                cluster_id: match &self.cluster_id {
-                    Some(_) if self.protocol.several() => anyhow::bail!(
-                        "--cluster-id names the logs of one cluster: give one --protocol with it, not `{}`",
-                        self.protocol
-                    ),
-                    Some(x) => parse_cluster_id(x)?,
-                    None => cluster_id(protocol, self.seed),
-                },
-                replicas: self.replicas,
-                checkpoint_every: self.checkpoint_every,
-                snapshot_every: self.snapshot_every,
-                snapshot_log_bytes: self.snapshot_log_bytes,
-                election_timeout_us: match (&self.election_timeout, self.runtime) {
-                    (Some(s), _) => parse_election_timeout_us(s)?,
-                    (None, Runtime::Tcp) => crate::replication::TCP_ELECTION_TIMEOUT_US,
-                    (None, _) => crate::replication::default_election_timeout_us(),
-                },
-                ..DurabilityConfig::default()
+            by_last_name: self.by_last_name,
+            accounts: self.accounts,
+            audit_ratio: self.audit_ratio,
+            process: 0,
+        })
+    }
+
+    /// `--durability` and the log's and replication's flags.
+    fn durability_config(
+        &self,
+        durability: crate::replication::Durability,
+        protocol: &str,
+    ) -> anyhow::Result<DurabilityConfig> {
+        Ok(DurabilityConfig {
+            mode: durability,
+            group_commit_us: parse_duration_us(&self.group_commit).context("--group-commit")?,
+            group_commit_bytes: self.group_commit_bytes,
+            fsync: !self.no_fsync,
+            sim_fsync_us: parse_duration_us(&self.sim_fsync).context("--sim-fsync")?,
+            sim_lane_disks: self.sim_lane_disks,
+            data_dir: self.data_dir.clone(),
+            cluster_id: match &self.cluster_id {
+                Some(_) if self.protocol.several() => anyhow::bail!(
+                    "--cluster-id names the logs of one cluster: give one --protocol with it, not `{}`",
+                    self.protocol
+                ),
+                Some(x) => parse_cluster_id(x)?,
+                None => cluster_id(protocol, self.seed),
             },
-            node_roles,
-            clock_skew_us: parse_duration_us(&self.clock_skew).context("--clock-skew")?,
-            clock_drift_ppm: self.clock_drift,
-            placement,
-        };
-        spec.validate()?;
-        Ok(spec)
+            replicas: self.replicas,
+            checkpoint_every: self.checkpoint_every,
+            snapshot_every: self.snapshot_every,
+            snapshot_log_bytes: self.snapshot_log_bytes,
+            election_timeout_us: match (&self.election_timeout, self.runtime) {
+                (Some(s), _) => parse_election_timeout_us(s)?,
+                (None, Runtime::Tcp) => crate::replication::TCP_ELECTION_TIMEOUT_US,
+                (None, _) => crate::replication::default_election_timeout_us(),
+            },
+            ..DurabilityConfig::default()
+        })
     }
 }
 
