@@ -74,6 +74,54 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
             0.0
         }
     };
+    let params = spec_params(spec);
+    let extra = extra_figures(spec, o);
+    RunReport {
+        protocol: spec.protocol.clone(),
+        workload: spec.workload.name.clone(),
+        runtime: spec.runtime.to_string(),
+        nodes: spec.nodes as u32,
+        duration_s: secs,
+        committed: t.committed,
+        aborted: t.aborted(),
+        throughput_tps: t.committed as f64 / secs,
+        abort_rate: if attempts > 0 { t.aborted() as f64 / attempts as f64 } else { 0.0 },
+        latency_us: percentiles(&h),
+        latency_us_by_class: t
+            .class_latency()
+            .iter()
+            .map(|(class, counts)| (class.to_string(), percentiles(&metrics::histogram_of(counts))))
+            .collect(),
+        latency_us_by_region: by_region(spec, t),
+        latency_us_by_region_class: by_region_class(spec, t),
+        msgs_per_txn: per(t.msgs),
+        bytes_per_txn: per(t.bytes),
+        aborts_by_reason: t.aborts.clone(),
+        params,
+        verified,
+        cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
+        cpu_us_per_txn_by_kind: match t.committed {
+            0 => BTreeMap::new(),
+            n => t.cpu_by_kind_ns.iter().map(|(k, ns)| (k.clone(), *ns as f64 / 1000.0 / n as f64)).collect(),
+        },
+        throughput_per_s: per_second(&t.per_tick),
+        throughput_per_100ms: t.per_tick.iter().map(|c| *c as f64 * (1e9 / TICK_NS as f64)).collect(),
+        extra,
+        // The open loop's arrivals are the run's load, not the protocol's work: they are in
+        // `extra` (offered_tps, backlog), not among the counters per transaction.
+        counters: t
+            .counters
+            .iter()
+            .filter(|(k, _)| !k.starts_with("arrivals-"))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+        gauges: t.gauges.clone(),
+        fault_events: o.fault_events.clone(),
+    }
+}
+
+/// The run's parameters, flattened to `section.field` (the placement as the flag names it).
+fn spec_params(spec: &BenchSpec) -> BTreeMap<String, serde_json::Value> {
     let mut params = BTreeMap::new();
     if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(spec) {
         for (k, v) in m {
@@ -92,6 +140,15 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
     // Named as the flag names it (`per-region`, `groups=3`), which the table shows.
     params.retain(|k, _| !k.starts_with("placement."));
     params.insert("placement".into(), spec.placement.to_string().into());
+    params
+}
+
+/// The figures only some runs have: TPC-C's new orders, the open loop's load, the log's waits,
+/// replay, memory, failovers and the time a faulted server took to answer again.
+fn extra_figures(spec: &BenchSpec, o: &Outcome) -> BTreeMap<String, f64> {
+    let t = &o.totals;
+    let secs = spec.duration_us as f64 / 1e6;
+    let per = |x: u64| if t.committed > 0 { x as f64 / t.committed as f64 } else { 0.0 };
     let mut extra = BTreeMap::new();
     if let Some(n) = t.by_kind.get("new-order") {
         extra.insert("new_order_tps".to_string(), *n as f64 / secs);
@@ -142,48 +199,7 @@ pub fn report(spec: &BenchSpec, o: &Outcome, verified: Option<bool>) -> RunRepor
         extra.insert("served_again_ms_p50".to_string(), back[back.len() / 2]);
         extra.insert("served_again_ms_max".to_string(), back[back.len() - 1]);
     }
-    RunReport {
-        protocol: spec.protocol.clone(),
-        workload: spec.workload.name.clone(),
-        runtime: spec.runtime.to_string(),
-        nodes: spec.nodes as u32,
-        duration_s: secs,
-        committed: t.committed,
-        aborted: t.aborted(),
-        throughput_tps: t.committed as f64 / secs,
-        abort_rate: if attempts > 0 { t.aborted() as f64 / attempts as f64 } else { 0.0 },
-        latency_us: percentiles(&h),
-        latency_us_by_class: t
-            .class_latency()
-            .iter()
-            .map(|(class, counts)| (class.to_string(), percentiles(&metrics::histogram_of(counts))))
-            .collect(),
-        latency_us_by_region: by_region(spec, t),
-        latency_us_by_region_class: by_region_class(spec, t),
-        msgs_per_txn: per(t.msgs),
-        bytes_per_txn: per(t.bytes),
-        aborts_by_reason: t.aborts.clone(),
-        params,
-        verified,
-        cpu_us_per_txn: (t.cpu_us > 0 && t.committed > 0).then(|| t.cpu_us as f64 / t.committed as f64),
-        cpu_us_per_txn_by_kind: match t.committed {
-            0 => BTreeMap::new(),
-            n => t.cpu_by_kind_ns.iter().map(|(k, ns)| (k.clone(), *ns as f64 / 1000.0 / n as f64)).collect(),
-        },
-        throughput_per_s: per_second(&t.per_tick),
-        throughput_per_100ms: t.per_tick.iter().map(|c| *c as f64 * (1e9 / TICK_NS as f64)).collect(),
-        extra,
-        // The open loop's arrivals are the run's load, not the protocol's work: they are in
-        // `extra` (offered_tps, backlog), not among the counters per transaction.
-        counters: t
-            .counters
-            .iter()
-            .filter(|(k, _)| !k.starts_with("arrivals-"))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect(),
-        gauges: t.gauges.clone(),
-        fault_events: o.fault_events.clone(),
-    }
+    extra
 }
 
 fn percentiles(h: &hdrhistogram::Histogram<u64>) -> LatencyUs {

@@ -29,6 +29,68 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     let total = Duration::from_micros(spec.warmup_us + spec.duration_us);
     let start_ns = net.epoch.elapsed().as_nanos() as u64 + 20_000_000;
     let window = Window { start_ns: start_ns + warm.as_nanos() as u64, end_ns: start_ns + total.as_nanos() as u64 };
+    let threads = spawn_workers(spec, &net, &shared, &nodes, window)?;
+    let watched = watch(spec, &net, &shared, &nodes, window, total);
+    let mut notes = Vec::new();
+    if watched.failed.is_none() && shared.running.load(Ordering::Acquire) > 0 {
+        notes.push("some clients were still running 120 s after the window closed".into());
+    }
+    if watched.failed.is_some() {
+        notes.push(abandon_held_commits(&net, &shared, &nodes));
+    }
+    let mut final_read = None;
+    // The final read and checks run on worker 0 of the first node that runs clients.
+    let after = Addr::new(spec.topology().first_client_node(), 0);
+    if spec.record_history && notes.is_empty() {
+        let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
+        net.inbox(after).push_command(cmd);
+        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
+        final_read = shared.final_read.lock().take();
+    }
+    let mut findings = Vec::new();
+    if spec.run_checks && notes.is_empty() {
+        let cmd = driver::after_run_command(driver::final_checks, workload.clone(), shared.clone());
+        net.inbox(after).push_command(cmd);
+        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
+        findings = finish_checks(&shared, &*workload);
+    }
+    let replay = if notes.is_empty() { replay_only(&net, after.node, spec.workers, &workload, &shared) } else { None };
+    net.stop();
+    for t in threads {
+        let _ = t.join();
+    }
+    for n in &nodes {
+        n.shutdown();
+    }
+    let mut totals = Totals::default();
+    let mut history = Vec::new();
+    collect(&shared, &mut totals, &mut history);
+    totals.cpu_us = match (watched.cpu_at_start, watched.cpu_at_end) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    };
+    totals.findings = findings;
+    totals.findings.extend(replay_finding(replay.as_ref()));
+    totals.replay = replay;
+    for (name, n) in std::mem::take(&mut *shared.replica_counters.lock()) {
+        totals.counters.insert(name.to_string(), n);
+    }
+    let points = std::mem::take(&mut *shared.replay_points_us.lock());
+    totals.replay_lag_us = super::metrics::replay_lag_us(&points);
+    totals.resident_mib = watched.resident_mib;
+    let failed = watched.failed;
+    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
+}
+
+/// One thread per worker of every node, each running its protocol (and, on worker 0, the
+/// node's replicas) until the run stops; returns once every worker has started.
+fn spawn_workers(
+    spec: &BenchSpec,
+    net: &Arc<local::LocalNet>,
+    shared: &Arc<RunShared>,
+    nodes: &[Arc<NodeSetup>],
+    window: Window,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
     let (proto_tx, proto_rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
     for n in 0..spec.nodes {
@@ -61,6 +123,29 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     for _ in 0..threads.len() {
         let _ = proto_rx.recv_timeout(Duration::from_secs(10));
     }
+    Ok(threads)
+}
+
+/// What the process measured over the window, and why the run failed, if it did.
+struct Watched {
+    cpu_at_start: Option<u64>,
+    cpu_at_end: Option<u64>,
+    resident_mib: Option<u64>,
+    /// The run gave up the commits a full disk held past the window.
+    failed: Option<String>,
+}
+
+/// Watch the run with a progress bar until its workers stop: the process's CPU time at the
+/// window's start and end, its memory at the end, and a full disk that holds commits back too
+/// long after the window.
+fn watch(
+    spec: &BenchSpec,
+    net: &local::LocalNet,
+    shared: &RunShared,
+    nodes: &[Arc<NodeSetup>],
+    window: Window,
+    total: Duration,
+) -> Watched {
     let pb = progress(&format!("{} local", spec.protocol), total.as_millis() as u64 + 20);
     let t0 = Instant::now();
     let mut cpu_at_start = None;
@@ -82,7 +167,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
         pb.set_position(t0.elapsed().as_millis() as u64);
         if now >= window.end_ns {
-            match (disk_full_file(&nodes), full_since) {
+            match (disk_full_file(nodes), full_since) {
                 (Some(file), None) => {
                     pb.suspend(|| {
                         eprintln!(
@@ -114,70 +199,29 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
         }
     }
     pb.finish_and_clear();
-    let mut notes = Vec::new();
-    if failed.is_none() && shared.running.load(Ordering::Acquire) > 0 {
-        notes.push("some clients were still running 120 s after the window closed".into());
-    }
-    if failed.is_some() {
-        // The clients stuck on the log stop waiting and report what they hold as of unknown
-        // outcome; then the log is closed (a worker blocked on its memory bound gets an error)
-        // and the workers stop. A worker that did not report by then loses its counts.
-        shared.abandon.store(true, Ordering::Release);
-        driver::wait_until(Duration::from_secs(2), || shared.running.load(Ordering::Acquire) == 0);
-        let unreported = shared.running.load(Ordering::Acquire);
-        notes.push(format!(
-            "no final read or checks: the run ended with commits held by a full disk{}",
-            match unreported {
-                0 => String::new(),
-                n => format!("; the counts of {n} workers that did not stop waiting for it are lost"),
-            }
-        ));
-        net.stop();
-        for n in &nodes {
-            n.shutdown();
+    Watched { cpu_at_start, cpu_at_end, resident_mib, failed }
+}
+
+/// The run failed on a full disk: the clients stuck on the log stop waiting and report what
+/// they hold as of unknown outcome; then the log is closed (a worker blocked on its memory
+/// bound gets an error) and the workers stop. A worker that did not report by then loses its
+/// counts. Returns the note that says so.
+fn abandon_held_commits(net: &local::LocalNet, shared: &RunShared, nodes: &[Arc<NodeSetup>]) -> String {
+    shared.abandon.store(true, Ordering::Release);
+    driver::wait_until(Duration::from_secs(2), || shared.running.load(Ordering::Acquire) == 0);
+    let unreported = shared.running.load(Ordering::Acquire);
+    let note = format!(
+        "no final read or checks: the run ended with commits held by a full disk{}",
+        match unreported {
+            0 => String::new(),
+            n => format!("; the counts of {n} workers that did not stop waiting for it are lost"),
         }
-    }
-    let mut final_read = None;
-    // The final read and checks run on worker 0 of the first node that runs clients.
-    let after = Addr::new(spec.topology().first_client_node(), 0);
-    if spec.record_history && notes.is_empty() {
-        let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
-        net.inbox(after).push_command(cmd);
-        driver::wait_until(Duration::from_secs(60), || shared.final_read.lock().is_some());
-        final_read = shared.final_read.lock().take();
-    }
-    let mut findings = Vec::new();
-    if spec.run_checks && notes.is_empty() {
-        let cmd = driver::after_run_command(driver::final_checks, workload.clone(), shared.clone());
-        net.inbox(after).push_command(cmd);
-        driver::wait_until(Duration::from_secs(600), || shared.checks.lock().is_some());
-        findings = finish_checks(&shared, &*workload);
-    }
-    let replay = if notes.is_empty() { replay_only(&net, after.node, spec.workers, &workload, &shared) } else { None };
+    );
     net.stop();
-    for t in threads {
-        let _ = t.join();
-    }
-    for n in &nodes {
+    for n in nodes {
         n.shutdown();
     }
-    let mut totals = Totals::default();
-    let mut history = Vec::new();
-    collect(&shared, &mut totals, &mut history);
-    totals.cpu_us = match (cpu_at_start, cpu_at_end) {
-        (Some(a), Some(b)) => b.saturating_sub(a),
-        _ => 0,
-    };
-    totals.findings = findings;
-    totals.findings.extend(replay_finding(replay.as_ref()));
-    totals.replay = replay;
-    for (name, n) in std::mem::take(&mut *shared.replica_counters.lock()) {
-        totals.counters.insert(name.to_string(), n);
-    }
-    let points = std::mem::take(&mut *shared.replay_points_us.lock());
-    totals.replay_lag_us = super::metrics::replay_lag_us(&points);
-    totals.resident_mib = resident_mib;
-    Ok(Outcome { totals, history, final_read, notes, restarts: 0, moved: 0, fault_events: Vec::new(), failed })
+    note
 }
 
 /// Run every worker of `node` through its protocol's replay-only measurement at once, and
