@@ -441,21 +441,7 @@ fn run(a: &RunArgs, commit: &str) -> anyhow::Result<bool> {
 
 fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<ExperimentReport> {
     let jobs = jobs(e, a.quick, a.repeat);
-    // Parse every run's flags before running anything, so that a bad one fails at once.
-    let lines: Vec<Vec<String>> = jobs.iter().map(|j| argv(e, a, j)).collect::<anyhow::Result<_>>()?;
-    let mut parsed = Vec::new();
-    for (j, line) in jobs.iter().zip(&lines) {
-        let args = BenchLine::try_parse_from(line)
-            .map_err(|err| anyhow!("{}: {}", e.name, first_line(&err.to_string())))?
-            .args;
-        let req: BenchRequest = args.into();
-        check_request(&req).with_context(|| e.name.clone())?;
-        let variant = e.variant_at(&j.protocol, j.point.as_ref());
-        let spec = crate::protocols::Variant::parse(&variant)
-            .and_then(|v| (req.make_spec)(&v))
-            .with_context(|| format!("{}: {variant}", e.name))?;
-        parsed.push((req, spec));
-    }
+    let parsed = parse_runs(e, a, &jobs)?;
     let out = a
         .out
         .clone()
@@ -469,14 +455,7 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         jobs.len(),
         if a.quick { ", quick" } else { "" }
     );
-    let bar =
-        indicatif::ProgressBar::with_draw_target(Some(jobs.len() as u64), indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} runs {elapsed_precise} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(e.name.clone());
+    let bar = progress_bar(e, jobs.len());
     crate::host::hide_run_progress(true);
     let started = Instant::now();
     let parallel = runs_at_once(a, &parsed)?;
@@ -484,26 +463,7 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
         parsed.iter().map(|(req, spec)| (req.cluster.as_deref(), spec)).collect();
     let peak = e.peak.as_ref().map(|p| (p, p.loads(a.quick)));
     let finished = run_jobs(e, (&jobs, peak), &specs, &out, parallel, &bar);
-    let mut runs = Vec::new();
-    let mut run_wall_s = Vec::new();
-    let mut failures = Vec::new();
-    for (j, (result, wall_s)) in jobs.iter().zip(finished) {
-        let at = point_label(e, j);
-        match result {
-            Ok((mut run, passed, whole)) => {
-                if !passed {
-                    failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
-                }
-                if !whole {
-                    failures.push(format!("{at}{} repeat {}: the run failed (see above)", j.protocol, j.repeat + 1));
-                }
-                mark(&mut run, e, j);
-                runs.push(run);
-                run_wall_s.push(wall_s);
-            }
-            Err(err) => failures.push(format!("{at}{} repeat {}: {err:#}", j.protocol, j.repeat + 1)),
-        }
-    }
+    let (runs, run_wall_s, failures) = gather(e, &jobs, finished);
     crate::host::hide_run_progress(false);
     bar.finish_and_clear();
     let mut report = ExperimentReport {
@@ -541,6 +501,66 @@ fn run_one(e: &Experiment, a: &RunArgs, commit: &str) -> anyhow::Result<Experime
     print_result(&report);
     println!("results: {} (json: {}, plot: {})", out.display(), json.display(), plot.display());
     Ok(report)
+}
+
+/// Every run's flags, parsed before anything runs, so that a bad one fails at once.
+fn parse_runs(
+    e: &Experiment,
+    a: &RunArgs,
+    jobs: &[Job],
+) -> anyhow::Result<Vec<(BenchRequest, crate::host::BenchSpec)>> {
+    let lines: Vec<Vec<String>> = jobs.iter().map(|j| argv(e, a, j)).collect::<anyhow::Result<_>>()?;
+    let mut parsed = Vec::new();
+    for (j, line) in jobs.iter().zip(&lines) {
+        let args = BenchLine::try_parse_from(line)
+            .map_err(|err| anyhow!("{}: {}", e.name, first_line(&err.to_string())))?
+            .args;
+        let req: BenchRequest = args.into();
+        check_request(&req).with_context(|| e.name.clone())?;
+        let variant = e.variant_at(&j.protocol, j.point.as_ref());
+        let spec = crate::protocols::Variant::parse(&variant)
+            .and_then(|v| (req.make_spec)(&v))
+            .with_context(|| format!("{}: {variant}", e.name))?;
+        parsed.push((req, spec));
+    }
+    Ok(parsed)
+}
+
+/// The experiment's bar: one step a run.
+fn progress_bar(e: &Experiment, runs: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(runs as u64), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos}/{len} runs {elapsed_precise} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(e.name.clone());
+    bar
+}
+
+/// The runs that finished, their wall times, and what failed, by point and repeat.
+fn gather(e: &Experiment, jobs: &[Job], finished: Vec<JobResult>) -> (Vec<RunReport>, Vec<f64>, Vec<String>) {
+    let mut runs = Vec::new();
+    let mut run_wall_s = Vec::new();
+    let mut failures = Vec::new();
+    for (j, (result, wall_s)) in jobs.iter().zip(finished) {
+        let at = point_label(e, j);
+        match result {
+            Ok((mut run, passed, whole)) => {
+                if !passed {
+                    failures.push(format!("{at}{} repeat {}: its check failed", j.protocol, j.repeat + 1));
+                }
+                if !whole {
+                    failures.push(format!("{at}{} repeat {}: the run failed (see above)", j.protocol, j.repeat + 1));
+                }
+                mark(&mut run, e, j);
+                runs.push(run);
+                run_wall_s.push(wall_s);
+            }
+            Err(err) => failures.push(format!("{at}{} repeat {}: {err:#}", j.protocol, j.repeat + 1)),
+        }
+    }
+    (runs, run_wall_s, failures)
 }
 
 /// How many of an experiment's runs go at once: `--jobs`, else one per core when every run is

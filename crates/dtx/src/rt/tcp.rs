@@ -391,7 +391,6 @@ impl TcpNet {
         // else back.
         let mut held_out = DelayQueue::default();
         let mut held_control = DelayQueue::default();
-        let delay = !self.latency.is_zero();
         let mut out = Vec::new();
         let mut received = Vec::new();
         let mut next_moved_check = Instant::now() + MOVED_PEER_CHECK;
@@ -436,55 +435,67 @@ impl TcpNet {
                 continue;
             }
             for ev in events.iter() {
-                match ev.token() {
-                    LISTENER => self.accept(),
-                    WAKER => {}
-                    Token(t) => {
-                        let i = t - 2;
-                        match self.conns.get_mut(i) {
-                            Some(Some(Conn::In(c))) => match Self::read(c, &mut received, self.me) {
-                                Ok(true) => {}
-                                Ok(false) => self.close(i, ""),
-                                Err(e) => self.close(i, &e),
-                            },
-                            Some(Some(Conn::Out(_, c))) => {
-                                if ev.is_writable() {
-                                    c.writable = true;
-                                }
-                                if ev.is_error() || ev.is_read_closed() {
-                                    // A peer that stopped with nothing queued for it closed
-                                    // cleanly (the end of a run); anything else lost data.
-                                    if ev.is_error() || !c.pending.is_empty() {
-                                        let why = format!(
-                                            "connection reset with {} bytes unsent ({:?})",
-                                            c.pending.len(),
-                                            c.stream.take_error()
-                                        );
-                                        self.close(i, &why);
-                                    } else {
-                                        self.close_quietly(i);
-                                    }
-                                } else {
-                                    self.flush(i);
-                                }
+                self.on_event(ev, &mut received);
+            }
+            self.deliver(w, &mut received, &mut delayed);
+        }
+    }
+
+    /// One readiness event: accept a connection, read what arrived on one (into `received`),
+    /// or write what waits for one, closing it when its peer went away.
+    fn on_event(&mut self, ev: &mio::event::Event, received: &mut Vec<Packet>) {
+        match ev.token() {
+            LISTENER => self.accept(),
+            WAKER => {}
+            Token(t) => {
+                let i = t - 2;
+                match self.conns.get_mut(i) {
+                    Some(Some(Conn::In(c))) => match Self::read(c, received, self.me) {
+                        Ok(true) => {}
+                        Ok(false) => self.close(i, ""),
+                        Err(e) => self.close(i, &e),
+                    },
+                    Some(Some(Conn::Out(_, c))) => {
+                        if ev.is_writable() {
+                            c.writable = true;
+                        }
+                        if ev.is_error() || ev.is_read_closed() {
+                            // A peer that stopped with nothing queued for it closed
+                            // cleanly (the end of a run); anything else lost data.
+                            if ev.is_error() || !c.pending.is_empty() {
+                                let why = format!(
+                                    "connection reset with {} bytes unsent ({:?})",
+                                    c.pending.len(),
+                                    c.stream.take_error()
+                                );
+                                self.close(i, &why);
+                            } else {
+                                self.close_quietly(i);
                             }
-                            _ => {}
+                        } else {
+                            self.flush(i);
                         }
                     }
+                    _ => {}
                 }
             }
-            let now = w.now_ns();
-            for p in received.drain(..) {
-                if delay {
-                    let d = self.latency.sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
-                    delayed.hold(now + d, p);
-                } else if w.deliver(p.src, &p.bytes).is_err() {
-                    // A malformed batch: the peer is broken; drop its connection.
-                    if let Some(i) =
-                        self.conns.iter().position(|c| matches!(c, Some(Conn::In(ic)) if ic.src == Some(p.src)))
-                    {
-                        self.close(i, "malformed batch");
-                    }
+        }
+    }
+
+    /// Hand what arrived to the worker: after the sampled delay when links have one, else now;
+    /// a malformed batch closes the connection it came on (its peer is broken).
+    fn deliver(&mut self, w: &Rc<Worker>, received: &mut Vec<Packet>, delayed: &mut DelayQueue) {
+        let (now, delay) = (w.now_ns(), !self.latency.is_zero());
+        for p in received.drain(..) {
+            if delay {
+                let d = self.latency.sample_ns(p.src.node, p.dst.node, &mut *w.rng.borrow_mut());
+                delayed.hold(now + d, p);
+            } else if w.deliver(p.src, &p.bytes).is_err() {
+                // A malformed batch: the peer is broken; drop its connection.
+                if let Some(i) =
+                    self.conns.iter().position(|c| matches!(c, Some(Conn::In(ic)) if ic.src == Some(p.src)))
+                {
+                    self.close(i, "malformed batch");
                 }
             }
         }

@@ -161,7 +161,13 @@ fn load_district(rng: &mut Rng, w: u32, d: u32, sink: &mut dyn FnMut(RowKey, Val
     sink(district_key(w, d, D_YTD_PART), build(ytd::LEN, |b| set_i64(b, ytd::YTD, 3_000_000)));
     sink(district_key(w, d, D_NEXT_PART), build(next_o::LEN, |b| set_u32(b, next_o::O_ID, ORDERS_LOADED + 1)));
     sink(delivery_cursor_key(w, d), build(next_o::LEN, |b| set_u32(b, next_o::O_ID, FIRST_UNDELIVERED)));
-    // CUSTOMER, its by-name index entry and one HISTORY row each.
+    load_customers(rng, w, d, sink);
+    load_orders(rng, w, d, sink);
+}
+
+/// District `d`'s CUSTOMER rows, each with its by-name index entry and one HISTORY row.
+fn load_customers(rng: &mut Rng, w: u32, d: u32, sink: &mut dyn FnMut(RowKey, Value)) {
+    let mut s = [0u8; 24];
     let mut first = [0u8; 16];
     let mut last = [0u8; 16];
     let mut cdata = [0u8; 500];
@@ -210,7 +216,11 @@ fn load_district(rng: &mut Rng, w: u32, d: u32, sink: &mut dyn FnMut(RowKey, Val
         });
         sink(history_key(w, 0, (d - 1) * CUSTOMERS + c - 1), v);
     }
-    // ORDER (customers in a random permutation), ORDER-LINE, NEW-ORDER, customer-order index.
+}
+
+/// District `d`'s ORDER rows (customers in a random permutation), their ORDER-LINEs, the
+/// NEW-ORDER rows of the undelivered ones and the customer-order index.
+fn load_orders(rng: &mut Rng, w: u32, d: u32, sink: &mut dyn FnMut(RowKey, Value)) {
     let mut perm: Vec<u32> = (1..=CUSTOMERS).collect();
     for i in (1..perm.len()).rev() {
         let j = rng.gen_range(0..=i);
