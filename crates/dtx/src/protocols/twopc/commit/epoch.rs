@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The skeleton's commit policy option, for the registry entries of the concurrency controls
-/// that roll back by restoring values ([`super::TxnMeta::on_rolled_back`]).
+/// that roll back by restoring values ([`crate::protocols::twopc::TxnMeta::on_rolled_back`]).
 pub const COMMIT_OPTION: OptionSpec = OptionSpec {
     name: "commit",
     kind: OptionKind::Choice(&["2pc", "epoch"]),

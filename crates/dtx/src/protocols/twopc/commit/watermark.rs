@@ -109,7 +109,7 @@ pub fn time_floor_us(wall_us: u64) -> u64 {
 /// The registry entries that commit by watermark, for the error a user sees when asking
 /// another for `commit=wm`: Primo, where it is the default, and the concurrency controls over
 /// the skeleton that fix a logical commit timestamp before they validate
-/// ([`super::wm_worker`]).
+/// ([`crate::protocols::twopc::wm_worker`]).
 pub const ACCEPTED_BY: &str = "primo, tictoc, sundial";
 
 /// The commit policy of a concurrency control over the skeleton that has a logical commit
