@@ -419,23 +419,6 @@ pub(crate) fn system_us() -> u64 {
     (unix.as_micros() as u64).saturating_sub(WALL_EPOCH_UNIX_US)
 }
 
-/// The system time (µs from 2025) at `epoch`, computed once per epoch in a process, so that
-/// every worker of a run maps its clock onto the system's the same way (two readings of two
-/// clocks differ by a microsecond from one call to the next).
-fn epoch_system_us(epoch: Instant) -> u64 {
-    static KNOWN: parking_lot::Mutex<Vec<(Instant, u64)>> = parking_lot::Mutex::new(Vec::new());
-    let mut known = KNOWN.lock();
-    if let Some((_, us)) = known.iter().find(|(e, _)| *e == epoch) {
-        return *us;
-    }
-    let us = system_us().saturating_sub(epoch.elapsed().as_micros() as u64);
-    if known.len() >= 64 {
-        known.remove(0);
-    }
-    known.push((epoch, us));
-    us
-}
-
 /// Receives the messages of a node service (log replication) on one worker: the sender, the
 /// 64-bit tag the sender put in the envelope header, and the body.
 pub type ServiceHandler = Rc<dyn Fn(Addr, u64, &[u8])>;
@@ -493,9 +476,9 @@ pub struct Worker {
     pub cost: CpuCost,
     pub rpc: RpcConfig,
     clocks: ClockSkew,
-    /// Where [`Worker::history_now_us`] counts from: 0 in the simulator, the system time of the
-    /// clock's epoch otherwise (the same for every worker of a run in a process).
-    history_base_us: u64,
+    /// The latest time [`Worker::history_now_us`] gave on real clocks: it never goes back,
+    /// however the system clock is stepped.
+    history_last_us: Cell<u64>,
     /// Run when the simulator crashes this worker's node (its memory is about to be lost).
     crash_hooks: RefCell<Vec<Box<dyn FnOnce()>>>,
 }
@@ -505,10 +488,6 @@ pub const MAX_COUNTERS: usize = 64;
 
 impl Worker {
     pub fn new(addr: Addr, workers_per_node: u16, clock: Clock, exec: Executor, cfg: &WorkerConfig) -> Self {
-        let history_base_us = match &clock {
-            Clock::Virtual(_) => 0,
-            Clock::Real(epoch) => epoch_system_us(*epoch),
-        };
         let seed = cfg.seed;
         let seed = seed ^ ((addr.node as u64) << 32 | addr.worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Worker {
@@ -535,7 +514,7 @@ impl Worker {
             cost: cfg.cost,
             rpc: cfg.rpc,
             clocks: cfg.clocks,
-            history_base_us,
+            history_last_us: Cell::new(0),
             crash_hooks: RefCell::new(Vec::new()),
         }
     }
@@ -622,13 +601,22 @@ impl Worker {
     /// run, without the CPU time this worker charged in it (a worker's own clock runs ahead of
     /// the others' by what it charged, while what it wrote is already visible to them: real-time
     /// order must come from the one clock the steps run in); otherwise the system's clock (from
-    /// 2025, without injected skew), so that the histories of a run's processes share one base
-    /// and real-time order can be checked across them (as far as the machines' clocks agree:
-    /// NTP or PTP).
+    /// 2025, without injected skew), read at every call, so that the histories of a run's
+    /// processes share one clock and real-time order can be checked across them (on one
+    /// machine exactly; across machines as far as their clocks agree: NTP or PTP).
+    ///
+    /// Read at every call, not as a base taken once plus the monotonic clock: two processes'
+    /// bases, each two readings of two clocks that a busy core may preempt between, were tens
+    /// of microseconds apart, and a `tcp` run's check found "realtime" cycles that were the
+    /// bases' difference (always one process's commits before the other's starts).
     pub fn history_now_us(&self) -> u64 {
         match &self.clock {
             Clock::Virtual(t) => t.get() / 1000,
-            Clock::Real(epoch) => self.history_base_us + epoch.elapsed().as_micros() as u64,
+            Clock::Real(_) => {
+                let us = system_us().max(self.history_last_us.get());
+                self.history_last_us.set(us);
+                us
+            }
         }
     }
 
@@ -1091,6 +1079,27 @@ mod tests {
         let exec = Executor::new(Arc::new(|| {}));
         let clock = Clock::Virtual(Rc::new(Cell::new(0)));
         Rc::new(Worker::new(Addr::new(0, 0), 1, clock, exec, &WorkerConfig::default()))
+    }
+
+    /// Histories of real-clock workers share the system's clock whatever their epochs (two
+    /// processes of a `tcp` run have different ones), and a worker's history clock never goes back.
+    #[test]
+    fn real_clock_histories_read_the_system_clock_whatever_their_epoch() {
+        let on = |epoch| {
+            let exec = Executor::new(Arc::new(|| {}));
+            Worker::new(Addr::new(0, 0), 1, Clock::Real(epoch), exec, &WorkerConfig::default())
+        };
+        let early = on(std::time::Instant::now());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let late = on(std::time::Instant::now());
+        for _ in 0..1000 {
+            let before = system_us();
+            let (a, b) = (early.history_now_us(), late.history_now_us());
+            let after = system_us();
+            assert!(before <= a && a <= b && b <= after, "{before} <= {a} <= {b} <= {after}");
+        }
+        late.history_last_us.set(u64::MAX - 1);
+        assert_eq!(late.history_now_us(), u64::MAX - 1, "a clock stepped back does not take a history back");
     }
 
     /// A task asleep on its worker's timer holds the worker, and the worker holds the task's
