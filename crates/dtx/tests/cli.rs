@@ -418,6 +418,10 @@ fn a_protocols_options_are_listed_with_type_default_and_help() {
     let line = out.lines().find(|l| l.trim_start().starts_with("lock_wait_us")).expect("lock_wait_us listed");
     assert!(line.contains("default 500000") && line.contains("1..=60000000") && line.contains("lock"), "{line}");
     assert!(out.contains("orphan_after_us"), "{out}");
+    let (code, out, err) = dtx(&["protocols", "--options", "detock"]);
+    assert_eq!(code, 0, "{err}");
+    let map = out.split("where it lives").nth(1).unwrap_or_else(|| panic!("a map of where it lives: {out}"));
+    assert!(map.contains("protocols/depgraph.rs") && map.contains("protocols/calvin/sequencer.rs"), "{map}");
 }
 
 #[test]

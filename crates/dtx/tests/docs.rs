@@ -687,3 +687,43 @@ fn the_new_checks_catch_drift() {
     let index = index_problems("- [a](a.md): x\n- [c](c.md), [web](https://example.com)", &files, exists);
     assert!(index.len() == 2 && index[0].contains("b.md") && index[1].contains("`c.md`"), "{index:?}");
 }
+
+/// The folder whose `mod.rs` header holds protocol `name`'s map of where it lives: its own, or
+/// the one it is a variant of (COCO is OCC under epochs; the three 2PLs share `twopl/`).
+fn home_folder(name: &str) -> &str {
+    match name {
+        "coco" => "occ",
+        n if n.starts_with("2pl-") => "twopl",
+        n => n,
+    }
+}
+
+/// Where a protocol lives (`ProtocolInfo::lives`, what `dtx protocols --options NAME` prints):
+/// every path exists, and its folder's module header names every one, so that a newcomer who
+/// opens the folder finds the mechanisms that live outside it.
+#[test]
+fn every_protocol_names_where_each_of_its_mechanisms_lives() {
+    let src = root().join("crates/dtx/src");
+    let mut problems = Vec::new();
+    for p in dtx::protocols::REGISTRY.iter().filter(|p| p.status == "ready") {
+        if p.lives.len() < 3 {
+            problems.push(format!("{}: a map of {} places", p.name, p.lives.len()));
+        }
+        let header_path = src.join("protocols").join(home_folder(p.name)).join("mod.rs");
+        let header: String = std::fs::read_to_string(&header_path)
+            .unwrap_or_default()
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (what, path) in p.lives {
+            if !src.join(path).exists() {
+                problems.push(format!("{}: `{path}` ({what}) does not exist", p.name));
+            }
+            if !header.contains(&format!("`{path}`")) {
+                problems.push(format!("{}: {} does not name `{path}` ({what})", p.name, header_path.display()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -212,7 +212,8 @@ fn check_outcome(spec: &BenchSpec, o: &Outcome, path: &Path) -> anyhow::Result<b
     }
 }
 
-/// `dtx protocols --options NAME`: the protocol's options and the abort reasons it defines.
+/// `dtx protocols --options NAME`: the protocol's options, the abort reasons it defines, and
+/// where each of its mechanisms lives in the source.
 pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
     let v = protocols::Variant::parse_including_planned(name)?;
     let p = v.info;
@@ -231,6 +232,11 @@ pub fn protocol_options(name: &str) -> anyhow::Result<bool> {
         for (reason, meaning) in p.aborts {
             println!("  {reason:<width$}  {meaning}");
         }
+    }
+    println!("where it lives (under crates/dtx/src/):");
+    let width = p.lives.iter().map(|(_, path)| path.len()).max().unwrap_or(0);
+    for (what, path) in p.lives {
+        println!("  {path:<width$}  {what}");
     }
     Ok(true)
 }

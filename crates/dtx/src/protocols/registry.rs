@@ -16,6 +16,10 @@ pub struct ProtocolInfo {
     pub aborts: &'static [(&'static str, &'static str)],
     /// The protocol with its options set.
     pub make: fn(&Options) -> Arc<dyn Protocol>,
+    /// Where each of its mechanisms lives: what it is, and the file or folder under
+    /// `crates/dtx/src/` that holds it (`dtx protocols --options NAME` prints them; a test
+    /// checks that each exists and that a protocol's own folder names them in its header).
+    pub lives: &'static [(&'static str, &'static str)],
 }
 
 /// What a protocol promises about the order its transactions take.
@@ -47,6 +51,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "two-phase locking, NO_WAIT (abort on conflict), with 2PC",
         options: &[twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
+        lives: &[
+            ("locking and 2PC, coordinator side", "protocols/twopl/coordinator.rs"),
+            ("locks for remote transactions, votes, installs", "protocols/twopl/participant.rs"),
+            ("the record lock (NO_WAIT)", "protocols/twopc/record_lock.rs"),
+            ("2PC and its commit policies", "protocols/twopc/skeleton.rs"),
+            ("the log and recovery", "protocols/twopc/durable.rs"),
+        ],
         make: |o| two_pc(twopl::TwoPl { policy: twopl::Policy::NoWait, lock_wait_us: 0, detect_us: 0 }, o),
     },
     ProtocolInfo {
@@ -56,6 +67,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "two-phase locking, WAIT_DIE (older waits, younger dies), with 2PC",
         options: &[twopl::LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
+        lives: &[
+            ("locking and 2PC, coordinator side", "protocols/twopl/coordinator.rs"),
+            ("locks for remote transactions, votes, installs", "protocols/twopl/participant.rs"),
+            ("the record lock (WAIT_DIE)", "protocols/twopc/record_lock.rs"),
+            ("2PC and its commit policies", "protocols/twopc/skeleton.rs"),
+            ("the log and recovery", "protocols/twopc/durable.rs"),
+        ],
         make: |o| {
             two_pc(
                 twopl::TwoPl {
@@ -74,6 +92,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "two-phase locking, every conflict waits; a node breaks a cycle of its own waits as it forms, node 0 gathers the wait-for graph across nodes when a node tells it of a new wait (or every detect_us) and aborts a random transaction of each cycle (the Detock thesis's CockroachDB-like baseline), with 2PC",
         options: &[twopl::DETECT_OPTION, twopl::DETECTION_OPTION, twopl::DETECT_LOCK_WAIT_OPTION, twopc::ORPHAN_OPTION],
         aborts: twopl::DETECT_ABORTS,
+        lives: &[
+            ("locking and 2PC, coordinator side", "protocols/twopl/coordinator.rs"),
+            ("locks for remote transactions, waits, local cycles", "protocols/twopl/participant.rs"),
+            ("the wait-for graph and node 0's detector", "protocols/twopl/deadlock.rs"),
+            ("breaking cycles", "protocols/graph.rs"),
+            ("the record lock (waits queued)", "protocols/twopc/record_lock.rs"),
+            ("2PC", "protocols/twopc/skeleton.rs"),
+        ],
         make: |o| {
             two_pc(
                 twopl::TwoPl {
@@ -93,6 +119,15 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "deterministic: sequenced input log, ordered locks in log order, reconnaissance (Calvin)",
         options: calvin::OPTIONS,
         aborts: calvin::ABORTS,
+        lives: &[
+            ("the client side: submit, wait for the outcome", "protocols/calvin/mod.rs"),
+            ("sequencers and their batches", "protocols/calvin/sequencer.rs"),
+            ("schedulers: batches in the global order", "protocols/calvin/scheduler.rs"),
+            ("deterministic ordered locking", "protocols/calvin/locks.rs"),
+            ("reconnaissance (OLLP)", "txn/recon.rs"),
+            ("the input log and recovery by running it again", "protocols/calvin/input_log.rs"),
+            ("checkpoints", "protocols/calvin/checkpoint.rs"),
+        ],
         make: |o| Arc::new(calvin::Calvin::new(o)),
     },
     ProtocolInfo {
@@ -102,6 +137,15 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "deterministic multi-region: a log per home region, multi-home transactions ordered globally and locked in pieces (SLOG)",
         options: slog::OPTIONS,
         aborts: slog::ABORTS,
+        lives: &[
+            ("its options, regions and layout", "protocols/slog/mod.rs"),
+            ("the global orderer of multi-home transactions", "protocols/calvin/orderer.rs"),
+            ("a log per home region: sequencers", "protocols/calvin/sequencer.rs"),
+            ("schedulers interleaving the regions' logs", "protocols/calvin/scheduler.rs"),
+            ("locks in pieces, in log order", "protocols/calvin/locks.rs"),
+            ("remastering (homes that move)", "protocols/calvin/homes.rs"),
+            ("checkpoints (the orderer's: orderer.rs)", "protocols/calvin/checkpoint.rs"),
+        ],
         make: |o| Arc::new(slog::new(o)),
     },
     ProtocolInfo {
@@ -111,6 +155,15 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "deterministic multi-region: logs per home region, multi-home pieces stamped to land together, a dependency graph with deterministic deadlock resolution (Detock)",
         options: detock::OPTIONS,
         aborts: detock::ABORTS,
+        lives: &[
+            ("its options, regions and layout", "protocols/detock/mod.rs"),
+            ("opportunistic ordering: stamps, delay probes, pieces sent to each home", "protocols/calvin/sequencer.rs"),
+            ("a home's copies of a piece told apart", "protocols/calvin/piece_seqs.rs"),
+            ("the dependency graph and deterministic deadlock resolution", "protocols/depgraph.rs"),
+            ("the schedulers that feed it and run what it hands on", "protocols/calvin/scheduler.rs"),
+            ("home movement", "protocols/calvin/homes.rs"),
+            ("checkpoints", "protocols/calvin/checkpoint.rs"),
+        ],
         make: |o| Arc::new(detock::new(o)),
     },
     ProtocolInfo {
@@ -120,6 +173,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "logical leases, WAIT_DIE writes, optimistic reads, a cache of remote reads (Sundial)",
         options: sundial::OPTIONS,
         aborts: sundial::ABORTS,
+        lives: &[
+            ("execution, the cache of remote reads, commit", "protocols/sundial/coordinator.rs"),
+            ("leases renewed, WAIT_DIE writes, votes", "protocols/sundial/participant.rs"),
+            ("logical leases", "protocols/twopc/lease.rs"),
+            ("what it logs beside 2PC", "protocols/twopc/lease_log.rs"),
+            ("the write lock (WAIT_DIE)", "protocols/twopc/record_lock.rs"),
+            ("2PC", "protocols/twopc/skeleton.rs"),
+        ],
         make: |o| two_pc(sundial::Sundial::new(o), o),
     },
     ProtocolInfo {
@@ -129,6 +190,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "data-driven timestamps: leases per record, NO_WAIT write locks at commit, reads validated and extended (TicToc); serializable, not strict: a logical timestamp may order a later transaction first",
         options: tictoc::OPTIONS,
         aborts: tictoc::ABORTS,
+        lives: &[
+            ("execution and the commit timestamp", "protocols/tictoc/coordinator.rs"),
+            ("validation and extension of remote reads", "protocols/tictoc/participant.rs"),
+            ("logical leases", "protocols/twopc/lease.rs"),
+            ("what it logs beside 2PC", "protocols/twopc/lease_log.rs"),
+            ("2PC", "protocols/twopc/skeleton.rs"),
+        ],
         make: |o| two_pc(tictoc::TicToc, o),
     },
     ProtocolInfo {
@@ -138,6 +206,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "timestamp-range OCC with soft locks (MaaT, as improved by the Sundial authors)",
         options: &[twopc::ORPHAN_OPTION],
         aborts: maat::ABORTS,
+        lives: &[
+            ("execution and the commit timestamp", "protocols/maat/coordinator.rs"),
+            ("soft locks and ranges at a participant", "protocols/maat/participant.rs"),
+            ("timestamp ranges", "protocols/maat/range.rs"),
+            ("what it logs beside 2PC", "protocols/maat/log.rs"),
+            ("2PC", "protocols/twopc/skeleton.rs"),
+        ],
         make: |o| two_pc(maat::Maat, o),
     },
     ProtocolInfo {
@@ -148,6 +223,12 @@ pub const REGISTRY: &[ProtocolInfo] = &[
             "static-timestamp MVCC: wall-clock timestamps fixed at start (the Sundial paper's Sec. 6.6 baseline)",
         options: &[twopc::ORPHAN_OPTION],
         aborts: mvcc::ABORTS,
+        lives: &[
+            ("execution at a start timestamp", "protocols/mvcc/coordinator.rs"),
+            ("versions, reads and late writes at a participant", "protocols/mvcc/participant.rs"),
+            ("what it logs beside 2PC", "protocols/mvcc/log.rs"),
+            ("2PC", "protocols/twopc/skeleton.rs"),
+        ],
         make: |o| two_pc(mvcc::Mvcc, o),
     },
     ProtocolInfo {
@@ -157,6 +238,13 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "Silo-style OCC (lock writes, validate reads) with 2PC; the F1-like baseline",
         options: &[twopc::ORPHAN_OPTION, COMMIT, EPOCH],
         aborts: &[],
+        lives: &[
+            ("execution, locking writes, validating reads", "protocols/occ/coordinator.rs"),
+            ("validation and installs at a participant", "protocols/occ/participant.rs"),
+            ("buffered writes", "protocols/twopc/buffered.rs"),
+            ("2PC and its commit policies", "protocols/twopc/skeleton.rs"),
+            ("the log and recovery", "protocols/twopc/durable.rs"),
+        ],
         make: |o| two_pc(occ::Occ, o),
     },
     ProtocolInfo {
@@ -166,6 +254,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "OCC with COCO's epoch group commit: acknowledged when the epoch commits, rolled back with it",
         options: &[twopc::ORPHAN_OPTION, EPOCH],
         aborts: &[],
+        lives: &[
+            ("its concurrency control: OCC", "protocols/occ/coordinator.rs"),
+            ("validation and installs at a participant", "protocols/occ/participant.rs"),
+            ("epoch group commit: epochs, their agreement, records, recovery", "protocols/twopc/commit/epoch.rs"),
+            ("the commit policy seam", "protocols/twopc/commit/mod.rs"),
+            ("2PC, asking the gate", "protocols/twopc/skeleton.rs"),
+            ("its registry entry (OCC under commit=epoch)", "protocols/registry.rs"),
+        ],
         make: |o| {
             let commit = twopc::commit::CommitPolicy::Epoch { epoch_us: o.u64(EPOCH.name) };
             two_pc_committing(occ::Occ, o, commit)
@@ -178,6 +274,15 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "write-conflict-free CC (local TicToc, distributed reads X-locked, one install message per partition, no 2PC) with watermark group commit (Primo); serializable, not strict: a logical timestamp may order a later transaction first",
         options: primo::OPTIONS,
         aborts: primo::ABORTS,
+        lives: &[
+            ("its options, and what it departs from", "protocols/primo/mod.rs"),
+            ("WCF: local TicToc, the switch to distributed, an install per partition", "protocols/primo/coordinator.rs"),
+            ("a partition's locks, dummy reads and installs", "protocols/primo/participant.rs"),
+            ("leases and the lock word", "protocols/primo/meta.rs"),
+            ("how its commits become durable (commit=wm or epoch)", "protocols/primo/group_commit.rs"),
+            ("watermark group commit: W_p, W_g, records, recovery", "protocols/twopc/commit/watermark.rs"),
+            ("the agreement after a failure", "replication/wm_recovery.rs"),
+        ],
         make: |o| two_pc(primo::Primo::new(o), o),
     },
     ProtocolInfo {
@@ -187,6 +292,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "Silo: one multi-core node, OCC with TID words chosen without a shared counter; unreplicated (with --durability wal, a log per worker, released once every log is durable past it)",
         options: silo::OPTIONS,
         aborts: &[],
+        lives: &[
+            ("its options", "protocols/silo/mod.rs"),
+            ("an attempt's execution and commit", "protocols/silo/txn.rs"),
+            ("the TID word and TID choice", "protocols/silo/meta.rs"),
+            ("logs, release once every log is durable past a TID", "protocols/silo/stream.rs"),
+            ("log entries, replay and recovery", "protocols/silo/log.rs"),
+            ("snapshot transactions", "protocols/silo/snapshot.rs"),
+        ],
         make: |o| Arc::new(silo::Silo::new(silo::SiloConfig::from_options(o, false))),
     },
     ProtocolInfo {
@@ -196,6 +309,14 @@ pub const REGISTRY: &[ProtocolInfo] = &[
         description: "Rolis: Silo on one leader, each worker's log replicated on its own Raft group, released below the watermark over the streams, replayed by replicas (--durability replicated)",
         options: rolis::OPTIONS,
         aborts: &[],
+        lives: &[
+            ("its registry entry and options, and what it departs from", "protocols/rolis/mod.rs"),
+            ("execution on the leader (Silo)", "protocols/silo/txn.rs"),
+            ("streams, batches, the watermark and release", "protocols/silo/stream.rs"),
+            ("replay on replicas, failover and recovery", "protocols/silo/log.rs"),
+            ("a Raft group per worker's log", "replication/raft_log.rs"),
+            ("the replay-only measurement", "protocols/silo/replay.rs"),
+        ],
         make: rolis::new,
     },
 ];

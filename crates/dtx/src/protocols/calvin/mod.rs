@@ -40,6 +40,15 @@
 //! Checkpoints ([`checkpoint`]): every `checkpoint_us` worker 0 of a node logs its scheduler's
 //! and sequencer's state and the rows written since the last one, so that its log, its
 //! replicas' snapshots and a restart's replay stay bounded by the data and the work in flight.
+//!
+//! Where `calvin` lives (paths under `crates/dtx/src/`; `dtx protocols --options calvin` prints this map):
+//! - `protocols/calvin/mod.rs`: the client side: submit, wait for the outcome;
+//! - `protocols/calvin/sequencer.rs`: sequencers and their batches;
+//! - `protocols/calvin/scheduler.rs`: schedulers: batches in the global order;
+//! - `protocols/calvin/locks.rs`: deterministic ordered locking;
+//! - `txn/recon.rs`: reconnaissance (OLLP);
+//! - `protocols/calvin/input_log.rs`: the input log and recovery by running it again;
+//! - `protocols/calvin/checkpoint.rs`: checkpoints.
 
 #[cfg(test)]
 mod calibration;

@@ -39,6 +39,15 @@
 //!
 //! Without `--regions`, `detock` splits its nodes into two regions (even and odd nodes), as
 //! `slog` does, so that a run has multi-home transactions.
+//!
+//! Where `detock` lives (paths under `crates/dtx/src/`; `dtx protocols --options detock` prints this map):
+//! - `protocols/detock/mod.rs`: its options, regions and layout;
+//! - `protocols/calvin/sequencer.rs`: opportunistic ordering: stamps, delay probes, pieces sent to each home;
+//! - `protocols/calvin/piece_seqs.rs`: a home's copies of a piece told apart;
+//! - `protocols/depgraph.rs`: the dependency graph and deterministic deadlock resolution;
+//! - `protocols/calvin/scheduler.rs`: the schedulers that feed it and run what it hands on;
+//! - `protocols/calvin/homes.rs`: home movement;
+//! - `protocols/calvin/checkpoint.rs`: checkpoints.
 
 use crate::protocols::calvin::{self, homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};

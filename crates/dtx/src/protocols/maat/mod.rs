@@ -24,6 +24,13 @@
 //!   after a crash every record's read timestamp can start from it: a vote reports the node's
 //!   bound, and a commit past it first raises it there (`Raise`, one more round trip, only in
 //!   durable runs and only where the bound lags).
+//!
+//! Where `maat` lives (paths under `crates/dtx/src/`; `dtx protocols --options maat` prints this map):
+//! - `protocols/maat/coordinator.rs`: execution and the commit timestamp;
+//! - `protocols/maat/participant.rs`: soft locks and ranges at a participant;
+//! - `protocols/maat/range.rs`: timestamp ranges;
+//! - `protocols/maat/log.rs`: what it logs beside 2PC;
+//! - `protocols/twopc/skeleton.rs`: 2PC.
 
 pub mod coordinator;
 pub mod log;

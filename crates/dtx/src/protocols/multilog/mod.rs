@@ -35,6 +35,7 @@ pub const INFO: ProtocolInfo = ProtocolInfo {
     ],
     aborts: &[],
     make: |o| Arc::new(MultiLog { logs: o.u64("logs") as u16, epoch_us: o.u64("epoch_us") }),
+    lives: &[("all of it", "protocols/multilog/mod.rs"), ("its epochs", "protocols/multilog/epochs.rs")],
 };
 
 /// All the data lives on node 0, whose workers run each transaction serially against storage

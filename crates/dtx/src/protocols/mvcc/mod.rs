@@ -28,6 +28,12 @@
 //!   logs it; reads are not logged, so a node restarted from its log refuses writes
 //!   below its wall clock plus the clock skew (every read served before the crash was below
 //!   that), the assumption of bounded skew that any protocol ordering by wall clocks makes.
+//!
+//! Where `mvcc` lives (paths under `crates/dtx/src/`; `dtx protocols --options mvcc` prints this map):
+//! - `protocols/mvcc/coordinator.rs`: execution at a start timestamp;
+//! - `protocols/mvcc/participant.rs`: versions, reads and late writes at a participant;
+//! - `protocols/mvcc/log.rs`: what it logs beside 2PC;
+//! - `protocols/twopc/skeleton.rs`: 2PC.
 
 pub mod coordinator;
 pub mod log;

@@ -52,6 +52,15 @@
 //! trip WCF saves, with every lock held across it. Watermark group commit stays unless asked
 //! otherwise: the paper's bar without WCF ran with COCO's epochs, `primo:wcf=off:commit=epoch`
 //! (its prepare logs no vote either way: a crash rolls the watermark or the epoch back).
+//!
+//! Where `primo` lives (paths under `crates/dtx/src/`; `dtx protocols --options primo` prints this map):
+//! - `protocols/primo/mod.rs`: its options, and what it departs from;
+//! - `protocols/primo/coordinator.rs`: WCF: local TicToc, the switch to distributed, an install per partition;
+//! - `protocols/primo/participant.rs`: a partition's locks, dummy reads and installs;
+//! - `protocols/primo/meta.rs`: leases and the lock word;
+//! - `protocols/primo/group_commit.rs`: how its commits become durable (commit=wm or epoch);
+//! - `protocols/twopc/commit/watermark.rs`: watermark group commit: W_p, W_g, records, recovery;
+//! - `replication/wm_recovery.rs`: the agreement after a failure.
 
 pub mod coordinator;
 pub mod group_commit;

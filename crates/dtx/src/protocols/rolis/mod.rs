@@ -18,6 +18,14 @@
 //! - A new leader is elected per log by Raft (a node's logs fail over together to one host),
 //!   not by one election module; the old epoch is closed by the new incarnation's `Closed`
 //!   entry in every stream, which carries its final watermark.
+//!
+//! Where `rolis` lives (paths under `crates/dtx/src/`; `dtx protocols --options rolis` prints this map):
+//! - `protocols/rolis/mod.rs`: its registry entry and options, and what it departs from;
+//! - `protocols/silo/txn.rs`: execution on the leader (Silo);
+//! - `protocols/silo/stream.rs`: streams, batches, the watermark and release;
+//! - `protocols/silo/log.rs`: replay on replicas, failover and recovery;
+//! - `replication/raft_log.rs`: a Raft group per worker's log;
+//! - `protocols/silo/replay.rs`: the replay-only measurement.
 
 use crate::protocols::silo::{Silo, SiloConfig};
 use crate::protocols::{Options, Protocol};

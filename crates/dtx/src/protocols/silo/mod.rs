@@ -18,6 +18,14 @@
 //! [`stream`] batching, heartbeats, the watermark and release; [`log`] the entries, replay and
 //! recovery; [`replay`] the replay-only measurement (`replay_only`). All data and clients are on node 0; the other nodes only hold replicas of its
 //! logs (its default layout).
+//!
+//! Where `silo` lives (paths under `crates/dtx/src/`; `dtx protocols --options silo` prints this map):
+//! - `protocols/silo/mod.rs`: its options;
+//! - `protocols/silo/txn.rs`: an attempt's execution and commit;
+//! - `protocols/silo/meta.rs`: the TID word and TID choice;
+//! - `protocols/silo/stream.rs`: logs, release once every log is durable past a TID;
+//! - `protocols/silo/log.rs`: log entries, replay and recovery;
+//! - `protocols/silo/snapshot.rs`: snapshot transactions.
 
 pub mod log;
 pub mod meta;

@@ -23,6 +23,15 @@
 //! Without `--regions`, `slog` splits its nodes into two regions (even and odd nodes), so that a
 //! run has multi-home transactions to order; `--regions` and a cluster file's regions replace
 //! that. `--placement per-region` keeps a full copy in every region, as the paper does.
+//!
+//! Where `slog` lives (paths under `crates/dtx/src/`; `dtx protocols --options slog` prints this map):
+//! - `protocols/slog/mod.rs`: its options, regions and layout;
+//! - `protocols/calvin/orderer.rs`: the global orderer of multi-home transactions;
+//! - `protocols/calvin/sequencer.rs`: a log per home region: sequencers;
+//! - `protocols/calvin/scheduler.rs`: schedulers interleaving the regions' logs;
+//! - `protocols/calvin/locks.rs`: locks in pieces, in log order;
+//! - `protocols/calvin/homes.rs`: remastering (homes that move);
+//! - `protocols/calvin/checkpoint.rs`: checkpoints (the orderer's: orderer.rs).
 
 use crate::protocols::calvin::{self, homes, Calvin, LogOrder};
 use crate::protocols::{OptionKind, OptionSpec, Options};

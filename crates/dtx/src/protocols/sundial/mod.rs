@@ -32,6 +32,14 @@
 //! The read-only table optimizations (Sec. 4.3, option `table_leases`, on by default) are in
 //! [`tables`]: a home extends every tuple of a table never written at once, and further than
 //! asked (a growing `δ`), and reports the table's lease to the requester's cache.
+//!
+//! Where `sundial` lives (paths under `crates/dtx/src/`; `dtx protocols --options sundial` prints this map):
+//! - `protocols/sundial/coordinator.rs`: execution, the cache of remote reads, commit;
+//! - `protocols/sundial/participant.rs`: leases renewed, WAIT_DIE writes, votes;
+//! - `protocols/twopc/lease.rs`: logical leases;
+//! - `protocols/twopc/lease_log.rs`: what it logs beside 2PC;
+//! - `protocols/twopc/record_lock.rs`: the write lock (WAIT_DIE);
+//! - `protocols/twopc/skeleton.rs`: 2PC.
 
 pub mod coordinator;
 pub mod messages;

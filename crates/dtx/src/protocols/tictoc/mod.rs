@@ -39,6 +39,13 @@
 //! except one locked by a recovered prepared transaction `T`, whose version reads `[T.ts - 1,
 //! T.ts - 1]` until `T` installs at `T.ts` or aborts. No lease a reader relied on before the
 //! crash reaches the bound, so no commit after it can be placed inside a lost extension.
+//!
+//! Where `tictoc` lives (paths under `crates/dtx/src/`; `dtx protocols --options tictoc` prints this map):
+//! - `protocols/tictoc/coordinator.rs`: execution and the commit timestamp;
+//! - `protocols/tictoc/participant.rs`: validation and extension of remote reads;
+//! - `protocols/twopc/lease.rs`: logical leases;
+//! - `protocols/twopc/lease_log.rs`: what it logs beside 2PC;
+//! - `protocols/twopc/skeleton.rs`: 2PC.
 
 pub mod coordinator;
 pub mod messages;

@@ -8,6 +8,16 @@
 //! what a node does for remote transactions; [`messages`] the wire types; [`deadlock`] the
 //! background task of DETECT, with each node's table of waits. The 2PC skeleton
 //! ([`crate::protocols::twopc`]) runs the rest: the decision table, the orphan sweeper, recovery.
+//!
+//! Where `2pl-nowait`, `2pl-waitdie` and `2pl-detect` live (paths under `crates/dtx/src/`;
+//! `dtx protocols --options NAME` prints each one's map):
+//! - `protocols/twopl/coordinator.rs`: locking and 2PC, coordinator side;
+//! - `protocols/twopl/participant.rs`: locks for remote transactions, votes, installs;
+//! - `protocols/twopc/record_lock.rs`: the record lock (NO_WAIT);
+//! - `protocols/twopc/skeleton.rs`: 2PC and its commit policies;
+//! - `protocols/twopc/durable.rs`: the log and recovery;
+//! - `protocols/twopl/deadlock.rs`: the wait-for graph and node 0's detector;
+//! - `protocols/graph.rs`: breaking cycles.
 
 pub mod coordinator;
 pub mod deadlock;
