@@ -699,12 +699,12 @@ fn home_folder(name: &str) -> &str {
 }
 
 /// Where a protocol lives (`ProtocolInfo::lives`, what `dtx protocols --options NAME` prints):
-/// every path exists, and its folder's module header names every one, so that a newcomer who
-/// opens the folder finds the mechanisms that live outside it.
+/// every path exists, its folder's module header names every one (so that a newcomer who opens
+/// the folder finds the mechanisms that live outside it), and the README's row names the folder.
 #[test]
 fn every_protocol_names_where_each_of_its_mechanisms_lives() {
     let src = root().join("crates/dtx/src");
-    let mut problems = Vec::new();
+    let (readme, mut problems) = (read_doc("README.md"), Vec::new());
     for p in dtx::protocols::REGISTRY.iter().filter(|p| p.status == "ready") {
         if p.lives.len() < 3 {
             problems.push(format!("{}: a map of {} places", p.name, p.lives.len()));
@@ -716,6 +716,10 @@ fn every_protocol_names_where_each_of_its_mechanisms_lives() {
             .take_while(|l| l.starts_with("//!"))
             .collect::<Vec<_>>()
             .join("\n");
+        let row = readme.lines().find(|l| l.starts_with(&format!("| `{}` |", p.name))).unwrap_or_default();
+        if !cells(row).get(2).is_some_and(|code| code.contains(&format!("{}/", home_folder(p.name)))) {
+            problems.push(format!("{}: the README's row names no folder `{}/`: {row}", p.name, home_folder(p.name)));
+        }
         for (what, path) in p.lives {
             if !src.join(path).exists() {
                 problems.push(format!("{}: `{path}` ({what}) does not exist", p.name));
