@@ -1290,7 +1290,7 @@ mod tests {
 #[cfg(test)]
 mod replay_tests {
     use super::*;
-    use crate::net::encode;
+    use crate::protocols::twopc::durable::encode_record;
     use crate::protocols::twopc::durable::tests::{k, same_from_every_checkpoint, v};
     use crate::protocols::twopc::durable::{replay, PlainLog, ReplayState};
 
@@ -1319,7 +1319,7 @@ mod replay_tests {
             Wm::Policy(WmRecord::Decided { term: 2, w_g: 26, settled_through: 1 }),
         ]
         .iter()
-        .map(encode)
+        .map(encode_record)
         .collect();
         let collect = |from: ReplayState<PlainLog, WmLog>, rest: &[Vec<u8>]| {
             let mut rows = Vec::new();
