@@ -14,7 +14,7 @@
 use crate::cluster::PartitionId;
 use crate::host::BenchSpec;
 use crate::net::Addr;
-use crate::protocols::{self, Attempt, NodeEnv, WorkerProtocol};
+use crate::protocols::{Attempt, NodeEnv, WorkerProtocol};
 use crate::rt::{sim::SimWorld, Worker};
 use crate::storage::{RowKey, Storage, Value};
 use crate::txn::Abort;
@@ -104,15 +104,15 @@ pub fn run(spec: &BenchSpec) -> SimRun {
     let stats = Rc::new(RefCell::new(SimRun::default()));
     let live = Rc::new(Cell::new(0usize));
     // One workload instance per process, shared by its nodes, as the bench runtimes do.
-    let topo = Arc::new(spec.topology());
-    let wl = crate::workloads::build(&spec.workload, &topo).expect("the workload builds");
-    let variant = protocols::Variant::parse_including_planned(&spec.protocol).expect("a known protocol");
+    let run = crate::host::Run::build(spec).expect("a known protocol on a topology it takes");
+    let topo = run.topo.clone();
+    let wl = crate::host::build_workload(&run).expect("the workload builds");
     // Workers hold their protocol only weakly: keep every instance alive to the end.
     let mut protos = Vec::new();
     let mut first = None;
     for n in 0..spec.nodes {
         let env = NodeEnv::volatile(n, topo.clone(), wl.clone(), spec.proto.clone());
-        let node = variant.make().build_node(env);
+        let node = run.variant.make().build_node(env);
         for wi in 0..spec.workers {
             let addr = Addr::new(n, wi);
             let w = Rc::new(Worker::new(addr, spec.workers, world.clock(), world.executor_for(addr), &cfg));

@@ -156,9 +156,11 @@ fn run_spec_here(
     cluster: Option<&Path>,
     history: Option<&Path>,
 ) -> anyhow::Result<(RunReport, bool, bool)> {
+    // Built once here; a tcp run's servers each build their own from the spec they are sent.
+    let run = host::Run::build(spec)?;
     let outcome = match spec.runtime {
-        host::Runtime::Sim => host::run_sim(spec)?,
-        host::Runtime::Local => host::run_local(spec)?,
+        host::Runtime::Sim => host::run_sim_built(&run)?,
+        host::Runtime::Local => host::run_local_built(&run)?,
         host::Runtime::Tcp => host::tcp::run(spec, cluster)?,
     };
     for n in &outcome.notes {
@@ -168,7 +170,7 @@ fn run_spec_here(
         eprintln!("dtx: {}: the run failed: {why}", spec.protocol);
     }
     let verified = match history {
-        Some(path) if spec.record_history => Some(check_outcome(spec, &outcome, path)?),
+        Some(path) if spec.record_history => Some(check_outcome(&run, &outcome, path)?),
         _ if spec.run_checks => Some(print_findings(spec, &outcome.totals.findings)),
         _ => None,
     };
@@ -195,8 +197,8 @@ fn open_loop_fell_behind(r: &RunReport) -> Option<String> {
 }
 
 /// Write the run's history and check it; true when it is serializable and complete.
-fn check_outcome(spec: &BenchSpec, o: &Outcome, path: &Path) -> anyhow::Result<bool> {
-    let (report, problem) = bench::verify(o, path, crate::protocols::guarantee_of(&spec.protocol))?;
+fn check_outcome(spec: &host::Run, o: &Outcome, path: &Path) -> anyhow::Result<bool> {
+    let (report, problem) = bench::verify(o, path, spec.guarantee())?;
     match problem {
         None => {
             eprintln!("{}: {} (history {})", spec.protocol, report.summary(), path.display());

@@ -14,7 +14,12 @@ fn disk_full_file(nodes: &[Arc<NodeSetup>]) -> Option<std::path::PathBuf> {
 
 /// Run every node as threads of this process.
 pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
-    super::check_protocol_topology(spec)?;
+    run_local_built(&Run::build(spec)?)
+}
+
+/// [`run_local`] of a run already built.
+pub fn run_local_built(run: &Arc<Run>) -> anyhow::Result<Outcome> {
+    let spec = &**run;
     crate::util::return_free_memory();
     let net = local::LocalNet::new(spec.nodes, spec.workers, spec.latency.clone());
     let shared = Arc::new(RunShared::default());
@@ -40,7 +45,7 @@ pub fn run_local(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     }
     let mut final_read = None;
     // The final read and checks run on worker 0 of the first node that runs clients.
-    let after = Addr::new(spec.topology().first_client_node(), 0);
+    let after = Addr::new(spec.topo.first_client_node(), 0);
     if spec.record_history && notes.is_empty() {
         let cmd = driver::after_run_command(driver::final_read, workload.clone(), shared.clone());
         net.inbox(after).push_command(cmd);

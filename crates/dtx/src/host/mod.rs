@@ -13,8 +13,8 @@ pub mod sim;
 pub mod tcp;
 pub mod tcp_host;
 
-pub use local::{run_local, WorkerPair, THREAD_WORKER};
-pub use sim::run_sim;
+pub use local::{run_local, run_local_built, WorkerPair, THREAD_WORKER};
+pub use sim::{run_sim, run_sim_built};
 
 use crate::cluster::Topology;
 use crate::net::{Addr, FaultPlan, LatencyModel, NodeId};
@@ -177,9 +177,19 @@ impl BenchSpec {
     /// The run's topology: its nodes, their roles and regions as given, or else as the
     /// protocol's default layout has them ([`protocols::Protocol::default_layout`]).
     fn try_topology(&self) -> anyhow::Result<Topology> {
+        let protocol = protocols::Variant::parse_including_planned(&self.protocol).ok().map(|v| v.make());
+        self.topology_under(protocol.as_deref())
+    }
+
+    /// The topology of this spec run by `protocol` (none: an unknown name, which validation
+    /// names): roles and regions as given, or else as its default layout has them.
+    fn topology_under(&self, protocol: Option<&dyn protocols::Protocol>) -> anyhow::Result<Topology> {
         let mut t = Topology::new(self.nodes, self.workers, self.partitions_per_node);
         let given_all = !self.node_roles.is_empty() && !self.latency.node_region.is_empty();
-        let layout = if given_all { protocols::Layout::default() } else { self.protocol_layout().unwrap_or_default() };
+        let layout = match protocol {
+            Some(p) if !given_all => p.default_layout(self.nodes),
+            _ => protocols::Layout::default(),
+        };
         let regions = if self.latency.node_region.is_empty() { &layout.regions } else { &self.latency.node_region };
         if !regions.is_empty() {
             t.node_region = regions.clone();
@@ -193,13 +203,6 @@ impl BenchSpec {
             t = t.with_placement(self.placement)?;
         }
         Ok(t)
-    }
-
-    /// The run's protocol's default layout for its node count (None for an unknown protocol:
-    /// validation names that problem).
-    fn protocol_layout(&self) -> Option<protocols::Layout> {
-        let variant = protocols::Variant::parse_including_planned(&self.protocol).ok()?;
-        Some(variant.make().default_layout(self.nodes))
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -243,9 +246,8 @@ impl BenchSpec {
                 crate::replication::service::TICK_US
             );
         }
-        let topo = self.try_topology()?;
-        let variant = protocols::Variant::parse(&self.protocol)?;
-        let protocol = variant.make();
+        let protocol = protocols::Variant::parse(&self.protocol)?.make();
+        let topo = self.topology_under(Some(&*protocol))?;
         protocol.check_topology(&topo)?;
         protocol.check_durability(self.durability.mode, self.durability.replicas)?;
         if !protocol.keeps_copies(self.placement) {
@@ -316,6 +318,61 @@ impl BenchSpec {
     }
 }
 
+/// A run as built once from its spec: the protocol parsed and made, the topology laid out, the
+/// logs a node keeps counted. Every runtime builds it on entry (a `tcp` server when the bench
+/// prepares it) and hands it to what builds and recovers nodes, so that nothing works the run
+/// out again from the spec's strings. The spec stays the wire form; a `Run` reads as its spec.
+pub struct Run {
+    pub spec: BenchSpec,
+    /// The protocol as its name and options say (planned protocols too: tests run them). A
+    /// node, or a host's log machines, is built from an instance of its own (`variant.make()`):
+    /// some keep state per host.
+    pub variant: protocols::Variant,
+    /// An instance of the protocol to ask about the run (its topology, its logs, its
+    /// guarantee); it builds no node. (`protocol`, through the spec, is the variant's name.)
+    pub instance: Arc<dyn protocols::Protocol>,
+    pub topo: Arc<Topology>,
+    /// How many logs each node keeps: 0 when the run is not durable.
+    pub logs_per_node: u16,
+}
+
+impl std::ops::Deref for Run {
+    type Target = BenchSpec;
+    fn deref(&self) -> &BenchSpec {
+        &self.spec
+    }
+}
+
+impl Run {
+    /// Build the run of `spec`: its protocol, its topology (which the protocol must accept:
+    /// calvin wants a worker beside its scheduler) and its logs per node.
+    pub fn build(spec: &BenchSpec) -> anyhow::Result<Arc<Run>> {
+        let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
+        let protocol = variant.make();
+        let topo = spec.topology_under(Some(&*protocol))?;
+        protocol.check_topology(&topo)?;
+        let logs_per_node = match spec.durability.mode {
+            Durability::None => 0,
+            _ => protocol.logs(&topo),
+        };
+        debug_assert_eq!(topo.nodes, spec.nodes, "the topology has the spec's nodes");
+        Ok(Arc::new(Run { spec: spec.clone(), variant, instance: protocol, topo: Arc::new(topo), logs_per_node }))
+    }
+
+    /// What the run's protocol promises, as it is configured: what `--verify` checks.
+    pub fn guarantee(&self) -> protocols::Guarantee {
+        self.instance.weakened_guarantee().unwrap_or(self.variant.info.guarantee)
+    }
+
+    /// The workload of the run as process `process` of it runs it (a restarted server is a new
+    /// process, whose appends must not repeat the old one's).
+    pub fn workload_of_process(&self, process: u16) -> anyhow::Result<Arc<dyn Workload>> {
+        let mut params = self.spec.workload.clone();
+        params.process = process;
+        workloads::build(&params, &self.topo)
+    }
+}
+
 /// The workers a node runs for `protocol`'s own roles beside its client workers (0 for an
 /// unknown name: validation names that problem).
 pub fn service_workers(protocol: &str) -> u16 {
@@ -325,11 +382,13 @@ pub fn service_workers(protocol: &str) -> u16 {
 /// The run's protocol's log state machines, for the replicas of replicated logs: each built
 /// for its log, with the cluster's topology and the workload's procedures.
 pub fn machine_factory(
-    spec: &BenchSpec,
+    run: &Run,
     workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<crate::replication::service::MachineFactory> {
-    let protocol = protocols::Variant::parse_including_planned(&spec.protocol)?.make();
-    let (topo, workload) = (Arc::new(spec.topology()), workload.clone() as Arc<dyn crate::txn::Procedures>);
+    // A protocol instance of its own: a host's log machines share theirs (Silo's replica of a
+    // node), and a new incarnation of the host must not find the old one's.
+    let protocol = run.variant.make();
+    let (topo, workload) = (run.topo.clone(), workload.clone() as Arc<dyn crate::txn::Procedures>);
     let env_of = move |log: crate::replication::service::LogId| protocols::MachineEnv {
         node: log.node,
         log: log.log,
@@ -342,23 +401,23 @@ pub fn machine_factory(
 
 /// What host `host`'s replicas of the run's replicated logs are (failover mode: `sim`, `tcp`).
 pub fn failover_replica_setup(
-    spec: &BenchSpec,
+    run: &Run,
     host: NodeId,
     seed: u64,
     workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<crate::replication::service::ReplicaSetup> {
     use crate::replication::service;
-    let d = &spec.durability;
+    let d = &run.durability;
     Ok(service::ReplicaSetup {
         host,
         cluster_id: d.cluster_id,
-        nodes: spec.nodes,
-        logs: logs_per_node(spec)?,
+        nodes: run.nodes,
+        logs: run.logs_per_node,
         replicas: d.replicas,
-        regions: spec.topology().node_region,
+        regions: run.topo.node_region.clone(),
         mode: service::Mode::Failover,
         seed,
-        new_machine: machine_factory(spec, workload)?,
+        new_machine: machine_factory(run, workload)?,
         snapshot_every: d.snapshot_every,
         snapshot_log_bytes: d.snapshot_log_bytes,
         journal_rewrite_bytes: service::JOURNAL_REWRITE_MIN_BYTES,
@@ -397,16 +456,8 @@ impl NodeSetup {
 
 /// The workload of a run: one instance per process, shared by the nodes it hosts, so that what a
 /// workload records during the run (the bank's audits) meets in one place.
-pub fn build_workload(spec: &BenchSpec) -> anyhow::Result<Arc<dyn Workload>> {
-    workloads::build(&spec.workload, &spec.topology())
-}
-
-/// What the runtimes check before they start a spec that `validate` did not see (tests run
-/// planned protocols): the protocol accepts the cluster's shape (calvin: a worker beside its
-/// scheduler).
-pub fn check_protocol_topology(spec: &BenchSpec) -> anyhow::Result<()> {
-    let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
-    variant.make().check_topology(&spec.try_topology()?)
+pub fn build_workload(run: &Run) -> anyhow::Result<Arc<dyn Workload>> {
+    workloads::build(&run.workload, &run.topo)
 }
 
 /// A node's log as opened: its newest checkpoint and the records after it (oldest first).
@@ -423,14 +474,14 @@ type Protos = Rc<std::cell::RefCell<Vec<(Rc<dyn WorkerProtocol>, Arc<dyn Workloa
 /// Build a node: its protocol state over its storage, loaded, and (with a log) recovered from
 /// the records the log holds.
 pub fn build_node(
-    spec: &BenchSpec,
+    spec: &Run,
     node: NodeId,
     workload: &Arc<dyn Workload>,
     logs: Vec<OpenedLog>,
 ) -> anyhow::Result<NodeSetup> {
-    let topo = Arc::new(spec.topology());
+    let topo = spec.topo.clone();
     let workload = workload.clone();
-    let variant = protocols::Variant::parse_including_planned(&spec.protocol)?;
+    debug_assert_eq!(logs.len(), usize::from(spec.logs_per_node), "node {node} opened every log it keeps");
     let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
     let node_logs: Vec<Arc<NodeLog>> = logs.iter().map(|o| o.log.clone()).collect();
     let replicated = (spec.durability.mode == Durability::Replicated && !node_logs.is_empty())
@@ -446,7 +497,9 @@ pub fn build_node(
         logs.map(|o| protocols::RecoveredLog { log: o.log, checkpoint: o.checkpoint, records: o.records }).collect();
     let machine = machine_factory(spec, &workload)?;
     Ok(NodeSetup {
-        proto: variant.make().build_node(env),
+        // Each node (and each incarnation of it) of a protocol instance of its own, as its
+        // log machines are ([`machine_factory`]).
+        proto: spec.variant.make().build_node(env),
         workload,
         topo,
         replicated,
@@ -462,7 +515,7 @@ pub fn build_node(
 /// adopting host's replicator to serve. Every runtime that fails over does this and only this:
 /// the simulator's failover, and a `dtx server` taking a node over.
 pub fn adopt_node(
-    spec: &BenchSpec,
+    spec: &Run,
     id: NodeId,
     workload: &Arc<dyn Workload>,
     snapshots: Vec<Vec<u8>>,
@@ -490,14 +543,6 @@ pub fn data_dir(spec: &BenchSpec) -> anyhow::Result<(std::path::PathBuf, Option<
     }
 }
 
-/// How many logs each node of the run keeps (0 when the run is not durable).
-pub fn logs_per_node(spec: &BenchSpec) -> anyhow::Result<u16> {
-    if spec.durability.mode == Durability::None {
-        return Ok(0);
-    }
-    Ok(protocols::Variant::parse_including_planned(&spec.protocol)?.make().logs(&spec.topology()))
-}
-
 /// Where log `i` of node `n` lives: `node-<n>` for the first (the layout of one log per node),
 /// `node-<n>-log-<i>` for the others.
 fn log_dir(dir: &std::path::Path, n: NodeId, i: u16) -> std::path::PathBuf {
@@ -508,12 +553,12 @@ fn log_dir(dir: &std::path::Path, n: NodeId, i: u16) -> std::path::PathBuf {
 }
 
 /// Open node `n`'s logs for a real-time run (none when the run is not durable).
-pub fn open_node_logs(spec: &BenchSpec, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Vec<OpenedLog>> {
-    (0..logs_per_node(spec)?).map(|i| open_node_log(spec, dir, n, i)).collect()
+pub fn open_node_logs(spec: &Run, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Vec<OpenedLog>> {
+    (0..spec.logs_per_node).map(|i| open_node_log(spec, dir, n, i)).collect()
 }
 
 /// Open log `i` of node `n`; its checkpoint is checked by the protocol's log machine.
-fn open_node_log(spec: &BenchSpec, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
+fn open_node_log(spec: &Run, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
     match spec.durability.mode {
         Durability::None => bail!("a run without durability opens no log"),
         Durability::Replicated => Ok(fresh_log(NodeLog::replicated())),

@@ -6,21 +6,26 @@ use super::*;
 /// Run in deterministic simulation: build the cluster, run the measured window, let what is in
 /// flight finish, then the after-run jobs (the final read, the final checks).
 pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
-    super::check_protocol_topology(spec)?;
+    run_sim_built(&Run::build(spec)?)
+}
+
+/// [`run_sim`] of a run already built.
+pub fn run_sim_built(run: &Arc<Run>) -> anyhow::Result<Outcome> {
+    let spec = &**run;
     let mut world = SimWorld::new(spec.nodes, spec.workers, spec.latency.clone(), spec.faults.clone(), spec.seed);
     world.set_lane_disks(spec.durability.sim_lane_disks);
     let shared = Arc::new(RunShared::default());
     let window = Window { start_ns: spec.warmup_us * 1000, end_ns: (spec.warmup_us + spec.duration_us) * 1000 };
     let protos: Protos = Default::default();
     let workload = build_workload(spec)?;
-    let rebuild = SimRebuild::new(spec, &workload, &shared, window, &protos);
+    let rebuild = SimRebuild::new(run, &workload, &shared, window, &protos);
     if spec.durability.mode == Durability::Wal && spec.faults.may_crash() {
         world.set_restart(sim_restart(rebuild.clone()), spec.worker_config());
     }
     let failover = (spec.durability.mode == Durability::Replicated).then(|| SimFailover::new(rebuild.clone()));
     if let Some(f) = &failover {
         // A lane, a virtual core of its own, per log of a node (Rolis's Paxos thread per stream).
-        world.set_failover(Box::new(f.clone()), spec.worker_config(), logs_per_node(spec)?.max(1));
+        world.set_failover(Box::new(f.clone()), spec.worker_config(), spec.logs_per_node.max(1));
     }
     for n in 0..spec.nodes {
         build_sim_node(&mut world, spec, n, &workload, failover.as_ref(), &rebuild)?;
@@ -36,7 +41,7 @@ pub fn run_sim(spec: &BenchSpec) -> anyhow::Result<Outcome> {
     collect(&shared, &mut totals, &mut history);
     let mut final_read = None;
     // The final read and checks run on worker 0 of the first node that runs clients.
-    let after_node = spec.topology().first_client_node();
+    let after_node = spec.topo.first_client_node();
     if spec.record_history {
         let done = || shared.final_read.lock().is_some();
         run_after(&mut world, &protos, spec, after_node, 120_000_000_000, &done, &|w, p, wl| {
@@ -114,7 +119,7 @@ fn fault_event(e: &crate::rt::sim::SimFaultEvent) -> dtx_report::FaultEvent {
 /// host's replicator on the host's replication workers (its lanes).
 fn build_sim_node(
     world: &mut SimWorld,
-    spec: &BenchSpec,
+    spec: &Run,
     n: NodeId,
     workload: &Arc<dyn Workload>,
     failover: Option<&SimFailover>,
@@ -122,10 +127,10 @@ fn build_sim_node(
 ) -> anyhow::Result<()> {
     let logs = match spec.durability.mode {
         Durability::None => Vec::new(),
-        Durability::Replicated => (0..logs_per_node(spec)?).map(|_| fresh_log(NodeLog::replicated())).collect(),
+        Durability::Replicated => (0..spec.logs_per_node).map(|_| fresh_log(NodeLog::replicated())).collect(),
         Durability::Wal => {
             let lanes = spec.workers as usize;
-            let logs: Vec<Arc<NodeLog>> = (0..logs_per_node(spec)?)
+            let logs: Vec<Arc<NodeLog>> = (0..spec.logs_per_node)
                 .map(|_| NodeLog::simulated(Default::default(), lanes).map(|r| r.log).map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<_>>()?;
             world.set_logs(n, &logs, spec.durability.group_commit_us, spec.durability.sim_fsync_us);
@@ -572,7 +577,7 @@ impl FailoverState {
 /// memory (from its disk, `--durability wal`) or at a failover (from a replica of its log).
 #[derive(Clone)]
 struct SimRebuild {
-    spec: BenchSpec,
+    spec: Arc<Run>,
     workload: Arc<dyn Workload>,
     shared: Arc<RunShared>,
     window: Window,
@@ -581,7 +586,7 @@ struct SimRebuild {
 
 impl SimRebuild {
     fn new(
-        spec: &BenchSpec,
+        spec: &Arc<Run>,
         workload: &Arc<dyn Workload>,
         shared: &Arc<RunShared>,
         window: Window,

@@ -19,7 +19,7 @@
 //! the highest Raft term wins).
 
 use super::driver::{RunShared, Window};
-use super::{attach_worker, start_clients, BenchSpec, NodeSetup, THREAD_WORKER};
+use super::{attach_worker, start_clients, NodeSetup, Run, THREAD_WORKER};
 use crate::cluster::ClusterConfig;
 use crate::net::{Addr, NodeId};
 use crate::replication::service::{self, AdoptRequests, Deposed, ReplicatorHandle};
@@ -102,7 +102,7 @@ const REANNOUNCE_EVERY_WATCHES: u64 = 50;
 
 /// A run as one server process hosts it.
 pub struct Hosting {
-    pub spec: BenchSpec,
+    pub run: Arc<Run>,
     pub host: NodeId,
     cfg: Arc<ClusterConfig>,
     workload: Arc<dyn Workload>,
@@ -134,14 +134,14 @@ pub fn unix_ms() -> u64 {
 
 impl Hosting {
     pub fn new(
-        spec: BenchSpec,
+        run: Arc<Run>,
         host: NodeId,
         cfg: ClusterConfig,
         workload: Arc<dyn Workload>,
         shared: RunShared,
     ) -> Arc<Hosting> {
         Arc::new(Hosting {
-            spec,
+            run,
             host,
             cfg: Arc::new(cfg),
             workload,
@@ -187,7 +187,7 @@ impl Hosting {
         let t0 = Instant::now();
         let mut listen = self.cfg.worker_addr(addr.node, addr.worker);
         loop {
-            match TcpNet::bind(addr, listen, self.peers(), self.spec.latency.clone()) {
+            match TcpNet::bind(addr, listen, self.peers(), self.run.latency.clone()) {
                 Ok(net) => return Ok(net),
                 Err(e) if is_foreign_address(&e) && listen.port() != 0 => {
                     listen = SocketAddr::new(self.cfg.nodes[self.host as usize].addr.ip(), 0);
@@ -229,7 +229,7 @@ impl Hosting {
         let mut node = HostedNode { id, setup: setup.clone(), handles: Vec::new(), threads: Vec::new(), lost };
         for (wi, net) in nets.into_iter().enumerate() {
             node.handles.push(net.handle());
-            let (setup, lost, epoch, spec) = (setup.clone(), node.lost.clone(), self.epoch, self.spec.clone());
+            let (setup, lost, epoch, spec) = (setup.clone(), node.lost.clone(), self.epoch, self.run.clone());
             let (panics, host) = (self.panics.clone(), self.host);
             let thread = std::thread::Builder::new().name(format!("n{id}w{wi}@{}", self.host)).spawn(move || {
                 if let Err(e) = crate::util::lower_this_threads_priority(crate::util::WORKER_NICE) {
@@ -282,7 +282,7 @@ impl Hosting {
 
     fn start_node_clients(&self, n: &HostedNode, window: Window) {
         for h in &n.handles {
-            let (spec, node, shared) = (self.spec.clone(), n.setup.clone(), self.shared.clone());
+            let (spec, node, shared) = (self.run.clone(), n.setup.clone(), self.shared.clone());
             // Counted where the clients start: a node given up before its worker ran this
             // command never starts them, and must not leave the run waiting for them.
             h.push_command(Box::new(move || {
@@ -300,7 +300,7 @@ impl Hosting {
     /// and say where (see [`Hosting::still_runs`]); fails with [`SERVES_NO_CLIENT_NODE`] when
     /// it serves no such node (its nodes all taken over, or none of them runs clients).
     pub fn on_a_worker0(&self, cmd: crate::rt::local::Command) -> anyhow::Result<(NodeId, Arc<TcpHandle>)> {
-        let topo = self.spec.topology();
+        let topo = &self.run.topo;
         let nodes = self.nodes.lock();
         // The after-run jobs are transactions: they run where the protocol runs clients.
         let n = nodes.iter().find(|n| topo.runs_clients(n.id)).context(SERVES_NO_CLIENT_NODE)?;
@@ -409,7 +409,7 @@ impl Hosting {
         let net = self.bind(addr, PORT_PATIENCE)?;
         let handle = net.handle();
         let me = Arc::downgrade(self);
-        let (epoch, spec, host, workload) = (self.epoch, self.spec.clone(), self.host, self.workload.clone());
+        let (epoch, spec, host, workload) = (self.epoch, self.run.clone(), self.host, self.workload.clone());
         let (started_tx, started_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let thread = std::thread::Builder::new().name(format!("replication@{host}")).spawn(move || {
             let w = net.make_worker(epoch, spec.workers, &spec.worker_config());
@@ -470,7 +470,7 @@ impl Hosting {
                 self.host, route.workers
             ),
         }
-        let (payload, nodes) = (crate::net::encode(&route), self.spec.nodes);
+        let (payload, nodes) = (crate::net::encode(&route), self.run.nodes);
         {
             let mut announced = self.announced.lock();
             announced.retain(|r| r.node != id);
@@ -526,7 +526,7 @@ impl Hosting {
         let t0 = Instant::now();
         let service::Adoption { snapshots, terms } = adoption;
         let term = terms[0];
-        let served = super::adopt_node(&self.spec, id, &self.workload, snapshots)
+        let served = super::adopt_node(&self.run, id, &self.workload, snapshots)
             .and_then(|(setup, log)| Ok((self.serve_node(id, setup, PORT_PATIENCE)?, log)))
             .map_err(|e| format!("{e:#}"));
         match served {
@@ -557,7 +557,7 @@ const FIRST_ELECTION_GRACE_US: u64 = 1_000_000;
 
 /// This host's replicas: fresh over a new journal at `path`, or (`rejoin`) reopened from it.
 fn open_replicas(
-    spec: &BenchSpec,
+    spec: &Run,
     host: NodeId,
     seed: u64,
     path: &std::path::Path,
@@ -632,6 +632,6 @@ async fn watch_leadership(
 fn announce_routes(r: &ReplicatorHandle, hosting: &Hosting) {
     let routes = hosting.announced.lock().clone();
     for route in routes {
-        r.borrow().announce_route(&crate::net::encode(&route), hosting.spec.nodes);
+        r.borrow().announce_route(&crate::net::encode(&route), hosting.run.nodes);
     }
 }

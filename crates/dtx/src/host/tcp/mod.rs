@@ -29,7 +29,7 @@ use super::driver::{self, RunShared, Window};
 use super::metrics::{HistLine, Totals};
 use super::netns;
 use super::tcp_host::{Hosting, Takeover};
-use super::{build_node, build_workload, BenchSpec, Outcome};
+use super::{build_node, BenchSpec, Outcome, Run};
 use crate::cluster::ClusterConfig;
 use crate::replication::Durability;
 use anyhow::{bail, Context};
@@ -126,9 +126,9 @@ pub fn run(spec: &BenchSpec, cluster: Option<&Path>) -> anyhow::Result<Outcome> 
         if spec.latency.node_region.is_empty() && cfg.nodes.iter().any(|n| n.region > 0) {
             spec.latency.node_region = cfg.nodes.iter().map(|n| n.region).collect();
         }
-        let protocol = crate::protocols::Variant::parse_including_planned(&spec.protocol)?.make();
+        // The servers build the run; this checks here, naming the file, that the protocol takes it.
         let path = cluster.map(|p| p.display().to_string()).unwrap_or_default();
-        protocol.check_topology(&spec.topology()).with_context(|| format!("the cluster in {path}"))?;
+        crate::host::Run::build(&spec).with_context(|| format!("the cluster in {path}"))?;
     }
     let mut ctl: Vec<Control> = cfg
         .nodes

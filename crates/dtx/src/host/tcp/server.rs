@@ -250,6 +250,7 @@ impl Server {
             );
         }
         spec.validate()?;
+        let run = Run::build(&spec)?;
         let (dir, tmp) = match &self.data_dir {
             Some(d) => (d.join(format!("{:016x}", spec.durability.cluster_id)), None),
             None => crate::host::data_dir(&spec)?,
@@ -262,11 +263,11 @@ impl Server {
             // rejoins every log it is a voter of from its journal, and serves whichever node's
             // log it comes to lead (its own again, or another).
             let process = self.next_process(run_dir.as_deref(), spec.nodes)?;
-            let h = self.rejoin_replicas(&spec, &dir, shared, process.unwrap_or(self.node))?;
+            let h = self.rejoin_replicas(&run, &dir, shared, process.unwrap_or(self.node))?;
             Some((h, process.is_some()))
         } else {
             let process = if resumed { self.next_process(run_dir.as_deref(), spec.nodes)? } else { Some(self.node) };
-            let (h, replicas) = self.host_own_node(&spec, &dir, shared, process.unwrap_or(self.node))?;
+            let (h, replicas) = self.host_own_node(&run, &dir, shared, process.unwrap_or(self.node))?;
             pending_replicas = replicas;
             Some((h, process.is_some()))
         };
@@ -343,7 +344,7 @@ impl Server {
     /// the run's `start` ([`PendingReplicas`]).
     pub(super) fn host_own_node(
         &self,
-        spec: &BenchSpec,
+        spec: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
@@ -360,7 +361,7 @@ impl Server {
     /// replicas reopened from their journal and rejoining their logs.
     pub(super) fn rejoin_replicas(
         &self,
-        spec: &BenchSpec,
+        spec: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
@@ -373,14 +374,12 @@ impl Server {
     /// What this process hosts in the run, with the workload of its incarnation (`process`).
     pub(super) fn hosting_for(
         &self,
-        spec: &BenchSpec,
+        spec: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
     ) -> anyhow::Result<Arc<Hosting>> {
-        let mut process_spec = spec.clone();
-        process_spec.workload.process = process;
-        let workload = build_workload(&process_spec)?;
+        let workload = spec.workload_of_process(process)?;
         let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
         hosting.record_takeovers_in(dir.join(takeovers_file_name(self.node)));
         Ok(hosting)
