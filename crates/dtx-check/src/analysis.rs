@@ -78,6 +78,14 @@ struct Slot {
     last_in_txn: bool,
 }
 
+/// Values of the version orders that are reported only after all of them are positioned.
+struct OrderFaults {
+    /// (key, position) of values that are garbage or were appended by aborted transactions.
+    bad: Vec<(u32, u32)>,
+    /// (key, value) of values that appear more than once in their key's version order.
+    repeated: Vec<(u32, u64)>,
+}
+
 /// A non-null read by a committed transaction.
 #[derive(Clone, Copy)]
 struct ReadRef {
@@ -411,31 +419,58 @@ impl<'a> Ctx<'a> {
     /// prefixes of it, and reports garbage, aborted (G1a) and duplicated values. Promotes
     /// unknown transactions whose appends were observed.
     fn version_orders(&mut self) {
+        let (final_prefix, final_other) = self.final_reads();
+        let faults = self.position_values(&final_prefix);
+        self.mark_final_values(&final_other);
+        self.report_repeated_values(&faults.repeated);
+
+        let reads = std::mem::take(&mut self.reads);
+        let compatible = self.check_read_prefixes(&reads);
+        // Each bad value is reported once, though several reads may contain it.
+        let mut reported: FxSet<(u32, u64)> = FxSet::default();
+        if !faults.bad.is_empty() {
+            let readers = self.prefix_reads_by_length(&reads, &compatible, &faults.bad);
+            self.report_bad_order_values(&faults.bad, &readers, &mut reported);
+        }
+        self.check_incompatible_read_values(&reads, &compatible, &mut reported);
+        self.reads = reads;
+    }
+
+    /// What the final read-only transaction (if any) read of each key, for the lost-append
+    /// check. Per key, how many leading values of its version order the final read contains,
+    /// if it is a prefix of it (marked for free while positioning walks the order); and the
+    /// final reads that are not prefixes, to be marked value by value.
+    fn final_reads(&self) -> (Vec<usize>, Vec<(u32, &'a [u64])>) {
         let txns = self.txns;
-        let nk = self.key_names.len();
-        self.order_info = vec![Vec::new(); nk];
-        // How many leading values of each key's version order the final read contains, if it
-        // is a prefix of it; final reads that are not prefixes are marked value by value.
-        let mut final_prefix = vec![0usize; nk];
-        let mut final_other: Vec<(u32, &[u64])> = Vec::new();
+        let mut prefix = vec![0usize; self.key_names.len()];
+        let mut other: Vec<(u32, &'a [u64])> = Vec::new();
         if let Some(fi) = self.final_txn {
             for op in txns.get(fi as usize).map_or(&[][..], |t| &t.ops[..]) {
                 if let Op::Read { key, list: Some(list), .. } = op {
                     let Some(&kid) = self.keys.get(key) else {
                         continue;
                     };
-                    match final_prefix.get_mut(kid as usize) {
+                    match prefix.get_mut(kid as usize) {
                         Some(fp) if self.order(kid).starts_with(list) => {
                             *fp = (*fp).max(list.len());
                         }
-                        _ => final_other.push((kid, list)),
+                        _ => other.push((kid, list)),
                     }
                 }
             }
         }
-        // (kid, position) of values that are garbage or were appended by aborted txns.
-        let mut bad: Vec<(u32, u32)> = Vec::new();
-        let mut dups: Vec<(u32, u64)> = Vec::new();
+        (prefix, other)
+    }
+
+    /// Walks every key's version order once: gives each value its position (a repeated value
+    /// keeps its first), records each position's writer in `order_info` so that later passes
+    /// need no hash lookup, marks the values inside the final read's prefix (`final_prefix`
+    /// values per key), and promotes unknown writers whose appends were observed. Returns the
+    /// garbage, aborted and repeated values met, to be reported once the reads are checked.
+    fn position_values(&mut self, final_prefix: &[usize]) -> OrderFaults {
+        let nk = self.key_names.len();
+        self.order_info = vec![Vec::new(); nk];
+        let mut faults = OrderFaults { bad: Vec::new(), repeated: Vec::new() };
         for kid in 0..nk as u32 {
             let order = self.order(kid);
             let in_final = final_prefix[kid as usize];
@@ -450,27 +485,38 @@ impl<'a> Ctx<'a> {
                 if info.pos == NONE {
                     info.pos = p as u32;
                 } else {
-                    dups.push((kid, v));
+                    faults.repeated.push((kid, v));
                 }
                 info.in_final |= p < in_final;
                 let w = info.writer;
                 ws.push(Slot { writer: w, last_in_txn: info.last_in_txn });
                 match self.status(w) {
-                    None | Some(Status::Aborted) => bad.push((kid, p as u32)),
+                    None | Some(Status::Aborted) => faults.bad.push((kid, p as u32)),
                     Some(Status::Unknown) => self.in_graph[w as usize] = true,
                     Some(Status::Committed) => {}
                 }
             }
             self.order_info[kid as usize] = ws;
         }
-        for (kid, list) in final_other {
+        faults
+    }
+
+    /// Marks, value by value, the values of the final reads that are not prefixes of their
+    /// key's version order (a value no transaction appended has no entry and is skipped).
+    fn mark_final_values(&mut self, final_other: &[(u32, &[u64])]) {
+        for &(kid, list) in final_other {
             for &v in list {
                 if let Some(info) = self.vals.get_mut(&(kid, v)) {
                     info.in_final = true;
                 }
             }
         }
-        for (kid, v) in dups {
+    }
+
+    /// Reports each value that appears more than once in its key's version order, attributed
+    /// to the key's longest read, the one that defines the order.
+    fn report_repeated_values(&mut self, repeated: &[(u32, u64)]) {
+        for &(kid, v) in repeated {
             let reader = self.longest[kid as usize].map_or(NONE, |l| l.txn);
             let (r, k) = (self.id(reader), self.key(kid));
             self.report(
@@ -479,14 +525,16 @@ impl<'a> Ctx<'a> {
                 format!("T{r} read key {k} with value {v} appearing more than once"),
             );
         }
+    }
 
-        // Prefix check of every committed read against the version order; conflicts are
-        // reported once per key (a single bad long read can conflict with every other read).
-        let reads = std::mem::take(&mut self.reads);
+    /// Prefix check of every committed read against its key's version order. The reads that
+    /// fail are recorded in `incompatible` and reported once per key (a single bad long read
+    /// can conflict with every other read). Returns, per read, whether it is a prefix.
+    fn check_read_prefixes(&mut self, reads: &[ReadRef]) -> Vec<bool> {
         let mut compatible = vec![true; reads.len()];
         let mut conflicts: Vec<(u32, usize)> = Vec::new();
         for (i, r) in reads.iter().enumerate() {
-            if !self.order(r.kid).starts_with(read_list(txns, r.txn, r.op)) {
+            if !self.order(r.kid).starts_with(read_list(self.txns, r.txn, r.op)) {
                 compatible[i] = false;
                 self.incompatible.insert((r.txn, r.op));
                 conflicts.push((r.kid, i));
@@ -498,50 +546,79 @@ impl<'a> Ctx<'a> {
             let members: Vec<ReadRef> = group.iter().map(|&(_, i)| reads[i]).collect();
             self.incompatible_order(kid, &members);
         }
+        compatible
+    }
 
-        // Garbage / aborted values in the version order, attributed to the committed reader
-        // with the shortest read that contains them.
-        let mut reported: FxSet<(u32, u64)> = FxSet::default();
-        if !bad.is_empty() {
-            let mut by_key: FxMap<u32, Vec<(usize, u32)>> = FxMap::default();
-            for &(kid, _) in &bad {
-                by_key.entry(kid).or_default();
+    /// For each key holding garbage or aborted values (`bad`), the (length, transaction) of its
+    /// reads that are prefixes of the version order, shortest first, so that the shortest read
+    /// containing a position is found by binary search. Other keys are left out: no reader of
+    /// theirs is ever looked for.
+    fn prefix_reads_by_length(
+        &self,
+        reads: &[ReadRef],
+        compatible: &[bool],
+        bad: &[(u32, u32)],
+    ) -> FxMap<u32, Vec<(usize, u32)>> {
+        let mut by_key: FxMap<u32, Vec<(usize, u32)>> = FxMap::default();
+        for &(kid, _) in bad {
+            by_key.entry(kid).or_default();
+        }
+        for (i, r) in reads.iter().enumerate() {
+            if !compatible[i] {
+                continue;
             }
-            for (i, r) in reads.iter().enumerate() {
-                if !compatible[i] {
-                    continue;
-                }
-                if let Some(v) = by_key.get_mut(&r.kid) {
-                    v.push((read_list(txns, r.txn, r.op).len(), r.txn));
-                }
-            }
-            for v in by_key.values_mut() {
-                v.sort_unstable();
-            }
-            for (kid, p) in bad {
-                let Some(&v) = self.order(kid).get(p as usize) else {
-                    continue;
-                };
-                if !reported.insert((kid, v)) {
-                    continue;
-                }
-                let reader = by_key
-                    .get(&kid)
-                    .and_then(|rs| {
-                        let i = rs.partition_point(|&(len, _)| len <= p as usize);
-                        rs.get(i).map(|&(_, t)| t)
-                    })
-                    .or_else(|| self.longest[kid as usize].map(|l| l.txn))
-                    .unwrap_or(NONE);
-                self.bad_value(kid, v, reader);
+            if let Some(v) = by_key.get_mut(&r.kid) {
+                v.push((read_list(self.txns, r.txn, r.op).len(), r.txn));
             }
         }
-        // Values of incompatible reads that are not in the version order.
+        for v in by_key.values_mut() {
+            v.sort_unstable();
+        }
+        by_key
+    }
+
+    /// Reports the garbage / aborted values in the version orders (`bad`, as (key, position)),
+    /// each attributed to the committed reader with the shortest read that contains it
+    /// (`readers`, from `prefix_reads_by_length`), else to the key's longest read.
+    fn report_bad_order_values(
+        &mut self,
+        bad: &[(u32, u32)],
+        readers: &FxMap<u32, Vec<(usize, u32)>>,
+        reported: &mut FxSet<(u32, u64)>,
+    ) {
+        for &(kid, p) in bad {
+            let Some(&v) = self.order(kid).get(p as usize) else {
+                continue;
+            };
+            if !reported.insert((kid, v)) {
+                continue;
+            }
+            let reader = readers
+                .get(&kid)
+                .and_then(|rs| {
+                    let i = rs.partition_point(|&(len, _)| len <= p as usize);
+                    rs.get(i).map(|&(_, t)| t)
+                })
+                .or_else(|| self.longest[kid as usize].map(|l| l.txn))
+                .unwrap_or(NONE);
+            self.bad_value(kid, v, reader);
+        }
+    }
+
+    /// The values of reads that are not prefixes of the version order, which positioning did
+    /// not see: promotes their unknown writers as observed, and reports the garbage and aborted
+    /// ones not `reported` already.
+    fn check_incompatible_read_values(
+        &mut self,
+        reads: &[ReadRef],
+        compatible: &[bool],
+        reported: &mut FxSet<(u32, u64)>,
+    ) {
         for (i, r) in reads.iter().enumerate() {
             if compatible[i] {
                 continue;
             }
-            for &v in read_list(txns, r.txn, r.op) {
+            for &v in read_list(self.txns, r.txn, r.op) {
                 let w = self.vals.get(&(r.kid, v)).map_or(NONE, |i| i.writer);
                 match self.status(w) {
                     Some(Status::Committed) => {}
@@ -554,7 +631,6 @@ impl<'a> Ctx<'a> {
                 }
             }
         }
-        self.reads = reads;
     }
 
     /// Reports the committed reads of key `kid` that are not prefixes of its longest read.
