@@ -931,8 +931,8 @@ mod replay_tests {
             EpochRecord::Sealed { epoch: 300 },
             EpochRecord::Decided { epoch: 9, committed: false },
         ] {
-            let serde_bytes = crate::net::encode(&Ep::Policy(record.clone()));
-            let logged = encode_record(&Ep::Policy(record.clone()));
+            let serde_bytes = crate::net::encode(&Ep::Policy(record));
+            let logged = encode_record(&Ep::Policy(record));
             assert_eq!(logged.len() + 1, serde_bytes.len());
             assert!(matches!(decode_record::<PlainLog, EpochLog>(&logged), Ok(Ep::Policy(r)) if r == record));
         }
