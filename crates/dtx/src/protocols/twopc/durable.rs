@@ -477,7 +477,7 @@ pub fn machine<L: CcLog, P: PolicyLog>(
 pub type AckAfter = Option<u64>;
 
 /// A node's durable log as the 2PC protocols use it: `None` when the run is not durable.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct TxnLog {
     log: Option<Arc<NodeLog>>,
     /// The LSN of this boot's `Boot` record: no transaction id of this boot may leave the node
@@ -487,6 +487,10 @@ pub struct TxnLog {
     /// ([`PolicyLog`]): what its appends must carry, checked in debug builds, since the log
     /// itself is untyped bytes.
     types: Option<(TypeId, TypeId, TypeId)>,
+    /// Whether bytes decode as a record of the protocol and policy this log was opened for:
+    /// every append is read back in debug builds, so that a record replay could not read is
+    /// caught where it is written, not at a restart.
+    reads_back: fn(&[u8]) -> bool,
 }
 
 /// Encodes `r` into this thread's scratch buffer and hands the bytes to `f`: a record is
@@ -508,6 +512,13 @@ fn with_encoded<R: Serialize, T>(r: &R, f: impl FnOnce(&[u8]) -> T) -> T {
     })
 }
 
+/// No log, and no types to check appends against.
+impl Default for TxnLog {
+    fn default() -> Self {
+        TxnLog { log: None, boot_lsn: 0, types: None, reads_back: |_| true }
+    }
+}
+
 impl TxnLog {
     /// Open the log of a booting node whose protocol logs `L`'s votes and records under the
     /// commit policy `P`: append its `Boot` record.
@@ -517,7 +528,7 @@ impl TxnLog {
             None => 0,
         };
         let types = (TypeId::of::<L::Vote>(), TypeId::of::<L::Record>(), TypeId::of::<P::Record>());
-        TxnLog { log, boot_lsn, types: Some(types) }
+        TxnLog { log, boot_lsn, types: Some(types), reads_back: |bytes| decode_record::<L, P>(bytes).is_ok() }
     }
 
     pub fn enabled(&self) -> bool {
@@ -635,7 +646,11 @@ impl TxnLog {
 
     fn append_encoded<R: Serialize>(&self, r: &R) -> Result<Option<u64>, Abort> {
         let Some(l) = &self.log else { return Ok(None) };
-        match with_encoded(r, |bytes| l.append(bytes)) {
+        let appended = with_encoded(r, |bytes| {
+            debug_assert!((self.reads_back)(bytes), "a record that replay could not decode: {bytes:?}");
+            l.append(bytes)
+        });
+        match appended {
             Ok(lsn) => Ok(Some(lsn)),
             Err(e) => {
                 crate::rt::log_warn(&format!("log refused a record: {e}"));
