@@ -355,7 +355,6 @@ impl Run {
             Durability::None => 0,
             _ => protocol.logs(&topo),
         };
-        debug_assert_eq!(topo.nodes, spec.nodes, "the topology has the spec's nodes");
         Ok(Arc::new(Run { spec: spec.clone(), variant, instance: protocol, topo: Arc::new(topo), logs_per_node }))
     }
 
@@ -474,37 +473,37 @@ type Protos = Rc<std::cell::RefCell<Vec<(Rc<dyn WorkerProtocol>, Arc<dyn Workloa
 /// Build a node: its protocol state over its storage, loaded, and (with a log) recovered from
 /// the records the log holds.
 pub fn build_node(
-    spec: &Run,
+    run: &Run,
     node: NodeId,
     workload: &Arc<dyn Workload>,
     logs: Vec<OpenedLog>,
 ) -> anyhow::Result<NodeSetup> {
-    let topo = spec.topo.clone();
+    let topo = run.topo.clone();
     let workload = workload.clone();
-    debug_assert_eq!(logs.len(), usize::from(spec.logs_per_node), "node {node} opened every log it keeps");
-    let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), spec.proto.clone());
+    debug_assert_eq!(logs.len(), usize::from(run.logs_per_node), "node {node} opened every log it keeps");
+    let mut env = NodeEnv::volatile(node, topo.clone(), workload.clone(), run.proto.clone());
     let node_logs: Vec<Arc<NodeLog>> = logs.iter().map(|o| o.log.clone()).collect();
-    let replicated = (spec.durability.mode == Durability::Replicated && !node_logs.is_empty())
-        .then(|| (node_logs.clone(), spec.durability.replicas));
+    let replicated = (run.durability.mode == Durability::Replicated && !node_logs.is_empty())
+        .then(|| (node_logs.clone(), run.durability.replicas));
     let mut logs = logs.into_iter();
     if let Some(opened) = logs.next() {
         env.log = Some(opened.log);
         env.recovered = opened.records;
         env.checkpoint = opened.checkpoint;
-        env.checkpoint_every = spec.durability.checkpoint_every;
+        env.checkpoint_every = run.durability.checkpoint_every;
     }
     env.more_logs =
         logs.map(|o| protocols::RecoveredLog { log: o.log, checkpoint: o.checkpoint, records: o.records }).collect();
-    let machine = machine_factory(spec, &workload)?;
+    let machine = machine_factory(run, &workload)?;
     Ok(NodeSetup {
         // Each node (and each incarnation of it) of a protocol instance of its own, as its
         // log machines are ([`machine_factory`]).
-        proto: spec.variant.make().build_node(env),
+        proto: run.variant.make().build_node(env),
         workload,
         topo,
         replicated,
         logs: node_logs,
-        cluster_id: spec.durability.cluster_id,
+        cluster_id: run.durability.cluster_id,
         machine,
     })
 }
@@ -515,7 +514,7 @@ pub fn build_node(
 /// adopting host's replicator to serve. Every runtime that fails over does this and only this:
 /// the simulator's failover, and a `dtx server` taking a node over.
 pub fn adopt_node(
-    spec: &Run,
+    run: &Run,
     id: NodeId,
     workload: &Arc<dyn Workload>,
     snapshots: Vec<Vec<u8>>,
@@ -525,7 +524,7 @@ pub fn adopt_node(
         .map(|state| OpenedLog { log: NodeLog::replicated(), checkpoint: Some(state), records: Vec::new() })
         .collect();
     let logs = opened.iter().map(|o| o.log.clone()).collect();
-    let mut setup = build_node(spec, id, workload, opened)?;
+    let mut setup = build_node(run, id, workload, opened)?;
     // Its logs' replicas are the adopting host's running replicator's, not a new one.
     setup.replicated = None;
     Ok((setup, logs))
@@ -553,19 +552,19 @@ fn log_dir(dir: &std::path::Path, n: NodeId, i: u16) -> std::path::PathBuf {
 }
 
 /// Open node `n`'s logs for a real-time run (none when the run is not durable).
-pub fn open_node_logs(spec: &Run, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Vec<OpenedLog>> {
-    (0..spec.logs_per_node).map(|i| open_node_log(spec, dir, n, i)).collect()
+pub fn open_node_logs(run: &Run, dir: &std::path::Path, n: NodeId) -> anyhow::Result<Vec<OpenedLog>> {
+    (0..run.logs_per_node).map(|i| open_node_log(run, dir, n, i)).collect()
 }
 
 /// Open log `i` of node `n`; its checkpoint is checked by the protocol's log machine.
-fn open_node_log(spec: &Run, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
-    match spec.durability.mode {
+fn open_node_log(run: &Run, dir: &std::path::Path, n: NodeId, i: u16) -> anyhow::Result<OpenedLog> {
+    match run.durability.mode {
         Durability::None => bail!("a run without durability opens no log"),
         Durability::Replicated => Ok(fresh_log(NodeLog::replicated())),
         Durability::Wal => {
-            let opened = spec.durability.open_wal(log_dir(dir, n, i), n, spec.workers as usize)?;
+            let opened = run.durability.open_wal(log_dir(dir, n, i), n, run.workers as usize)?;
             if let Some(c) = &opened.checkpoint {
-                let machines = machine_factory(spec, &build_workload(spec)?)?;
+                let machines = machine_factory(run, &build_workload(run)?)?;
                 if let Err(e) = machines(crate::replication::service::LogId::new(n, i), Some(c)) {
                     bail!(
                         "node {n}: the checkpoint in {} passed its checksum but {e:#}: it was written by \

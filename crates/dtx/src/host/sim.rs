@@ -119,37 +119,36 @@ fn fault_event(e: &crate::rt::sim::SimFaultEvent) -> dtx_report::FaultEvent {
 /// host's replicator on the host's replication workers (its lanes).
 fn build_sim_node(
     world: &mut SimWorld,
-    spec: &Run,
+    run: &Run,
     n: NodeId,
     workload: &Arc<dyn Workload>,
     failover: Option<&SimFailover>,
     rebuild: &SimRebuild,
 ) -> anyhow::Result<()> {
-    let logs = match spec.durability.mode {
+    let logs = match run.durability.mode {
         Durability::None => Vec::new(),
-        Durability::Replicated => (0..spec.logs_per_node).map(|_| fresh_log(NodeLog::replicated())).collect(),
+        Durability::Replicated => (0..run.logs_per_node).map(|_| fresh_log(NodeLog::replicated())).collect(),
         Durability::Wal => {
-            let lanes = spec.workers as usize;
-            let logs: Vec<Arc<NodeLog>> = (0..spec.logs_per_node)
+            let lanes = run.workers as usize;
+            let logs: Vec<Arc<NodeLog>> = (0..run.logs_per_node)
                 .map(|_| NodeLog::simulated(Default::default(), lanes).map(|r| r.log).map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<_>>()?;
-            world.set_logs(n, &logs, spec.durability.group_commit_us, spec.durability.sim_fsync_us);
+            world.set_logs(n, &logs, run.durability.group_commit_us, run.durability.sim_fsync_us);
             logs.into_iter().map(fresh_log).collect()
         }
     };
-    let mut node = build_node(spec, n, workload, logs)?;
+    let mut node = build_node(run, n, workload, logs)?;
     // With failover the replicator runs on the host's replication worker, not worker 0.
     let own_logs = node.replicated.take().map(|(logs, _)| logs).unwrap_or_default();
     let add_worker = |world: &mut SimWorld, addr: Addr| {
-        let w =
-            Rc::new(Worker::new(addr, spec.workers, world.clock(), world.executor_for(addr), &spec.worker_config()));
+        let w = Rc::new(Worker::new(addr, run.workers, world.clock(), world.executor_for(addr), &run.worker_config()));
         world.add_worker(w.clone());
         w
     };
-    for wi in 0..spec.workers {
+    for wi in 0..run.workers {
         let w = add_worker(world, Addr::new(n, wi));
         rebuild.shared.running.fetch_add(1, Ordering::AcqRel);
-        let proto = start_worker(spec, &node, &w, rebuild.window, &rebuild.shared);
+        let proto = start_worker(run, &node, &w, rebuild.window, &rebuild.shared);
         rebuild.protos.borrow_mut().push((proto, node.workload.clone()));
     }
     if let Some(f) = failover {
@@ -525,7 +524,7 @@ impl crate::rt::sim::Failover for SimFailover {
             r.borrow_mut().adoption_refused(node);
             return false;
         };
-        let (setup, logs) = adopt_node(&me.rebuild.spec, node, &me.rebuild.workload, adoption.snapshots)
+        let (setup, logs) = adopt_node(&me.rebuild.run, node, &me.rebuild.workload, adoption.snapshots)
             .expect("a node that built once builds again from its log's replica");
         me.rebuild.start(node, setup, workers);
         for (other, r2) in me.replicators.iter().enumerate() {
@@ -551,7 +550,7 @@ impl crate::rt::sim::Failover for SimFailover {
 
 impl FailoverState {
     fn replica_setup(&self, host: NodeId) -> anyhow::Result<crate::replication::service::ReplicaSetup> {
-        let spec = &self.rebuild.spec;
+        let spec = &self.rebuild.run;
         let restarts = self.restarts.get(host as usize).copied().unwrap_or(0);
         let seed = spec.seed ^ 0x7265_706c ^ ((host as u64) << 24) ^ (restarts << 40);
         let mut setup = super::failover_replica_setup(spec, host, seed, &self.rebuild.workload)?;
@@ -577,7 +576,7 @@ impl FailoverState {
 /// memory (from its disk, `--durability wal`) or at a failover (from a replica of its log).
 #[derive(Clone)]
 struct SimRebuild {
-    spec: Arc<Run>,
+    run: Arc<Run>,
     workload: Arc<dyn Workload>,
     shared: Arc<RunShared>,
     window: Window,
@@ -586,14 +585,14 @@ struct SimRebuild {
 
 impl SimRebuild {
     fn new(
-        spec: &Arc<Run>,
+        run: &Arc<Run>,
         workload: &Arc<dyn Workload>,
         shared: &Arc<RunShared>,
         window: Window,
         protos: &Protos,
     ) -> Self {
         SimRebuild {
-            spec: spec.clone(),
+            run: run.clone(),
             workload: workload.clone(),
             shared: shared.clone(),
             window,
@@ -605,7 +604,7 @@ impl SimRebuild {
     /// instances where the after-run jobs find them. In the simulator a log's replicator runs on
     /// its host's replication worker, never on the node's worker 0.
     fn rebuild(&self, n: NodeId, opened: Vec<OpenedLog>, workers: &[Rc<Worker>]) {
-        let mut node = build_node(&self.spec, n, &self.workload, opened).expect("a node that built once builds again");
+        let mut node = build_node(&self.run, n, &self.workload, opened).expect("a node that built once builds again");
         node.replicated = None;
         self.start(n, node, workers);
     }
@@ -614,8 +613,8 @@ impl SimRebuild {
     fn start(&self, n: NodeId, node: NodeSetup, workers: &[Rc<Worker>]) {
         for w in workers {
             self.shared.running.fetch_add(1, Ordering::AcqRel);
-            let proto = start_worker(&self.spec, &node, w, self.window, &self.shared);
-            let i = n as usize * self.spec.workers as usize + w.addr.worker as usize;
+            let proto = start_worker(&self.run, &node, w, self.window, &self.shared);
+            let i = n as usize * self.run.workers as usize + w.addr.worker as usize;
             self.protos.borrow_mut()[i] = (proto, node.workload.clone());
         }
     }
@@ -625,7 +624,7 @@ impl SimRebuild {
 /// disk kept, on fresh workers, and start their clients again.
 fn sim_restart(rebuild: SimRebuild) -> crate::rt::sim::Restart {
     Box::new(move |n, kept, workers| {
-        let lanes = rebuild.spec.workers as usize;
+        let lanes = rebuild.run.workers as usize;
         let opened: Vec<OpenedLog> = kept
             .into_iter()
             .map(|image| {

@@ -557,7 +557,7 @@ const FIRST_ELECTION_GRACE_US: u64 = 1_000_000;
 
 /// This host's replicas: fresh over a new journal at `path`, or (`rejoin`) reopened from it.
 fn open_replicas(
-    spec: &Run,
+    run: &Run,
     host: NodeId,
     seed: u64,
     path: &std::path::Path,
@@ -565,7 +565,7 @@ fn open_replicas(
     workload: &Arc<dyn Workload>,
 ) -> anyhow::Result<service::ReplicaState> {
     use crate::replication::journal::Journal;
-    let mut setup = super::failover_replica_setup(spec, host, seed, workload)?;
+    let mut setup = super::failover_replica_setup(run, host, seed, workload)?;
     setup.first_election_grace_us = FIRST_ELECTION_GRACE_US;
     setup.apply_on_thread = true;
     let cluster_id = setup.cluster_id;

@@ -344,14 +344,14 @@ impl Server {
     /// the run's `start` ([`PendingReplicas`]).
     pub(super) fn host_own_node(
         &self,
-        spec: &Arc<Run>,
+        run: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
     ) -> anyhow::Result<(Arc<Hosting>, Option<PendingReplicas>)> {
-        let hosting = self.hosting_for(spec, dir, shared, process)?;
-        let logs = crate::host::open_node_logs(spec, dir, self.node)?;
-        let mut node = build_node(spec, self.node, hosting.workload(), logs)?;
+        let hosting = self.hosting_for(run, dir, shared, process)?;
+        let logs = crate::host::open_node_logs(run, dir, self.node)?;
+        let mut node = build_node(run, self.node, hosting.workload(), logs)?;
         let replicas = node.replicated.take().map(|(logs, _)| (logs, dir.join(raft_journal_file_name(self.node))));
         let started = hosting.serve_node(self.node, node, Duration::ZERO).map(|_| ());
         Ok((stop_unless_started(hosting, started)?, replicas))
@@ -361,12 +361,12 @@ impl Server {
     /// replicas reopened from their journal and rejoining their logs.
     pub(super) fn rejoin_replicas(
         &self,
-        spec: &Arc<Run>,
+        run: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
     ) -> anyhow::Result<Arc<Hosting>> {
-        let hosting = self.hosting_for(spec, dir, shared, process)?;
+        let hosting = self.hosting_for(run, dir, shared, process)?;
         let started = hosting.start_replication(Vec::new(), dir.join(raft_journal_file_name(self.node)));
         stop_unless_started(hosting, started)
     }
@@ -374,13 +374,13 @@ impl Server {
     /// What this process hosts in the run, with the workload of its incarnation (`process`).
     pub(super) fn hosting_for(
         &self,
-        spec: &Arc<Run>,
+        run: &Arc<Run>,
         dir: &Path,
         shared: RunShared,
         process: u16,
     ) -> anyhow::Result<Arc<Hosting>> {
-        let workload = spec.workload_of_process(process)?;
-        let hosting = Hosting::new(spec.clone(), self.node, self.cfg.clone(), workload, shared);
+        let workload = run.workload_of_process(process)?;
+        let hosting = Hosting::new(run.clone(), self.node, self.cfg.clone(), workload, shared);
         hosting.record_takeovers_in(dir.join(takeovers_file_name(self.node)));
         Ok(hosting)
     }
